@@ -1,0 +1,45 @@
+"""Run a script under ``torchrun --nproc_per_node N`` on the CPU (gloo), for multi-process tests.
+
+(``accelerate launch --cpu --num_processes 2`` starts only one process on this kind of machine; torchrun is
+what accelerate picks up as a real 2-process gloo run.)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run ``script`` in ``nproc`` processes; raise with both processes' output when it fails."""
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = repo_root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["OMP_NUM_THREADS"] = "1"  # two processes on two cores
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        script,
+        *args,
+    ]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo_root)
+    if result.returncode != 0:
+        raise AssertionError(
+            f"torchrun failed ({result.returncode}): {' '.join(cmd)}\n--- stdout ---\n{result.stdout[-6000:]}"
+            f"\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
+    return result

@@ -1,0 +1,36 @@
+"""2-process GRPO smoke run (launched by tests/test_multiprocess_smoke.py through torchrun)."""
+
+import json
+import sys
+
+from trl import GRPOConfig, GRPOTrainer
+
+from tests.tiny import build_tiny_model
+from trl_credit.data import make_arithmetic_dataset
+
+
+def length_parity_reward(completions, **kwargs):
+    return [float(len(c[0]["content"]) % 2) for c in completions]
+
+
+def main(model_dir: str, out_dir: str):
+    args = GRPOConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=length_parity_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    print("RESULT " + json.dumps({"rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
+                      "steps": trainer.state.global_step}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,81 @@
+"""The shared TRL helpers: generation through TRL's path with per-call overrides, scoring, padding."""
+
+import torch
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_credit._trl import generate_from_prefixes, pad_rows, sampling_overrides, score_completions
+
+
+def _zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def _trainer(tiny_model_path, tiny_dataset, tmp_path, **overrides):
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        report_to="none",
+        use_cpu=True,
+        temperature=1.0,
+        **overrides,
+    )
+    return GRPOTrainer(model=tiny_model_path, reward_funcs=_zero_reward, args=args, train_dataset=tiny_dataset)
+
+
+def test_greedy_override_matches_model_generate_and_is_restored(tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path):
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    prefixes = [tiny_tokenizer("What is 3 + 4?")["input_ids"], tiny_tokenizer("Step 1:")["input_ids"]]
+    completions, logprobs = generate_from_prefixes(trainer, prefixes, greedy=True, max_new_tokens=9)
+    assert logprobs is None  # HF generate path returns no sampling log-probs
+    # Independent reference: greedy decoding with plain transformers, one row at a time (no padding).
+    reference_model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    for prefix, completion in zip(prefixes, completions):
+        out = reference_model.generate(
+            torch.tensor([prefix]), max_new_tokens=9, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id
+        )[0, len(prefix) :].tolist()
+        if tiny_tokenizer.eos_token_id in out:
+            out = out[: out.index(tiny_tokenizer.eos_token_id) + 1]
+        assert completion == out
+    # The override is gone afterwards: sampling is back on, with the configured length.
+    assert trainer.generation_config.do_sample is True
+    assert trainer.generation_config.max_new_tokens == 6
+    assert trainer.generation_kwargs["max_new_tokens"] == 6
+
+
+def test_chunked_generation_keeps_row_order_and_count(tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path):
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    prefixes = [tiny_tokenizer(f"What is {i} + {i}?")["input_ids"] for i in range(5)]
+    whole, _ = generate_from_prefixes(trainer, prefixes, greedy=True, max_new_tokens=5)
+    chunked, _ = generate_from_prefixes(trainer, prefixes, greedy=True, max_new_tokens=5, chunk_size=2)
+    assert len(whole) == 5 and chunked == whole
+    assert all(1 <= len(c) <= 5 for c in whole)
+    assert generate_from_prefixes(trainer, [], greedy=True) == ([], None)
+
+
+def test_sampling_override_sets_temperature_and_length(tiny_model_path, tiny_dataset, tmp_path):
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    with sampling_overrides(trainer, max_new_tokens=3, temperature=0.5, top_p=0.9):
+        assert trainer.generation_config.max_new_tokens == 3
+        assert trainer.generation_config.temperature == 0.5
+        assert trainer.generation_config.top_p == 0.9
+        assert trainer.generation_kwargs["temperature"] == 0.5
+    assert trainer.generation_config.temperature == 1.0
+
+
+def test_score_completions_matches_manual_log_softmax(tiny_model_path, tiny_dataset, tmp_path):
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    prompts, completions = [[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]
+    p, pm, c, cm = pad_rows(prompts, completions, pad_token_id=0, device="cpu")
+    assert p.tolist() == [[5, 6, 7], [0, 8, 9]] and cm.tolist() == [[1, 1, 0], [1, 1, 1]]
+    logps, entropies = score_completions(trainer, trainer.model, p, pm, c, cm, compute_entropy=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        ids = torch.tensor([prompt + completion])
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        torch.testing.assert_close(logps[row, : len(completion)], expected, atol=1e-5, rtol=1e-4)
+        probs = torch.softmax(logits, -1)
+        torch.testing.assert_close(entropies[row, : len(completion)], -(probs * probs.log()).sum(-1), atol=1e-4, rtol=1e-4)

