@@ -1,0 +1,23 @@
+"""The shipped accelerate configs load with accelerate's own loader and say what their names promise."""
+
+from pathlib import Path
+
+import pytest
+from accelerate.commands.config.config_args import load_config_from_file
+
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs"
+
+
+@pytest.mark.parametrize(
+    "name, distributed_type, zero_stage",
+    [("ddp.yaml", "MULTI_GPU", None), ("zero2.yaml", "DEEPSPEED", 2), ("zero3.yaml", "DEEPSPEED", 3)],
+)
+def test_accelerate_config_loads(name, distributed_type, zero_stage):
+    config = load_config_from_file(str(CONFIGS / name))
+    assert str(config.distributed_type).endswith(distributed_type)
+    assert config.mixed_precision == "bf16"
+    if zero_stage is not None:
+        assert config.deepspeed_config["zero_stage"] == zero_stage
+    if zero_stage == 3:
+        # Without it, saving a LoRA adapter under ZeRO-3 can write empty tensors (TRL_NOTES).
+        assert config.deepspeed_config["zero3_save_16bit_model"] is True
