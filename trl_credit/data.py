@@ -28,6 +28,8 @@ def make_arithmetic_problems(
     exclude: set[str] | None = None,
 ) -> list[tuple[str, str]]:
     """``num_problems`` distinct ``(question, answer)`` pairs, e.g. ``("3 + 4", "7")``; deterministic in ``seed``."""
+    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 0:
+        raise ValueError(f"num_problems must be an integer >= 0, got {num_problems!r}")
     if digits < 1 or num_operands < 2:
         raise ValueError(f"digits must be >= 1 and num_operands >= 2, got digits={digits}, num_operands={num_operands}")
     if not operators or set(operators) - set("+-*"):
@@ -69,6 +71,8 @@ def make_arithmetic_dataset(
     """A ``datasets.DatasetDict`` with disjoint ``train``/``test`` splits of arithmetic problems."""
     from datasets import Dataset, DatasetDict
 
+    if "{question}" not in instruction:
+        raise ValueError(f"instruction must contain the placeholder '{{question}}', got {instruction!r}")
     test = make_arithmetic_problems(num_test, digits, num_operands, operators, seed=seed + 1)
     train = make_arithmetic_problems(
         num_train, digits, num_operands, operators, seed=seed, exclude={q for q, _ in test}
