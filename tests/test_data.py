@@ -120,3 +120,10 @@ def test_dataset_errors():
         make_arithmetic_dataset(num_train=50, num_test=60)
     with pytest.raises(ValueError, match="placeholder"):
         make_arithmetic_dataset(num_train=1, num_test=1, instruction="no placeholder")
+
+
+def test_defaults_build_and_use_the_whole_default_pool():
+    # Default difficulty (1 digit, 2 operands, '+') has 10 * 10 = 100 distinct problems: 80 train + 20 test.
+    data = make_arithmetic_dataset()
+    assert len(data["train"]) == 80 and len(data["test"]) == 20
+    assert len(set(data["train"]["question"]) | set(data["test"]["question"])) == 100

@@ -134,6 +134,9 @@ def test_load_problems_builtin():
 
     expected = make_arithmetic_dataset(num_train=0, num_test=5, digits=2)["test"]
     assert answers == expected["answer"] and prompts == expected["prompt"]
+    # Default: the whole test split of the default built-in dataset (what training held out).
+    prompts, answers = load_problems()
+    assert answers == make_arithmetic_dataset()["test"]["answer"] and len(answers) == 20
 
 
 def test_load_problems_from_a_local_hf_dataset(tmp_path):

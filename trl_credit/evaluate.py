@@ -251,8 +251,9 @@ def load_problems(
     """``(prompts, answers)`` of the evaluation problems.
 
     ``"arithmetic"`` (default) is the built-in task's test split (``builtin_kwargs`` go to
-    :func:`trl_credit.data.make_arithmetic_dataset`: ``digits``, ``num_operands``, ``operators``, ``seed``); its
-    first m problems are the first m of every larger test split with the same settings. Any other name is loaded
+    :func:`trl_credit.data.make_arithmetic_dataset`: ``digits``, ``num_operands``, ``operators``, ``seed``,
+    ``instruction``...), by default its whole test split; its first m problems are the first m of every larger
+    test split with the same settings. Any other name is loaded
     with ``datasets.load_dataset(dataset, dataset_config, split=split)``. Prompts are chat message lists or
     plain strings; ``num_problems`` keeps the first that many.
     """
@@ -261,7 +262,9 @@ def load_problems(
     if dataset in (None, "", "arithmetic"):
         from .data import make_arithmetic_dataset
 
-        rows = make_arithmetic_dataset(num_train=0, num_test=num_problems or 128, **builtin_kwargs)["test"]
+        if num_problems is not None:
+            builtin_kwargs["num_test"] = num_problems  # the first m of any test split with the same settings
+        rows = make_arithmetic_dataset(num_train=0, **builtin_kwargs)["test"]
     else:
         if builtin_kwargs:
             raise ValueError(f"{sorted(builtin_kwargs)} only apply to the built-in 'arithmetic' dataset")
@@ -471,7 +474,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--split", default="test", help="HF dataset split (default: test).")
     parser.add_argument("--prompt_column", default="prompt", help="Column with chat messages or plain-text prompts.")
     parser.add_argument("--answer_column", default="answer", help="Column with reference answers.")
-    parser.add_argument("--num_problems", type=int, default=None, help="Evaluate the first N problems (built-in default: 128).")
+    parser.add_argument("--num_problems", type=int, default=None, help="Evaluate the first N problems (default: all; the built-in test split has 20).")
     parser.add_argument("--digits", type=int, default=None, help="Built-in task: operand digits.")
     parser.add_argument("--num_operands", type=int, default=None, help="Built-in task: operands per problem.")
     parser.add_argument("--operators", default=None, help="Built-in task: operators drawn from '+-*'.")
