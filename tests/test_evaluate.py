@@ -248,3 +248,24 @@ def test_cli_run_with_tiny_model(tiny_model_path, tmp_path, capsys):
     assert saved["settings"]["reward"] == "accuracy"
     assert saved["settings"]["builtin_kwargs"] == {"digits": 2}
     assert (tmp_path / "pass_at_k.png").exists()
+
+
+def test_lora_adapter_is_loaded_and_merged(tiny_model_path, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    # init_lora_weights=False: random B as well as A, so the adapter really changes the outputs.
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(str(tmp_path / "adapter"))
+    inputs = {"input_ids": torch.tensor([[5, 17, 42, 7]])}
+    with torch.no_grad():
+        expected = peft_model(**inputs).logits
+        plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)(**inputs).logits
+
+    model, _ = load_model_and_tokenizer(tiny_model_path, adapter=str(tmp_path / "adapter"), device="cpu")
+    with torch.no_grad():
+        got = model(**inputs).logits
+    assert not torch.allclose(plain, expected, atol=1e-4)  # the adapter matters...
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # ...and is what the evaluator runs
