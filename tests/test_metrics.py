@@ -48,6 +48,13 @@ def test_pass_at_k_exact_for_large_n(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(float(reference_pass_at_k(n, c, k)), rel=1e-12, abs=1e-15)
 
 
+def test_pass_at_k_accepts_numpy_integers():
+    import numpy as np
+
+    assert pass_at_k(np.int64(4), np.int64(1), np.int32(2)) == pytest.approx(0.5)  # as the hand-worked case
+    assert mean_pass_at_k(np.int64(4), np.array([1, 0, 4]), 2) == pytest.approx(0.5)
+
+
 def test_pass_at_k_edge_cases():
     assert pass_at_k(10, 0, 5) == 0.0  # no correct sample: never passes
     assert pass_at_k(10, 6, 5) == 1.0  # n - c = 4 < k = 5: every 5-subset holds a correct sample

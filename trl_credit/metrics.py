@@ -8,6 +8,7 @@ the pass@k values, so the scale carries through unchanged).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
 __all__ = [
@@ -26,9 +27,10 @@ AUC_BUDGETS: tuple[int, ...] = (1, 4, 8, 16, 32, 64, 128, 256)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    # numbers.Integral also admits numpy/torch-free integer scalars such as numpy.int64 counts.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return int(value)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,9 +44,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
     Raises ``ValueError`` unless ``1 <= k <= n`` and ``0 <= c <= n``.
     """
-    _check_int("n", n, 1)
-    _check_int("c", c, 0)
-    _check_int("k", k, 1)
+    n, c, k = _check_int("n", n, 1), _check_int("c", c, 0), _check_int("k", k, 1)
     if k > n:
         raise ValueError(f"k must satisfy 1 <= k <= n (the number of samples), got k={k}, n={n}")
     if c > n:
@@ -66,7 +66,7 @@ def mean_pass_at_k(num_samples: int | Sequence[int], num_correct: Sequence[int],
     """
     if len(num_correct) == 0:
         raise ValueError("num_correct must hold one count per problem; got no problems")
-    if isinstance(num_samples, int):
+    if isinstance(num_samples, numbers.Integral):
         num_samples = [num_samples] * len(num_correct)
     if len(num_samples) != len(num_correct):
         raise ValueError(
