@@ -72,7 +72,8 @@ def test_difficulty_dial():
     for question, _ in make_arithmetic_problems(40, digits=3, num_operands=4, seed=0):
         numbers = [int(n) for n in re.findall(r"\d+", question)]
         assert len(numbers) == 4 and all(100 <= n <= 999 for n in numbers)
-    used = {op for q, _ in make_arithmetic_problems(60, operators="+-*", num_operands=3) for op in re.findall(r"[+*-]", q)}
+    mixed = make_arithmetic_problems(60, operators="+-*", num_operands=3)
+    used = {op for question, _ in mixed for op in re.findall(r"[+*-]", question)}
     assert used == {"+", "-", "*"}
     only_products = make_arithmetic_problems(20, operators="*")
     assert all(re.fullmatch(r"\d \* \d", q) for q, _ in only_products)
@@ -85,7 +86,9 @@ def test_rows_are_chat_prompts_with_answers():
     assert row["prompt"] == [{"role": "user", "content": ARITHMETIC_INSTRUCTION.format(question=row["question"])}]
     assert "\\boxed{}" in row["prompt"][0]["content"] and row["question"] in row["prompt"][0]["content"]
     assert row["answer"] == str(evaluate_expression(row["question"]))
-    with_system = make_arithmetic_dataset(num_train=2, num_test=1, system_prompt="Be brief.", instruction="Q: {question}")
+    with_system = make_arithmetic_dataset(
+        num_train=2, num_test=1, system_prompt="Be brief.", instruction="Q: {question}"
+    )
     assert with_system["train"][0]["prompt"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": f"Q: {with_system['train'][0]['question']}"},

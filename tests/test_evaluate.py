@@ -269,3 +269,14 @@ def test_lora_adapter_is_loaded_and_merged(tiny_model_path, tmp_path):
         got = model(**inputs).logits
     assert not torch.allclose(plain, expected, atol=1e-4)  # the adapter matters...
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # ...and is what the evaluator runs
+
+
+@pytest.mark.slow
+def test_default_model_on_default_task_scores_above_zero(tmp_path):
+    # SmolLM2-135M-Instruct gets ~47% of the default task right (benchmarks/base_accuracy.py); with 4 problems x
+    # 4 samples, all 16 wrong would have probability ~0.53**16 < 1e-4 (and the run is seeded).
+    report = evaluate(num_problems=4, num_samples=4, temperature=0.7, max_new_tokens=48, output_dir=str(tmp_path),
+                      progress=False, device="cpu")
+    assert report["settings"]["reward"] == "final_number"
+    assert 0 < report["accuracy"] < 1
+    assert (tmp_path / "report.json").exists() and (tmp_path / "pass_at_k.png").exists()

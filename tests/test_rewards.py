@@ -56,7 +56,8 @@ def test_completion_text_string_chat_and_blocks():
         {"role": "assistant", "content": "b"},
     ]
     assert completion_text(messages) == "a\nb"
-    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]) == "xy"
+    blocks = [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]
+    assert completion_text([{"role": "assistant", "content": blocks}]) == "xy"
     assert completion_text([{"role": "assistant", "content": None}]) == ""
     assert completion_text(None) == ""
     assert completion_text({"role": "assistant", "content": "single"}) == "single"

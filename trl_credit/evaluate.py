@@ -467,14 +467,17 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Repeated-sampling evaluation (pass@k, AUC@K, avg@k, maj@k) of a causal LM; writes "
         "report.json and pass_at_k.png.",
     )
-    parser.add_argument("--model", default=None, help="Model path or Hub id (default: the offline SmolLM2-135M-Instruct).")
+    parser.add_argument("--model", default=None,
+                        help="Model path or Hub id (default: the offline SmolLM2-135M-Instruct).")
     parser.add_argument("--adapter", default=None, help="Path of a PEFT/LoRA adapter to merge into the model.")
-    parser.add_argument("--dataset", default="arithmetic", help="'arithmetic' (built-in task, test split) or a HF dataset name/path.")
+    parser.add_argument("--dataset", default="arithmetic",
+                        help="'arithmetic' (built-in task, test split) or a HF dataset name/path.")
     parser.add_argument("--dataset_config", default=None, help="HF dataset config name.")
     parser.add_argument("--split", default="test", help="HF dataset split (default: test).")
     parser.add_argument("--prompt_column", default="prompt", help="Column with chat messages or plain-text prompts.")
     parser.add_argument("--answer_column", default="answer", help="Column with reference answers.")
-    parser.add_argument("--num_problems", type=int, default=None, help="Evaluate the first N problems (default: all; the built-in test split has 20).")
+    parser.add_argument("--num_problems", type=int, default=None,
+                        help="Evaluate the first N problems (default: all; the built-in test split has 20).")
     parser.add_argument("--digits", type=int, default=None, help="Built-in task: operand digits.")
     parser.add_argument("--num_operands", type=int, default=None, help="Built-in task: operands per problem.")
     parser.add_argument("--operators", default=None, help="Built-in task: operators drawn from '+-*'.")
