@@ -4,8 +4,17 @@ Each row has ``prompt`` (chat format: one user message), ``answer`` (the exact r
 ``question`` (the bare expression). Difficulty is set by ``digits`` (operand size) and ``num_operands``;
 ``operators`` picks from ``+``/``-``/``*``. Train and test problems never overlap.
 
-Base accuracy of SmolLM2-135M-Instruct (offline default) is measured by ``benchmarks/base_accuracy.py`` and
-listed in the README.
+Base accuracy of SmolLM2-135M-Instruct (offline default), measured by ``benchmarks/base_accuracy.py``
+(16 problems x 4 samples, temperature 0.7, 64 new tokens; lenient ``final_number_reward``; the default
+setting measured again with 32 problems x 8 samples: 44.5%, pass@8 87.5%):
+
+    1 digit, 2 operands, ``+`` (the default)   ~47%      1 digit, 2 operands, ``+-``   ~41%
+    1 digit, 3 operands, ``+``                 ~2%       2 digits, 2 operands, ``+``   ~8%
+
+The default is the only setting in the useful range for RL (reward variance within groups), but it has only
+100 distinct problems, hence the default 80/20 split; ``operators="+-"`` doubles the pool at similar accuracy.
+The strict SPEC §5 ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
+answer is 11." instead of boxing its answer, so use ``final_number_reward`` for this task.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ def make_arithmetic_problems(
     exclude: set[str] | None = None,
 ) -> list[tuple[str, str]]:
     """``num_problems`` distinct ``(question, answer)`` pairs, e.g. ``("3 + 4", "7")``; deterministic in ``seed``."""
+    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 0:
+        raise ValueError(f"num_problems must be an integer >= 0, got {num_problems!r}")
     if digits < 1 or num_operands < 2:
         raise ValueError(f"digits must be >= 1 and num_operands >= 2, got digits={digits}, num_operands={num_operands}")
     if not operators or set(operators) - set("+-*"):
@@ -39,7 +50,9 @@ def make_arithmetic_problems(
     if num_problems > distinct_possible - len(exclude):
         raise ValueError(
             f"Asked for {num_problems} distinct problems but only {distinct_possible - len(exclude)} exist at "
-            f"digits={digits}, num_operands={num_operands}, operators={operators!r}."
+            f"digits={digits}, num_operands={num_operands}, operators={operators!r}"
+            + (f" once the {len(exclude)} excluded (test) problems are removed" if exclude else "")
+            + "; ask for fewer or raise digits/num_operands/operators."
         )
     rng = random.Random(seed)
     seen = set(exclude)
@@ -57,8 +70,8 @@ def make_arithmetic_problems(
 
 
 def make_arithmetic_dataset(
-    num_train: int = 512,
-    num_test: int = 128,
+    num_train: int = 80,
+    num_test: int = 20,
     digits: int = 1,
     num_operands: int = 2,
     operators: str = "+",
@@ -69,6 +82,8 @@ def make_arithmetic_dataset(
     """A ``datasets.DatasetDict`` with disjoint ``train``/``test`` splits of arithmetic problems."""
     from datasets import Dataset, DatasetDict
 
+    if "{question}" not in instruction:
+        raise ValueError(f"instruction must contain the placeholder '{{question}}', got {instruction!r}")
     test = make_arithmetic_problems(num_test, digits, num_operands, operators, seed=seed + 1)
     train = make_arithmetic_problems(
         num_train, digits, num_operands, operators, seed=seed, exclude={q for q, _ in test}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -20,11 +21,14 @@ __all__ = [
     "math_verify_reward",
     "final_number_reward",
     "completion_text",
+    "extract_final_number",
 ]
 
 
 def completion_text(completion: Any) -> str:
-    """Text of one completion, whether TRL passed a string or a list of chat messages."""
+    """Text of one completion, whether TRL passed a string or a list of chat messages (``None`` -> ``""``)."""
+    if completion is None:
+        return ""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, dict):
@@ -83,7 +87,8 @@ def normalize_answer(answer: str | None) -> str:
     """Normalize an answer string for exact-match comparison (Cue-GRPO Appendix C).
 
     Strips LaTeX wrappers (``$``, ``\\(\\)``, ``\\text{}``, ``\\left/\\right``, spacing commands), a leading
-    variable assignment (``x = 3`` -> ``3``), ``%`` signs, a trailing period; normalizes whitespace; lowercases;
+    variable assignment (``x = 3`` -> ``3``), ``%`` signs, a trailing period; normalizes whitespace (runs of
+    spaces become one; none around commas or just inside brackets); lowercases;
     replaces the word ``and`` with a comma; deduplicates commas. Returns ``""`` for ``None``.
     """
     if answer is None:
@@ -104,6 +109,9 @@ def normalize_answer(answer: str | None) -> str:
     s = re.sub(r"\band\b", ",", s)
     s = re.sub(r"\s+", " ", s).strip()
     s = re.sub(r"\s*,\s*", ",", s)
+    # Spaces just inside brackets carry no meaning: "\left( 1, 2 \right)" and "(1, 2)" both become "(1,2)".
+    s = re.sub(r"([(\[{])\s+", r"\1", s)
+    s = re.sub(r"\s+([)\]}])", r"\1", s)
     s = re.sub(r",{2,}", ",", s).strip(",")
     # Thousands separators in a plain number ("1,000") are not list commas.
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
@@ -167,22 +175,44 @@ def math_verify_reward(completions: list, answer: list | None = None, **kwargs) 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+def extract_final_number(text: str | None) -> str | None:
+    """The number :func:`final_number_reward` reads: the last number inside the last balanced ``\\boxed{}`` when
+    there is one, else the last number anywhere in the text; canonical (``"07.50"`` -> ``"7.5"``), or None.
+
+    Thousands separators are dropped first (``"1,000"`` -> ``1000``).
+    """
+    if not text:
+        return None
+    boxed = extract_boxed(text)
+    candidates = _NUMBER.findall((boxed if boxed is not None else text).replace(",", ""))
+    if not candidates:
+        return None
+    return _canonical_number(candidates[-1])
+
+
+def _canonical_number(number: str) -> str:
+    # Decimal keeps integers of any size exact (float would merge 2**53 and 2**53 + 1).
+    value = Decimal(number)
+    if value == value.to_integral_value():
+        return str(int(value))  # also maps "-0" to "0"
+    return format(value.normalize(), "f")
+
+
 def final_number_reward(completions: list, answer: list | None = None, **kwargs) -> list[float]:
     """Reward for numeric tasks (the built-in arithmetic task): the ``\\boxed{}`` answer when there is one,
-    else the last number anywhere in the text, compared numerically with the reference.
+    else the last number anywhere in the text, compared numerically (exactly) with the reference.
 
     Small models (SmolLM2-135M) rarely box their answer or end on a bare number line, so the strict
     SPEC §5 checker (:func:`accuracy_reward`) gives them almost no signal; this lenient reader gives RL one.
+    A reference that is not exactly one number scores every completion 0.
     """
     _check_answers(completions, answer)
     rewards = []
     for completion, reference in zip(completions, answer):
-        text = completion_text(completion)
-        boxed = extract_boxed(text)
-        candidates = _NUMBER.findall((boxed if boxed is not None else text).replace(",", ""))
+        predicted = extract_final_number(completion_text(completion))
         reference_numbers = _NUMBER.findall(str(reference).replace(",", "")) if reference is not None else []
-        if not candidates or len(reference_numbers) != 1:
+        if predicted is None or len(reference_numbers) != 1:
             rewards.append(0.0)
             continue
-        rewards.append(float(float(candidates[-1]) == float(reference_numbers[0])))
+        rewards.append(float(predicted == _canonical_number(reference_numbers[0])))
     return rewards
