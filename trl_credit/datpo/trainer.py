@@ -398,14 +398,20 @@ class DATPOTrainer(GRPOTrainer):
     ):
         device = self.accelerator.device
         n_base, n_branch = len(completion_ids_list), len(branch_ids)
-        prompt_rows = prompt_ids_list + branch_prefixes
-        completion_rows = completion_ids_list + branch_ids
-        p_ids, p_mask, c_ids, c_mask = pad_rows(
-            prompt_rows, completion_rows, self._tokenizer.pad_token_id, device, self.pad_to_multiple_of
-        )
+        # TRL's _compute_loss gathers per-row tensors (clip-ratio metrics), so every process needs the same row
+        # count: processes with fewer rows append empty rows (a one-token prompt, so attention stays finite, and
+        # one completion token outside the loss mask). They add nothing to the loss or to num_items_in_batch.
+        n_rows = max(gather_counts(self, n_base + n_branch))
+        n_empty = n_rows - n_base - n_branch
+        pad_id = self._tokenizer.pad_token_id
+        prompt_rows = prompt_ids_list + branch_prefixes + [[pad_id]] * n_empty
+        completion_rows = completion_ids_list + branch_ids + [[pad_id]] * n_empty
+        p_ids, p_mask, c_ids, c_mask = pad_rows(prompt_rows, completion_rows, pad_id, device, self.pad_to_multiple_of)
+        if n_empty:
+            c_mask[n_base + n_branch :] = 0
         width = c_ids.size(1)
         # every generated token gets the advantage of the one block it belongs to (SPEC §3.4, §3.6)
-        token_adv = torch.zeros(len(completion_rows), width, dtype=torch.float32)
+        token_adv = torch.zeros(n_rows, width, dtype=torch.float32)
         for b in blocks["by_process"][process]:
             kind, row, start, end = blocks["source"][b]
             r = row if kind == "base" else n_base + row
@@ -413,7 +419,9 @@ class DATPOTrainer(GRPOTrainer):
         if self.mask_truncated_completions:
             eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
             truncated = torch.tensor(
-                [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_rows], device=device
+                [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_rows[: n_base + n_branch]]
+                + [False] * n_empty,
+                device=device,
             )
             c_mask = c_mask * (~truncated).unsqueeze(1).int()
         output = {
@@ -427,15 +435,15 @@ class DATPOTrainer(GRPOTrainer):
         def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):
             # base rows keep TRL's values (completion right-padded, so positions line up); branch rows get theirs
             cols = width if base_values.size(1) != 1 else 1
-            merged = torch.full((n_base + n_branch, cols), fill, dtype=base_values.dtype, device=device)
+            merged = torch.full((n_rows, cols), fill, dtype=base_values.dtype, device=device)
             take = min(cols, base_values.size(1))
             merged[:n_base, :take] = base_values[:, :take]
             if branch_values is not None and n_branch:
                 take = min(cols, branch_values.size(1))
-                merged[n_base:, :take] = branch_values[:, :take].to(base_values.dtype)
+                merged[n_base : n_base + n_branch, :take] = branch_values[:, :take].to(base_values.dtype)
             return merged
 
-        branch_mask = c_mask[n_base:]
+        branch_mask = c_mask[n_base : n_base + n_branch]
         need_old = "old_per_token_logps" in base
         if need_old:
             old = self._score_collectively(self.model, branch_prefixes, branch_ids)
@@ -463,7 +471,9 @@ class DATPOTrainer(GRPOTrainer):
             if n_branch:
                 if sampling is None or not need_old:
                     raise RuntimeError("vLLM importance sampling needs sampling log-probs for the branch rollouts")
-                branch_ratio = self._importance_sampling_ratio(output["old_per_token_logps"][n_base:], sampling, branch_mask)
+                branch_ratio = self._importance_sampling_ratio(
+                    output["old_per_token_logps"][n_base : n_base + n_branch], sampling, branch_mask
+                )
             output["importance_sampling_ratio"] = merge(base["importance_sampling_ratio"], branch_ratio, fill=1.0)
         output["num_items_in_batch"] = self.accelerator.gather(c_mask.sum()).sum()
         return output
