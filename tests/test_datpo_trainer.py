@@ -246,3 +246,44 @@ def test_trainer_refuses_plain_grpo_config_and_tools(tiny_model_path, tmp_path):
         DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward,
                      args=DATPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", use_diversity=False),
                      train_dataset=two_prompt_dataset(), embedder=object())
+
+
+class CapturingDATPOTrainer(DATPOTrainer):
+    """Keeps each generation batch and the log-probs of its rows recomputed right away (weights unchanged)."""
+
+    def __init__(self, *args, **kwargs):
+        self.checks = []
+        super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            with torch.no_grad():
+                policy, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, output["completion_ids"].size(1))
+                reference, _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention, output["completion_ids"].size(1))
+            self.checks.append((output, policy, reference, len(inputs)))
+        return output
+
+
+def test_old_and_ref_logps_cover_branch_rows(tiny_model_path, tmp_path):
+    # num_iterations = 2 makes TRL keep old log-probs; beta > 0 makes it compute reference log-probs. Both must be
+    # there for the branch rows too, aligned token by token.
+    args = DATPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+        max_steps=2, num_iterations=2, beta=0.1, learning_rate=1e-2, report_to="none", use_cpu=True,
+        save_strategy="no", fork_method="fixed_seg", use_diversity=False, seed=1,
+    )
+    trainer = CapturingDATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                                    train_dataset=two_prompt_dataset())
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(trainer.checks) == 1  # generated once, reused for the second iteration
+    output, policy, reference, n_base = trainer.checks[0]
+    mask = output["completion_mask"].bool()
+    assert output["completion_ids"].size(0) > n_base  # there are branch rows
+    torch.testing.assert_close(output["old_per_token_logps"][mask], policy[mask], atol=5e-3, rtol=1e-3)  # batching/padding float noise; a misaligned row is off by ~1
+    torch.testing.assert_close(output["ref_per_token_logps"][mask], reference[mask], atol=5e-3, rtol=1e-3)  # batching/padding float noise; a misaligned row is off by ~1
