@@ -213,6 +213,10 @@ def test_split_rows_keeps_every_row_and_trims():
     assert chunks[0]["completion_ids"].shape == (3, 1) and chunks[0]["advantages"].shape == (3, 1)
     assert chunks[1]["completion_ids"].shape == (2, 4)  # row 3 uses all 4 columns
     assert all(int(c["num_items_in_batch"]) == 16 for c in chunks)
+    # pad_to_multiple_of=3: chunk 0 keeps 3 prompt columns (2 rounded up) and 3 completion columns (1 rounded up)
+    padded = split_rows(batch, 3, pad_to_multiple_of=3)
+    assert padded[0]["prompt_ids"].shape == (3, 3) and padded[0]["completion_ids"].shape == (3, 3)
+    assert padded[1]["completion_ids"].shape == (2, 4)  # capped at the batch width
 
 
 def test_config_validation():

@@ -143,7 +143,7 @@ class DATPOTrainer(GRPOTrainer):
         if self._step % generate_every == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
             batch = shuffle_sequence_dict(batch)
-            self._buffered_inputs = split_rows(batch, self.args.steps_per_generation)
+            self._buffered_inputs = split_rows(batch, self.args.steps_per_generation, self.pad_to_multiple_of)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     # ------------------------------------------------------------------ rollouts
@@ -275,6 +275,7 @@ class DATPOTrainer(GRPOTrainer):
             )
         advantages = diversity_bonus(base_adv, diversity, alpha, on_all_blocks=args.diversity_on_all_blocks)
 
+        self._log_table_advantages(blocks, advantages, records)
         batch = self._training_rows(
             base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
             advantages, process,
@@ -523,6 +524,19 @@ class DATPOTrainer(GRPOTrainer):
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.size(1))) for p in pieces], dim=0)
 
     # ------------------------------------------------------------------ metrics
+    def _log_table_advantages(self, blocks, advantages, records):
+        """TRL's completions table (``log_completions``) lists the base rollouts with GRPO's advantages; replace
+        them with DATPO's, averaged over each rollout's tokens."""
+        sums = {row: 0.0 for row, _, _ in records}
+        for b, (kind, _, start, end) in enumerate(blocks["source"]):
+            if kind == "base":
+                sums[blocks["rollout"][b][1]] += float(advantages[b]) * (end - start)
+        means = [sums[row] / max(length, 1) for row, _, length in records]
+        table = self._logs["advantages"]
+        if len(table) >= len(means):
+            for k, value in enumerate(means):
+                table[len(table) - len(means) + k] = value
+
     def _log_tree_metrics(
         self, budgets, v_root, blocks, base_rewards, branch_rewards, records, branch_lengths, diversity, has_siblings,
         alpha,
@@ -620,9 +634,16 @@ def _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards,
     return blocks
 
 
-def split_rows(batch: dict, num_chunks: int) -> list[dict]:
+def split_rows(batch: dict, num_chunks: int, pad_to_multiple_of: int | None = None) -> list[dict]:
     """Split a batch of B rows into ``num_chunks`` micro-batches of ⌊B/n⌋ or ⌈B/n⌉ rows, dropping none, and trim
-    each to its own longest prompt and completion (prompts are left-padded, completions right-padded)."""
+    each to its own longest prompt and completion (prompts are left-padded, completions right-padded), keeping
+    widths multiples of ``pad_to_multiple_of`` when it is set."""
+
+    def round_up(cols: int, limit: int) -> int:
+        if not pad_to_multiple_of:
+            return cols
+        return min(limit, -(-cols // pad_to_multiple_of) * pad_to_multiple_of)
+
     num_rows = batch["completion_ids"].size(0)
     if num_rows < num_chunks:
         raise ValueError(f"{num_rows} rows cannot fill {num_chunks} micro-batches (steps_per_generation)")
@@ -643,6 +664,9 @@ def split_rows(batch: dict, num_chunks: int) -> list[dict]:
         used = (chunk["completion_mask"].sum(dim=0) > 0).nonzero()
         completion_cols = int(used.max()) + 1 if used.numel() else 1
         width = chunk["completion_ids"].size(1)
+        prompt_width = chunk["prompt_ids"].size(1)
+        prompt_cols = prompt_width - round_up(prompt_width - prompt_cols, prompt_width)
+        completion_cols = round_up(completion_cols, width)
         chunk["prompt_ids"] = chunk["prompt_ids"][:, prompt_cols:]
         chunk["prompt_mask"] = chunk["prompt_mask"][:, prompt_cols:]
         for key in _COMPLETION_KEYS:
