@@ -291,3 +291,28 @@ def test_old_and_ref_logps_cover_branch_rows(tiny_model_path, tmp_path):
     assert output["completion_ids"].size(0) > n_base  # there are branch rows
     torch.testing.assert_close(output["old_per_token_logps"][mask], policy[mask], atol=5e-3, rtol=1e-3)  # batching/padding float noise; a misaligned row is off by ~1
     torch.testing.assert_close(output["ref_per_token_logps"][mask], reference[mask], atol=5e-3, rtol=1e-3)  # batching/padding float noise; a misaligned row is off by ~1
+
+
+def test_branch_importance_sampling_ratio_follows_trl_modes():
+    from types import SimpleNamespace
+
+    old = torch.tensor([[-1.0, -2.0, 0.0]])
+    sampling = torch.tensor([[-1.5, -1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    # log ratio per token = (old − sampling)·mask = [0.5, −1.0, 0]
+
+    def ratio(mode, low, high, sampled=sampling):
+        fake = SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=low,
+                               vllm_importance_sampling_clip_max=high)
+        return DATPOTrainer._importance_sampling_ratio(fake, old, sampled, mask)
+
+    # sequence: exp(0.5 − 1.0) = exp(−0.5) = 0.6065 <= 3 (TRL's default mode and cap), kept
+    assert ratio("sequence_mask", None, 3.0)[0].tolist() == pytest.approx([math.exp(-0.5)])
+    assert ratio("sequence_mask", 0.7, 3.0).tolist() == [[0.0]]  # below the floor: masked
+    # token truncate to [0.5, 1.5]: exp(0.5) = 1.65 -> 1.5, exp(−1) = 0.37 -> 0.5, exp(0) = 1
+    assert ratio("token_truncate", 0.5, 1.5)[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
+    # token mask above 1.5: exp(0.5) masked to 0, exp(−1) kept
+    assert ratio("token_mask", None, 1.5)[0].tolist() == pytest.approx([0.0, math.exp(-1.0), 1.0])
+    # a token vLLM could not score (NaN) gets ratio 1
+    nan_sampled = torch.tensor([[float("nan"), -2.0, 0.0]])
+    assert ratio("token_truncate", None, 3.0, nan_sampled)[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
