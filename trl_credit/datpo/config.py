@@ -22,6 +22,18 @@ class DATPOConfig(GRPOConfig):
 
     Rewards are TRL's weighted sum of the reward functions, used raw (DATPO does not normalize them): V_root and
     the block values assume rewards in [0, 1] (the paper's 0/1 verifiable reward), so `scale_rewards` is unused.
+
+    Branches continue from prompt + base prefix with up to `max_completion_length` new tokens (as the authors'
+    code), so a branch row can reach prompt + 2·`max_completion_length` - 1 tokens; with vLLM, make
+    `vllm_max_model_length` (or the server's context) at least that. Token entropies for forking come from one
+    extra no-grad forward pass over the base rollouts. Evaluation (`eval_strategy`) runs plain GRPO scoring on
+    base rollouts; the tree is a training-time construct.
+
+    Loss normalization: with `loss_type="dapo"` (default, the paper's Eq. 9) the loss is the mean over every loss
+    token of the generation batch on all processes, exactly, whatever the row counts. Loss types that average per
+    sequence (`grpo`, `sapo`, `luspo`, `dr_grpo`) average within each micro-batch as in TRL, where micro-batches
+    now differ in size and may contain empty filler rows (rows are evened out across processes because TRL gathers
+    per-row metrics); prefer `dapo` or `bnpo`.
     """
 
     num_generations: int | None = field(
