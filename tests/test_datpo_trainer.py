@@ -316,3 +316,46 @@ def test_branch_importance_sampling_ratio_follows_trl_modes():
     # a token vLLM could not score (NaN) gets ratio 1
     nan_sampled = torch.tensor([[float("nan"), -2.0, 0.0]])
     assert ratio("token_truncate", None, 3.0, nan_sampled)[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
+
+
+SENTENCES = "First, we add 3 and 4. Then we check 7 - 4 = 3. So the answer is \\boxed{7}."
+
+
+class ScriptedDATPOTrainer(DATPOTrainer):
+    """Base rollouts are a fixed three-sentence text (branches: the tiny model's own samples)."""
+
+    def __init__(self, *args, **kwargs):
+        self.batches = []
+        super().__init__(*args, **kwargs)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if num_generations > 1:
+            ids = self._tokenizer(SENTENCES, add_special_tokens=False)["input_ids"] + [self._tokenizer.eos_token_id]
+            return [list(ids) for _ in prompt_ids], None
+        return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.batches.append((output, len(inputs)))
+        return output
+
+
+def test_sentence_entropy_forks_at_sentence_starts(tiny_model_path, tiny_tokenizer, tmp_path):
+    ids = tiny_tokenizer(SENTENCES, add_special_tokens=False)["input_ids"]
+    # independent reference: the tokens holding the first letters of "Then" and "So"
+    starts = []
+    for word in ("Then", "So"):
+        char = SENTENCES.index(word)
+        starts.append(next(k for k in range(len(ids)) if len(tiny_tokenizer.decode(ids[: k + 1])) > char))
+    args = DATPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
+        max_steps=1, report_to="none", use_cpu=True, save_strategy="no", use_diversity=False,
+    )
+    # reward 0 everywhere: V_root = 0, K̂ = 3, B̂ = 4; only 2 sentences start after token 0, so 2 forks per rollout
+    trainer = ScriptedDATPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                                   args=args, train_dataset=two_prompt_dataset())
+    trainer.train()
+    output, n_base = trainer.batches[0]
+    prompt_len = int(output["prompt_mask"][0].sum())
+    prefix_lengths = [int(output["prompt_mask"][r].sum()) - prompt_len for r in range(n_base, output["prompt_ids"].size(0))]
+    assert sorted(prefix_lengths) == sorted(starts * 4 * n_base)  # 4 branches at each of the 2 sentence starts
