@@ -1,0 +1,103 @@
+"""DATPOTrainer under torchrun (launched by tests/test_datpo_multiprocess.py), with deterministic generation.
+
+``_generate_single_turn`` is replaced by a function of the prompt tokens and of the row's global position, so a
+1-process and a 2-process run see exactly the same rollouts; forks are ``fixed_seg`` (independent of the weights).
+Two runs in one launch:
+
+- ``one_sided``: 2 prompts per step, ``8 / world`` rows per process. The even-answer prompt is always solved (no
+  branches), the odd one never fully: with 2 processes one process has branches and the other none. 2 steps.
+- ``spanning``: 1 prompt per step, ``4 / world`` rows per process: with 2 processes its group spans both. 1 step.
+
+Prints one ``RESULT {json}`` line per process with every training row of every step.
+"""
+
+import json
+import sys
+
+import torch
+from datasets import Dataset
+
+from trl_credit import DATPOConfig, DATPOTrainer
+from trl_credit.data import make_arithmetic_dataset
+from trl_credit.models import load_default_embedder
+
+
+def prompt_keyed_reward(completions, answer, completion_ids, **kwargs):
+    return [1.0 if int(a) % 2 == 0 else 0.5 * (sum(ids) % 2) for a, ids in zip(answer, completion_ids)]
+
+
+class DeterministicDATPOTrainer(DATPOTrainer):
+    def __init__(self, *args, **kwargs):
+        self.rows = []
+        self.branch_counts = []
+        super().__init__(*args, **kwargs)
+
+    def _fake_completion(self, seed: int) -> list[int]:
+        vocab = len(self._tokenizer)
+        length = 6 + seed % 5
+        return [3 + (seed * 31 + k * 17) % (vocab - 3) for k in range(length)] + [self._tokenizer.eos_token_id]
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completions = []
+        if num_generations > 1:  # phase 1: base rollouts, seeded by the row's global index
+            first = self.accelerator.process_index * len(prompt_ids)
+            for r, prompt in enumerate(prompt_ids):
+                completions.append(self._fake_completion(hash((tuple(prompt), first + r)) % 100003))
+        else:  # phase 2: branches, seeded by the prefix and its occurrence (B̂ identical prefixes per fork)
+            seen = {}
+            for prompt in prompt_ids:
+                key = tuple(prompt)
+                seen[key] = seen.get(key, 0) + 1
+                completions.append(self._fake_completion(hash((key, seen[key])) % 100003))
+        return completions, None
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        step_rows = []
+        for r in range(output["completion_ids"].size(0)):
+            mask = output["completion_mask"][r].bool()
+            if not mask.any():  # an empty row that evens out the row counts across processes
+                continue
+            step_rows.append([
+                output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist(),
+                output["completion_ids"][r][mask].tolist(),
+                output["advantages"][r][mask].tolist(),
+            ])
+        self.rows.append(step_rows)
+        self.branch_counts.append(len(step_rows) - len(inputs))
+        return output
+
+
+def run(name, model_dir, out_dir, per_device, prompts, steps, world):
+    data = make_arithmetic_dataset(num_train=16, num_test=2, seed=0)["train"]
+    even = next(r for r in data if int(r["answer"]) % 2 == 0)
+    odd = next(r for r in data if int(r["answer"]) % 2 == 1)
+    dataset = Dataset.from_list([even, odd] if prompts == 2 else [odd])
+    args = DATPOConfig(
+        output_dir=f"{out_dir}/{name}", per_device_train_batch_size=per_device, num_generations=4,
+        max_completion_length=12, max_steps=steps, learning_rate=1e-3, report_to="none", use_cpu=True,
+        save_strategy="no", logging_steps=1, fork_method="fixed_seg", seed=0,
+    )
+    trainer = DeterministicDATPOTrainer(
+        model=model_dir, reward_funcs=prompt_keyed_reward, args=args, train_dataset=dataset,
+        embedder=load_default_embedder(device="cpu"),
+    )
+    trainer.train()
+    return {"steps": trainer.state.global_step, "rows": trainer.rows, "branch_counts": trainer.branch_counts}
+
+
+def main(model_dir: str, out_dir: str):
+    torch.manual_seed(0)
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    rank = int(__import__("os").environ.get("RANK", "0"))
+    result = {
+        "rank": rank,
+        "world": world,
+        "one_sided": run("one_sided", model_dir, out_dir, 8 // world, 2, 2, world),
+        "spanning": run("spanning", model_dir, out_dir, 4 // world, 1, 1, world),
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,58 @@
+"""DATPOTrainer in 2 CPU processes: trees of different sizes per process must not hang, and the advantages must
+equal a 1-process run on the same (deterministic) generations, also when a group spans both processes."""
+
+import json
+
+import pytest
+
+from tests.mp import run_torchrun
+
+
+def _reports(result):
+    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+def _rows_by_key(reports, run, step):
+    table = {}
+    for report in reports:
+        for prompt, completion, advantages in report[run]["rows"][step]:
+            key = (tuple(prompt), tuple(completion))
+            assert key not in table, "a row appears twice across processes"
+            table[key] = advantages
+    return table
+
+
+@pytest.mark.multiprocess
+def test_two_processes_match_one_process(tiny_model_path, tmp_path):
+    script = "tests/mp_scripts/datpo_two_processes.py"
+    two = _reports(run_torchrun(script, tiny_model_path, str(tmp_path / "two"), nproc=2))
+    # the 1-process reference runs in this process (same script functions, world size 1)
+    from tests.mp_scripts.datpo_two_processes import run
+
+    one = [{
+        "rank": 0,
+        "one_sided": run("one_sided", tiny_model_path, str(tmp_path / "one"), 8, 2, 2, 1),
+        "spanning": run("spanning", tiny_model_path, str(tmp_path / "one"), 4, 1, 1, 1),
+    }]
+    assert sorted(r["rank"] for r in two) == [0, 1] and len(one) == 1
+
+    # one_sided: each step, one process grew branches and the other none, and both finished 2 steps
+    assert all(r["one_sided"]["steps"] == 2 for r in two)
+    for step in range(2):
+        counts = sorted(r["one_sided"]["branch_counts"][step] for r in two)
+        assert counts[0] == 0 and counts[1] > 0
+    assert one[0]["one_sided"]["branch_counts"] == [
+        sum(r["one_sided"]["branch_counts"][s] for r in two) for s in range(2)
+    ]
+
+    # same rows and the same advantages (diversity included) whatever the number of processes
+    for run, steps in (("one_sided", 2), ("spanning", 1)):
+        for step in range(steps):
+            expected = _rows_by_key(one, run, step)
+            got = _rows_by_key(two, run, step)
+            assert got.keys() == expected.keys()
+            for key, advantages in expected.items():
+                assert got[key] == pytest.approx(advantages, abs=1e-4)
+            assert any(a != 0 for adv in expected.values() for a in adv)
+    # spanning: both processes hold half of the group and grew branches from their own base rollouts
+    assert all(r["spanning"]["branch_counts"][0] > 0 for r in two)

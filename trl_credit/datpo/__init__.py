@@ -1,0 +1,31 @@
+"""DATPO: difficulty-adaptive tree rollouts, sentence-entropy forking, block advantages, sibling diversity (SPEC §3).
+
+Pure functions (no trainer state): :func:`adaptive_budget` (budget.py), :func:`token_char_offsets`,
+:func:`sentence_spans`, :func:`select_forks` (forks.py), :func:`node_values`, :func:`block_advantages` (tree.py),
+:func:`sibling_diversity`, :func:`diversity_bonus`, :func:`annealed_alpha` (diversity.py).
+Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py).
+"""
+
+from .budget import adaptive_budget
+from .config import DATPOConfig
+from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
+from .forks import FORK_METHODS, select_forks, sentence_spans, token_char_offsets
+from .trainer import DATPOTrainer, split_rows
+from .tree import VALUE_ESTIMATES, block_advantages, node_values
+
+__all__ = [
+    "DATPOConfig",
+    "DATPOTrainer",
+    "adaptive_budget",
+    "token_char_offsets",
+    "sentence_spans",
+    "select_forks",
+    "FORK_METHODS",
+    "node_values",
+    "block_advantages",
+    "VALUE_ESTIMATES",
+    "sibling_diversity",
+    "diversity_bonus",
+    "annealed_alpha",
+    "split_rows",
+]

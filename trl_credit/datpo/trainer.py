@@ -1,0 +1,677 @@
+"""DATPOTrainer: GRPOTrainer with DATPO's difficulty-adaptive tree rollouts (SPEC §3, paper Alg. 3).
+
+What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
+
+- ``_generate_and_score_completions`` (training only; evaluation stays GRPO on the base rollouts):
+  1. phase 1 = ``super()._generate_and_score_completions``: TRL generates the N base rollouts per prompt, scores
+     them with the reward functions, computes old/ref log-probs and vLLM importance ratios, logs its metrics.
+     ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
+  2. V_root and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base rollouts (one no-grad
+     pass), forks (``forks.select_forks``).
+  3. phase 2: all branch prompts (prompt + base prefix) of the batch through ``generate_from_prefixes`` (TRL's
+     ``_generate_single_turn``: HF generate, vLLM server/colocate), in ``branch_chunk_size`` chunks; branch rewards
+     through TRL's ``_calculate_rewards`` on prefix + branch.
+  4. the tree of every prompt is gathered on every process and its block advantages computed by the pure
+     functions of ``tree`` and ``diversity``; each process keeps its own rows: one per base rollout (advantage per
+     token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no token is
+     trained twice. Advantages are (B, T), which TRL's ``_compute_loss`` takes as they are.
+- ``_prepare_inputs``: splits the variable number of rows into ``steps_per_generation`` micro-batches without
+  dropping any (TRL's split floor-divides). ``num_items_in_batch`` counts the loss tokens of all rows of all
+  processes, so ``loss_type="dapo"`` (the default) averages over every token of the generation batch.
+
+Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
+rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
+every process the same number of times, also when a process has no branches.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import torch
+import transformers
+from packaging.version import Version
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.trainer.utils import shuffle_sequence_dict, use_adapter
+
+from .._trl import (
+    check_single_turn,
+    gather_counts,
+    gather_rows,
+    generate_from_prefixes,
+    log_metric,
+    pad_rows,
+    score_completions,
+)
+from .budget import adaptive_budget
+from .config import DATPOConfig
+from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
+from .forks import select_forks, sentence_spans, token_char_offsets
+from .tree import ROOT, block_advantages
+
+__all__ = ["DATPOTrainer"]
+
+# Per-token tensors of the training batch, aligned with the completion (right-padded).
+_COMPLETION_KEYS = (
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "importance_sampling_ratio",
+)
+
+
+class DATPOTrainer(GRPOTrainer):
+    """Drop-in GRPOTrainer for DATPO (Yu et al., 2026). Takes a :class:`DATPOConfig`; ``embedder`` optionally gives
+    a sentence-transformers model instance (anything with ``encode(texts, batch_size=, convert_to_tensor=)``) for the
+    sibling-diversity embeddings instead of ``args.embedding_model``."""
+
+    _tag_names = ["trl", "grpo", "datpo", "trl_credit"]
+    _name = "DATPO"
+    _paper = {
+        "title": "Difficulty-Adaptive Tree-Structured Policy Optimization for Expanding Reasoning Coverage in RLVR",
+        "id": "2609.08650",
+        "citation": "@article{yu2026datpo, title={Difficulty-Adaptive Tree-Structured Policy Optimization for "
+        "Expanding Reasoning Coverage in RLVR}, author={Yu, Youngjun and Jang, Sanghwan and Yu, Hwanjo}, "
+        "journal={arXiv preprint arXiv:2609.08650}, year={2026}}",
+    }
+
+    def __init__(self, model, reward_funcs=None, args: DATPOConfig | None = None, *pargs, embedder=None, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            args = DATPOConfig(f"{str(name).split('/')[-1]}-DATPO")
+        if not isinstance(args, DATPOConfig):
+            raise TypeError(f"DATPOTrainer needs `args` to be a DATPOConfig, got {type(args).__name__}")
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        check_single_turn(self, "DATPOTrainer")
+        if self._is_vlm:
+            raise ValueError("DATPOTrainer supports text-only models: branch prompts are token prefixes of the response.")
+        self._datpo_recording = False
+        self._datpo_phase1 = None
+        self._datpo_rewards_per_func = None
+        self.embedder = None
+        if args.use_diversity:
+            self.embedder = embedder if embedder is not None else self._load_embedder(args)
+            if not hasattr(self.embedder, "encode"):
+                raise TypeError("`embedder` must have an `encode(texts, ...)` method (a sentence-transformers model)")
+        elif embedder is not None:
+            raise ValueError("An `embedder` was passed but `use_diversity=False`; drop one of them.")
+
+    def _load_embedder(self, args: DATPOConfig):
+        from ..models import DEFAULT_EMBEDDER, load_default_embedder
+
+        device = str(self.accelerator.device)
+        if args.embedding_model in (None, "", DEFAULT_EMBEDDER):
+            return load_default_embedder(device=device)
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(
+            args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
+        )
+
+    # ------------------------------------------------------------------ capture of TRL's phase-1 outputs
+    def _generate(self, prompts: list):
+        result = super()._generate(prompts)
+        if self._datpo_recording:
+            self._datpo_phase1 = result
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._datpo_recording:
+            self._datpo_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _weighted_rewards(self, rewards_per_func: torch.Tensor) -> list[float]:
+        # TRL's weighted sum (sum_then_normalize without its normalization); a row every function left
+        # unscored (all NaN) counts as reward 0.
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        return (rewards_per_func * weights).nansum(dim=1).tolist()
+
+    # ------------------------------------------------------------------ batching
+    def _prepare_inputs(self, generation_batch):
+        # Follows GRPOTrainer._prepare_inputs (trl 1.16.0), with the split replaced: the row count varies with the
+        # trees, and TRL's split_tensor_dict floor-divides it and drops the remainder.
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            batch = shuffle_sequence_dict(batch)
+            self._buffered_inputs = split_rows(batch, self.args.steps_per_generation, self.pad_to_multiple_of)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ------------------------------------------------------------------ rollouts
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        if "image" in inputs[0] or "images" in inputs[0]:
+            raise ValueError("DATPOTrainer does not support image inputs.")
+        self._datpo_recording = True
+        try:
+            base = super()._generate_and_score_completions(inputs)
+        finally:
+            self._datpo_recording = False
+        phase1, rewards_per_func = self._datpo_phase1, self._datpo_rewards_per_func
+        self._datpo_phase1 = self._datpo_rewards_per_func = None
+        prompt_ids_list, completion_ids_list = [list(p) for p in phase1[0]], [list(c) for c in phase1[1]]
+        prompts = [x["prompt"] for x in inputs]
+        return self._grow_trees(inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func)
+
+    def _grow_trees(self, inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func):
+        args: DATPOConfig = self.args
+        device = self.accelerator.device
+        n_local = len(prompt_ids_list)
+        process = self.accelerator.process_index
+        N = self.num_generations
+        first_row = process * n_local  # TRL's process_slice convention: equal base rows per process
+        base_rewards = self._weighted_rewards(rewards_per_func)  # global, process order
+        num_groups = len(base_rewards) // N
+
+        # Phase 1 → budgets (Eq. 1-2), from the global base rewards, so every process agrees.
+        v_root = [sum(base_rewards[g * N : (g + 1) * N]) / N for g in range(num_groups)]
+        if args.difficulty_adaptive:
+            budgets = [adaptive_budget(v, args.max_forks, args.max_branches) for v in v_root]
+        else:
+            budgets = [(args.max_forks, args.max_branches)] * num_groups
+
+        # Entropies of the base rollouts (one no-grad pass; same row count on every process).
+        need_entropy = args.fork_method in ("sent_entropy", "tok_entropy") and any(k > 0 for k, _ in budgets)
+        entropies = None
+        if need_entropy:
+            p_ids, p_mask, c_ids, c_mask = pad_rows(
+                prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, device
+            )
+            _, entropies = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+            entropies = entropies.float().cpu()
+
+        # Forks per local base rollout.
+        local_forks: list[list[int]] = []
+        for i in range(n_local):
+            g_row = first_row + i
+            k_hat, _ = budgets[g_row // N]
+            length = len(completion_ids_list[i])
+            if k_hat <= 0 or length < 2:
+                local_forks.append([])
+                continue
+            spans = None
+            if args.fork_method == "sent_entropy":
+                text, offsets = token_char_offsets(self._tokenizer, completion_ids_list[i])
+                spans = sentence_spans(text, offsets)
+            rng = random.Random(f"{args.seed}-{self.state.global_step}-{g_row}")
+            local_forks.append(
+                select_forks(
+                    entropies[i, :length] if entropies is not None else None,
+                    spans,
+                    k_hat,
+                    args.fork_method,
+                    num_tokens=length,
+                    min_gap=args.fork_min_gap,
+                    rng=rng,
+                )
+            )
+
+        # Phase 2: B̂ branches from every fork, all prompts of the batch in one (chunked) collective call.
+        branch_meta: list[tuple[int, int]] = []  # (local base row, fork index)
+        branch_prefixes: list[list[int]] = []
+        for i, forks in enumerate(local_forks):
+            _, b_hat = budgets[(first_row + i) // N]
+            for j, fork in enumerate(forks):
+                for _ in range(b_hat):
+                    branch_meta.append((i, j))
+                    branch_prefixes.append(prompt_ids_list[i] + completion_ids_list[i][:fork])
+        branch_ids, branch_logprobs = generate_from_prefixes(self, branch_prefixes, chunk_size=args.branch_chunk_size)
+        branch_ids = [list(ids) for ids in branch_ids]
+        # response = base prefix + branch (SPEC §3.3: branch rewards are on the whole response)
+        branch_responses = [
+            completion_ids_list[i][: local_forks[i][j]] + ids for (i, j), ids in zip(branch_meta, branch_ids)
+        ]
+        branch_counts = gather_counts(self, len(branch_ids))
+        branch_rewards_global = self._branch_rewards(
+            inputs, prompts, prompt_ids_list, completion_ids_list, branch_meta, branch_responses, branch_counts
+        )
+
+        # Gather the tree skeletons (small: forks and lengths per row) so every process builds every tree.
+        records = gather_rows(
+            self,
+            [
+                (first_row + i, local_forks[i], len(completion_ids_list[i]))
+                for i in range(n_local)
+            ],
+        )
+        branch_lengths = gather_rows(self, [len(ids) for ids in branch_ids])
+        blocks = _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards, branch_rewards_global, N)
+
+        # Block advantages (Eq. 3) per tree.
+        base_adv = torch.zeros(len(blocks["start"]), dtype=torch.float64)
+        for g, members in blocks["by_group"].items():
+            idx = torch.tensor(members)
+            base_adv[idx] = block_advantages(
+                [blocks["start"][b] for b in members],
+                [blocks["end"][b] for b in members],
+                [blocks["reward"][b] for b in members],
+                value_estimate=args.value_estimate,
+                block_rollout=[blocks["rollout"][b] for b in members],
+            )
+
+        # Sibling diversity (Eq. 4, 8).
+        alpha = annealed_alpha(
+            self.state.global_step,
+            max(int(self.state.max_steps or 1), 1),
+            args.diversity_alpha,
+            args.diversity_alpha_final,
+            args.diversity_alpha_schedule,
+        )
+        diversity = torch.zeros_like(base_adv)
+        has_siblings = torch.zeros(len(base_adv), dtype=torch.bool)
+        if args.use_diversity:
+            diversity, has_siblings = self._sibling_diversity(
+                blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process
+            )
+        advantages = diversity_bonus(base_adv, diversity, alpha, on_all_blocks=args.diversity_on_all_blocks)
+
+        self._log_table_advantages(blocks, advantages, records)
+        batch = self._training_rows(
+            base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
+            advantages, process,
+        )
+        self._log_tree_metrics(
+            budgets, v_root, blocks, base_rewards, branch_rewards_global, records, branch_lengths, diversity,
+            has_siblings, alpha,
+        )
+        return batch
+
+    # ------------------------------------------------------------------ rewards of branches
+    def _branch_rewards(
+        self, inputs, prompts, prompt_ids_list, completion_ids_list, branch_meta, branch_responses, branch_counts
+    ) -> list[float]:
+        """Weighted rewards of every branch of every process (process order).
+
+        TRL's ``_calculate_rewards`` ends with an ``accelerate.gather`` that needs the same row count on every
+        process, so each process pads its branch list to the largest count with copies of its first base row (a
+        process may have no branches); the padded rows' rewards are dropped. Metrics and table columns that reward
+        functions log through ``log_metric``/``log_extra`` during this call are discarded: TRL's completions table
+        and reward metrics describe the base rollouts.
+        """
+        most = max(branch_counts)
+        if most == 0:
+            return []
+        rows_inputs = [inputs[i] for i, _ in branch_meta]
+        rows_prompts = [prompts[i] for i, _ in branch_meta]
+        rows_prompt_ids = [prompt_ids_list[i] for i, _ in branch_meta]
+        rows_completion_ids = list(branch_responses)
+        filler = most - len(branch_meta)
+        rows_inputs += [inputs[0]] * filler
+        rows_prompts += [prompts[0]] * filler
+        rows_prompt_ids += [prompt_ids_list[0]] * filler
+        rows_completion_ids += [completion_ids_list[0]] * filler
+        completions = self._decode_completions(rows_prompts, rows_prompt_ids, rows_completion_ids)
+        saved_extra = {k: list(v) for k, v in self._pending_extra_logs.items()}
+        saved_metrics = {k: list(v) for k, v in self._pending_metrics.items()}
+        try:
+            rewards_per_func = GRPOTrainer._calculate_rewards(
+                self, rows_inputs, rows_prompts, completions, rows_completion_ids
+            )
+        finally:
+            self._pending_extra_logs.clear()
+            self._pending_extra_logs.update(saved_extra)
+            self._pending_metrics.clear()
+            self._pending_metrics.update(saved_metrics)
+        padded = self._weighted_rewards(rewards_per_func)
+        rewards = []
+        for q, count in enumerate(branch_counts):
+            rewards.extend(padded[q * most : q * most + count])
+        return rewards
+
+    def _decode_completions(self, prompts, prompt_ids_rows, completion_ids_rows):
+        # Same decoding as GRPOTrainer._generate (trl 1.16.0) for single-turn completions without tools.
+        if is_conversational({"prompt": prompts[0]}):
+            if Version(transformers.__version__) >= Version("5.0.0") and (
+                getattr(self._tokenizer, "response_template", None) is not None
+                or getattr(self._tokenizer, "response_schema", None) is not None
+            ):
+                from trl.chat_template_utils import parse_response
+
+                return [
+                    [parse_response(self._tokenizer, ids, prefix=p_ids, tools=None)]
+                    for p_ids, ids in zip(prompt_ids_rows, completion_ids_rows)
+                ]
+            contents = self.processing_class.batch_decode(completion_ids_rows, skip_special_tokens=True)
+            return [[{"role": "assistant", "content": content}] for content in contents]
+        return self.processing_class.batch_decode(completion_ids_rows, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ diversity
+    def _sibling_diversity(self, blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process):
+        """Embed this process's blocks that have structural siblings, gather the embeddings, compute Div."""
+        args: DATPOConfig = self.args
+        keys = list(blocks["sibling_key"])
+        if not args.diversity_root_siblings:
+            keys = [None if blocks["start"][b] == ROOT else key for b, key in enumerate(keys)]
+        sizes: dict = {}
+        for key in keys:
+            if key is not None:
+                sizes[key] = sizes.get(key, 0) + 1
+        local = [b for b in blocks["by_process"][process] if keys[b] is not None and sizes[keys[b]] > 1]
+        texts = []
+        for b in local:
+            kind, row, start, end = blocks["source"][b]
+            tokens = completion_ids_list[row][start:end] if kind == "base" else branch_ids[row][start:end]
+            texts.append(self._tokenizer.decode(tokens, skip_special_tokens=True))
+        keep = [b for b, text in zip(local, texts) if text.strip()]
+        keep_texts = [text for text in texts if text.strip()]
+        local_embeddings = []
+        if keep_texts:
+            with torch.no_grad():
+                encoded = self.embedder.encode(
+                    keep_texts, batch_size=self.args.embedding_batch_size, convert_to_tensor=True,
+                    show_progress_bar=False,
+                )
+            encoded = torch.as_tensor(encoded).float().cpu()
+            local_embeddings = [(b, encoded[n].tolist()) for n, b in enumerate(keep)]
+        gathered = gather_rows(self, local_embeddings)
+        if not gathered:
+            return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)
+        dim = len(gathered[0][1])
+        embeddings = torch.zeros(len(keys), dim, dtype=torch.float64)
+        embedded = torch.zeros(len(keys), dtype=torch.bool)
+        for b, vector in gathered:
+            embeddings[b] = torch.tensor(vector, dtype=torch.float64)
+            embedded[b] = True
+        # blocks without text (or not embedded) neither get nor give diversity
+        final_keys = [key if embedded[b] else None for b, key in enumerate(keys)]
+        diversity = sibling_diversity(embeddings, final_keys)
+        counts: dict = {}
+        for key in final_keys:
+            if key is not None:
+                counts[key] = counts.get(key, 0) + 1
+        has_siblings = torch.tensor([key is not None and counts[key] > 1 for key in final_keys], dtype=torch.bool)
+        return diversity, has_siblings
+
+    # ------------------------------------------------------------------ training rows
+    def _training_rows(
+        self, base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
+        advantages, process,
+    ):
+        device = self.accelerator.device
+        n_base, n_branch = len(completion_ids_list), len(branch_ids)
+        # TRL's _compute_loss gathers per-row tensors (clip-ratio metrics), so every process needs the same row
+        # count: processes with fewer rows append empty rows (a one-token prompt, so attention stays finite, and
+        # one completion token outside the loss mask). They add nothing to the loss or to num_items_in_batch.
+        n_rows = max(gather_counts(self, n_base + n_branch))
+        n_empty = n_rows - n_base - n_branch
+        pad_id = self._tokenizer.pad_token_id
+        prompt_rows = prompt_ids_list + branch_prefixes + [[pad_id]] * n_empty
+        completion_rows = completion_ids_list + branch_ids + [[pad_id]] * n_empty
+        p_ids, p_mask, c_ids, c_mask = pad_rows(prompt_rows, completion_rows, pad_id, device, self.pad_to_multiple_of)
+        if n_empty:
+            c_mask[n_base + n_branch :] = 0
+        width = c_ids.size(1)
+        # every generated token gets the advantage of the one block it belongs to (SPEC §3.4, §3.6)
+        token_adv = torch.zeros(n_rows, width, dtype=torch.float32)
+        for b in blocks["by_process"][process]:
+            kind, row, start, end = blocks["source"][b]
+            r = row if kind == "base" else n_base + row
+            token_adv[r, start:end] = float(advantages[b])
+        if self.mask_truncated_completions:
+            eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            truncated = torch.tensor(
+                [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_rows[: n_base + n_branch]]
+                + [False] * n_empty,
+                device=device,
+            )
+            c_mask = c_mask * (~truncated).unsqueeze(1).int()
+        output = {
+            "prompt_ids": p_ids,
+            "prompt_mask": p_mask,
+            "completion_ids": c_ids,
+            "completion_mask": c_mask,
+            "advantages": token_adv.to(device),
+        }
+
+        def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):
+            # base rows keep TRL's values (completion right-padded, so positions line up); branch rows get theirs
+            cols = width if base_values.size(1) != 1 else 1
+            merged = torch.full((n_rows, cols), fill, dtype=base_values.dtype, device=device)
+            take = min(cols, base_values.size(1))
+            merged[:n_base, :take] = base_values[:, :take]
+            if branch_values is not None and n_branch:
+                take = min(cols, branch_values.size(1))
+                merged[n_base : n_base + n_branch, :take] = branch_values[:, :take].to(base_values.dtype)
+            return merged
+
+        branch_mask = c_mask[n_base : n_base + n_branch]
+        need_old = "old_per_token_logps" in base
+        if need_old:
+            old = self._score_collectively(self.model, branch_prefixes, branch_ids)
+            output["old_per_token_logps"] = merge(base["old_per_token_logps"], old)
+        if "ref_per_token_logps" in base:
+            if self.ref_model is not None:
+                ref = self._score_collectively(self.ref_model, branch_prefixes, branch_ids)
+            else:
+                unwrapped = self.accelerator.unwrap_model(self.model)
+                with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                    ref = self._score_collectively(self.model, branch_prefixes, branch_ids)
+            output["ref_per_token_logps"] = merge(base["ref_per_token_logps"], ref)
+        sampling = None
+        if "sampling_per_token_logps" in base:
+            if branch_logprobs is not None and n_branch:
+                # vLLM's sampling log-probs of the branch tokens; None (unscorable) -> NaN, as TRL does
+                sampling = torch.zeros(n_branch, width, device=device)
+                for r, lp in enumerate(branch_logprobs):
+                    sampling[r, : len(lp)] = torch.tensor(
+                        [float("nan") if x is None else float(x) for x in lp], device=device
+                    )
+            output["sampling_per_token_logps"] = merge(base["sampling_per_token_logps"], sampling)
+        if "importance_sampling_ratio" in base:
+            branch_ratio = None
+            if n_branch:
+                if sampling is None or not need_old:
+                    raise RuntimeError("vLLM importance sampling needs sampling log-probs for the branch rollouts")
+                branch_ratio = self._importance_sampling_ratio(
+                    output["old_per_token_logps"][n_base : n_base + n_branch], sampling, branch_mask
+                )
+            output["importance_sampling_ratio"] = merge(base["importance_sampling_ratio"], branch_ratio, fill=1.0)
+        output["num_items_in_batch"] = self.accelerator.gather(c_mask.sum()).sum()
+        return output
+
+    def _importance_sampling_ratio(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor):
+        # Same formula as GRPOTrainer._generate_and_score_completions (trl 1.16.0) for its base rows.
+        diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+        mode = self.vllm_importance_sampling_mode
+        log_ratio = diff.sum(dim=-1, keepdim=True) if mode in ("sequence_mask", "sequence_truncate") else diff
+        ratio = torch.exp(log_ratio)
+        if mode in ("sequence_truncate", "token_truncate"):
+            ratio = torch.clamp(ratio, min=self.vllm_importance_sampling_clip_min, max=self.vllm_importance_sampling_clip_max)
+        else:
+            low = self.vllm_importance_sampling_clip_min
+            high = self.vllm_importance_sampling_clip_max
+            low = -math.inf if low is None else low
+            high = math.inf if high is None else high
+            ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+        return ratio
+
+    def _score_collectively(self, model, prompt_rows: Sequence[Sequence[int]], completion_rows: Sequence[Sequence[int]]):
+        """Log-probs of ``completion_rows`` under ``model`` (None when no process has rows).
+
+        Every process runs the same number of forward passes (ZeRO-3 gathers parameters in each): a process with
+        fewer rows scores a one-token filler row instead and drops the result.
+        """
+        counts = gather_counts(self, len(completion_rows))
+        most = max(counts)
+        if most == 0:
+            return None
+        batch_size = self.args.per_device_train_batch_size
+        device = self.accelerator.device
+        pieces = []
+        for start in range(0, most, batch_size):
+            prompts = list(prompt_rows[start : start + batch_size])
+            completions = list(completion_rows[start : start + batch_size])
+            real = len(completions)
+            if real == 0:
+                prompts, completions = [[self._tokenizer.pad_token_id]], [[self._tokenizer.pad_token_id]]
+            p_ids, p_mask, c_ids, c_mask = pad_rows(prompts, completions, self._tokenizer.pad_token_id, device)
+            logps, _ = score_completions(self, model, p_ids, p_mask, c_ids, c_mask, batch_size=len(completions))
+            if real:
+                pieces.append(logps)
+        if not pieces:
+            return torch.zeros(0, 1, device=device)
+        width = max(p.size(1) for p in pieces)
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.size(1))) for p in pieces], dim=0)
+
+    # ------------------------------------------------------------------ metrics
+    def _log_table_advantages(self, blocks, advantages, records):
+        """TRL's completions table (``log_completions``) lists the base rollouts with GRPO's advantages; replace
+        them with DATPO's, averaged over each rollout's tokens."""
+        sums = {row: 0.0 for row, _, _ in records}
+        for b, (kind, _, start, end) in enumerate(blocks["source"]):
+            if kind == "base":
+                sums[blocks["rollout"][b][1]] += float(advantages[b]) * (end - start)
+        means = [sums[row] / max(length, 1) for row, _, length in records]
+        table = self._logs["advantages"]
+        if len(table) >= len(means):
+            for k, value in enumerate(means):
+                table[len(table) - len(means) + k] = value
+
+    def _log_tree_metrics(
+        self, budgets, v_root, blocks, base_rewards, branch_rewards, records, branch_lengths, diversity, has_siblings,
+        alpha,
+    ):
+        args: DATPOConfig = self.args
+        num_groups = len(budgets)
+        N = self.num_generations
+        leaves = [N] * num_groups
+        correct_any = [any(r >= args.success_threshold for r in base_rewards[g * N : (g + 1) * N]) for g in range(num_groups)]
+        base_pass = list(correct_any)
+        for b, group in enumerate(blocks["group"]):
+            if blocks["kind"][b] == "branch":
+                leaves[group] += 1
+                if blocks["reward"][b] >= args.success_threshold:
+                    correct_any[group] = True
+        num_blocks = [0] * num_groups
+        for group in blocks["group"]:
+            num_blocks[group] += 1
+        base_tokens = sum(length for _, _, length in records)
+        branch_tokens = sum(branch_lengths)
+        leaf_lengths = [length for _, _, length in records] + blocks["branch_response_lengths"]
+        total_leaves = sum(leaves)
+        log_metric(self, "datpo/leaves_per_prompt", total_leaves / num_groups)
+        log_metric(self, "datpo/k_hat", sum(k for k, _ in budgets) / num_groups)
+        log_metric(self, "datpo/b_hat", sum(b for _, b in budgets) / num_groups)
+        log_metric(self, "datpo/v_root", sum(v_root) / num_groups)
+        log_metric(self, "datpo/pass_rate", sum(correct_any) / num_groups)
+        log_metric(self, "datpo/base_pass_rate", sum(base_pass) / num_groups)
+        log_metric(self, "datpo/blocks_per_prompt", sum(num_blocks) / num_groups)
+        log_metric(self, "datpo/forks_per_rollout", sum(len(forks) for _, forks, _ in records) / len(records))
+        log_metric(self, "datpo/tokens_per_leaf", (base_tokens + branch_tokens) / total_leaves)
+        log_metric(self, "datpo/leaf_length", sum(leaf_lengths) / total_leaves)
+        if branch_rewards:
+            log_metric(self, "datpo/branch_reward", sum(branch_rewards) / len(branch_rewards))
+        log_metric(self, "datpo/alpha", alpha)
+        if args.use_diversity and bool(has_siblings.any()):
+            log_metric(self, "datpo/sibling_diversity", float(diversity[has_siblings].mean()))
+
+
+def _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards, branch_rewards, num_generations):
+    """All blocks of all trees of the generation batch, in process order (base blocks, then branches).
+
+    ``records`` = [(global base row, forks, length)] in process order; branches of process q are ordered by base
+    row, fork, branch number, as each process generated them. Node ids: ``ROOT`` (0) and ``(row, j)`` for fork j of
+    base row ``row``; rollout ids: ``("base", row)``, ``("branch", q, n)``.
+    """
+    blocks = {
+        "start": [], "end": [], "reward": [], "rollout": [], "group": [], "kind": [], "source": [],
+        "sibling_key": [], "by_group": {}, "by_process": [], "branch_response_lengths": [],
+    }
+
+    def add(group, start, end, reward, rollout, kind, source):
+        b = len(blocks["start"])
+        blocks["start"].append(start)
+        blocks["end"].append(end)
+        blocks["reward"].append(reward)
+        blocks["rollout"].append(rollout)
+        blocks["group"].append(group)
+        blocks["kind"].append(kind)
+        blocks["source"].append(source)
+        blocks["sibling_key"].append((group, start))
+        blocks["by_group"].setdefault(group, []).append(b)
+        return b
+
+    n_local = len(records) // len(branch_counts)
+    branch_offset = 0
+    for q, count in enumerate(branch_counts):
+        local_blocks = []
+        q_records = records[q * n_local : (q + 1) * n_local]
+        for i, (row, forks, length) in enumerate(q_records):
+            group = row // num_generations
+            cuts = [0, *forks, length]
+            nodes = [ROOT, *[(row, j) for j in range(len(forks))]]
+            for j in range(len(nodes)):
+                end = nodes[j + 1] if j + 1 < len(nodes) else None
+                reward = base_rewards[row] if end is None else None
+                local_blocks.append(add(group, nodes[j], end, reward, ("base", row), "base", ("base", i, cuts[j], cuts[j + 1])))
+        n = 0
+        for i, (row, forks, _) in enumerate(q_records):
+            group = row // num_generations
+            _, b_hat = budgets[group]
+            for j, fork in enumerate(forks):
+                for _ in range(b_hat):
+                    length = branch_lengths[branch_offset + n]
+                    reward = branch_rewards[branch_offset + n]
+                    local_blocks.append(
+                        add(group, (row, j), None, reward, ("branch", q, n), "branch", ("branch", n, 0, length))
+                    )
+                    blocks["branch_response_lengths"].append(fork + length)
+                    n += 1
+        if n != count:
+            raise RuntimeError(f"process {q} reported {count} branches but its forks imply {n}")
+        branch_offset += count
+        blocks["by_process"].append(local_blocks)
+    return blocks
+
+
+def split_rows(batch: dict, num_chunks: int, pad_to_multiple_of: int | None = None) -> list[dict]:
+    """Split a batch of B rows into ``num_chunks`` micro-batches of ⌊B/n⌋ or ⌈B/n⌉ rows, dropping none, and trim
+    each to its own longest prompt and completion (prompts are left-padded, completions right-padded), keeping
+    widths multiples of ``pad_to_multiple_of`` when it is set."""
+
+    def round_up(cols: int, limit: int) -> int:
+        if not pad_to_multiple_of:
+            return cols
+        return min(limit, -(-cols // pad_to_multiple_of) * pad_to_multiple_of)
+
+    num_rows = batch["completion_ids"].size(0)
+    if num_rows < num_chunks:
+        raise ValueError(f"{num_rows} rows cannot fill {num_chunks} micro-batches (steps_per_generation)")
+    sizes = [num_rows // num_chunks + (1 if c < num_rows % num_chunks else 0) for c in range(num_chunks)]
+    chunks, start = [], 0
+    for size in sizes:
+        rows = slice(start, start + size)
+        start += size
+        chunk = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                chunk[key] = value[rows]
+            elif isinstance(value, list):
+                chunk[key] = value[rows]
+            else:
+                chunk[key] = value
+        prompt_cols = int(chunk["prompt_mask"].sum(dim=0).nonzero().min()) if chunk["prompt_mask"].any() else 0
+        used = (chunk["completion_mask"].sum(dim=0) > 0).nonzero()
+        completion_cols = int(used.max()) + 1 if used.numel() else 1
+        width = chunk["completion_ids"].size(1)
+        prompt_width = chunk["prompt_ids"].size(1)
+        prompt_cols = prompt_width - round_up(prompt_width - prompt_cols, prompt_width)
+        completion_cols = round_up(completion_cols, width)
+        chunk["prompt_ids"] = chunk["prompt_ids"][:, prompt_cols:]
+        chunk["prompt_mask"] = chunk["prompt_mask"][:, prompt_cols:]
+        for key in _COMPLETION_KEYS:
+            value = chunk.get(key)
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.size(1) == width:
+                chunk[key] = value[:, :completion_cols]
+        chunks.append(chunk)
+    return chunks
