@@ -44,6 +44,7 @@ __all__ = [
     "load_problems",
     "sample_completions",
     "evaluate",
+    "format_summary",
     "main",
 ]
 
@@ -191,8 +192,8 @@ def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
     ax.set_xlabel("k (samples)")
     ax.set_ylabel("%")
     auc_text = ", ".join(f"AUC@{K}={100 * v:.2f}" for K, v in report.get("auc_at_k", {}).items())
-    ax.set_title(title or f"{report['num_problems']} problems, n={report['num_samples']}" + (
-        f"\n{auc_text}" if auc_text else ""), fontsize=9)
+    heading = title or f"{report['num_problems']} problems, n={report['num_samples']}"
+    ax.set_title(heading + (f"\n{auc_text}" if auc_text else ""), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
