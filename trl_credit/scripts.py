@@ -46,8 +46,8 @@ class CreditScriptArguments(ScriptArguments):
     )
     arithmetic_digits: int = field(default=1, metadata={"help": "Built-in task: digits per operand."})
     arithmetic_operands: int = field(default=2, metadata={"help": "Built-in task: operands per problem."})
-    arithmetic_num_train: int = field(default=512, metadata={"help": "Built-in task: training problems."})
-    arithmetic_num_test: int = field(default=128, metadata={"help": "Built-in task: test problems."})
+    arithmetic_num_train: int = field(default=80, metadata={"help": "Built-in task: training problems."})
+    arithmetic_num_test: int = field(default=20, metadata={"help": "Built-in task: test problems."})
     arithmetic_seed: int = field(default=0, metadata={"help": "Built-in task: generation seed."})
 
 
