@@ -7,10 +7,12 @@ from trl import GRPOTrainer
 
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
 from trl_credit.cue_grpo import extract_cues
+from trl_credit.rewards import completion_text
 
 
 def length_parity_reward(completions, **kwargs):
-    return [float(len(c[0]["content"]) % 2) for c in completions]
+    # variance on random text (conversational or plain-text completions)
+    return [float(len(completion_text(c)) % 2) for c in completions]
 
 
 def _config(tmp_path, **kwargs):
@@ -50,10 +52,12 @@ def test_cue_partition_trains_two_steps_with_kl(tiny_model_path, tiny_dataset, t
     assert len(trainer.cue_overhead_seconds) == 2
 
 
-def test_random_partition_trains_two_steps(tiny_model_path, tiny_dataset, tmp_path):
+def test_random_partition_trains_two_steps_on_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path):
+    plain = tiny_dataset.map(lambda row: {"prompt": row["prompt"][-1]["content"]})
+    assert isinstance(plain[0]["prompt"], str)
     trainer = CueGRPOTrainer(
         model=tiny_model_path, reward_funcs=length_parity_reward, args=_config(tmp_path, cue_partition="random"),
-        train_dataset=tiny_dataset,
+        train_dataset=plain,
     )
     _train_two_steps(trainer)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from itertools import accumulate
 from collections.abc import Sequence
 
 from .catalog import CUE_CATALOG, FILTERED_LABELS, OTHER
@@ -103,19 +104,19 @@ def _label_steps_fast(steps: list[str]) -> list[str]:
         text, starts = (original, starts_original) if is_latex else (lowered, starts_lowered)
         position = text.find(anchor)
         while position >= 0:
-            step = bisect_right(starts, position) - 1
-            if best[step] > cue_id and regex.match(text, position):
-                best[step] = cue_id
+            # a word trigger needs a word boundary before it: a letter, digit or "_" there rules it out
+            # (exactly what the regex's leading \b would decide), so skip the regex for substrings of words
+            if is_latex or position == 0 or not (text[position - 1].isalnum() or text[position - 1] == "_"):
+                step = bisect_right(starts, position) - 1
+                if best[step] > cue_id and regex.match(text, position):
+                    best[step] = cue_id
             position = text.find(anchor, position + 1)
     return [_NAMES_BY_ID.get(cue_id, OTHER) for cue_id in best]
 
 
 def _offsets(steps: list[str]) -> list[int]:
-    starts, position = [], 0
-    for step in steps:
-        starts.append(position)
-        position += len(step) + len(_SEP)
-    return starts
+    # start of each step in _SEP.join(steps)
+    return [0, *accumulate(len(step) + len(_SEP) for step in steps[:-1])]
 
 
 def extract_cues_batch(texts: Sequence[str]) -> list[list[str]]:

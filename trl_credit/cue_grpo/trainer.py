@@ -55,9 +55,9 @@ class CueGRPOTrainer(GRPOTrainer):
     _name = "Cue-GRPO"
     _paper = {
         "title": "When Correct Solutions Repeat: Rarity-Aware Credit Redistribution for GRPO",
-        "id": "cue-grpo",
-        "citation": "Cue-GRPO (South China University of Technology), "
-        "https://github.com/CzZ12/When-Correct-Solutions-Repeat-Rarity-Aware-Credit-Redistribution-for-GRPO",
+        "id": None,  # no arXiv id known to us: no Hub paper link in the model card
+        "citation": "@misc{cuegrpo, title = {When Correct Solutions Repeat: Rarity-Aware Credit Redistribution for "
+        "GRPO}, note = {https://github.com/CzZ12/When-Correct-Solutions-Repeat-Rarity-Aware-Credit-Redistribution-for-GRPO}}",
     }
 
     def __init__(
@@ -169,23 +169,21 @@ class CueGRPOTrainer(GRPOTrainer):
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         self._cue_round += 1
 
-        advantages = self.accelerator.gather(local_advantages.detach()).float().cpu()
+        advantages = self.accelerator.gather(local_advantages.detach()).double().cpu()
         rewards = (self._cue_rewards_per_func * self.reward_weights.to(self._cue_rewards_per_func.device)).nansum(1)
         rewards[torch.isnan(self._cue_rewards_per_func).all(dim=1)] = torch.nan
-        rewards = rewards.float().cpu()
+        rewards = rewards.double().cpu()
         total = advantages.numel()
         if total % group_size or rewards.numel() != total:
             raise RuntimeError(f"CueGRPOTrainer: {total} advantages, {rewards.numel()} rewards, group size {group_size}")
+        varied = _groups_with_reward_variance(rewards.view(-1, group_size)).tolist()
+        advantage_values = advantages.tolist()
 
         # Positive sets of the groups that redistribution touches (SPEC §1.1: A_i > 0, reward std > 0).
         positives: dict[int, list[int]] = {}
-        for group in range(total // group_size):
+        for group, has_variance in enumerate(varied):
             rows = range(group * group_size, (group + 1) * group_size)
-            group_rewards = rewards[list(rows)]
-            group_rewards = group_rewards[~torch.isnan(group_rewards)]
-            if group_rewards.numel() < 2 or torch.isclose(group_rewards.std(), torch.zeros(())):
-                continue
-            members = [row for row in rows if advantages[row] > 0]
+            members = [row for row in rows if advantage_values[row] > 0] if has_variance else []
             if members:
                 positives[group] = members
 
@@ -193,7 +191,7 @@ class CueGRPOTrainer(GRPOTrainer):
         offset = self.accelerator.process_index * local_count
         partitions, lengths, parse_failures = self._partitions(inputs, positives, offset, group_size)
 
-        new_advantages = advantages.clone()
+        new_values = list(advantage_values)
         clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
         for group, members in positives.items():
             result = compute_rarity_weights(
@@ -206,7 +204,7 @@ class CueGRPOTrainer(GRPOTrainer):
                 args.cue_weighting,
             )
             for row, weight in zip(members, result.weights, strict=True):
-                new_advantages[row] = advantages[row] * weight
+                new_values[row] = advantage_values[row] * weight
             clusters_per_group.append(len(set(partitions[group])))
             spreads.append(max(result.weights) - min(result.weights))
             nonuniform += spreads[-1] > 1e-9
@@ -225,18 +223,18 @@ class CueGRPOTrainer(GRPOTrainer):
             log_metric(self, "cue/mass_slope", slope)
         if parse_failures is not None:
             log_metric(self, "cue/judge_parse_failure_rate", parse_failures)
-        self._update_logged_advantages(new_advantages)
+        self._update_logged_advantages(new_values)
 
-        local = slice(offset, offset + local_count)
-        return new_advantages[local].to(device=local_advantages.device, dtype=local_advantages.dtype)
+        local = new_values[offset : offset + local_count]
+        return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
 
-    def _update_logged_advantages(self, advantages: torch.Tensor) -> None:
+    def _update_logged_advantages(self, advantages: list[float]) -> None:
         # TRL appended the pre-redistribution advantages of all rows to the completions table; show ours instead.
         logged = self._logs.get("advantages") if hasattr(self, "_logs") else None
         if logged is None:
             return
-        count = min(len(logged), advantages.numel())
-        values = advantages.tolist()[-count:] if count else []
+        count = min(len(logged), len(advantages))
+        values = advantages[len(advantages) - count :]
         for i in range(count):
             logged[len(logged) - count + i] = values[i]
 
@@ -353,6 +351,16 @@ class CueGRPOTrainer(GRPOTrainer):
                 )
             outputs += tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         return outputs
+
+
+def _groups_with_reward_variance(grouped_rewards: torch.Tensor) -> torch.Tensor:
+    """(num_groups,) bool: at least two scored completions and a reward std that is not ~0 (NaN = unscorable)."""
+    valid = ~torch.isnan(grouped_rewards)
+    count = valid.sum(dim=1)
+    mean = torch.nansum(grouped_rewards, dim=1) / count.clamp(min=1)
+    squares = torch.where(valid, (grouped_rewards - mean[:, None]) ** 2, torch.zeros_like(grouped_rewards))
+    std = (squares.sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
+    return (count >= 2) & ~torch.isclose(std, torch.zeros_like(std))
 
 
 def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer) -> None:
