@@ -111,6 +111,7 @@ def grpo_step_times(model_path, generations, completion_tokens, steps):
             trainer.train()
             step_times = [log["step_time"] for log in trainer.state.log_history if "step_time" in log]
             results[name] = (step_times, list(getattr(trainer, "cue_overhead_seconds", [])))
+            print(f"  [{name}] step times: {', '.join(f'{t:.2f}' for t in step_times)} s", flush=True)
     return results
 
 
@@ -166,8 +167,8 @@ def main():
           f"mean of steps 2..{args.steps}")
     print(f"  GRPOTrainer step:    {grpo_step:8.3f} s   (steps: {', '.join(f'{t:.2f}' for t in grpo_steps)})")
     print(f"  CueGRPOTrainer step: {cue_step:8.3f} s   (steps: {', '.join(f'{t:.2f}' for t in cue_steps)})")
-    print(f"  Cue-GRPO hook inside the step: {hook * 1e3:.2f} ms = {100 * hook / grpo_step:.3f}% of the GRPO step")
-    print(f"share: 64x~{tokens:.0f}-token pipeline / measured GRPO step = {100 * fast / grpo_step:.3f}% "
+    print(f"  Cue-GRPO hook inside the step: {hook * 1e3:.2f} ms = {100 * hook / grpo_step:.2g}% of the GRPO step")
+    print(f"share: 64x~{tokens:.0f}-token pipeline / measured GRPO step = {100 * fast / grpo_step:.2g}% "
           f"(the step above is smaller than a 64 x 1,000-token step, so this overstates the share)")
 
 

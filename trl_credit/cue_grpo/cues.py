@@ -63,7 +63,8 @@ _NO_CUE = len(CUE_CATALOG) + 1
 def split_steps(text: str, min_chars: int = MIN_STEP_CHARS) -> list[str]:
     """Segment a reasoning trace into steps (paper Appendix A): split on blank lines, before numbered-list items
     and before sentence-initial discourse markers (the punctuation ending the previous sentence goes with the
-    split); strip each step; drop steps shorter than ``min_chars`` characters."""
+    split); strip each step; drop steps shorter than ``min_chars`` characters. (A list item that starts with a
+    marker, "2. Then ...", is also cut after "2."; the "2" fragment falls to the length filter.)"""
     text = text.replace(_SEP, " ")
     return [step for piece in _STEP_BOUNDARY.split(text) if len(step := piece.strip()) >= min_chars]
 
