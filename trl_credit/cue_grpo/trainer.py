@@ -49,6 +49,12 @@ class CueGRPOTrainer(GRPOTrainer):
 
     Judged and callable partitions are computed once per group, by one process (groups are dealt round-robin to
     processes), then shared; cue and random partitions are cheap and computed identically on every process.
+
+    Metrics (SPEC §1.8, next to GRPO's): ``cue/clusters_per_group`` (mean over redistributed groups),
+    ``cue/frac_groups_nonuniform`` and ``cue/frac_groups_redistributed`` (over all groups of the step),
+    ``cue/weight_spread`` (mean max - min of w' over P), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
+    mass n_C·w̄_C against n_C over the step's clusters, Fig. 2c; logged when two cluster sizes occur) and, for judges,
+    ``cue/judge_parse_failure_rate``. Redistributed groups: reward std > 0 and at least one A_i > 0.
     """
 
     _tag_names = ["trl", "grpo", "cue-grpo", "trl-credit"]
