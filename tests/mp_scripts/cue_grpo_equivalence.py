@@ -5,9 +5,9 @@ Completions are a deterministic function of the prompt ids and the global row in
 advantages of its rows (by global row) for the cue, random and callable partitions."""
 
 import json
+import os
 import sys
 
-from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable the same way)
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
 from trl_credit.data import make_arithmetic_dataset
 
@@ -25,14 +25,11 @@ def by_first_cue(completions, prompt):
     return ["substitute" if "substitute" in text else "other" for text in completions]
 
 
-def run(model_dir, out_dir, partition, total_rows):
-    world_batch = 4
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def run(model_dir, out_dir, partition):
+    world_batch = 4  # one group of 4 per step, split across WORLD_SIZE processes
     args = CueGRPOConfig(
         output_dir=out_dir,
-        per_device_train_batch_size=world_batch // int(__import__("os").environ.get("WORLD_SIZE", "1")),
+        per_device_train_batch_size=world_batch // int(os.environ.get("WORLD_SIZE", "1")),
         num_generations=4,
         max_completion_length=64,
         max_steps=2,
@@ -74,14 +71,12 @@ def run(model_dir, out_dir, partition, total_rows):
     trainer._generate_and_score_completions = record
     trainer.train()
     return {"partition": partition, "rank": rank, "world": trainer.accelerator.num_processes,
-            "steps": trainer.state.global_step, "records": records, "world_seen": world}
+            "steps": trainer.state.global_step, "records": records}
 
 
 def main(model_dir, out_dir):
-    import os
-
     for partition in ("cue", "random", "callable"):
-        result = run(model_dir, out_dir, partition, 4)
+        result = run(model_dir, out_dir, partition)
         # one file per rank and partition: the ranks' stdout streams interleave
         with open(os.path.join(out_dir, f"result_{partition}_{result['rank']}.json"), "w") as handle:
             json.dump(result, handle)
