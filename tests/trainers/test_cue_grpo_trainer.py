@@ -1,0 +1,221 @@
+"""CueGRPOTrainer end to end on the tiny model (CPU): every partition source trains, and the advantages that reach
+TRL's loss are exactly TRL's advantages x the hand-computed rarity weights."""
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from trl_credit import CueGRPOConfig, CueGRPOTrainer
+from trl_credit.cue_grpo import extract_cues
+from trl_credit.rewards import completion_text
+
+
+def length_parity_reward(completions, **kwargs):
+    # variance on random text (conversational or plain-text completions)
+    return [float(len(completion_text(c)) % 2) for c in completions]
+
+
+def _config(tmp_path, **kwargs):
+    defaults = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-2,
+        report_to="none",
+        logging_steps=1,
+        use_cpu=True,
+        save_strategy="no",
+    )
+    defaults.update(kwargs)
+    return CueGRPOConfig(**defaults)
+
+
+def _train_two_steps(trainer):
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters() if n in before)
+    logs = [log for log in trainer.state.log_history if "cue/frac_groups_redistributed" in log]
+    assert len(logs) == 2
+    return logs
+
+
+def test_cue_partition_trains_two_steps_with_kl(tiny_model_path, tiny_dataset, tmp_path):
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=length_parity_reward, args=_config(tmp_path, beta=0.04),
+        train_dataset=tiny_dataset,
+    )
+    logs = _train_two_steps(trainer)
+    assert all("cue/clusters_per_group" in log or log["cue/frac_groups_redistributed"] == 0 for log in logs)
+    assert len(trainer.cue_overhead_seconds) == 2
+
+
+def test_random_partition_trains_two_steps_on_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path):
+    plain = tiny_dataset.map(lambda row: {"prompt": row["prompt"][-1]["content"]})
+    assert isinstance(plain[0]["prompt"], str)
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=length_parity_reward, args=_config(tmp_path, cue_partition="random"),
+        train_dataset=plain,
+    )
+    _train_two_steps(trainer)
+
+
+def test_callable_partition_trains_two_steps_and_sees_positive_texts(tiny_model_path, tiny_dataset, tmp_path):
+    calls = []
+
+    def by_length(completions, prompt):
+        calls.append((list(completions), prompt))
+        return [len(text) % 3 for text in completions]
+
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=length_parity_reward, args=_config(tmp_path, cue_partition="callable"),
+        train_dataset=tiny_dataset, partition_fn=by_length,
+    )
+    _train_two_steps(trainer)
+    assert calls  # seeded run: some group had two or more positives
+    for completions, prompt in calls:
+        assert len(completions) > 1  # groups with |P| <= 1 are not sent
+        assert all(len(text) % 2 == 1 for text in completions)  # positives = odd length under this reward
+        assert prompt[-1]["role"] == "user"  # the dataset's conversational prompt
+
+
+def test_judge_partition_with_tiny_judge_falls_back_to_one_group(tiny_model_path, tiny_dataset, tmp_path):
+    # The random tiny model cannot write JSON: every judged group is one cluster -> uniform weights.
+    args = _config(tmp_path, cue_partition="judge", cue_judge_model=tiny_model_path, cue_judge_max_new_tokens=12)
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset
+    )
+    assert trainer.judge_model is not None and trainer.judge_model is not trainer.model
+    logs = _train_two_steps(trainer)
+    judged = [log for log in logs if "cue/judge_parse_failure_rate" in log]
+    assert judged and all(log["cue/judge_parse_failure_rate"] == 1.0 for log in judged)
+    assert all(log["cue/weight_spread"] == 0.0 for log in judged)
+
+
+def test_policy_as_judge_with_lora(tiny_model_path, tiny_dataset, tmp_path):
+    from peft import LoraConfig
+
+    args = _config(tmp_path, cue_partition="judge", cue_judge_model="policy", cue_judge_max_new_tokens=12)
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.judge_model is None  # the policy judges through TRL's generation path
+    _train_two_steps(trainer)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exactness: controlled completions (patched generation) and a controlled reward.
+
+A = "We substitute x = 2 into the equation.\n\nWe compute the value of the sum now.\n\nTherefore the answer is \\boxed{4}."
+B = "The root is \\sqrt{16} which is exact.\n\nTaking \\log_2 of both sides gives 2.\n\nTherefore the answer is \\boxed{4}."
+C = "We factor the polynomial completely.\n\nCase 1: the first term vanishes here.\n\nTherefore the answer is \\boxed{4}."
+D = "I am not sure about this one at all.\n\nThe answer is \\boxed{5}."
+E = "We compute it in one go.\n\nTherefore the answer is \\boxed{4}."
+GROUP_0 = [A, A, A, A, B, B, C, D]  # 7 correct (4:2:1 by cues), 1 incorrect
+GROUP_1 = [E] * 8  # all correct: zero reward variance
+
+
+def boxed_four_reward(completions, **kwargs):
+    return [1.0 if "\\boxed{4}" in c[0]["content"] else 0.0 for c in completions]
+
+
+def test_advantages_reaching_the_loss_are_trl_advantages_times_hand_weights(
+    tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path, monkeypatch
+):
+    assert extract_cues(A) == ["substitute", "compute", "conclude"]
+    assert extract_cues(B) == ["radicals", "log_exp", "conclude"]
+    assert extract_cues(C) == ["solve_quadratic", "case_split", "conclude"]
+    # Hand computation (SPEC §1.3-1.5) for group 0, P = {A x4, B x2, C}:
+    # conclude is in 7 of 7 > 0.75*7 = 5.25 -> suppressed; every other cue is in <= 4 -> kept.
+    # cleaned vectors: A = substitute+compute, B = radicals+log_exp, C = solve_quadratic+case_split: pairwise
+    # orthogonal -> clusters of sizes 4, 2, 1 (the paper's 4:2:1). Skeleton lengths all 2, median 2:
+    # low = max(2, 0.6) = 2, high = max(6, 6) = 6 -> the singleton (L = 2) is not an artifact.
+    # alpha 0.8: s = 4^-0.8, 2^-0.8, 1; mean over P = (4 s4 + 2 s2 + 1)/7 = 0.495458
+    # normalized 0.665802, 1.159229, 2.018334 (no clipping); floor delta = 1.05 - 0.665802 = 0.384198
+    s4, s2 = 4**-0.8, 2**-0.8
+    mean = (4 * s4 + 2 * s2 + 1) / 7
+    delta = 1.05 - s4 / mean
+    weight = {A: s4 / mean + delta, B: s2 / mean + delta, C: 1 / mean + delta, D: 1.0, E: 1.0}
+    assert weight[C] == pytest.approx(2.402532, abs=1e-6)
+
+    args = _config(tmp_path, per_device_train_batch_size=16, num_generations=8, max_completion_length=64, max_steps=1)
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=boxed_four_reward, args=args, train_dataset=tiny_dataset
+    )
+
+    def controlled_generation(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        texts = (GROUP_0 + GROUP_1)[: len(prompt_ids)]
+        ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id] for t in texts]
+        return ids, None
+
+    monkeypatch.setattr(trainer, "_generate_single_turn", controlled_generation)
+
+    trl_advantages = {}
+    original = GRPOTrainer._generate_and_score_completions
+
+    def record_trl(self, inputs):
+        output = original(self, inputs)
+        texts = tiny_tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
+        for text, advantage in zip(texts, output["advantages"].tolist(), strict=True):
+            trl_advantages.setdefault(text, set()).add(round(advantage, 9))
+        return output
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record_trl)
+
+    seen = []
+    compute_loss = trainer._compute_loss
+
+    def record_loss_inputs(model, inputs):
+        texts = tiny_tokenizer.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
+        seen.extend(zip(texts, inputs["advantages"].tolist(), strict=True))
+        return compute_loss(model, inputs)
+
+    monkeypatch.setattr(trainer, "_compute_loss", record_loss_inputs)
+    trainer.train()
+
+    assert set(trl_advantages) == {A, B, C, D, E} and all(len(v) == 1 for v in trl_advantages.values())
+    trl = {text: values.pop() for text, values in trl_advantages.items()}
+    assert trl[A] == trl[B] == trl[C] > 0 > trl[D] and trl[E] == 0.0  # binary rewards: one A+ per group
+    assert sorted(text for text, _ in seen) == sorted(GROUP_0 + GROUP_1)  # every row reached the loss once
+    for text, advantage in seen:
+        assert advantage == pytest.approx(trl[text] * weight[text], rel=1e-6), text
+    log = next(log for log in trainer.state.log_history if "cue/frac_groups_redistributed" in log)
+    assert log["cue/frac_groups_redistributed"] == 0.5  # the zero-variance group is left alone
+    assert log["cue/clusters_per_group"] == 3.0 and log["cue/frac_groups_nonuniform"] == 0.5
+    assert log["cue/weight_spread"] == pytest.approx(weight[C] - weight[A], abs=1e-6)
+    # pre-floor masses (n, n*w): (4, 4*0.665802), (2, 2*1.159229), (1, 2.018334) -> least-squares slope in log-log
+    import math
+
+    xs = [math.log(4), math.log(2), 0.0]
+    ys = [math.log(4 * s4 / mean), math.log(2 * s2 / mean), math.log(1 / mean)]
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert slope == pytest.approx(0.2, abs=1e-9)  # no clipping/reset: exactly 1 - alpha (paper Eq. 4)
+    assert log["cue/mass_slope"] == pytest.approx(slope, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Construction-time errors
+
+
+def test_argument_errors(tiny_model_path, tiny_dataset, tmp_path):
+    def build(args, **kwargs):
+        return CueGRPOTrainer(
+            model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset, **kwargs
+        )
+
+    with pytest.raises(ValueError, match="needs CueGRPOTrainer\\(partition_fn=fn\\)"):
+        build(_config(tmp_path, cue_partition="callable"))
+    with pytest.raises(ValueError, match="partition_fn was given but cue_partition='cue'"):
+        build(_config(tmp_path), partition_fn=lambda completions, prompt: [0] * len(completions))
+    with pytest.raises(ValueError, match="cue_partition='judge' needs a judge"):
+        build(_config(tmp_path, cue_partition="judge"))
+    with pytest.raises(ValueError, match="judge_model/judge_tokenizer were given"):
+        build(_config(tmp_path), judge_model=object())
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="CueGRPOConfig"):
+        build(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"))

@@ -1,0 +1,143 @@
+"""Configuration of CueGRPOTrainer: ``trl.GRPOConfig`` plus the Cue-GRPO fields (paper defaults; SPEC §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
+
+__all__ = ["CueGRPOConfig", "PARTITION_SOURCES"]
+
+PARTITION_SOURCES = ("cue", "random", "judge", "callable")
+
+
+@dataclass
+class CueGRPOConfig(GRPOConfig):
+    r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
+
+    Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single
+    configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. The paper's training recipe
+    (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in ``examples/recipes/cue_grpo.yaml``.
+
+    How ``cue_alpha`` applies per weighting mode: ``cr`` / ``mu_matched`` rarity exponent (default 0.8); ``uarl``
+    rarity exponent with UARL's default 0.5; ``uniform_boost`` ignores it. Leave it None for the mode's default.
+    """
+
+    cue_partition: str = field(
+        default="cue",
+        metadata={
+            "help": "How the positive completions of a group are partitioned. 'cue': Strategy Cues (the paper's "
+            "method); 'random': Random-Cluster ablation (as many random labels as cue clusters, seeded identically "
+            "on every process); 'judge': an LLM judge groups by strategy (CR-JP / UARL, see cue_judge_model); "
+            "'callable': the `partition_fn` passed to CueGRPOTrainer."
+        },
+    )
+    cue_weighting: str = field(
+        default="cr",
+        metadata={
+            "help": "Weighting rule: 'cr' (Credit Redistribution: |C|^-alpha, unit mean, clip, singleton reset, "
+            "shift floor), 'uarl' (|C|^-alpha, unit mean, no clip/floor), 'mu_matched' (cr without floor, "
+            "renormalized to unit mean), 'uniform_boost' (every positive advantage x tau), or any mode registered "
+            "with trl_credit.cue_grpo.register_weighting."
+        },
+    )
+    cue_alpha: float | None = field(
+        default=None,
+        metadata={"help": "Rarity exponent alpha in [0, 1]. None = the weighting's paper default: 0.8 for 'cr' and "
+                  "'mu_matched', 0.5 for 'uarl' (unused by 'uniform_boost')."},
+    )
+    cue_epsilon: float = field(
+        default=0.5, metadata={"help": "Cosine-similarity threshold epsilon in [0, 1] of the bag-of-cues graph."}
+    )
+    cue_rho: float = field(
+        default=0.75,
+        metadata={"help": "Group suppression threshold rho in [0, 1]: a cue present in more than rho*|P| positive "
+                  "completions of a group is dropped from all of them."},
+    )
+    cue_tau: float = field(
+        default=1.05,
+        metadata={"help": "Minimum positive multiplier tau > 0 of the shift floor ('cr'); the boost of "
+                  "'uniform_boost'."},
+    )
+    cue_gamma_min: float = field(
+        default=0.3, metadata={"help": "Lower clip gamma_min of the normalized weights ('cr', 'mu_matched'), in [0, 1]."}
+    )
+    cue_gamma_max: float = field(
+        default=3.0, metadata={"help": "Upper clip gamma_max of the normalized weights ('cr', 'mu_matched'), >= 1."}
+    )
+    cue_singleton_reset: bool = field(
+        default=True,
+        metadata={"help": "Reset artifact singleton clusters (anomalously short/long cue skeletons) to weight 1 "
+                  "(paper Appendix B). Applies to the 'cue' and 'random' partitions, which have cue skeletons."},
+    )
+    cue_judge_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Judge for cue_partition='judge': a causal LM name or path (loaded with transformers on the "
+            "training device and run with HF generate, not vLLM), or 'policy' to ask the policy itself through "
+            "TRL's generation path (vLLM when use_vllm). A model instance can be passed as CueGRPOTrainer(judge_model=...)."
+        },
+    )
+    cue_judge_completions: str = field(
+        default="all",
+        metadata={"help": "Which completions the judge sees: 'all' K of the group (paper Appendix B) or only the "
+                  "'positive' ones. Clusters are always those of the positive completions."},
+    )
+    cue_judge_max_new_tokens: int = field(
+        default=512, metadata={"help": "Maximum tokens of the judge's answer (greedy decoding; paper: 512)."}
+    )
+    cue_judge_head_chars: int = field(
+        default=200, metadata={"help": "Characters kept from the start of each solution shown to the judge."}
+    )
+    cue_judge_tail_chars: int = field(
+        default=500, metadata={"help": "Characters kept from the end of each solution shown to the judge."}
+    )
+    cue_judge_batch_size: int = field(
+        default=4, metadata={"help": "Judge prompts per HF generate call (separate judge model only)."}
+    )
+    cue_judge_dtype: str = field(
+        default="auto", metadata={"help": "torch dtype for loading a separate judge model by name ('auto', "
+                                          "'bfloat16', 'float16', 'float32')."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cue_partition not in PARTITION_SOURCES:
+            raise ValueError(f"cue_partition={self.cue_partition!r}; accepted: {list(PARTITION_SOURCES)}")
+        if self.cue_weighting not in WEIGHTING_MODES:
+            raise ValueError(f"cue_weighting={self.cue_weighting!r}; accepted: {sorted(WEIGHTING_MODES)}")
+        if self.cue_alpha is not None and not 0.0 <= self.cue_alpha <= 1.0:
+            raise ValueError(f"cue_alpha={self.cue_alpha}; accepted: a number in [0, 1] or None (mode default)")
+        for name in ("cue_epsilon", "cue_rho"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value}; accepted: a number in [0, 1]")
+        if not self.cue_tau > 0:
+            raise ValueError(f"cue_tau={self.cue_tau}; accepted: a number > 0")
+        if not 0.0 <= self.cue_gamma_min <= 1.0 <= self.cue_gamma_max:
+            raise ValueError(
+                f"cue_gamma_min={self.cue_gamma_min}, cue_gamma_max={self.cue_gamma_max}; accepted: "
+                "0 <= cue_gamma_min <= 1 <= cue_gamma_max (unit weight must lie inside the clip range)"
+            )
+        if self.cue_judge_completions not in ("all", "positive"):
+            raise ValueError(f"cue_judge_completions={self.cue_judge_completions!r}; accepted: 'all', 'positive'")
+        for name in ("cue_judge_max_new_tokens", "cue_judge_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}; accepted: an integer >= 1")
+        for name in ("cue_judge_head_chars", "cue_judge_tail_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}; accepted: an integer >= 0")
+        if self.cue_judge_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(
+                f"cue_judge_dtype={self.cue_judge_dtype!r}; accepted: 'auto', 'bfloat16', 'float16', 'float32'"
+            )
+
+    @property
+    def cue_resolved_alpha(self) -> float:
+        """cue_alpha, or the weighting's paper default when None (0 for modes that ignore alpha)."""
+        if self.cue_alpha is not None:
+            return self.cue_alpha
+        default = DEFAULT_ALPHA[self.cue_weighting]
+        return 0.0 if default is None else default

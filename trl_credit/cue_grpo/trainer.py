@@ -1,0 +1,411 @@
+"""CueGRPOTrainer: GRPOTrainer whose positive advantages are multiplied by rarity weights (SPEC §1.1).
+
+Glue only (checked against trl 1.16.0); the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and
+:mod:`.judge`. What is overridden, all calling ``super()``:
+
+- ``_generate``: keeps this process's decoded completions;
+- ``_calculate_rewards``: keeps the global reward matrix (every process holds all rows);
+- ``_generate_and_score_completions``: after TRL has computed its group advantages, gathers them (and the texts of
+  the positive completions) across processes, computes each group's partition and weights in TRL's global row
+  order (rows grouped contiguously by ``num_generations``), multiplies the positive advantages and returns this
+  process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from trl import GRPOTrainer
+
+from .._trl import gather_rows, generate_from_prefixes, log_metric
+from ..rewards import completion_text
+from .config import CueGRPOConfig
+from .cues import extract_cues_batch
+from .judge import judge_messages, judge_partition, parse_judge_groups
+from .partition import canonical_cluster_ids, partition_skeletons, random_partition
+from .weights import cluster_mass_slope, cluster_masses, compute_rarity_weights
+
+__all__ = ["CueGRPOTrainer"]
+
+PartitionFn = Callable[[list[str], object], Sequence]
+
+
+class CueGRPOTrainer(GRPOTrainer):
+    """Drop-in GRPOTrainer with Cue-GRPO's rarity-aware credit redistribution.
+
+    Args (beyond GRPOTrainer's):
+        args: a :class:`CueGRPOConfig`.
+        partition_fn: with ``cue_partition="callable"``: ``fn(completions: list[str], prompt) -> cluster labels``,
+            called once per group with the texts of its positive completions (A_i > 0) and the group's prompt as
+            in the dataset; must return one hashable label per completion.
+        judge_model: with ``cue_partition="judge"``: a causal LM instance used as judge (overrides
+            ``args.cue_judge_model``). A separate judge runs HF ``generate`` on the training device (not vLLM and
+            not sharded by DeepSpeed: every process holds a full copy); ``cue_judge_model="policy"`` asks the policy
+            itself through TRL's generation path instead (vLLM when ``use_vllm``).
+        judge_tokenizer: the judge's tokenizer (default: loaded from the judge's name or path).
+
+    Judged and callable partitions are computed once per group, by one process (groups are dealt round-robin to
+    processes), then shared; cue and random partitions are cheap and computed identically on every process.
+
+    Metrics (SPEC §1.8, next to GRPO's): ``cue/clusters_per_group`` (mean over redistributed groups),
+    ``cue/frac_groups_nonuniform`` and ``cue/frac_groups_redistributed`` (over all groups of the step),
+    ``cue/weight_spread`` (mean max - min of w' over P), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
+    mass n_C·w̄_C against n_C over the step's clusters, Fig. 2c; logged when two cluster sizes occur) and, for judges,
+    ``cue/judge_parse_failure_rate``. Redistributed groups: reward std > 0 and at least one A_i > 0.
+    """
+
+    _tag_names = ["trl", "grpo", "cue-grpo", "trl-credit"]
+    _name = "Cue-GRPO"
+    _paper = {
+        "title": "When Correct Solutions Repeat: Rarity-Aware Credit Redistribution for GRPO",
+        "id": None,  # no arXiv id known to us: no Hub paper link in the model card
+        "citation": "@misc{cuegrpo, title = {When Correct Solutions Repeat: Rarity-Aware Credit Redistribution for "
+        "GRPO}, note = {https://github.com/CzZ12/When-Correct-Solutions-Repeat-Rarity-Aware-Credit-Redistribution-for-GRPO}}",
+    }
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: CueGRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+        *,
+        partition_fn: PartitionFn | None = None,
+        judge_model=None,
+        judge_tokenizer=None,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
+            args = CueGRPOConfig(f"{str(name).split('/')[-1]}-Cue-GRPO")
+        if not isinstance(args, CueGRPOConfig):
+            raise TypeError(f"CueGRPOTrainer needs args=CueGRPOConfig(...), got {type(args).__name__}")
+        _check_partition_arguments(args, partition_fn, judge_model, judge_tokenizer)
+        super().__init__(
+            model,
+            reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
+        self.partition_fn = partition_fn
+        self.judge_model, self.judge_tokenizer = None, None
+        self._judge_is_policy = args.cue_partition == "judge" and judge_model is None and args.cue_judge_model == "policy"
+        if args.cue_partition == "judge" and not self._judge_is_policy:
+            self.judge_model, self.judge_tokenizer = self._load_judge(judge_model, judge_tokenizer)
+        self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
+        self._cue_completions: list | None = None
+        self._cue_rewards_per_func: torch.Tensor | None = None
+        self.cue_overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
+
+    # ------------------------------------------------------------------ judge loading
+
+    def _load_judge(self, judge_model, judge_tokenizer):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = judge_model if judge_model is not None else self.args.cue_judge_model
+        if isinstance(source, str):
+            dtype = self.args.cue_judge_dtype
+            dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        else:
+            model = source
+        model = model.to(self.accelerator.device).eval()
+        model.requires_grad_(False)
+        if judge_tokenizer is None:
+            name = source if isinstance(source, str) else getattr(model, "name_or_path", None)
+            if not name:
+                raise ValueError("judge_tokenizer is required when judge_model is an instance without a name_or_path")
+            judge_tokenizer = AutoTokenizer.from_pretrained(name)
+        if judge_tokenizer.pad_token_id is None:
+            judge_tokenizer.pad_token = judge_tokenizer.eos_token
+        return model, judge_tokenizer
+
+    # ------------------------------------------------------------------ captures (narrow overrides)
+
+    def _generate(self, prompts: list):
+        result = super()._generate(prompts)
+        self._cue_completions = result[3]  # trl 1.16.0: (prompt_ids, completion_ids, tool_mask, completions, ...)
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._cue_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._cue_completions, self._cue_rewards_per_func = None, None
+        output = super()._generate_and_score_completions(inputs)
+        start = time.perf_counter()
+        output["advantages"] = self._redistribute_advantages(inputs, output["advantages"])
+        self.cue_overhead_seconds.append(time.perf_counter() - start)
+        return output
+
+    # ------------------------------------------------------------------ redistribution
+
+    def _redistribute_advantages(self, inputs, local_advantages: torch.Tensor) -> torch.Tensor:
+        if self._cue_completions is None or self._cue_rewards_per_func is None:
+            raise RuntimeError("CueGRPOTrainer: completions/rewards were not captured (did a subclass bypass "
+                               "_generate or _calculate_rewards?)")
+        if local_advantages.dim() != 1:
+            raise ValueError("CueGRPOTrainer expects sequence-level advantages of shape (B,)")
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        self._cue_round += 1
+
+        advantages = self.accelerator.gather(local_advantages.detach()).double().cpu()
+        rewards = (self._cue_rewards_per_func * self.reward_weights.to(self._cue_rewards_per_func.device)).nansum(1)
+        rewards[torch.isnan(self._cue_rewards_per_func).all(dim=1)] = torch.nan
+        rewards = rewards.double().cpu()
+        total = advantages.numel()
+        if total % group_size or rewards.numel() != total:
+            raise RuntimeError(f"CueGRPOTrainer: {total} advantages, {rewards.numel()} rewards, group size {group_size}")
+        varied = _groups_with_reward_variance(rewards.view(-1, group_size)).tolist()
+        advantage_values = advantages.tolist()
+
+        # Positive sets of the groups that redistribution touches (SPEC §1.1: A_i > 0, reward std > 0).
+        positives: dict[int, list[int]] = {}
+        for group, has_variance in enumerate(varied):
+            rows = range(group * group_size, (group + 1) * group_size)
+            members = [row for row in rows if advantage_values[row] > 0] if has_variance else []
+            if members:
+                positives[group] = members
+
+        local_count = local_advantages.numel()
+        offset = self.accelerator.process_index * local_count
+        partitions, lengths, parse_failures = self._partitions(inputs, positives, offset, group_size)
+
+        new_values = list(advantage_values)
+        clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
+        for group, members in positives.items():
+            result = compute_rarity_weights(
+                partitions[group],
+                lengths.get(group),
+                args.cue_resolved_alpha,
+                args.cue_gamma_min,
+                args.cue_gamma_max,
+                args.cue_tau,
+                args.cue_weighting,
+            )
+            for row, weight in zip(members, result.weights, strict=True):
+                new_values[row] = advantage_values[row] * weight
+            clusters_per_group.append(len(set(partitions[group])))
+            spreads.append(max(result.weights) - min(result.weights))
+            nonuniform += spreads[-1] > 1e-9
+            for size, mass in cluster_masses(partitions[group], result.prefloor):
+                sizes.append(size)
+                masses.append(mass)
+
+        num_groups = total // group_size
+        if positives:
+            log_metric(self, "cue/clusters_per_group", sum(clusters_per_group) / len(clusters_per_group))
+            log_metric(self, "cue/weight_spread", sum(spreads) / len(spreads))
+        log_metric(self, "cue/frac_groups_nonuniform", nonuniform / num_groups)
+        log_metric(self, "cue/frac_groups_redistributed", len(positives) / num_groups)
+        slope = cluster_mass_slope(sizes, masses)
+        if slope == slope:  # defined only with two distinct cluster sizes in the step
+            log_metric(self, "cue/mass_slope", slope)
+        if parse_failures is not None:
+            log_metric(self, "cue/judge_parse_failure_rate", parse_failures)
+        self._update_logged_advantages(new_values)
+
+        local = new_values[offset : offset + local_count]
+        return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
+
+    def _update_logged_advantages(self, advantages: list[float]) -> None:
+        # TRL appended the pre-redistribution advantages of all rows to the completions table; show ours instead.
+        logged = self._logs.get("advantages") if hasattr(self, "_logs") else None
+        if logged is None:
+            return
+        count = min(len(logged), len(advantages))
+        values = advantages[len(advantages) - count :]
+        for i in range(count):
+            logged[len(logged) - count + i] = values[i]
+
+    def _local_rows(self, inputs, rows: set[int], offset: int, with_prompt: bool) -> list[tuple]:
+        # (global row, completion text[, prompt]) of the wanted rows held by this process
+        return [
+            (offset + i, completion_text(c), _prompt_of(inputs[i])) if with_prompt else (offset + i, completion_text(c))
+            for i, c in enumerate(self._cue_completions)
+            if offset + i in rows
+        ]
+
+    def _partitions(self, inputs, positives, offset, group_size):
+        """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton
+        reset (cue/random only) and the judge parse-failure rate (judge only, else None)."""
+        args = self.args
+        if args.cue_partition not in ("cue", "random"):
+            return self._external_partitions(inputs, positives, offset, group_size)
+        partitions: dict[int, list[int]] = {}
+        lengths: dict[int, list[int]] = {}
+        rows = [row for members in positives.values() for row in members]
+        texts = dict(gather_rows(self, self._local_rows(inputs, set(rows), offset, with_prompt=False)))
+        skeletons = dict(zip(rows, extract_cues_batch([texts[row] for row in rows]), strict=True))
+        for group, members in positives.items():
+            cluster_ids, cleaned_lengths = partition_skeletons(
+                [skeletons[row] for row in members], args.cue_rho, args.cue_epsilon
+            )
+            if args.cue_partition == "random":
+                rng = random.Random(f"{args.seed}:{self.state.global_step}:{self._cue_round}:{group}")
+                cluster_ids = random_partition(len(members), len(set(cluster_ids)), rng)
+            partitions[group] = cluster_ids
+            if args.cue_singleton_reset:
+                lengths[group] = cleaned_lengths
+        return partitions, lengths, None
+
+    def _external_partitions(self, inputs, positives, offset, group_size):
+        # Judge / user callable: groups with |P| <= 1 need no call (one cluster). The others are dealt
+        # round-robin to processes; each process partitions its own groups, then the results are shared.
+        args = self.args
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        partitions = {group: [0] * len(members) for group, members in positives.items()}
+        to_partition = [group for group, members in positives.items() if len(members) > 1]
+        mine = [group for j, group in enumerate(to_partition) if j % world == rank]
+
+        # The judge sees every completion of the group (paper Appendix B) or only the positive ones.
+        need_all = args.cue_partition == "judge" and args.cue_judge_completions == "all"
+
+        def shown_rows(group: int) -> list[int]:
+            return list(range(group * group_size, (group + 1) * group_size)) if need_all else list(positives[group])
+
+        needed = {row for group in to_partition for row in shown_rows(group)}
+        shared = gather_rows(self, self._local_rows(inputs, needed, offset, with_prompt=True))
+        all_texts = {row: text for row, text, _ in shared}
+        prompts = {row // group_size: prompt for row, _, prompt in shared}  # every row of a group has its prompt
+
+        results: list[tuple[int, list[int], bool]] = []
+        if args.cue_partition == "callable":
+            for group in mine:
+                members = positives[group]
+                labels = list(self.partition_fn([all_texts[row] for row in members], prompts[group]))
+                if len(labels) != len(members):
+                    raise ValueError(
+                        f"partition_fn returned {len(labels)} labels for {len(members)} completions; it must return "
+                        "one hashable label per completion"
+                    )
+                results.append((group, canonical_cluster_ids(labels), False))
+        else:
+            requests = []
+            for group in mine:
+                members = positives[group]
+                shown = shown_rows(group)
+                numbers = [shown.index(row) + 1 for row in members]
+                messages = judge_messages(
+                    _problem_text(prompts[group]),
+                    [all_texts[row] for row in shown],
+                    args.cue_judge_head_chars,
+                    args.cue_judge_tail_chars,
+                )
+                requests.append((group, messages, len(shown), numbers))
+            outputs = self._run_judge([messages for _, messages, _, _ in requests])
+            for (group, _, num_shown, numbers), output in zip(requests, outputs, strict=True):
+                labels = parse_judge_groups(output, num_shown)
+                results.append((group, judge_partition(labels, numbers), labels is None))
+        failures = 0
+        for group, cluster_ids, failed in gather_rows(self, results):
+            partitions[group] = cluster_ids
+            failures += failed
+        rate = failures / len(to_partition) if args.cue_partition == "judge" and to_partition else None
+        return partitions, {}, rate
+
+    def _run_judge(self, conversations: list[list[dict]]) -> list[str]:
+        """Greedy judge answers, one per conversation (Appendix B: do_sample=False, max_new_tokens=512)."""
+        args = self.args
+        if self._judge_is_policy:
+            # Collective: every process calls it once per round, also with nothing to judge.
+            tokenizer = self.processing_class
+            tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+            prefixes = [_chat_ids(tokenizer, messages) for messages in conversations]
+            completions, _ = generate_from_prefixes(
+                self, prefixes, greedy=True, max_new_tokens=args.cue_judge_max_new_tokens
+            )
+            return tokenizer.batch_decode(completions, skip_special_tokens=True)
+        outputs: list[str] = []
+        tokenizer, model = self.judge_tokenizer, self.judge_model
+        for start in range(0, len(conversations), args.cue_judge_batch_size):
+            batch = [_chat_text(tokenizer, m) for m in conversations[start : start + args.cue_judge_batch_size]]
+            encoded = tokenizer(batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+            encoded = encoded.to(model.device)
+            with torch.no_grad():
+                generated = model.generate(
+                    **encoded,
+                    do_sample=False,
+                    max_new_tokens=args.cue_judge_max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            outputs += tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        return outputs
+
+
+def _groups_with_reward_variance(grouped_rewards: torch.Tensor) -> torch.Tensor:
+    """(num_groups,) bool: at least two scored completions and a reward std that is not ~0 (NaN = unscorable)."""
+    valid = ~torch.isnan(grouped_rewards)
+    count = valid.sum(dim=1)
+    mean = torch.nansum(grouped_rewards, dim=1) / count.clamp(min=1)
+    squares = torch.where(valid, (grouped_rewards - mean[:, None]) ** 2, torch.zeros_like(grouped_rewards))
+    std = (squares.sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
+    return (count >= 2) & ~torch.isclose(std, torch.zeros_like(std))
+
+
+def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer) -> None:
+    if args.cue_partition == "callable":
+        if partition_fn is None or not callable(partition_fn):
+            raise ValueError("cue_partition='callable' needs CueGRPOTrainer(partition_fn=fn), "
+                             "fn(completions: list[str], prompt) -> one cluster label per completion")
+    elif partition_fn is not None:
+        raise ValueError(f"partition_fn was given but cue_partition={args.cue_partition!r}; "
+                         "set CueGRPOConfig(cue_partition='callable') to use it")
+    if args.cue_partition == "judge":
+        if judge_model is None and not args.cue_judge_model:
+            raise ValueError("cue_partition='judge' needs a judge: CueGRPOConfig(cue_judge_model=<name or path> | "
+                             "'policy') or CueGRPOTrainer(judge_model=<model instance>)")
+    elif judge_model is not None or judge_tokenizer is not None:
+        raise ValueError(f"judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
+                         "set CueGRPOConfig(cue_partition='judge') to use a judge")
+
+
+def _prompt_of(example):
+    return example.get("prompt") if isinstance(example, dict) else None
+
+
+def _problem_text(prompt) -> str:
+    """The problem shown to the judge: a plain-text prompt, or the user turns of a conversational one."""
+    if prompt is None:
+        return ""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(
+        completion_text([{**m, "role": "assistant"}]) for m in prompt if isinstance(m, dict) and m.get("role") == "user"
+    )
+
+
+def _chat_text(tokenizer, messages: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:\n"
+
+
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    return tokenizer(_chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"]
