@@ -8,8 +8,8 @@ import pytest
 from tests.mp import run_torchrun
 
 
-def _reports(result):
-    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+def _reports(out_dir):
+    return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 def _rows_by_key(reports, run, step):
@@ -25,7 +25,9 @@ def _rows_by_key(reports, run, step):
 @pytest.mark.multiprocess
 def test_two_processes_match_one_process(tiny_model_path, tmp_path):
     script = "tests/mp_scripts/datpo_two_processes.py"
-    two = _reports(run_torchrun(script, tiny_model_path, str(tmp_path / "two"), nproc=2))
+    (tmp_path / "two").mkdir()
+    run_torchrun(script, tiny_model_path, str(tmp_path / "two"), nproc=2)
+    two = _reports(tmp_path / "two")
     # the 1-process reference runs in this process (same script functions, world size 1)
     from tests.mp_scripts.datpo_two_processes import run
 

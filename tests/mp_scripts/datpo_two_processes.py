@@ -8,10 +8,11 @@ Two runs in one launch:
   branches), the odd one never fully: with 2 processes one process has branches and the other none. 2 steps.
 - ``spanning``: 1 prompt per step, ``4 / world`` rows per process: with 2 processes its group spans both. 1 step.
 
-Prints one ``RESULT {json}`` line per process with every training row of every step.
+Writes one ``rank<N>.json`` file per process with every training row of every step.
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -88,15 +89,17 @@ def run(name, model_dir, out_dir, per_device, prompts, steps, world):
 
 def main(model_dir: str, out_dir: str):
     torch.manual_seed(0)
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-    rank = int(__import__("os").environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     result = {
         "rank": rank,
         "world": world,
         "one_sided": run("one_sided", model_dir, out_dir, 8 // world, 2, 2, world),
         "spanning": run("spanning", model_dir, out_dir, 4 // world, 1, 1, world),
     }
-    print("RESULT " + json.dumps(result))
+    # One file per rank: the two processes' stdout lines can interleave.
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as report:
+        json.dump(result, report)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ def main(model_dir: str, out_dir: str):
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
     trainer = GRPOTrainer(model=model_dir, reward_funcs=length_parity_reward, args=args, train_dataset=dataset)
     trainer.train()
-    print("RESULT " + json.dumps({"rank": trainer.accelerator.process_index, "world": trainer.accelerator.num_processes,
-                      "steps": trainer.state.global_step}))
+    # One file per rank: the two processes' stdout lines can interleave.
+    rank = trainer.accelerator.process_index
+    with open(f"{out_dir}/rank{rank}.json", "w") as report:
+        json.dump({"rank": rank, "world": trainer.accelerator.num_processes, "steps": trainer.state.global_step}, report)
 
 
 if __name__ == "__main__":
