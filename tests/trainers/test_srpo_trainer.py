@@ -312,3 +312,27 @@ def test_config_validation(tmp_path):
     config = SRPOConfig(thought_delimiter="\\n", **common)
     assert config.thought_delimiter == "\n"
     assert (config.temperature, config.top_p, config.beta, config.loss_type) == (0.7, 0.95, 0.0, "grpo")
+
+
+def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):
+    args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="SRPOConfig"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True),
+                    train_dataset=tiny_dataset)
+    with pytest.raises(ValueError, match="user message"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                    train_dataset=tiny_dataset.map(lambda row: {"prompt": [{"role": "system", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="rollout_func"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
+                    rollout_func=lambda prompts, trainer: {})
+
+
+def test_evaluation_uses_iid_rollouts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, max_steps=1, per_device_eval_batch_size=8)
+    metrics = trainer.evaluate(eval_dataset=tiny_dataset.select(range(2)))
+    assert "eval_loss" in metrics
+    assert calls == []  # no seeds, localization or suffixes outside training
+    assert "srpo/fallback_rate" not in trainer._metrics["eval"]

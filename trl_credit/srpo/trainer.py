@@ -132,6 +132,7 @@ class SRPOTrainer(GRPOTrainer):
                 f"steps_per_generation ({per_process}) must be a multiple of num_generations ({self.num_generations})."
             )
         self._rollout_template = resolve_rollout_template(args.rollout_template)
+        _check_prompt_format(train_dataset, self._rollout_template)
         seed = args.seed if args.reset_seed is None else args.reset_seed
         # One generator per process (different streams), deterministic in the seed.
         self._reset_rng = random.Random(1_000_003 * int(seed) + self.accelerator.process_index)
@@ -450,3 +451,17 @@ class SRPOTrainer(GRPOTrainer):
         local = len(self._srpo_row_kinds)
         start = self.accelerator.process_index * local
         return advantages[start : start + local].to(trl_advantages.dtype)
+
+
+def _check_prompt_format(dataset, template: str | None) -> None:
+    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
+    if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
+        return
+    if "prompt" not in (dataset.column_names or []):
+        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    try:
+        first = next(iter(dataset))
+    except (StopIteration, TypeError):
+        return
+    question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
+    wrap_prompt(first["prompt"], template)
