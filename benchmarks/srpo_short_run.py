@@ -27,6 +27,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def counting(trainer_class):
     class Counting(trainer_class):
         generated_tokens = 0
+        example = None
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            if self.example is None and "tool_mask" in output:
+                # One shared-prefix row of the first step: the reset prefix (masked) and the trained suffix.
+                row = int(self.num_generations - 1)
+                ids = output["completion_ids"][row][output["completion_mask"][row].bool()]
+                mask = output["tool_mask"][row][: len(ids)].bool()
+                self.example = {
+                    "question": inputs[row]["prompt"][-1]["content"],
+                    "answer": inputs[row]["answer"],
+                    "prefix (masked)": self.processing_class.decode(ids[~mask]),
+                    "suffix (trained)": self.processing_class.decode(ids[mask]),
+                }
+            return output
 
         def _generate_single_turn(self, prompt_ids, *args, **kwargs):
             completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
@@ -97,7 +113,7 @@ def run(method: str, cli) -> dict:
     keys = ["reward", "srpo/fallback_rate", "srpo/correction_rate", "srpo/base_pass_rate", "srpo/localization_parse_rate",
             "srpo/reset_position", "srpo/thoughts_per_seed", "srpo/seed_rounds", "srpo/tokens_vs_base", "srpo/tokens_vs_grpo"]
     return {"method": method, "seconds": seconds, "generated_tokens": trainer.generated_tokens,
-            **{key: mean(key) for key in keys if mean(key) is not None}}
+            **{key: mean(key) for key in keys if mean(key) is not None}, "example": trainer.example}
 
 
 def main():
@@ -105,15 +121,19 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts_per_step", type=int, default=2)
     parser.add_argument("--reset", choices=["self", "random"], default="self")
-    parser.add_argument("--digits", type=int, default=2)
-    parser.add_argument("--operands", type=int, default=3)
-    parser.add_argument("--max_completion_length", type=int, default=96)
+    parser.add_argument("--digits", type=int, default=1)
+    parser.add_argument("--operands", type=int, default=2)
+    parser.add_argument("--max_completion_length", type=int, default=80)
     parser.add_argument("--localization_max_tokens", type=int, default=32)
     parser.add_argument("--seed_candidates", type=int, default=2)
     parser.add_argument("--seed_rounds", type=int, default=4)
     parser.add_argument("--skip_grpo", action="store_true")
     parser.add_argument("--output_dir", default="/tmp/srpo_short_run")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids oversubscription on shared CPUs)")
     cli = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(cli.threads)
 
     results = [run("srpo", cli)]
     if not cli.skip_grpo:

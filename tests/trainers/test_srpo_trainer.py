@@ -10,6 +10,7 @@ import torch
 
 import trl_credit.srpo.trainer as srpo_trainer_module
 from trl_credit import SRPOConfig, SRPOTrainer
+from trl_credit.rewards import completion_text
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
 
 TEMPLATE = "Q: {question}"
@@ -19,12 +20,12 @@ NUM_BASE, NUM_SUFFIXES, PER_ROUND = 4, 4, 2
 
 def parity_reward(completions, **kwargs):
     # Correct (1.0) when the text length is odd: about half the random rollouts fail, so seeds exist.
-    return [float(len(c[0]["content"]) % 2) for c in completions]
+    return [float(len(completion_text(c)) % 2) for c in completions]
 
 
 def always_correct_reward(completions, **kwargs):
     # >= success_threshold (1.0) for every rollout: no incorrect seed ever, yet the base group has variance.
-    return [1.0 + 0.5 * (len(c[0]["content"]) % 2) for c in completions]
+    return [1.0 + 0.5 * (len(completion_text(c)) % 2) for c in completions]
 
 
 class RecordingSRPOTrainer(SRPOTrainer):
@@ -336,3 +337,19 @@ def test_evaluation_uses_iid_rollouts(tiny_model_path, tiny_dataset, tmp_path, g
     assert "eval_loss" in metrics
     assert calls == []  # no seeds, localization or suffixes outside training
     assert "srpo/fallback_rate" not in trainer._metrics["eval"]
+
+
+def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    text_dataset = tiny_dataset.map(lambda row: {"prompt": row["prompt"][-1]["content"]})
+    trainer = make_trainer(tiny_model_path, text_dataset, tmp_path, calls, max_steps=1, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    record = trainer.records[0]
+    question = record["inputs"][0]["prompt"]
+    expected = tokenizer(TEMPLATE.replace("{question}", question))["input_ids"]
+    assert record["calls"][0]["rows"][0] == expected  # text prompts are wrapped and tokenized without a chat template
+    for call in record["calls"]:
+        if call["kwargs"].get("greedy") and call["rows"]:
+            assert tokenizer.decode(call["rows"][0]).startswith("P: " + question)  # plain-text localization prompt
+    assert trainer.state.global_step == 1

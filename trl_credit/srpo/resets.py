@@ -82,7 +82,8 @@ def suffix_row(
     mask = [0] * len(prefix) + [1] * len(suffix)
     logprobs = None
     if prefix_logprobs is not None and suffix_logprobs is not None:
-        logprobs = [float(x) for x in prefix_logprobs[: len(prefix)]] + [float(x) for x in suffix_logprobs[: len(suffix)]]
+        logprobs = [float(x) for x in prefix_logprobs[: len(prefix)]]
+        logprobs += [float(x) for x in suffix_logprobs[: len(suffix)]]
         if len(logprobs) != len(completion):
             raise ValueError("sampling log-probs must cover every prefix and suffix token.")
     return completion, mask, logprobs

@@ -187,7 +187,8 @@ class SRPOTrainer(GRPOTrainer):
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
         group_inputs = [self._srpo_inputs[g * size] for g in range(num_groups)]
-        prompt_ids = [list(map(int, ids)) for ids in self._tokenize_prompts([wrapped[g * size] for g in range(num_groups)])[0]]
+        tokenized = self._tokenize_prompts([wrapped[g * size] for g in range(num_groups)])[0]
+        prompt_ids = [list(map(int, ids)) for ids in tokenized]
 
         # Round 1: the base group and the first seed candidates, in one generation call.
         rows = []
@@ -242,11 +243,12 @@ class SRPOTrainer(GRPOTrainer):
                     continue
                 texts = thought_texts(seed_ids, ends, tokenizer, args.thought_delimiter)
                 text = localization_prompt(question_of(group_prompts[g]), texts, args.localization_template)
-                localization_rows.append([{"role": "user", "content": text}] if not isinstance(group_prompts[g], str) else text)
+                is_text = isinstance(group_prompts[g], str)
+                localization_rows.append(text if is_text else [{"role": "user", "content": text}])
                 localization_owner.append(index)
-            localization_ids = (
-                [list(map(int, ids)) for ids in self._tokenize_prompts(localization_rows)[0]] if localization_rows else []
-            )
+            localization_ids = []
+            if localization_rows:
+                localization_ids = [list(map(int, ids)) for ids in self._tokenize_prompts(localization_rows)[0]]
             answers, _ = generate_from_prefixes(
                 self, localization_ids, greedy=True, max_new_tokens=args.localization_max_tokens
             )
@@ -354,7 +356,9 @@ class SRPOTrainer(GRPOTrainer):
     def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> None:
         """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
         ones to ``seeds[group]`` until it holds ``num_resets``. Collective (reward call)."""
-        rewards = self._score_rollouts([g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids)
+        rewards = self._score_rollouts(
+            [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
+        )
         by_group: dict[int, list[int]] = defaultdict(list)
         for index, (g, _) in enumerate(rollouts):
             by_group[g].append(index)
@@ -427,9 +431,8 @@ class SRPOTrainer(GRPOTrainer):
         if kinds.numel() != rewards.numel():
             raise RuntimeError(f"SRPOTrainer: {kinds.numel()} row kinds for {rewards.numel()} rewards.")
         args: SRPOConfig = self.args
-        group_ids = srpo_group_ids(
-            rewards.numel() // self.num_generations, args.num_base_generations, args.reset_groups, args.suffixes_per_reset
-        )
+        num_prompts = rewards.numel() // self.num_generations
+        group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=(kinds != _FALLBACK).cpu())
         advantages = advantages.to(device)
 
