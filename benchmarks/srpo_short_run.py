@@ -83,7 +83,7 @@ def run(method: str, cli) -> dict:
         seed=0,
     )
     peft_config = LoraConfig(r=64, lora_alpha=64, task_type="CAUSAL_LM")
-    if method == "grpo":
+    if method == "grpo":  # (any other method name is SRPO/RRPO)
         # GRPO sees the same step-by-step instruction as SRPO's rollouts, so lengths are comparable.
         dataset = dataset.map(lambda row: {"prompt": wrap_prompt(row["prompt"], LINES_ROLLOUT_TEMPLATE)})
         trainer_class, args = counting(GRPOTrainer), GRPOConfig(**common)
@@ -135,7 +135,7 @@ def main():
 
     torch.set_num_threads(cli.threads)
 
-    results = [run("srpo", cli)]
+    results = [run("rrpo" if cli.reset == "random" else "srpo", cli)]
     if not cli.skip_grpo:
         results.append(run("grpo", cli))
     for result in results:

@@ -18,8 +18,12 @@ from trl_credit.srpo.prompts import (
 )
 from trl_credit.srpo.resets import (
     choose_reset_step,
+    ROW_BASE,
+    ROW_FALLBACK,
+    ROW_SUFFIX,
     fallback_row,
     incorrect_indices,
+    prompt_rows,
     random_reset_step,
     suffix_row,
 )
@@ -182,3 +186,18 @@ def test_fallback_row_is_fully_masked():
     assert completion == [5, 6, 7] and mask == [0, 0, 0] and logprobs == [-0.5, -0.5, -0.5]
     with pytest.raises(ValueError):
         fallback_row([])
+
+
+def test_prompt_rows_layout():
+    base = [([1, 2], None), ([3], None)]
+    seeded = ([7, 8], None, [([9, 10], None), ([11], None)])
+    rows = prompt_rows(base, [seeded, None], 2, filler=([5, 6, 4], None), max_completion_length=3)
+    assert [kind for *_, kind in rows] == [ROW_BASE, ROW_BASE, ROW_SUFFIX, ROW_SUFFIX, ROW_FALLBACK, ROW_FALLBACK]
+    assert rows[0][:2] == ([1, 2], [1, 1])
+    # prefix [7, 8] + suffix cut to 3 - 2 = 1 token; the prefix is masked
+    assert rows[2][:2] == ([7, 8, 9], [0, 0, 1])
+    assert rows[3][:2] == ([7, 8, 11], [0, 0, 1])
+    # no seed: the filler, fully masked, once per suffix slot
+    assert rows[4][:2] == rows[5][:2] == ([5, 6, 4], [0, 0, 0])
+    with pytest.raises(ValueError, match="suffixes"):
+        prompt_rows(base, [([7], None, [([9], None)])], 2, filler=([5], None))

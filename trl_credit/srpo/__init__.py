@@ -19,7 +19,7 @@ from trl_credit.srpo.prompts import (
     parse_reset_step,
     wrap_prompt,
 )
-from trl_credit.srpo.resets import choose_reset_step, incorrect_indices, random_reset_step
+from trl_credit.srpo.resets import choose_reset_step, incorrect_indices, prompt_rows, random_reset_step
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
 
 _LAZY = {"SRPOTrainer": "trl_credit.srpo.trainer", "SRPOConfig": "trl_credit.srpo.config"}
@@ -38,6 +38,7 @@ __all__ = [
     "incorrect_indices",
     "random_reset_step",
     "choose_reset_step",
+    "prompt_rows",
     "THOUGHT_MDP_ROLLOUT_TEMPLATE",
     "LINES_ROLLOUT_TEMPLATE",
     "LOCALIZATION_TEMPLATE",

@@ -2,6 +2,7 @@
 
 - :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (SPEC §4.3).
 - :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of SPEC §4.4).
+- :func:`prompt_rows`: all training rows of one prompt (base rows, then each reset group's rows).
 - :func:`suffix_row` / :func:`fallback_row`: one training row with its loss mask (TRL's ``tool_mask``/``env_mask``):
   a shared-prefix row carries prefix + suffix as its completion with the prefix masked out (SPEC §4.5), so reward
   functions see the whole response while the loss is the mean over suffix tokens (L_SP of the paper).
@@ -19,6 +20,10 @@ __all__ = [
     "choose_reset_step",
     "suffix_row",
     "fallback_row",
+    "prompt_rows",
+    "ROW_BASE",
+    "ROW_SUFFIX",
+    "ROW_FALLBACK",
 ]
 
 
@@ -100,3 +105,41 @@ def fallback_row(
         raise ValueError("fallback rows need a non-empty filler completion.")
     logprobs = [float(x) for x in filler_logprobs] if filler_logprobs is not None else None
     return completion, [0] * len(completion), logprobs
+
+
+#: Row kinds of the training batch: base rollout, shared-prefix (suffix) row, fallback row.
+ROW_BASE, ROW_SUFFIX, ROW_FALLBACK = 0, 1, 2
+
+Rollout = tuple[Sequence[int], Sequence[float] | None]
+
+
+def prompt_rows(
+    base: Sequence[Rollout],
+    reset_slots: Sequence[tuple[Sequence[int], Sequence[float] | None, Sequence[Rollout]] | None],
+    num_suffixes: int,
+    filler: Rollout,
+    max_completion_length: int | None = None,
+) -> list[tuple[list[int], list[int], list[float] | None, int]]:
+    """The training rows of one prompt, in the trainer's layout (paper Figure 2, SPEC §4.2–§4.5).
+
+    ``base`` rollouts first (mask 1 everywhere), then for every reset slot either its ``num_suffixes``
+    shared-prefix rows (:func:`suffix_row`; the slot is ``(prefix_ids, prefix_logprobs, suffixes)``) or, when the
+    slot has no incorrect seed (None), ``num_suffixes`` fully masked :func:`fallback_row` copies of ``filler``.
+    Returns ``[(completion_ids, loss_mask, sampling_logprobs, kind)]`` with kind ROW_BASE/ROW_SUFFIX/ROW_FALLBACK.
+    """
+    rows = []
+    for ids, logprobs in base:
+        rows.append(([int(t) for t in ids], [1] * len(ids), None if logprobs is None else list(logprobs), ROW_BASE))
+    for slot in reset_slots:
+        if slot is None:
+            for _ in range(num_suffixes):
+                rows.append((*fallback_row(*filler), ROW_FALLBACK))
+            continue
+        prefix_ids, prefix_logprobs, suffixes = slot
+        if len(suffixes) != num_suffixes:
+            raise ValueError(f"a reset slot needs {num_suffixes} suffixes, got {len(suffixes)}.")
+        for suffix_ids, suffix_logprobs in suffixes:
+            rows.append(
+                (*suffix_row(prefix_ids, suffix_ids, max_completion_length, prefix_logprobs, suffix_logprobs), ROW_SUFFIX)
+            )
+    return rows

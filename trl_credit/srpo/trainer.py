@@ -42,17 +42,17 @@ from trl_credit.srpo.prompts import (
     wrap_prompt,
 )
 from trl_credit.srpo.resets import (
+    ROW_BASE,
+    ROW_FALLBACK,
+    ROW_SUFFIX,
     choose_reset_step,
-    fallback_row,
     incorrect_indices,
+    prompt_rows,
     random_reset_step,
-    suffix_row,
 )
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
 
 __all__ = ["SRPOTrainer"]
-
-_BASE, _SUFFIX, _FALLBACK = 0, 1, 2
 
 
 class SRPOTrainer(GRPOTrainer):
@@ -275,41 +275,28 @@ class SRPOTrainer(GRPOTrainer):
         # Assemble the rows TRL trains on: per prompt, base rows then each reset group's rows.
         out_prompt_ids, out_completions, out_masks, out_logprobs, kinds = [], [], [], [], []
         reset_cursor = 0
-        max_length = args.max_completion_length
         for g in range(num_groups):
-            for ids, lps in base[g]:
-                out_prompt_ids.append(prompt_ids[g])
-                out_completions.append(list(ids))
-                out_masks.append([1] * len(ids))
-                out_logprobs.append(lps)
-                kinds.append(_BASE)
+            slots = []
             for slot in range(num_resets):
-                if slot < len(seeds[g]):
-                    prefix, prefix_logprobs = prefixes[reset_cursor]
-                    for s in range(num_suffixes):
-                        row = reset_cursor * num_suffixes + s
-                        completion, mask, lps = suffix_row(
-                            prefix,
-                            suffixes[row],
-                            max_length,
-                            prefix_logprobs,
-                            suffix_logprobs[row] if suffix_logprobs is not None else None,
-                        )
-                        out_prompt_ids.append(prompt_ids[g])
-                        out_completions.append(completion)
-                        out_masks.append(mask)
-                        out_logprobs.append(lps)
-                        kinds.append(_SUFFIX)
-                    reset_cursor += 1
-                else:
-                    filler_ids, filler_logprobs = candidates[g][-1]  # a rollout with no incorrect verdict
-                    for _ in range(num_suffixes):
-                        completion, mask, lps = fallback_row(filler_ids, filler_logprobs)
-                        out_prompt_ids.append(prompt_ids[g])
-                        out_completions.append(completion)
-                        out_masks.append(mask)
-                        out_logprobs.append(lps)
-                        kinds.append(_FALLBACK)
+                if slot >= len(seeds[g]):
+                    slots.append(None)  # no incorrect seed: fallback rows
+                    continue
+                first_row = reset_cursor * num_suffixes
+                suffix_rollouts = [
+                    (suffixes[row], suffix_logprobs[row] if suffix_logprobs is not None else None)
+                    for row in range(first_row, first_row + num_suffixes)
+                ]
+                slots.append((*prefixes[reset_cursor], suffix_rollouts))
+                reset_cursor += 1
+            # The fallback filler is the last candidate: a rollout already sampled with no incorrect verdict.
+            for completion, mask, lps, kind in prompt_rows(
+                base[g], slots, num_suffixes, candidates[g][-1], args.max_completion_length
+            ):
+                out_prompt_ids.append(prompt_ids[g])
+                out_completions.append(completion)
+                out_masks.append(mask)
+                out_logprobs.append(lps)
+                kinds.append(kind)
         self._srpo_row_kinds = kinds
 
         # Metrics, summed over processes (one gather, made by every process).
@@ -433,15 +420,16 @@ class SRPOTrainer(GRPOTrainer):
         args: SRPOConfig = self.args
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
-        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=(kinds != _FALLBACK).cpu())
+        valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
+        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
         advantages = advantages.to(device)
 
         rewards_cpu, kinds_cpu = rewards.detach().cpu(), kinds.cpu()
         correct = rewards_cpu >= args.success_threshold
-        suffix_rows = kinds_cpu == _SUFFIX
+        suffix_rows = kinds_cpu == ROW_SUFFIX
         if suffix_rows.any():
             log_metric(self, "srpo/correction_rate", correct[suffix_rows].float().mean().item())
-        base_rows = kinds_cpu == _BASE
+        base_rows = kinds_cpu == ROW_BASE
         if base_rows.any():
             log_metric(self, "srpo/base_pass_rate", correct[base_rows].float().mean().item())
 
