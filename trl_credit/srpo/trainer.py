@@ -448,11 +448,12 @@ def _check_prompt_format(dataset, template: str | None) -> None:
     """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
     if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
         return
-    if "prompt" not in (dataset.column_names or []):
-        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
-    try:
-        first = next(iter(dataset))
-    except (StopIteration, TypeError):
+    if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
         return
+    if "prompt" not in dataset.column_names:
+        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
+        return
+    first = dataset[0]
     question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
     wrap_prompt(first["prompt"], template)
