@@ -1,0 +1,19 @@
+import json
+
+import pytest
+
+from tests.mp import run_torchrun
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("reset", ["self"])
+def test_srpo_two_processes_with_different_seed_rounds(reset, tiny_model_path, tmp_path):
+    result = run_torchrun("tests/mp_scripts/srpo_two_processes.py", tiny_model_path, str(tmp_path), reset, timeout=300)
+    reports = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for report in reports:
+        assert report["world"] == 2 and report["steps"] == 2
+        # One prompt per process: rank 0's reset group falls back, rank 1's has a seed -> 1 of 2 reset groups.
+        assert report["fallback_rate"] == [0.5, 0.5]
+        # Rank 0 needed all 3 rounds; rank 1 (done after round 1) joined rounds 2 and 3 with zero rows.
+        assert report["seed_rounds"] == [3.0, 3.0]

@@ -1,0 +1,355 @@
+"""SRPOTrainer end to end on the CPU with the tiny model (SPEC §4): rollout layout, reset states, loss masks,
+sub-group advantages, fallback, SRPO localization wiring, metrics. Expected values come from the recorded
+generations and the test's own reward arithmetic, never from the trainer's internals."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+import trl_credit.srpo.trainer as srpo_trainer_module
+from trl_credit import SRPOConfig, SRPOTrainer
+from trl_credit.rewards import completion_text
+from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
+
+TEMPLATE = "Q: {question}"
+SHORT_LOCALIZATION = "P: {question}\n{steps}\nFirst wrong step (1 to {num_steps})?"
+NUM_BASE, NUM_SUFFIXES, PER_ROUND = 4, 4, 2
+
+
+def parity_reward(completions, **kwargs):
+    # Correct (1.0) when the text length is odd: about half the random rollouts fail, so seeds exist.
+    return [float(len(completion_text(c)) % 2) for c in completions]
+
+
+def always_correct_reward(completions, **kwargs):
+    # >= success_threshold (1.0) for every rollout: no incorrect seed ever, yet the base group has variance.
+    return [1.0 + 0.5 * (len(completion_text(c)) % 2) for c in completions]
+
+
+class RecordingSRPOTrainer(SRPOTrainer):
+    """Keeps each step's output and the generation calls made while producing it."""
+
+    calls: list
+
+    def _generate_and_score_completions(self, inputs):
+        start = len(self.calls)
+        output = super()._generate_and_score_completions(inputs)
+        self.records.append(
+            {
+                "inputs": inputs,
+                "output": {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in output.items()},
+                "calls": self.calls[start:],
+            }
+        )
+        return output
+
+
+@pytest.fixture
+def generation_log(monkeypatch):
+    calls = []
+    real = srpo_trainer_module.generate_from_prefixes
+    state = {"localization_answer": None}
+
+    def recording(trainer, prefix_ids, **kwargs):
+        if kwargs.get("greedy") and state["localization_answer"] is not None:
+            answer = trainer.processing_class.encode(state["localization_answer"], add_special_tokens=False)
+            completions, logprobs = [list(answer) for _ in prefix_ids], None
+        else:
+            completions, logprobs = real(trainer, prefix_ids, **kwargs)
+        calls.append({"rows": [list(r) for r in prefix_ids], "kwargs": kwargs, "completions": [list(c) for c in completions]})
+        return completions, logprobs
+
+    monkeypatch.setattr(srpo_trainer_module, "generate_from_prefixes", recording)
+    return calls, state
+
+
+def make_trainer(model_path, dataset, tmp_path, calls, reward=parity_reward, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,  # two prompts of num_generations = 8 rows
+        num_generations=8,
+        reset_groups=1,
+        suffixes_per_reset=NUM_SUFFIXES,
+        seed_candidates_per_round=PER_ROUND,
+        max_seed_rounds=3,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=1e-2,
+        thought_delimiter=" ",
+        rollout_template=TEMPLATE,
+        localization_template=SHORT_LOCALIZATION,
+        localization_max_tokens=6,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+    )
+    settings.update(overrides)
+    trainer = RecordingSRPOTrainer(
+        model=model_path, reward_funcs=reward, args=SRPOConfig(**settings), train_dataset=dataset
+    )
+    trainer.calls, trainer.records = calls, []
+    return trainer
+
+
+def expected_prompt_ids(tokenizer, prompt):
+    messages = [dict(m) for m in prompt]
+    messages[-1]["content"] = TEMPLATE.replace("{question}", messages[-1]["content"])
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+
+
+def raw_boundaries(tokenizer, ids, delimiter):
+    """Slow reference: token indices i whose last token (i - 1) holds the end of a delimiter occurrence."""
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    ends = {pos + len(delimiter) for pos in range(len(text)) if text.startswith(delimiter, pos)}
+    found = set()
+    for i in range(1, len(ids) + 1):
+        before = len(tokenizer.decode(ids[: i - 1], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        upto = len(tokenizer.decode(ids[:i], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        if any(before < e <= upto for e in ends):
+            found.add(i)
+    return found
+
+
+def text_reward(tokenizer, ids):
+    return float(len(tokenizer.decode(ids, skip_special_tokens=True)) % 2)
+
+
+def reference_advantages(rewards):
+    # TRL convention: (r - mean) / (unbiased std + 1e-4), 0 when the group's std is 0.
+    mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+    return [0.0 if std == 0 else (r - mean) / (std + 1e-4) for r in rewards]
+
+
+def replay_seeds(tokenizer, record, group_prompt_ids):
+    """The seed of each prompt from the recorded candidate calls: the first even-length (incorrect) candidate."""
+    candidate_calls = [c for c in record["calls"][:-1] if not c["kwargs"].get("greedy")]
+    candidates = {g: [] for g in range(len(group_prompt_ids))}
+    for call_index, call in enumerate(candidate_calls):
+        for position, (row, completion) in enumerate(zip(call["rows"], call["completions"])):
+            group = group_prompt_ids.index(row)
+            if call_index == 0 and position % (NUM_BASE + PER_ROUND) < NUM_BASE:
+                continue  # base rows of round 1 are never seeds
+            candidates[group].append(completion)
+    seeds = {}
+    for g, rollouts in candidates.items():
+        incorrect = [c for c in rollouts if text_reward(tokenizer, c) < 1.0]
+        seeds[g] = incorrect[0] if incorrect else None
+    return seeds, len(candidate_calls)
+
+
+@pytest.mark.parametrize("reset", ["random", "self"])
+def test_two_steps_rollout_layout_masks_and_advantages(reset, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset=reset)
+    tokenizer = trainer.processing_class
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+
+    checked_suffix_rows = 0
+    for record in trainer.records:
+        out, inputs = record["output"], record["inputs"]
+        group_prompts = [inputs[0]["prompt"], inputs[8]["prompt"]]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, p) for p in group_prompts]
+        # Round 1 = base group + first seed candidates of every prompt, from the wrapped prompt's ids.
+        first = record["calls"][0]
+        assert first["rows"] == [group_prompt_ids[0]] * 6 + [group_prompt_ids[1]] * 6
+        seeds, num_candidate_calls = replay_seeds(tokenizer, record, group_prompt_ids)
+        assert 1 <= num_candidate_calls <= 3
+        suffix_call = record["calls"][-1]
+        greedy_calls = [c for c in record["calls"] if c["kwargs"].get("greedy")]
+        assert len(greedy_calls) == (1 if reset == "self" else 0)
+        if greedy_calls:
+            assert greedy_calls[0]["kwargs"]["max_new_tokens"] == 6
+
+        rewards = [text_reward(tokenizer, out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in range(16)]
+        loss_mask = out["completion_mask"] * out["tool_mask"]
+        suffix_cursor = 0
+        for g in range(2):
+            rows = range(8 * g, 8 * g + 8)
+            assert out["prompt_ids"][8 * g][out["prompt_mask"][8 * g].bool()].tolist() == group_prompt_ids[g]
+            # Base rows: the round-1 base completions, trained on every token.
+            for b, row in enumerate(rows[:NUM_BASE]):
+                completion = first["completions"][6 * g + b]
+                assert out["completion_ids"][row][: len(completion)].tolist() == completion
+                assert loss_mask[row].tolist() == out["completion_mask"][row].tolist()
+                assert loss_mask[row].sum().item() == len(completion)
+            seed = seeds[g]
+            if seed is None:  # fallback: masked rows, zero advantage
+                assert loss_mask[list(rows[NUM_BASE:])].sum().item() == 0
+                assert out["advantages"][list(rows[NUM_BASE:])].abs().sum().item() == 0
+            else:
+                # Reset state = question ids + the seed's ids before a thought boundary (never its last thought).
+                reset_row = suffix_call["rows"][suffix_cursor]
+                assert reset_row[: len(group_prompt_ids[g])] == group_prompt_ids[g]
+                keep = len(reset_row) - len(group_prompt_ids[g])
+                assert reset_row[len(group_prompt_ids[g]) :] == seed[:keep]
+                assert keep < len(seed)
+                assert keep == 0 or keep in raw_boundaries(tokenizer, seed, " ")
+                for s, row in enumerate(rows[NUM_BASE:]):
+                    assert suffix_call["rows"][suffix_cursor + s] == reset_row
+                    suffix = suffix_call["completions"][suffix_cursor + s][: 12 - keep]
+                    length = out["completion_mask"][row].sum().item()
+                    assert out["completion_ids"][row][:length].tolist() == seed[:keep] + suffix
+                    # The loss covers exactly the suffix tokens.
+                    assert loss_mask[row].tolist() == [0] * keep + [1] * len(suffix) + [0] * (loss_mask.size(1) - length)
+                    checked_suffix_rows += 1
+                suffix_cursor += NUM_SUFFIXES
+            # Advantages: group-relative within the base group and within the shared-prefix group, separately.
+            expected = reference_advantages(rewards[8 * g : 8 * g + 4])
+            if seed is not None:
+                expected += reference_advantages(rewards[8 * g + 4 : 8 * g + 8])
+            else:
+                expected += [0.0] * 4
+            torch.testing.assert_close(out["advantages"][8 * g : 8 * g + 8], torch.tensor(expected), rtol=0, atol=1e-4)
+        assert suffix_cursor == len(suffix_call["rows"])
+    assert checked_suffix_rows > 0
+
+    logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+    assert len(logs) == 2
+    for log in logs:
+        assert 0.0 <= log["srpo/fallback_rate"] <= 1.0
+        assert log["srpo/tokens_vs_base"] > 1.0  # seeds and suffixes cost tokens on top of the base group
+        assert 0.0 < log["srpo/reset_position"] <= 1.0
+        assert 0.0 <= log["srpo/correction_rate"] <= 1.0
+        if reset == "random":
+            assert "srpo/localization_parse_rate" not in log  # RRPO never asks the policy
+
+
+def test_fallback_when_no_incorrect_seed(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1)
+    trainer.train()
+    record = trainer.records[0]
+    out = record["output"]
+    # All 3 seed rounds ran (nobody found a seed), then the (collective, here empty) localization and suffix calls.
+    assert len(record["calls"]) == 3 + 2
+    assert [len(c["rows"]) for c in record["calls"][:3]] == [12, 4, 4]  # round 1: 2 x (4 base + 2), then 2 x 2
+    assert record["calls"][3]["kwargs"]["greedy"] and record["calls"][3]["rows"] == []
+    assert record["calls"][4]["rows"] == []
+    loss_mask = out["completion_mask"] * out["tool_mask"]
+    tokenizer = trainer.processing_class
+    for g in range(2):
+        shared = list(range(8 * g + 4, 8 * g + 8))
+        assert loss_mask[shared].sum().item() == 0
+        assert out["advantages"][shared].abs().sum().item() == 0
+        rewards = [
+            1.0 + 0.5 * text_reward(tokenizer, out["completion_ids"][i][out["completion_mask"][i].bool()].tolist())
+            for i in range(8 * g, 8 * g + 4)
+        ]
+        # GRPO on the base group alone.
+        torch.testing.assert_close(out["advantages"][8 * g : 8 * g + 4], torch.tensor(reference_advantages(rewards)), rtol=0, atol=1e-4)
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    assert log["srpo/fallback_rate"] == 1.0
+    assert log["srpo/seed_rounds"] == 3
+    assert "srpo/correction_rate" not in log
+
+
+def test_srpo_resets_at_the_localized_step(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"  # the policy "says" the first error is thought 2
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=2)
+    trainer.train()
+    tokenizer = trainer.processing_class
+    localized = 0
+    for record in trainer.records:
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        greedy = [c for c in record["calls"] if c["kwargs"].get("greedy")]
+        suffix_rows = record["calls"][-1]["rows"]
+        cursor = 0
+        for g in range(2):
+            if seeds[g] is None:
+                continue
+            ends = split_thoughts(seeds[g], tokenizer, " ")
+            expected_keep = reset_prefix_length(ends, 2) if len(ends) >= 2 else 0
+            assert suffix_rows[cursor] == group_prompt_ids[g] + seeds[g][:expected_keep]
+            if len(ends) >= 2:
+                localized += 1
+                prompt_text = tokenizer.decode(greedy[0]["rows"][0])
+                assert "Step 1: " in prompt_text and "Step 2: " in prompt_text and "First wrong step" in prompt_text
+            cursor += NUM_SUFFIXES
+    assert localized > 0
+    rates = [log["srpo/localization_parse_rate"] for log in trainer.state.log_history if "srpo/localization_parse_rate" in log]
+    assert rates and all(rate == 1.0 for rate in rates)
+
+
+def test_model_card_names_the_method(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, max_steps=1)
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "SRPO" in card and "2605.25507" in card
+
+
+def test_config_validation(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    with pytest.raises(ValueError, match="reset must be"):
+        SRPOConfig(reset="oracle", **common)
+    with pytest.raises(ValueError, match="num_generations"):
+        SRPOConfig(num_generations=5, **common)  # 5 - 1 * 4 = a base group of one
+    with pytest.raises(ValueError, match="num_generations"):
+        SRPOConfig(num_generations=8, reset_groups=3, **common)  # 3 * 4 > 8
+    with pytest.raises(ValueError, match="suffixes_per_reset"):
+        SRPOConfig(suffixes_per_reset=1, **common)
+    with pytest.raises(ValueError, match="rollout_template"):
+        SRPOConfig(rollout_template="no placeholder", **common)
+    with pytest.raises(ValueError, match="localization_template"):
+        SRPOConfig(localization_template="{question} only", **common)
+    # (one process: TRL's own divisibility check fires first; with several processes ours names whole groups)
+    with pytest.raises(ValueError, match="num_generations"):
+        SRPOConfig(num_generations=8, per_device_train_batch_size=12, **{k: v for k, v in common.items() if k != "per_device_train_batch_size"})
+    with pytest.raises(ValueError, match="multi_objective_aggregation"):
+        SRPOConfig(multi_objective_aggregation="normalize_then_sum", **common)
+    # The paper's compute-matched splits at budget 8: 1x4 (base 4), 2x4 and 1x8 (no base group).
+    assert SRPOConfig(**common).num_base_generations == 4
+    assert SRPOConfig(reset_groups=2, **common).num_base_generations == 0
+    assert SRPOConfig(suffixes_per_reset=8, **common).num_base_generations == 0
+    config = SRPOConfig(thought_delimiter="\\n", **common)
+    assert config.thought_delimiter == "\n"
+    assert (config.temperature, config.top_p, config.beta, config.loss_type) == (0.7, 0.95, 0.0, "grpo")
+
+
+def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):
+    args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="SRPOConfig"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True),
+                    train_dataset=tiny_dataset)
+    with pytest.raises(ValueError, match="user message"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                    train_dataset=tiny_dataset.map(lambda row: {"prompt": [{"role": "system", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="rollout_func"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
+                    rollout_func=lambda prompts, trainer: {})
+
+
+def test_evaluation_uses_iid_rollouts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, max_steps=1, per_device_eval_batch_size=8)
+    metrics = trainer.evaluate(eval_dataset=tiny_dataset.select(range(2)))
+    assert "eval_loss" in metrics
+    assert calls == []  # no seeds, localization or suffixes outside training
+    assert "srpo/fallback_rate" not in trainer._metrics["eval"]
+
+
+def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    text_dataset = tiny_dataset.map(lambda row: {"prompt": row["prompt"][-1]["content"]})
+    trainer = make_trainer(tiny_model_path, text_dataset, tmp_path, calls, max_steps=1, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    record = trainer.records[0]
+    question = record["inputs"][0]["prompt"]
+    expected = tokenizer(TEMPLATE.replace("{question}", question))["input_ids"]
+    assert record["calls"][0]["rows"][0] == expected  # text prompts are wrapped and tokenized without a chat template
+    for call in record["calls"]:
+        if call["kwargs"].get("greedy") and call["rows"]:
+            assert tokenizer.decode(call["rows"][0]).startswith("P: " + question)  # plain-text localization prompt
+    assert trainer.state.global_step == 1

@@ -1,0 +1,190 @@
+"""Configuration of SRPOTrainer (SRPO / RRPO, SPEC §4, paper §4 and Appendix C)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
+
+__all__ = ["SRPOConfig"]
+
+
+@dataclass
+class SRPOConfig(GRPOConfig):
+    r"""
+    Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
+
+    Rows per prompt: TRL's `num_generations` is the whole per-prompt budget (paper: 8, compute-matched), split into a
+    base group of `num_generations - reset_groups * suffixes_per_reset` iid rollouts and `reset_groups`
+    shared-prefix groups of `suffixes_per_reset` suffixes. The paper's splits at budget 8: 1×4 (default: 4 base +
+    4 suffixes), 2×4 and 1×8 (no base group: `reset_groups=2, suffixes_per_reset=4` or `reset_groups=1,
+    suffixes_per_reset=8`).
+
+    Defaults that differ from GRPOConfig follow the paper (SPEC §4.7, Appendix C Table 5): `temperature=0.7`,
+    `top_p=0.95`, `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean:
+    the paper's "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`. With `num_iterations=1` and
+    `steps_per_generation == gradient_accumulation_steps` (TRL's default) every update is on-policy, so PPO clipping
+    is never active, as in the paper ("no clipped surrogate").
+
+    Parameters:
+        reset (`str`, defaults to `"self"`): `"self"` = SRPO (the policy localizes the first erroneous thought),
+            `"random"` = RRPO (uniform thought index).
+        reset_groups (`int`, defaults to `1`): shared-prefix groups per prompt (distinct seeds: the first
+            `reset_groups` incorrect rollouts).
+        suffixes_per_reset (`int`, defaults to `4`): suffixes resampled from each reset state.
+        seed_candidates_per_round (`int`, defaults to `2`): iid rollouts sampled per prompt and round while looking
+            for incorrect seeds.
+        max_seed_rounds (`int`, defaults to `4`): rounds before giving up (fallback to GRPO on the base group).
+        success_threshold (`float`, defaults to `1.0`): a rollout is correct when its reward (TRL's weighted sum of
+            the reward functions) is `>= success_threshold`.
+        thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
+        rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
+        localization_template (`str`): the self-localization prompt (Appendix D).
+        localization_max_tokens (`int`, defaults to `64`): new-token budget of the (greedy) localization call.
+        reset_seed (`int` or `None`, defaults to `None`): seed of the reset-index generator (`seed` when None).
+    """
+
+    # ---- paper defaults overriding GRPOConfig's ----
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (paper Table 5: 0.7)."})
+    top_p: float = field(default=0.95, metadata={"help": "Top-p of sampling (paper Table 5: 0.95)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: no KL regularization, 0.0)."})
+    num_iterations: int = field(
+        default=1, metadata={"help": "Updates per generation batch (paper: one on-policy gradient step, 1)."}
+    )
+    loss_type: str = field(
+        default="grpo",
+        metadata={
+            "help": "TRL loss aggregation. 'grpo' (default) averages the loss over each row's unmasked tokens, then "
+            "over rows: the paper's L_SP (suffix-token mean for shared-prefix rows, full-response mean for base rows)."
+        },
+    )
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (paper Table 5: 0.01)."})
+
+    # ---- SRPO / RRPO ----
+    reset: str = field(
+        default="self",
+        metadata={
+            "help": "How the reset thought h* is chosen: 'self' = SRPO (the policy localizes the first erroneous "
+            "thought of its failed seed), 'random' = RRPO (uniform over the seed's thoughts)."
+        },
+    )
+    reset_groups: int = field(
+        default=1,
+        metadata={
+            "help": "Shared-prefix groups per prompt, each from its own incorrect seed (paper splits: 1x4 default, "
+            "2x4, 1x8)."
+        },
+    )
+    suffixes_per_reset: int = field(
+        default=4, metadata={"help": "Suffixes resampled from each reset state (the shared-prefix group size G)."}
+    )
+    seed_candidates_per_round: int = field(
+        default=2,
+        metadata={
+            "help": "Extra iid rollouts per prompt sampled in each seed round; the seed is the first incorrect one "
+            "(it is never part of the base group)."
+        },
+    )
+    max_seed_rounds: int = field(
+        default=4,
+        metadata={
+            "help": "Seed rounds before giving up on a prompt; a reset group with no incorrect seed falls back to "
+            "GRPO on the base group (its rows are masked). Every process runs the same number of rounds."
+        },
+    )
+    success_threshold: float = field(
+        default=1.0,
+        metadata={
+            "help": "A rollout is correct when its reward (weighted sum of reward functions) is >= this value; "
+            "seeds are rollouts below it, and the correction rate counts suffix rows at or above it."
+        },
+    )
+    thought_delimiter: str = field(
+        default="</thought>",
+        metadata={
+            "help": "Text ending a thought (paper: '</thought>'). Use '\\n' with rollout_template='lines' for small "
+            "models. A response without the delimiter is one thought."
+        },
+    )
+    rollout_template: str | None = field(
+        default="thought_mdp",
+        metadata={
+            "help": "Instruction wrapped around each question (last user message, or the text prompt): "
+            f"one of {sorted(ROLLOUT_TEMPLATES)} ('thought_mdp' = paper Appendix D, 'lines' = one step per line, "
+            "'none' = prompts unchanged) or a custom template containing '{question}'."
+        },
+    )
+    localization_template: str = field(
+        default=LOCALIZATION_TEMPLATE,
+        metadata={
+            "help": "Self-localization prompt (paper Appendix D) with placeholders '{question}', '{steps}' "
+            "(rendered 'Step 1: ...' one per line) and '{num_steps}'."
+        },
+    )
+    localization_max_tokens: int = field(
+        default=64,
+        metadata={
+            "help": "Max new tokens of the greedy localization call (the paper's answers are ~9 tokens: "
+            "'\\boxed{N}')."
+        },
+    )
+    reset_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the reset-index generator (RRPO draws, SRPO's random fallback); `seed` if None."},
+    )
+
+    def __post_init__(self):
+        if self.reset not in ("self", "random"):
+            raise ValueError(f"reset must be 'self' (SRPO) or 'random' (RRPO), got {self.reset!r}.")
+        for name in ("reset_groups", "seed_candidates_per_round", "max_seed_rounds", "localization_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not isinstance(self.suffixes_per_reset, int) or self.suffixes_per_reset < 2:
+            raise ValueError(
+                f"suffixes_per_reset must be an integer >= 2 (a group of one has no group-relative advantage), "
+                f"got {self.suffixes_per_reset!r}."
+            )
+        if not isinstance(self.thought_delimiter, str) or not self.thought_delimiter:
+            raise ValueError(f"thought_delimiter must be a non-empty string, got {self.thought_delimiter!r}.")
+        # Literal "\n" from a YAML/CLI string means a newline.
+        self.thought_delimiter = self.thought_delimiter.replace("\\n", "\n")
+        if isinstance(self.rollout_template, str) and self.rollout_template.lower() in ("none", "null", ""):
+            self.rollout_template = "none"
+        resolve_rollout_template(self.rollout_template)  # raises with the accepted values
+        missing = [p for p in ("{question}", "{steps}", "{num_steps}") if p not in self.localization_template]
+        if missing:
+            raise ValueError(f"localization_template must contain the placeholders {missing}.")
+        if self.num_generations is None:
+            raise ValueError("num_generations must be set: it is the whole per-prompt rollout budget of SRPO.")
+        base = self.num_generations - self.reset_groups * self.suffixes_per_reset
+        if base < 0 or base == 1:
+            raise ValueError(
+                f"num_generations ({self.num_generations}) must equal reset_groups * suffixes_per_reset "
+                f"({self.reset_groups} * {self.suffixes_per_reset} = {self.reset_groups * self.suffixes_per_reset}, "
+                "no base group) or exceed it by at least 2 (the base group size); a base group of one has no "
+                "group-relative advantage."
+            )
+
+        super().__post_init__()
+
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "SRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only (advantages are "
+                f"recomputed per sub-group from the weighted reward sum), got {self.multi_objective_aggregation!r}."
+            )
+        # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
+        per_process = self.generation_batch_size // max(1, self.world_size)
+        if per_process % self.num_generations != 0:
+            raise ValueError(
+                f"SRPOTrainer needs whole prompt groups on each process: the per-process generation batch "
+                f"(per_device_train_batch_size * steps_per_generation = {per_process}) must be a multiple of "
+                f"num_generations ({self.num_generations})."
+            )
+
+    @property
+    def num_base_generations(self) -> int:
+        """Size of the base group: `num_generations - reset_groups * suffixes_per_reset`."""
+        return self.num_generations - self.reset_groups * self.suffixes_per_reset

@@ -1,0 +1,145 @@
+"""Seeds, reset indices and training rows of SRPO/RRPO (SPEC §4.3–§4.5, paper §4.2, Algorithm 2). Only stdlib.
+
+- :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (SPEC §4.3).
+- :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of SPEC §4.4).
+- :func:`prompt_rows`: all training rows of one prompt (base rows, then each reset group's rows).
+- :func:`suffix_row` / :func:`fallback_row`: one training row with its loss mask (TRL's ``tool_mask``/``env_mask``):
+  a shared-prefix row carries prefix + suffix as its completion with the prefix masked out (SPEC §4.5), so reward
+  functions see the whole response while the loss is the mean over suffix tokens (L_SP of the paper).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+__all__ = [
+    "incorrect_indices",
+    "random_reset_step",
+    "choose_reset_step",
+    "suffix_row",
+    "fallback_row",
+    "prompt_rows",
+    "ROW_BASE",
+    "ROW_SUFFIX",
+    "ROW_FALLBACK",
+]
+
+
+def incorrect_indices(rewards: Sequence[float], success_threshold: float, limit: int) -> list[int]:
+    """Indices of the first ``limit`` incorrect rollouts, in order: reward ``< success_threshold``.
+
+    A NaN reward (every reward function returned None) is unscorable, neither correct nor incorrect: never a seed.
+    """
+    found = []
+    for index, reward in enumerate(rewards):
+        if len(found) >= limit:
+            break
+        if reward is None or (isinstance(reward, float) and math.isnan(reward)):
+            continue
+        if reward < success_threshold:
+            found.append(index)
+    return found
+
+
+def random_reset_step(num_steps: int, rng: random.Random) -> int:
+    """RRPO: h* ~ Uniform{1, ..., H_s} (paper §4.2)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
+    return rng.randint(1, num_steps)
+
+
+def choose_reset_step(parsed_step: int | None, num_steps: int, rng: random.Random) -> tuple[int, bool]:
+    """SRPO: the self-localized step when it parsed to a valid index, else a uniform random one (SPEC §4.4).
+
+    Returns ``(h*, localized)``; ``localized`` is False when the random fallback was used.
+    """
+    if parsed_step is not None and 1 <= parsed_step <= num_steps:
+        return int(parsed_step), True
+    return random_reset_step(num_steps, rng), False
+
+
+def suffix_row(
+    prefix_ids: Sequence[int],
+    suffix_ids: Sequence[int],
+    max_completion_length: int | None = None,
+    prefix_logprobs: Sequence[float] | None = None,
+    suffix_logprobs: Sequence[float] | None = None,
+) -> tuple[list[int], list[int], list[float] | None]:
+    """``(completion_ids, loss_mask, sampling_logprobs)`` of a shared-prefix row (SPEC §4.5).
+
+    completion = prefix + suffix, mask 0 on the prefix and 1 on the suffix. With ``max_completion_length`` the
+    suffix is cut so the whole response fits it, as every other row of the batch does (cutting a sample after k
+    tokens is distributed as sampling with a k-token budget). Log-probs (vLLM importance sampling) are the
+    prefix's own sampling log-probs from the seed call followed by the suffix's; None when either is missing.
+    """
+    prefix = [int(t) for t in prefix_ids]
+    suffix = [int(t) for t in suffix_ids]
+    if max_completion_length is not None:
+        suffix = suffix[: max(0, int(max_completion_length) - len(prefix))]
+    if not suffix:
+        raise ValueError(
+            f"The reset prefix ({len(prefix)} tokens) leaves no room for a suffix within max_completion_length "
+            f"({max_completion_length})."
+        )
+    completion = prefix + suffix
+    mask = [0] * len(prefix) + [1] * len(suffix)
+    logprobs = None
+    if prefix_logprobs is not None and suffix_logprobs is not None:
+        logprobs = [float(x) for x in prefix_logprobs[: len(prefix)]]
+        logprobs += [float(x) for x in suffix_logprobs[: len(suffix)]]
+        if len(logprobs) != len(completion):
+            raise ValueError("sampling log-probs must cover every prefix and suffix token.")
+    return completion, mask, logprobs
+
+
+def fallback_row(
+    filler_ids: Sequence[int], filler_logprobs: Sequence[float] | None = None
+) -> tuple[list[int], list[int], list[float] | None]:
+    """A row kept only to hold TRL's fixed group size when a reset group has no incorrect seed (SPEC §4.3): its
+    completion is a rollout already sampled (a correct seed candidate), fully masked (mask 0 everywhere) and its
+    advantage is set to 0 by the trainer, so the prompt trains as GRPO on its base group alone."""
+    completion = [int(t) for t in filler_ids]
+    if not completion:
+        raise ValueError("fallback rows need a non-empty filler completion.")
+    logprobs = [float(x) for x in filler_logprobs] if filler_logprobs is not None else None
+    return completion, [0] * len(completion), logprobs
+
+
+#: Row kinds of the training batch: base rollout, shared-prefix (suffix) row, fallback row.
+ROW_BASE, ROW_SUFFIX, ROW_FALLBACK = 0, 1, 2
+
+Rollout = tuple[Sequence[int], Sequence[float] | None]
+
+
+def prompt_rows(
+    base: Sequence[Rollout],
+    reset_slots: Sequence[tuple[Sequence[int], Sequence[float] | None, Sequence[Rollout]] | None],
+    num_suffixes: int,
+    filler: Rollout,
+    max_completion_length: int | None = None,
+) -> list[tuple[list[int], list[int], list[float] | None, int]]:
+    """The training rows of one prompt, in the trainer's layout (paper Figure 2, SPEC §4.2–§4.5).
+
+    ``base`` rollouts first (mask 1 everywhere), then for every reset slot either its ``num_suffixes``
+    shared-prefix rows (:func:`suffix_row`; the slot is ``(prefix_ids, prefix_logprobs, suffixes)``) or, when the
+    slot has no incorrect seed (None), ``num_suffixes`` fully masked :func:`fallback_row` copies of ``filler``.
+    Returns ``[(completion_ids, loss_mask, sampling_logprobs, kind)]`` with kind ROW_BASE/ROW_SUFFIX/ROW_FALLBACK.
+    """
+    rows = []
+    for ids, logprobs in base:
+        rows.append(([int(t) for t in ids], [1] * len(ids), None if logprobs is None else list(logprobs), ROW_BASE))
+    for slot in reset_slots:
+        if slot is None:
+            for _ in range(num_suffixes):
+                rows.append((*fallback_row(*filler), ROW_FALLBACK))
+            continue
+        prefix_ids, prefix_logprobs, suffixes = slot
+        if len(suffixes) != num_suffixes:
+            raise ValueError(f"a reset slot needs {num_suffixes} suffixes, got {len(suffixes)}.")
+        for suffix_ids, suffix_logprobs in suffixes:
+            rows.append(
+                (*suffix_row(prefix_ids, suffix_ids, max_completion_length, prefix_logprobs, suffix_logprobs), ROW_SUFFIX)
+            )
+    return rows

@@ -1,0 +1,116 @@
+"""Thought segmentation on token ids (SPEC §4.1, paper §4.1 "Thought MDP").
+
+A response is a sequence of thoughts, each ended by a delimiter (``</thought>`` in the paper). Reset states are
+thought-level prefixes of a response, and they must be *exact* token prefixes of what the policy sampled: we cut
+the sampled token ids, never re-tokenize text (re-tokenizing can merge or split tokens differently and the reset
+state would not be a state the policy visited).
+
+Boundary rule (documented once, used everywhere):
+    Decode the ids once (``skip_special_tokens=False``, no space clean-up) and find every delimiter occurrence in
+    the text. For an occurrence ending at character ``e``, the thought boundary is the smallest token index ``i``
+    such that ``decode(ids[:i])`` already contains the first ``e`` characters of the text, i.e. the first token
+    boundary at or after the delimiter end. A delimiter split across several tokens (``"</" "thought" ">"``) thus
+    cuts after its last piece; a token that carries the delimiter end *and* following text (``">\\n"``) stays
+    whole, in the thought the delimiter ends. A delimiter at the very end gives the boundary ``len(ids)`` (no empty
+    thought after it). Several delimiters inside one token give one boundary. Finally a segment with no visible
+    text (only whitespace or special tokens such as EOS) is merged into the thought before it (into the next one
+    if it is the first), so no thought is empty. A response with no delimiter is one thought.
+
+Only torch/stdlib; the tokenizer is any object with ``decode(ids, skip_special_tokens=..., ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["split_thoughts", "thought_token_spans", "thought_texts", "reset_prefix_length"]
+
+
+def _decode(tokenizer, ids: Sequence[int], skip_special_tokens: bool) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+
+def _first_boundary_covering(tokenizer, ids: list[int], text: str, end_char: int, low: int) -> int:
+    """Smallest ``i >= low`` with ``decode(ids[:i])`` starting with ``text[:end_char]`` (binary search; the
+    property is monotone in ``i`` because decoding a longer prefix only appends text after the covered part)."""
+    target = text[:end_char]
+    lo, hi = max(low, 1), len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _decode(tokenizer, ids[:mid], skip_special_tokens=False).startswith(target):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def split_thoughts(token_ids: Sequence[int], tokenizer, delimiter: str) -> list[int]:
+    """Thought boundaries of a response, as token indices (SPEC §4.1; rule in the module docstring).
+
+    Returns the exclusive end index of every thought, strictly increasing, the last one ``len(token_ids)``:
+    thought ``k`` (1-indexed) is ``token_ids[ends[k-2]:ends[k-1]]`` with ``ends[-1] = 0`` for ``k = 1``. An empty
+    response has no thought (``[]``).
+    """
+    if not delimiter:
+        raise ValueError("delimiter must be a non-empty string.")
+    ids = [int(i) for i in token_ids]
+    if not ids:
+        return []
+    text = _decode(tokenizer, ids, skip_special_tokens=False)
+    cuts: list[int] = []
+    search_from = 0
+    while True:
+        position = text.find(delimiter, search_from)
+        if position < 0:
+            break
+        end_char = position + len(delimiter)
+        boundary = _first_boundary_covering(tokenizer, ids, text, end_char, cuts[-1] if cuts else 1)
+        if not cuts or boundary > cuts[-1]:
+            cuts.append(boundary)
+        search_from = end_char
+    if not cuts or cuts[-1] != len(ids):
+        cuts.append(len(ids))
+
+    # Merge segments without visible text into a neighbour (no empty thoughts, e.g. a lone EOS after the last
+    # delimiter, or the newline run between two newline-delimited steps).
+    ends: list[int] = []
+    start = 0
+    for end in cuts:
+        visible = _decode(tokenizer, ids[start:end], skip_special_tokens=True).strip()
+        if visible or not ends:
+            ends.append(end)
+        else:
+            ends[-1] = end  # no visible text: belongs to the previous thought
+        start = end
+    # A first segment without visible text was kept above (nothing before it): merge it into the next one.
+    if len(ends) > 1 and not _decode(tokenizer, ids[: ends[0]], skip_special_tokens=True).strip():
+        ends.pop(0)
+    return ends
+
+
+def thought_token_spans(ends: Sequence[int]) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` token spans of the thoughts given their end indices from :func:`split_thoughts`."""
+    starts = [0, *ends[:-1]]
+    return list(zip(starts, ends))
+
+
+def thought_texts(token_ids: Sequence[int], ends: Sequence[int], tokenizer, delimiter: str) -> list[str]:
+    """Visible text of every thought with the delimiter removed and whitespace stripped, as the paper renders the
+    chain in the localization prompt (Appendix D: "with </thought> delimiters stripped")."""
+    ids = list(token_ids)
+    texts = []
+    for start, end in thought_token_spans(ends):
+        text = _decode(tokenizer, ids[start:end], skip_special_tokens=True)
+        texts.append(text.replace(delimiter, " ").strip() if delimiter.strip() else text.strip())
+    return texts
+
+
+def reset_prefix_length(ends: Sequence[int], reset_step: int) -> int:
+    """Number of response tokens kept in the reset state ``x* = (x0, y_1..y_{h*-1})`` (paper §4.2).
+
+    ``reset_step`` is the 1-indexed thought h* to resample; the kept prefix is everything before it (0 tokens when
+    h* = 1, i.e. the reset state is the question itself).
+    """
+    if not 1 <= reset_step <= len(ends):
+        raise ValueError(f"reset_step must be in [1, {len(ends)}] (the number of thoughts), got {reset_step}.")
+    return 0 if reset_step == 1 else int(ends[reset_step - 2])

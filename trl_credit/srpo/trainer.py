@@ -1,0 +1,459 @@
+"""SRPOTrainer: GRPOTrainer with SRPO / RRPO reset-and-resample rollouts (SPEC §4, paper §4, Algorithm 2).
+
+How it hooks into TRL 1.16.0's GRPOTrainer (everything else - tokenizing, reward calls, log-prob passes, loss,
+vLLM / DeepSpeed / PEFT handling - is TRL's):
+
+- Rollouts: the trainer installs its own rollout function on TRL's ``rollout_func`` hook (users cannot pass one).
+  TRL's ``_generate`` calls it with this process's prompt rows; it returns, for every prompt (``num_generations``
+  consecutive rows, all on this process), the base rows then the shared-prefix rows, and an ``env_mask`` (TRL's
+  ``tool_mask``) that is 0 on each shared-prefix row's prefix and on fallback rows. TRL then decodes, scores,
+  computes log-probs and masks the loss with it. Every generation goes through ``generate_from_prefixes``
+  (``_generate_single_turn``), so HF generate and vLLM both work; every call is collective and made the same
+  number of times on every process.
+- Rewards: ``_calculate_rewards`` is wrapped to capture the global rewards of the batch; seed candidates are scored
+  through TRL's ``_calculate_rewards`` too (padded to the same row count on every process, because it ends with a
+  ``gather``), with reward-function side logs discarded.
+- Advantages: ``_generate_and_score_completions`` is wrapped: after ``super()``, ``output["advantages"]`` is
+  replaced by group-relative advantages within each sub-group (base group, each shared-prefix group; SPEC §4.6).
+- Evaluation (``model.eval()``): plain iid generation from the wrapped prompts and TRL's GRPO advantages.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from collections import defaultdict
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from trl_credit._trl import check_single_turn, gather_counts, generate_from_prefixes, log_metric
+from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
+from trl_credit.srpo.config import SRPOConfig
+from trl_credit.srpo.prompts import (
+    localization_prompt,
+    parse_reset_step,
+    question_of,
+    resolve_rollout_template,
+    wrap_prompt,
+)
+from trl_credit.srpo.resets import (
+    ROW_BASE,
+    ROW_FALLBACK,
+    ROW_SUFFIX,
+    choose_reset_step,
+    incorrect_indices,
+    prompt_rows,
+    random_reset_step,
+)
+from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
+
+__all__ = ["SRPOTrainer"]
+
+
+class SRPOTrainer(GRPOTrainer):
+    """Self-Reset (``reset="self"``) and Random-Reset (``reset="random"``) Policy Optimization on top of GRPOTrainer.
+
+    Per prompt and training step (paper §4.2, Algorithm 2): a base group of iid rollouts; seed candidates sampled
+    in rounds until the prompt has ``reset_groups`` incorrect rollouts (never part of the base group); for each
+    seed a reset thought h* (SRPO: the policy's own localization of the first erroneous thought, greedy;
+    RRPO: uniform); ``suffixes_per_reset`` suffixes resampled from the reset state ``question + thoughts
+    1..h*-1``, trained with the prefix masked out. Without an incorrect seed the reset group falls back to GRPO on
+    the base group (its rows get zero advantage and zero loss mask).
+
+    Metrics (``srpo/``): ``fallback_rate``, ``reset_position`` (mean h*/H_s), ``localization_parse_rate``,
+    ``correction_rate`` (shared-prefix pass rate), ``base_pass_rate``, ``tokens_vs_base`` (all generated tokens:
+    base + seed candidates + localization + suffixes, over the base group's), ``tokens_vs_grpo`` (the same total
+    over ``num_generations`` iid rollouts of mean iid length, i.e. a GRPO step of the same budget),
+    ``seed_rounds``, ``thoughts_per_seed``.
+
+    Note: TRL's own ``reward``/``completions/*`` metrics average over all rows, shared-prefix rows included
+    (their completion length counts suffix tokens only; fallback rows count 0).
+    """
+
+    _tag_names = ["trl", "srpo", "rrpo", "trl_credit"]
+    _name = "SRPO"
+    _paper = {
+        "title": "Credit Assignment with Resets in Language Model Reasoning",
+        "id": "2605.25507",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{samanta2026credit,
+                title        = {{Credit Assignment with Resets in Language Model Reasoning}},
+                author       = {Ankur Samanta and Akshayaa Magesh and Ayush Jain and Youliang Yu and Daniel Jiang and Kavosh Asadi and Kaveh Hassani and Paul Sajda and Jalaj Bhandari and Yonathan Efroni},
+                year         = 2026,
+                eprint       = {arXiv:2605.25507},
+            }"""),
+    }
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: SRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+        **kwargs,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = SRPOConfig(f"{str(name).split('/')[-1]}-SRPO")
+        if not isinstance(args, SRPOConfig):
+            raise TypeError(f"SRPOTrainer needs an SRPOConfig as `args`, got {type(args).__name__}.")
+        if reward_funcs is None:
+            raise ValueError("SRPOTrainer needs `reward_funcs`: seeds are the rollouts they score as incorrect.")
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            peft_config=peft_config,
+            **kwargs,
+        )
+        check_single_turn(self, "SRPOTrainer")
+        per_process = args.per_device_train_batch_size * args.steps_per_generation
+        if per_process % self.num_generations != 0:
+            raise ValueError(
+                f"SRPOTrainer needs whole prompt groups on each process: per_device_train_batch_size * "
+                f"steps_per_generation ({per_process}) must be a multiple of num_generations ({self.num_generations})."
+            )
+        self._rollout_template = resolve_rollout_template(args.rollout_template)
+        _check_prompt_format(train_dataset, self._rollout_template)
+        seed = args.seed if args.reset_seed is None else args.reset_seed
+        # One generator per process (different streams), deterministic in the seed.
+        self._reset_rng = random.Random(1_000_003 * int(seed) + self.accelerator.process_index)
+        self._srpo_inputs: list[dict] | None = None
+        self._srpo_row_kinds: list[int] | None = None
+        self._srpo_rewards_per_func: torch.Tensor | None = None
+        # TRL's custom-rollout hook: GRPOTrainer._generate calls it and handles everything downstream.
+        self.rollout_func = self._srpo_rollout
+
+    # ------------------------------------------------------------------ TRL hooks
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._srpo_rewards_per_func = rewards_per_func  # global (all processes), for the sub-group advantages
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._srpo_inputs = inputs
+        self._srpo_row_kinds = None
+        self._srpo_rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        if self._srpo_row_kinds is not None:  # training step with SRPO rollouts
+            output["advantages"] = self._srpo_advantages(output["advantages"])
+        self._srpo_inputs = None
+        return output
+
+    # ------------------------------------------------------------------ rollouts
+
+    def _srpo_rollout(self, prompts: list, trainer=None) -> dict[str, Any]:
+        wrapped = [wrap_prompt(prompt, self._rollout_template) for prompt in prompts]
+        if not self.model.training:
+            # Evaluation: iid rollouts from the thought-MDP prompt, as GRPO would sample them.
+            prompt_ids = [list(ids) for ids in self._tokenize_prompts(wrapped)[0]]
+            completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, self.num_generations_eval)
+            return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+        return self._reset_and_resample(prompts, wrapped)
+
+    def _reset_and_resample(self, prompts: list, wrapped: list) -> dict[str, Any]:
+        args: SRPOConfig = self.args
+        size = self.num_generations
+        base_size, num_resets, num_suffixes = args.num_base_generations, args.reset_groups, args.suffixes_per_reset
+        per_round = args.seed_candidates_per_round
+        if len(prompts) % size != 0:
+            raise RuntimeError(f"SRPOTrainer got {len(prompts)} prompt rows, not a multiple of num_generations={size}.")
+        num_groups = len(prompts) // size
+        for group in range(num_groups):
+            block = prompts[group * size : (group + 1) * size]
+            if any(prompt != block[0] for prompt in block):
+                raise RuntimeError(
+                    "SRPOTrainer needs the num_generations rows of a prompt consecutive on one process (TRL's "
+                    "RepeatSampler layout); this batch mixes prompts inside a group."
+                )
+        group_prompts = [prompts[g * size] for g in range(num_groups)]
+        group_inputs = [self._srpo_inputs[g * size] for g in range(num_groups)]
+        tokenized = self._tokenize_prompts([wrapped[g * size] for g in range(num_groups)])[0]
+        prompt_ids = [list(map(int, ids)) for ids in tokenized]
+
+        # Round 1: the base group and the first seed candidates, in one generation call.
+        rows = []
+        for g in range(num_groups):
+            rows += [prompt_ids[g]] * (base_size + per_round)
+        completions, logprobs = generate_from_prefixes(self, rows)
+        has_logprobs = logprobs is not None
+        base: list[list[tuple[list[int], list[float] | None]]] = []
+        candidates: list[list[tuple[list[int], list[float] | None]]] = []
+        for g in range(num_groups):
+            start = g * (base_size + per_round)
+            rollouts = [
+                (completions[i], logprobs[i] if has_logprobs else None)
+                for i in range(start, start + base_size + per_round)
+            ]
+            base.append(rollouts[:base_size])
+            candidates.append(rollouts[base_size:])
+        self._srpo_dummy = (0, candidates[0][0][0])  # a real row for padding collective reward calls
+
+        # Seeds: the first `num_resets` incorrect candidates per prompt, in sampling order (SPEC §4.3).
+        seeds: list[list[tuple[list[int], list[float] | None]]] = [[] for _ in range(num_groups)]
+        first_round = [(g, c) for g in range(num_groups) for c in candidates[g]]
+        self._collect_seeds(first_round, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
+        rounds = 1
+        while rounds < args.max_seed_rounds:
+            needy = [g for g in range(num_groups) if len(seeds[g]) < num_resets]
+            if sum(gather_counts(self, len(needy))) == 0:
+                break  # every process is done: all stop together
+            rows = [prompt_ids[g] for g in needy for _ in range(per_round)]
+            new_completions, new_logprobs = generate_from_prefixes(self, rows)
+            new_rollouts = []
+            for i, g in enumerate(g for g in needy for _ in range(per_round)):
+                rollout = (new_completions[i], new_logprobs[i] if new_logprobs is not None else None)
+                candidates[g].append(rollout)
+                new_rollouts.append((g, rollout))
+            self._collect_seeds(new_rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
+            rounds += 1
+
+        # Reset thought per seed: SRPO asks the policy (one greedy call for every process), RRPO draws uniformly.
+        tokenizer = self._tokenizer
+        resets = []  # (group, seed ids, seed logprobs, thought ends, h*)
+        localization_rows, localization_owner = [], []
+        for g in range(num_groups):
+            for seed_ids, seed_logprobs in seeds[g]:
+                ends = split_thoughts(seed_ids, tokenizer, args.thought_delimiter)
+                resets.append([g, seed_ids, seed_logprobs, ends, None])
+        localization_tokens = localization_attempts = localization_parsed = 0
+        if args.reset == "self":
+            for index, (g, seed_ids, _, ends, _) in enumerate(resets):
+                if len(ends) == 1:
+                    resets[index][4] = 1  # one thought: the only reset state is the question
+                    continue
+                texts = thought_texts(seed_ids, ends, tokenizer, args.thought_delimiter)
+                text = localization_prompt(question_of(group_prompts[g]), texts, args.localization_template)
+                is_text = isinstance(group_prompts[g], str)
+                localization_rows.append(text if is_text else [{"role": "user", "content": text}])
+                localization_owner.append(index)
+            localization_ids = []
+            if localization_rows:
+                localization_ids = [list(map(int, ids)) for ids in self._tokenize_prompts(localization_rows)[0]]
+            answers, _ = generate_from_prefixes(
+                self, localization_ids, greedy=True, max_new_tokens=args.localization_max_tokens
+            )
+            for index, answer_ids in zip(localization_owner, answers):
+                num_steps = len(resets[index][3])
+                answer = tokenizer.decode(answer_ids, skip_special_tokens=True)
+                step, localized = choose_reset_step(parse_reset_step(answer, num_steps), num_steps, self._reset_rng)
+                resets[index][4] = step
+                localization_tokens += len(answer_ids)
+                localization_attempts += 1
+                localization_parsed += int(localized)
+        else:
+            for reset in resets:
+                reset[4] = random_reset_step(len(reset[3]), self._reset_rng)
+
+        # Suffixes: `num_suffixes` iid continuations of every reset state x* = question + thoughts 1..h*-1.
+        suffix_rows, prefixes = [], []
+        for g, seed_ids, seed_logprobs, ends, step in resets:
+            keep = reset_prefix_length(ends, step)
+            prefixes.append((seed_ids[:keep], seed_logprobs[:keep] if seed_logprobs is not None else None))
+            suffix_rows += [prompt_ids[g] + seed_ids[:keep]] * num_suffixes
+        suffixes, suffix_logprobs = generate_from_prefixes(self, suffix_rows)
+
+        # Assemble the rows TRL trains on: per prompt, base rows then each reset group's rows.
+        out_prompt_ids, out_completions, out_masks, out_logprobs, kinds = [], [], [], [], []
+        reset_cursor = 0
+        for g in range(num_groups):
+            slots = []
+            for slot in range(num_resets):
+                if slot >= len(seeds[g]):
+                    slots.append(None)  # no incorrect seed: fallback rows
+                    continue
+                first_row = reset_cursor * num_suffixes
+                suffix_rollouts = [
+                    (suffixes[row], suffix_logprobs[row] if suffix_logprobs is not None else None)
+                    for row in range(first_row, first_row + num_suffixes)
+                ]
+                slots.append((*prefixes[reset_cursor], suffix_rollouts))
+                reset_cursor += 1
+            # The fallback filler is the last candidate: a rollout already sampled with no incorrect verdict.
+            for completion, mask, lps, kind in prompt_rows(
+                base[g], slots, num_suffixes, candidates[g][-1], args.max_completion_length
+            ):
+                out_prompt_ids.append(prompt_ids[g])
+                out_completions.append(completion)
+                out_masks.append(mask)
+                out_logprobs.append(lps)
+                kinds.append(kind)
+        self._srpo_row_kinds = kinds
+
+        # Metrics, summed over processes (one gather, made by every process).
+        norm_positions = [step / len(ends) for _, _, _, ends, step in resets]
+        stats = [
+            num_groups * num_resets,  # reset groups
+            num_groups * num_resets - len(resets),  # fallbacks
+            len(resets),
+            sum(norm_positions),
+            sum(len(ends) for _, _, _, ends, _ in resets),
+            localization_attempts,
+            localization_parsed,
+            sum(len(ids) for g in range(num_groups) for ids, _ in base[g]),  # base tokens
+            sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g]),  # seed-candidate tokens
+            localization_tokens,
+            sum(len(ids) for ids in suffixes),  # suffix tokens generated (before any cut to max length)
+            sum(len(base[g]) + len(candidates[g]) for g in range(num_groups)),  # iid rollouts
+            num_groups,
+        ]
+        totals = self.accelerator.gather(torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device))
+        (reset_groups, fallbacks, num_seeds, position_sum, thoughts_sum, attempts, parsed, base_tokens, seed_tokens,
+         loc_tokens, suffix_tokens, iid_rollouts, prompts_total) = totals.view(-1, len(stats)).sum(dim=0).tolist()
+        log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
+        log_metric(self, "srpo/seed_rounds", rounds)
+        if num_seeds:
+            log_metric(self, "srpo/reset_position", position_sum / num_seeds)
+            log_metric(self, "srpo/thoughts_per_seed", thoughts_sum / num_seeds)
+        if attempts:
+            log_metric(self, "srpo/localization_parse_rate", parsed / attempts)
+        generated = base_tokens + seed_tokens + loc_tokens + suffix_tokens
+        if base_tokens:
+            log_metric(self, "srpo/tokens_vs_base", generated / base_tokens)
+        iid_tokens = base_tokens + seed_tokens
+        if iid_tokens:
+            log_metric(self, "srpo/tokens_vs_grpo", generated / (prompts_total * size * iid_tokens / iid_rollouts))
+
+        return {
+            "prompt_ids": out_prompt_ids,
+            "completion_ids": out_completions,
+            "logprobs": out_logprobs if has_logprobs else None,
+            "env_mask": out_masks,
+        }
+
+    def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> None:
+        """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
+        ones to ``seeds[group]`` until it holds ``num_resets``. Collective (reward call)."""
+        rewards = self._score_rollouts(
+            [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
+        )
+        by_group: dict[int, list[int]] = defaultdict(list)
+        for index, (g, _) in enumerate(rollouts):
+            by_group[g].append(index)
+        for g, indices in by_group.items():
+            room = num_resets - len(seeds[g])
+            if room <= 0:
+                continue
+            for position in incorrect_indices([rewards[i] for i in indices], self.args.success_threshold, room):
+                seeds[g].append(rollouts[indices[position]][1])
+
+    def _score_rollouts(self, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids) -> list[float]:
+        """Rewards (TRL's weighted sum, NaN when unscorable) of extra rollouts, through TRL's ``_calculate_rewards``.
+
+        That method ends with a ``gather`` that needs the same row count on every process, so rows are padded with
+        a real rollout to the largest count and the padding's rewards dropped; every process calls this once.
+        Reward functions' ``log_extra``/``log_metric`` side logs of these calls are discarded (they belong to rows
+        that are not in the batch).
+        """
+        counts = gather_counts(self, len(row_groups))
+        most = max(counts)
+        if most == 0:
+            return []
+        real = len(row_groups)
+        dummy_group, dummy_ids = self._srpo_dummy
+        row_groups = list(row_groups) + [dummy_group] * (most - real)
+        completion_ids = [list(ids) for ids in completion_ids] + [list(dummy_ids)] * (most - real)
+        prompts = [group_prompts[g] for g in row_groups]
+        inputs = [group_inputs[g] for g in row_groups]
+        completions = self._decode_completions(prompts, [prompt_ids[g] for g in row_groups], completion_ids)
+        saved = self._pending_extra_logs, self._pending_metrics
+        self._pending_extra_logs, self._pending_metrics = defaultdict(list), defaultdict(list)
+        try:
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
+        finally:
+            self._pending_extra_logs, self._pending_metrics = saved
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        start = self.accelerator.process_index * most
+        return rewards[start : start + real].tolist()
+
+    def _decode_completions(self, prompts, prompt_ids, completion_ids) -> list:
+        """Completions in the form reward functions get them, decoded as TRL 1.16's ``_generate`` does."""
+        if is_conversational({"prompt": prompts[0]}):
+            if Version(transformers.__version__) >= Version("5.0.0") and (
+                getattr(self._tokenizer, "response_template", None) is not None
+                or getattr(self._tokenizer, "response_schema", None) is not None
+            ):
+                from trl.chat_template_utils import parse_response
+
+                return [
+                    [parse_response(self._tokenizer, ids, prefix=prefix, tools=self.tools)]
+                    for ids, prefix in zip(completion_ids, prompt_ids)
+                ]
+            contents = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+            return [[{"role": "assistant", "content": content}] for content in contents]
+        return self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------ advantages
+
+    def _srpo_advantages(self, trl_advantages: torch.Tensor) -> torch.Tensor:
+        """Group-relative advantages within each sub-group (SPEC §4.6) from the captured global rewards; fallback
+        rows get 0 (SPEC §4.3). Also logs the correction rate and fixes TRL's logged advantages."""
+        device = trl_advantages.device
+        rewards_per_func = self._srpo_rewards_per_func
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        local_kinds = torch.tensor(self._srpo_row_kinds, dtype=torch.long, device=device)
+        kinds = self.accelerator.gather(local_kinds)
+        if kinds.numel() != rewards.numel():
+            raise RuntimeError(f"SRPOTrainer: {kinds.numel()} row kinds for {rewards.numel()} rewards.")
+        args: SRPOConfig = self.args
+        num_prompts = rewards.numel() // self.num_generations
+        group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
+        valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
+        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
+        advantages = advantages.to(device)
+
+        rewards_cpu, kinds_cpu = rewards.detach().cpu(), kinds.cpu()
+        correct = rewards_cpu >= args.success_threshold
+        suffix_rows = kinds_cpu == ROW_SUFFIX
+        if suffix_rows.any():
+            log_metric(self, "srpo/correction_rate", correct[suffix_rows].float().mean().item())
+        base_rows = kinds_cpu == ROW_BASE
+        if base_rows.any():
+            log_metric(self, "srpo/base_pass_rate", correct[base_rows].float().mean().item())
+
+        logged = self._logs["advantages"]
+        if len(logged) >= advantages.numel():
+            for _ in range(advantages.numel()):
+                logged.pop()
+            logged.extend(advantages.tolist())
+
+        local = len(self._srpo_row_kinds)
+        start = self.accelerator.process_index * local
+        return advantages[start : start + local].to(trl_advantages.dtype)
+
+
+def _check_prompt_format(dataset, template: str | None) -> None:
+    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
+    if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
+        return
+    if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
+        return
+    if "prompt" not in dataset.column_names:
+        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
+        return
+    first = dataset[0]
+    question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
+    wrap_prompt(first["prompt"], template)
