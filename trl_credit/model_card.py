@@ -48,6 +48,13 @@ class MethodModelCardMixin:
             "| hyperparameter | value |",
             "| --- | --- |",
         ]
-        lines += [f"| `{name}` | `{value}` |" for name, value in method_hyperparameters(self.args).items()]
+        lines += [f"| `{name}` | `{_cell(value)}` |" for name, value in method_hyperparameters(self.args).items()]
         with open(path, "a", encoding="utf-8") as card:
             card.write("\n".join(lines) + "\n")
+
+
+def _cell(value, limit: int = 80) -> str:
+    # Strings are shown with repr so newlines and quotes cannot break the table; long templates are shortened.
+    text = repr(value) if isinstance(value, str) else str(value)
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

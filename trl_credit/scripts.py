@@ -150,6 +150,10 @@ def main(trainer_class, config_class, defaults: dict | None = None, argv: list[s
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    # The card names the method, its paper and hyperparameters, and the base model (push_to_hub rewrites it).
+    trainer.create_model_card(
+        model_name=os.path.basename(os.path.normpath(training_args.output_dir)), dataset_name=script_args.dataset_name
+    )
     trainer.accelerator.print(f"Saved {'adapter' if model_args.use_peft else 'model'} to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)

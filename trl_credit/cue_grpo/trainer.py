@@ -21,6 +21,7 @@ import torch
 from trl import GRPOTrainer
 
 from .._trl import gather_rows, generate_from_prefixes, log_metric
+from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
 from .config import CueGRPOConfig
 from .cues import extract_cues_batch
@@ -33,7 +34,7 @@ __all__ = ["CueGRPOTrainer"]
 PartitionFn = Callable[[list[str], object], Sequence]
 
 
-class CueGRPOTrainer(GRPOTrainer):
+class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     """Drop-in GRPOTrainer with Cue-GRPO's rarity-aware credit redistribution.
 
     Args (beyond GRPOTrainer's):
@@ -57,7 +58,7 @@ class CueGRPOTrainer(GRPOTrainer):
     ``cue/judge_parse_failure_rate``. Redistributed groups: reward std > 0 and at least one A_i > 0.
     """
 
-    _tag_names = ["trl", "grpo", "cue-grpo", "trl-credit"]
+    _tag_names = ["trl", "grpo", "cue-grpo", "trl_credit"]
     _name = "Cue-GRPO"
     _paper = {
         "title": "When Correct Solutions Repeat: Rarity-Aware Credit Redistribution for GRPO",

@@ -46,6 +46,7 @@ from .._trl import (
     pad_rows,
     score_completions,
 )
+from ..model_card import MethodModelCardMixin
 from .budget import adaptive_budget
 from .config import DATPOConfig
 from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
@@ -66,7 +67,7 @@ _COMPLETION_KEYS = (
 )
 
 
-class DATPOTrainer(GRPOTrainer):
+class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
     """Drop-in GRPOTrainer for DATPO (Yu et al., 2026). Takes a :class:`DATPOConfig`; ``embedder`` optionally gives
     a sentence-transformers model instance (anything with ``encode(texts, batch_size=, convert_to_tensor=)``) for the
     sibling-diversity embeddings instead of ``args.embedding_model``."""

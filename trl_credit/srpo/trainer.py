@@ -32,6 +32,7 @@ from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
 from trl_credit._trl import check_single_turn, gather_counts, generate_from_prefixes, log_metric
+from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.prompts import (
@@ -55,7 +56,7 @@ from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, though
 __all__ = ["SRPOTrainer"]
 
 
-class SRPOTrainer(GRPOTrainer):
+class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     """Self-Reset (``reset="self"``) and Random-Reset (``reset="random"``) Policy Optimization on top of GRPOTrainer.
 
     Per prompt and training step (paper §4.2, Algorithm 2): a base group of iid rollouts; seed candidates sampled

