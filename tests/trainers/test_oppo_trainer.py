@@ -18,6 +18,11 @@ def length_parity_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 2) if isinstance(c, list) else float(len(c) % 2) for c in completions]
 
 
+def alternating_reward(completions, **kwargs):
+    # Rows of a group are consecutive: every group gets k = G/2, so A^seq ≠ 0 and the loss has a gradient.
+    return [float(i % 2) for i in range(len(completions))]
+
+
 def make_args(tmp_path, **overrides):
     defaults = dict(
         output_dir=str(tmp_path),
@@ -95,9 +100,12 @@ class CapturingOPPOTrainer(OPPOTrainer):
     """Records each generation batch (with the reference computed before any optimizer step) and each loss input."""
 
     reference_scorer = None
+    compute_reference = True
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        if not self.compute_reference:
+            return output
         scorer = self.reference_scorer or self.accelerator.unwrap_model(self.model)
         expected = reference_advantages(scorer, self._tokenizer, inputs, output, self.num_generations)
         self.generations = getattr(self, "generations", []) + [(output, expected)]
@@ -201,7 +209,7 @@ def test_teacher_given_as_instance(tiny_model_path, tiny_dataset, tmp_path, teac
     from transformers import AutoModelForCausalLM
 
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path)
-    args = make_args(tmp_path, oracle="teacher", max_steps=1)
+    args = make_args(tmp_path, oracle="teacher", max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset,
                           teacher_model=teacher, teacher_processing_class=tiny_tokenizer)
     trainer.train()
@@ -224,8 +232,9 @@ def test_teacher_with_another_tokenizer_is_refused(tiny_model_path, tiny_dataset
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
 def test_every_trl_loss_type_takes_token_advantages(tiny_model_path, tiny_dataset, tmp_path, loss_type):
     extra = {"importance_sampling_level": "sequence"} if loss_type == "luspo" else {}
-    args = make_args(tmp_path, loss_type=loss_type, max_steps=1, **extra)
-    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset)
+    args = make_args(tmp_path, loss_type=loss_type, max_steps=1, per_device_train_batch_size=4, max_completion_length=4, **extra)
+    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=alternating_reward, args=args, train_dataset=tiny_dataset)
+    trainer.compute_reference = False
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert trainer.state.global_step == 1
@@ -235,7 +244,7 @@ def test_every_trl_loss_type_takes_token_advantages(tiny_model_path, tiny_datase
 
 
 def test_kl_with_reference_model(tiny_model_path, tiny_dataset, tmp_path):
-    args = make_args(tmp_path, beta=0.1, max_steps=2)
+    args = make_args(tmp_path, beta=0.1, max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset)
     trainer.train()
     assert trainer.ref_model is not None
@@ -259,18 +268,29 @@ def test_lora_with_kl(tiny_model_path, tiny_dataset, tmp_path):
 
 def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path):
     dataset = Dataset.from_dict({"prompt": [p[0]["content"] for p in tiny_dataset["prompt"]], "answer": tiny_dataset["answer"]})
-    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=make_args(tmp_path, max_steps=1), train_dataset=dataset)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=make_args(tmp_path, max_steps=1, per_device_train_batch_size=4, max_completion_length=4), train_dataset=dataset)
     trainer.train()
     assert any("oppo/value_mean" in log for log in trainer.state.log_history)
 
 
-def test_ablation_switch_reaches_the_recursion(tiny_model_path, tiny_dataset, tmp_path):
-    # With anchoring off, tokens of one completion may have both signs; anchored ones (before normalization) cannot.
-    args = make_args(tmp_path, max_steps=1, direction_anchoring=False, use_prior=False)
+def test_ablation_switches_reach_the_recursion(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    seen = []
+    original = oppo_trainer.bayesian_value_recursion
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    args = make_args(tmp_path, max_steps=1, direction_anchoring=False, use_prior=False, state_tracking=False,
+                     evidence_clipping=False, log_lambda_only=True, per_device_train_batch_size=4, max_completion_length=4)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset)
     trainer.train()
+    assert seen == [dict(anchoring=False, state_tracking=False, clipping=False, use_prior=False, log_lambda_only=True)]
     log = next(log for log in trainer.state.log_history if "oppo/prior_value_mean" in log)
-    assert log["oppo/prior_value_mean"] == pytest.approx(0.5)  # no prior: V_0 = σ(0)
+    assert log["oppo/prior_value_mean"] == pytest.approx(0.5)  # no prior: V_0 = σ(0) whatever k is
 
 
 # ------------------------------------------------------------------------------------------- refusals
