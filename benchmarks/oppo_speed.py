@@ -57,6 +57,19 @@ def build(trainer_class, config_class, model_path, dataset, out_dir, args, **ext
     trainer.create_optimizer_and_scheduler(num_training_steps=config.max_steps)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which we step by hand
+    if isinstance(trainer, OPPOTrainer):  # time OPPO's own work (oracle pass + recursion) inside its step
+        trainer.oppo_seconds = []
+        compute = trainer._oppo_advantages
+
+        def timed_oppo_advantages(inputs, output):
+            start = time.perf_counter()
+            result = compute(inputs, output)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            trainer.oppo_seconds.append(time.perf_counter() - start)
+            return result
+
+        trainer._oppo_advantages = timed_oppo_advantages
     return trainer, iter(trainer.get_train_dataloader())
 
 
@@ -112,8 +125,13 @@ def main():
     base = statistics.median(times["GRPO"])
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:<13} median {median:6.2f} s/step over {len(values)} steps   ratio to GRPO {median / base:5.3f} "
-              f"({(median / base - 1) * 100:+.0f}%)")
+        line = (f"{name:<13} median {median:6.2f} s/step over {len(values)} steps   ratio to GRPO {median / base:5.3f} "
+                f"({(median / base - 1) * 100:+.0f}%)")
+        trainer = runs[name][0]
+        if isinstance(trainer, OPPOTrainer):
+            oppo = statistics.median(trainer.oppo_seconds[args.warmup :])
+            line += f"   of which OPPO oracle pass + recursion {oppo:6.2f} s ({oppo / base * 100:.0f}% of a GRPO step)"
+        print(line)
 
 
 if __name__ == "__main__":

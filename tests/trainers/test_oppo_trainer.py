@@ -331,3 +331,13 @@ def test_grpo_config_and_teacher_mismatch_are_refused(tiny_dataset, tmp_path):
 def test_config_validation(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
         make_args(tmp_path, **{field: value})
+
+
+def test_evaluation_uses_oppo_advantages(tiny_model_path, tiny_dataset, tmp_path):
+    args = make_args(tmp_path, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_completion_length=4)
+    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=alternating_reward, args=args,
+                                   train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(2)))
+    trainer.compute_reference = False
+    metrics = trainer.evaluate()
+    assert "eval_loss" in metrics and "eval_oppo/value_mean" in metrics
+    assert all(inputs["advantages"].dim() == 2 for inputs in trainer.loss_inputs)
