@@ -125,8 +125,11 @@ def main():
     base = statistics.median(times["GRPO"])
     for name, values in times.items():
         median = statistics.median(values)
-        line = (f"{name:<13} median {median:6.2f} s/step over {len(values)} steps   ratio to GRPO {median / base:5.3f} "
-                f"({(median / base - 1) * 100:+.0f}%)")
+        # Steps i of all trainers ran back to back, so the median of the per-step ratios is robust to load changes
+        # on a shared machine; the ratio of the medians is printed next to it.
+        paired = statistics.median(v / g for v, g in zip(values, times["GRPO"]))
+        line = (f"{name:<13} median {median:6.2f} s/step over {len(values)} steps   median paired ratio to GRPO "
+                f"{paired:5.3f} ({(paired - 1) * 100:+.0f}%), ratio of medians {median / base:5.3f}")
         trainer = runs[name][0]
         if isinstance(trainer, OPPOTrainer):
             oppo = statistics.median(trainer.oppo_seconds[args.warmup :])

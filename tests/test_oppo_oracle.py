@@ -108,3 +108,31 @@ def test_oracle_logps_align_with_token_by_token_reference(tiny_model_path, tiny_
     o2, s2 = score_evidence(trainer, trainer.model, oracle_ids, prompt_ids, prompt_mask, completion_ids, completion_mask, student_logps=given)
     assert s2 is given
     torch.testing.assert_close(o2 * completion_mask, oracle_logps * completion_mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_smollm2_oracle_context_raises_the_correct_answer(tmp_path):
+    """With a real model, the answer in the oracle prompt makes the answer token of a completion more likely
+    (log λ > 0 there) and leaves the evidence of the other tokens near 0 on average."""
+    from trl_credit.models import default_model_path
+
+    path = default_model_path()
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 38 + 45? Put the final answer in \\boxed{}."}]],
+                                 "answer": ["83"]})
+    args = OPPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, report_to="none",
+                      use_cpu=True, bf16=False, save_strategy="no")
+    trainer = OPPOTrainer(model=path, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=args, train_dataset=dataset)
+    tokenizer = trainer._tokenizer
+    prompt = dataset["prompt"][0]
+    plain_ids, _, _ = trainer._tokenize_prompts([prompt])
+    oracle_ids, _, _ = trainer._tokenize_prompts(build_oracle_prompts([prompt], ["83"]))
+    completion = tokenizer("We add the numbers: 38 + 45 = 83. The answer is \\boxed{83}.", add_special_tokens=False)["input_ids"]
+    completion_ids = torch.tensor([completion])
+    mask = torch.ones_like(completion_ids)
+    o, s = score_evidence(trainer, trainer.model, oracle_ids, torch.tensor(plain_ids), torch.ones(1, len(plain_ids[0]), dtype=torch.long),
+                          completion_ids, mask)
+    log_lambda = (o - s)[0]
+    # The first token of the first "83" (right after "= ") is where the answer is decided.
+    pieces = [tokenizer.decode(completion[: t + 1]) for t in range(len(completion))]
+    first_answer = next(t for t, text in enumerate(pieces) if text.endswith("= 8") or text.endswith("= 83"))
+    assert log_lambda[first_answer].item() > 0.5
