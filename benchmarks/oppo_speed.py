@@ -98,7 +98,10 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--teacher", action="store_true", help="also time Teacher-OPPO (teacher = SmolLM2 again)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 gives steadier timings on a busy machine)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model_path = default_model_path()
     dataset = make_arithmetic_dataset(num_train=64, num_test=4, seed=0)["train"]

@@ -188,10 +188,11 @@ class OPPOTrainer(GRPOTrainer):
                 "load it with those kwargs yourself or pass its name."
             )
         largest_id = max(student_vocab.values())
-        teacher_rows = teacher.get_output_embeddings().weight.shape[0]
-        if teacher_rows <= largest_id:
+        teacher_head = teacher.get_output_embeddings()
+        if teacher_head is not None and teacher_head.weight.shape[0] <= largest_id:
             raise ValueError(
-                f"OPPO's teacher has {teacher_rows} output rows but the tokenizer has ids up to {largest_id}."
+                f"OPPO's teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
+                f"{largest_id}: it cannot score every token of the policy's vocabulary."
             )
         teacher.eval()
         teacher.requires_grad_(False)
