@@ -1,0 +1,159 @@
+"""Configuration of :class:`~trl_credit.oppo.OPPOTrainer` (SPEC §2; paper §4, App. G, Table 13)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
+
+__all__ = ["OPPOConfig"]
+
+ORACLE_MODES = ("self", "teacher")
+
+
+@dataclass
+class OPPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
+    paper's (Eq. 20, Table 13: C = 3.0, α = 1).
+
+    > Oracle
+
+    oracle (`str`, defaults to `"self"`): which model scores the evidence: `"self"` (the policy, no grad) or
+        `"teacher"` (a frozen model sharing the tokenizer).
+    teacher_model_name_or_path (`str` or `None`): the teacher for `oracle="teacher"` (or pass `teacher_model=` to
+        the trainer, name or instance).
+    teacher_model_init_kwargs (`dict` or `None`): `from_pretrained` kwargs for a teacher given by name (e.g.
+        `{"dtype": "bfloat16"}`, a `quantization_config`).
+    answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
+    oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
+
+    > Recursion
+
+    evidence_clip (`float`, defaults to `3.0`): C in log λ_t = clip(o_t − s_t, −C, C).
+    prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
+    success_threshold (`float`, defaults to `1.0`): a completion counts as correct (for k) when its reward (TRL's
+        weighted sum of reward functions) is ≥ this.
+    advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
+
+    > Ablations (paper Table 2)
+
+    direction_anchoring, state_tracking, evidence_clipping, use_prior (`bool`, default `True`), log_lambda_only
+        (`bool`, default `False`).
+
+    The default `loss_type` is `"grpo"`: the paper's objective (Eq. 22) averages each completion's tokens (1/T_i)
+    and then the G completions, which is TRL's `"grpo"` aggregation.
+    """
+
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_model_init_kwargs"]
+
+    loss_type: str = field(
+        default="grpo",
+        metadata={
+            "help": "TRL loss aggregation; OPPO works with every TRL loss_type. Default 'grpo': the paper's "
+            "objective (Eq. 22) averages over each completion's tokens, then over completions."
+        },
+    )
+    oracle: str = field(
+        default="self",
+        metadata={
+            "help": "Scorer of the evidence log λ_t: 'self' (the current policy, no grad: Self-OPPO) or 'teacher' "
+            "(a frozen model with the same tokenizer: Teacher-OPPO)."
+        },
+    )
+    teacher_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Teacher model name or path for oracle='teacher' (or pass `teacher_model=` to the trainer)."},
+    )
+    teacher_model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments for `from_pretrained` when the teacher is given by name, e.g. "
+            "'{\"dtype\": \"bfloat16\"}' or a quantization_config."
+        },
+    )
+    answer_column: str = field(
+        default="answer",
+        metadata={"help": "Dataset column with the ground-truth answer y* that conditions the oracle."},
+    )
+    oracle_template: str = field(
+        default=DEFAULT_ORACLE_TEMPLATE,
+        metadata={
+            "help": "Text appended to the last user message (or to a plain-text prompt) to build the oracle prompt; "
+            "must contain '{answer}'."
+        },
+    )
+    evidence_clip: float = field(
+        default=3.0,
+        metadata={"help": "Evidence clip bound C: log λ_t = clip(o_t − s_t, −C, C) (paper Eq. 20, App. G.1)."},
+    )
+    prior_strength: float = field(
+        default=1.0,
+        metadata={"help": "Beta prior strength α: ℓ_0 = log((k + α)/(G − k + α)) (paper Eq. 20, App. G.2)."},
+    )
+    success_threshold: float = field(
+        default=1.0,
+        metadata={"help": "A completion is correct (counts in k) when its total reward is >= this value."},
+    )
+    advantage_eps: float = field(
+        default=1e-6,
+        metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (SPEC §2.7)."},
+    )
+    direction_anchoring: bool = field(
+        default=True,
+        metadata={"help": "Ablation switch: False removes anchoring (token sign from log λ_t, not from A^seq)."},
+    )
+    state_tracking: bool = field(
+        default=True,
+        metadata={"help": "Ablation switch: False removes tracking (A_t = log λ_t / 4, state weight fixed at 1/4)."},
+    )
+    evidence_clipping: bool = field(
+        default=True,
+        metadata={"help": "Ablation switch: False removes evidence clipping (log λ_t = o_t − s_t)."},
+    )
+    use_prior: bool = field(
+        default=True,
+        metadata={"help": "Ablation switch: False removes the group prior (ℓ_0 = 0, V_0 = 1/2)."},
+    )
+    log_lambda_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Ablation switch: True uses the anchored raw evidence A_t = sign(A^seq)|o_t − s_t| (no tracking, "
+            "no clipping), the 'log λ_t only' row of Table 2."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.oracle not in ORACLE_MODES:
+            raise ValueError(f"`oracle` must be one of {ORACLE_MODES}, got {self.oracle!r}.")
+        if self.oracle == "self" and self.teacher_model_name_or_path is not None:
+            raise ValueError(
+                "`teacher_model_name_or_path` is set but `oracle='self'`: set `oracle='teacher'` to score with the "
+                "teacher, or unset `teacher_model_name_or_path`."
+            )
+        if self.teacher_model_init_kwargs is not None and not isinstance(self.teacher_model_init_kwargs, dict):
+            raise ValueError(
+                "`teacher_model_init_kwargs` must be a dict (or a JSON string of one), got "
+                f"{type(self.teacher_model_init_kwargs).__name__}."
+            )
+        if not isinstance(self.answer_column, str) or not self.answer_column:
+            raise ValueError(f"`answer_column` must be a non-empty column name, got {self.answer_column!r}.")
+        if "{answer}" not in self.oracle_template:
+            raise ValueError(f"`oracle_template` must contain the placeholder '{{answer}}', got {self.oracle_template!r}.")
+        try:
+            self.oracle_template.format(answer="0")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(
+                f"`oracle_template` must be a format string whose only placeholder is '{{answer}}' (write literal braces "
+                f"as '{{{{' and '}}}}'): {error!r}."
+            ) from error
+        if not self.evidence_clip > 0:
+            raise ValueError(f"`evidence_clip` (C) must be > 0, got {self.evidence_clip}.")
+        if not self.prior_strength > 0:
+            raise ValueError(f"`prior_strength` (α) must be > 0, got {self.prior_strength}.")
+        if not self.advantage_eps > 0:
+            raise ValueError(f"`advantage_eps` must be > 0, got {self.advantage_eps}.")

@@ -1,0 +1,251 @@
+"""OPPO's Bayesian value recursion and per-group normalization (SPEC §2.3–2.8; paper §3–4, App. B, E).
+
+Pure tensor functions, no trainer state. Shapes: ``B`` completions (rows), ``T`` completion positions (TRL's
+right-padded completion layout); ``completion_mask`` is 1 on real tokens, 0 on padding. Everything is vectorized
+over tokens (cumulative sums), and computed in at least float32 (float64 inputs stay float64).
+
+Notation (paper Eq. 20 and SPEC §2):
+    o_t = log π̂(y_t | x, y*, y_<t)          oracle log-prob (answer in context)
+    s_t = log π̂(y_t | x, y_<t)              plain log-prob
+    log λ_t = clip(o_t − s_t, −C, C)         evidence (Bayes factor), C = ``evidence_clip``
+    ℓ_0 = log((k + α) / (G − k + α))         prior log-odds, k correct out of G, α = ``prior_strength``
+    ℓ_1 = ℓ_0,  ℓ_{t+1} = ℓ_t + log λ_t       log-odds of success before token t
+    V_t = σ(ℓ_t)                             running value
+    A_t^raw = σ(ℓ_t + log λ_t) − σ(ℓ_t)      = V_{t+1} − V_t
+    Â_t = sign(A^seq) · |A_t^raw|            direction anchoring
+    Ã_t = (Â_t − mean_g) / (std_g + ε)       over the valid tokens of the group g (prompt)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "TokenCredit",
+    "evidence_log_ratio",
+    "prior_log_odds",
+    "value_recursion",
+    "anchor_direction",
+    "bayesian_value_recursion",
+    "bayesian_token_advantages",
+    "row_token_moments",
+    "group_moments",
+    "normalize_with_group_moments",
+    "normalize_per_group",
+]
+
+
+def _work_dtype(tensor: torch.Tensor) -> torch.dtype:
+    # bf16/fp16 log-probs would lose the small differences o_t - s_t; float64 inputs keep float64.
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def evidence_log_ratio(
+    oracle_logps: torch.Tensor,
+    student_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    evidence_clip: float = 3.0,
+    clipping: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token evidence log λ_t = clip(o_t − s_t, −C, C) (SPEC §2.3, paper Eq. 20).
+
+    Returns ``(log_lambda, clipped)``, both (B, T): ``log_lambda`` is 0 on padding; ``clipped`` marks the valid
+    tokens whose raw evidence |o_t − s_t| exceeded C (reported even when ``clipping=False``, the "remove clipping"
+    ablation of Table 2, in which case log λ_t = o_t − s_t unclipped).
+    """
+    dtype = _work_dtype(oracle_logps)
+    mask = completion_mask.to(torch.bool)
+    raw = (oracle_logps.to(dtype) - student_logps.to(dtype)).masked_fill(~mask, 0.0)
+    clipped = (raw.abs() > evidence_clip) & mask
+    log_lambda = raw.clamp(-evidence_clip, evidence_clip) if clipping else raw
+    return log_lambda, clipped
+
+
+def prior_log_odds(
+    num_correct: torch.Tensor, group_size: int | torch.Tensor, prior_strength: float = 1.0
+) -> torch.Tensor:
+    """ℓ_0 = log((k + α) / (G − k + α)), the log-odds of the Beta(α, α)-smoothed group success rate
+    V̂_0 = (k + α) / (G + 2α) (SPEC §2.4, paper Eq. 20). ``num_correct`` k is per row (B,) so any layout works;
+    ``group_size`` G is an int or per row (B,)."""
+    if prior_strength <= 0:
+        raise ValueError(f"prior_strength (α) must be > 0, got {prior_strength}: α = 0 gives infinite log-odds.")
+    k = num_correct.to(torch.float64)
+    group = torch.as_tensor(group_size, dtype=torch.float64, device=k.device)
+    return torch.log((k + prior_strength) / (group - k + prior_strength))
+
+
+def value_recursion(
+    log_lambda: torch.Tensor, initial_log_odds: torch.Tensor, completion_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recursion ℓ_1 = ℓ_0, ℓ_{t+1} = ℓ_t + log λ_t and A_t^raw = σ(ℓ_t + log λ_t) − σ(ℓ_t) (SPEC §2.5,
+    paper Eq. 10/B.2–B.3), vectorized: ℓ_t = ℓ_0 + Σ_{s<t} log λ_s is an exclusive cumulative sum.
+
+    Returns ``(values, raw_advantages)``, both (B, T): V_t = σ(ℓ_t) and A_t^raw, 0 on padding. Σ_t A_t^raw
+    telescopes to σ(ℓ_{T+1}) − σ(ℓ_0) (App. B.4), and |A_t^raw| ≤ |log λ_t| / 4 (App. B.5).
+    """
+    dtype = _work_dtype(log_lambda)
+    mask = completion_mask.to(torch.bool)
+    log_lambda = log_lambda.to(dtype).masked_fill(~mask, 0.0)  # padding carries no evidence
+    inclusive = torch.cumsum(log_lambda, dim=1)
+    exclusive = torch.cat([torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]], dim=1)
+    log_odds_before = initial_log_odds.to(dtype).unsqueeze(1) + exclusive  # ℓ_t
+    log_odds_after = log_odds_before + log_lambda  # ℓ_{t+1}
+    values = torch.sigmoid(log_odds_before).masked_fill(~mask, 0.0)
+    raw_advantages = (torch.sigmoid(log_odds_after) - torch.sigmoid(log_odds_before)).masked_fill(~mask, 0.0)
+    return values, raw_advantages
+
+
+def anchor_direction(
+    raw_advantages: torch.Tensor, seq_advantages: torch.Tensor, completion_mask: torch.Tensor, anchoring: bool = True
+) -> torch.Tensor:
+    """Â_t = sign(A^seq) · |A_t^raw| (SPEC §2.6, paper Eq. 21): the verifier decides the sign of every token of a
+    completion, the recursion only its magnitude; A^seq = 0 (zero-variance group) gives 0 everywhere.
+    ``anchoring=False`` is the "remove anchoring" ablation: the sign comes from log λ_t (Â_t = A_t^raw)."""
+    mask = completion_mask.to(torch.bool)
+    if not anchoring:
+        return raw_advantages.masked_fill(~mask, 0.0)
+    sign = torch.sign(seq_advantages.to(raw_advantages.dtype)).unsqueeze(1)
+    return (sign * raw_advantages.abs()).masked_fill(~mask, 0.0)
+
+
+@dataclass
+class TokenCredit:
+    """What the recursion computed for a batch (all (B, T) tensors are 0 on padding)."""
+
+    advantages: torch.Tensor  # Â_t, anchored, before normalization
+    values: torch.Tensor  # V_t = σ(ℓ_t), the running success probability before token t
+    log_lambda: torch.Tensor  # evidence log λ_t as used (clipped unless clipping is off)
+    evidence_clipped: torch.Tensor  # bool: |o_t − s_t| > C
+    prior_values: torch.Tensor  # (B,) V_0 = σ(ℓ_0)
+
+
+def bayesian_value_recursion(
+    oracle_logps: torch.Tensor,
+    student_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    seq_advantages: torch.Tensor,
+    num_correct: torch.Tensor,
+    group_size: int | torch.Tensor,
+    evidence_clip: float = 3.0,
+    prior_strength: float = 1.0,
+    *,
+    anchoring: bool = True,
+    state_tracking: bool = True,
+    clipping: bool = True,
+    use_prior: bool = True,
+    log_lambda_only: bool = False,
+) -> TokenCredit:
+    """OPPO's per-token advantages Â (B, T) before normalization, with the recursion's by-products (SPEC §2.3–2.6).
+
+    Args:
+        oracle_logps, student_logps: o_t and s_t, (B, T).
+        completion_mask: (B, T), 1 on real completion tokens.
+        seq_advantages: (B,) the group-normalized sequence advantage A^seq; only its sign is used (anchoring).
+        num_correct: (B,) k of each row's group (completions with reward ≥ the success threshold).
+        group_size: G (int, or (B,) per row).
+        evidence_clip: C. prior_strength: α.
+
+    Ablation switches (SPEC §2.8, paper Table 2), each changing only what it names:
+        anchoring=False: Â_t = A_t^raw (sign from log λ_t).
+        state_tracking=False: A_t^raw = log λ_t / 4 (the state weight V(1−V) fixed at its maximum 1/4).
+        clipping=False: log λ_t = o_t − s_t unclipped.
+        use_prior=False: ℓ_0 = 0 (V_0 = 1/2).
+        log_lambda_only=True: A_t^raw = o_t − s_t (neither tracking nor clipping; anchoring still applies):
+            the anchored-distillation signal of App. E, Table 4 (SDPO row).
+    """
+    if log_lambda_only:
+        state_tracking, clipping = False, False
+    log_lambda, clipped = evidence_log_ratio(
+        oracle_logps, student_logps, completion_mask, evidence_clip=evidence_clip, clipping=clipping
+    )
+    if use_prior:
+        initial = prior_log_odds(num_correct, group_size, prior_strength).to(device=log_lambda.device)
+    else:
+        initial = torch.zeros(log_lambda.size(0), dtype=torch.float64, device=log_lambda.device)
+    values, raw = value_recursion(log_lambda, initial, completion_mask)
+    if log_lambda_only:
+        raw = log_lambda.clone()
+    elif not state_tracking:
+        raw = log_lambda / 4.0
+    advantages = anchor_direction(raw, seq_advantages, completion_mask, anchoring=anchoring)
+    return TokenCredit(
+        advantages=advantages,
+        values=values,
+        log_lambda=log_lambda,
+        evidence_clipped=clipped,
+        prior_values=torch.sigmoid(initial).to(log_lambda.dtype),
+    )
+
+
+def bayesian_token_advantages(
+    oracle_logps: torch.Tensor,
+    student_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    seq_advantages: torch.Tensor,
+    num_correct: torch.Tensor,
+    group_size: int | torch.Tensor,
+    evidence_clip: float = 3.0,
+    prior_strength: float = 1.0,
+    **switches,
+) -> torch.Tensor:
+    """The anchored per-token advantages Â (B, T) before normalization (SPEC §2.3–2.6); see
+    :func:`bayesian_value_recursion` for the arguments and the ablation switches."""
+    return bayesian_value_recursion(
+        oracle_logps,
+        student_logps,
+        completion_mask,
+        seq_advantages,
+        num_correct,
+        group_size,
+        evidence_clip,
+        prior_strength,
+        **switches,
+    ).advantages
+
+
+def row_token_moments(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Per-row (sum, sum of squares, count) of the valid tokens, (B, 3) float64: the sufficient statistics of
+    SPEC §2.7, small enough to gather across processes when a group spans several of them."""
+    mask = completion_mask.to(torch.float64)
+    values = advantages.to(torch.float64) * mask
+    return torch.stack([values.sum(1), (values * values).sum(1), mask.sum(1)], dim=1)
+
+
+def group_moments(row_moments: torch.Tensor, group_ids: torch.Tensor, num_groups: int | None = None) -> torch.Tensor:
+    """Sum the per-row moments (R, 3) into per-group moments (num_groups, 3); ``group_ids`` (R,) in [0, num_groups)."""
+    group_ids = group_ids.to(device=row_moments.device, dtype=torch.long)
+    if num_groups is None:
+        num_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    totals = torch.zeros(num_groups, 3, dtype=torch.float64, device=row_moments.device)
+    return totals.index_add_(0, group_ids, row_moments.to(torch.float64))
+
+
+def normalize_with_group_moments(
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    moments: torch.Tensor,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Ã = (Â − mean_g) / (std_g + eps) on valid tokens, 0 on padding (SPEC §2.7, paper Eq. 21), with the mean and
+    population standard deviation of group g taken over all its valid tokens (``moments`` from
+    :func:`group_moments`, possibly gathered from other processes). A group whose tokens are all 0 stays 0."""
+    group_ids = group_ids.to(device=advantages.device, dtype=torch.long)
+    sums, sumsq, counts = moments[group_ids].unbind(dim=1)
+    counts = counts.clamp(min=1.0)
+    mean = sums / counts
+    std = (sumsq / counts - mean * mean).clamp(min=0.0).sqrt()
+    normalized = (advantages.to(torch.float64) - mean.unsqueeze(1)) / (std.unsqueeze(1) + eps)
+    normalized = normalized.masked_fill(~completion_mask.to(torch.bool), 0.0)
+    return normalized.to(_work_dtype(advantages))
+
+
+def normalize_per_group(
+    advantages: torch.Tensor, completion_mask: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """Per-group token normalization (SPEC §2.7) when all rows of every group are at hand; ``group_ids`` (B,)
+    labels each row's group (any layout: groups need not be contiguous nor equal in size)."""
+    moments = group_moments(row_token_moments(advantages, completion_mask), group_ids)
+    return normalize_with_group_moments(advantages, completion_mask, group_ids, moments, eps)

@@ -1,0 +1,328 @@
+"""OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (SPEC §2, paper §4). Checked against trl 1.16.0.
+
+What changes relative to GRPOTrainer, and nothing else:
+- ``_calculate_rewards`` is wrapped to keep the global rewards (all processes), from which each group's k (number
+  of completions with reward ≥ ``success_threshold``) and zero-variance flag come.
+- ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
+  old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass),
+  the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the
+  valid tokens of all processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
+  ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
+- A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+from trl.models import prepare_deepspeed, prepare_fsdp
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id, nanstd
+
+from trl_credit._trl import check_single_turn, log_metric
+from trl_credit.oppo.config import OPPOConfig
+from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
+from trl_credit.oppo.recursion import (
+    bayesian_value_recursion,
+    group_moments,
+    normalize_with_group_moments,
+    row_token_moments,
+)
+
+__all__ = ["OPPOTrainer"]
+
+
+def _dataset_columns(dataset) -> list[str] | None:
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, dict):  # DatasetDict
+        return None
+    return list(columns) if columns is not None else None
+
+
+def _check_answer_column(dataset, column: str, argument: str) -> None:
+    if dataset is None:
+        return
+    if isinstance(dataset, dict):
+        for name, split in dataset.items():
+            _check_answer_column(split, column, f"{argument}[{name!r}]")
+        return
+    columns = _dataset_columns(dataset)
+    if columns is not None and column not in columns:
+        raise ValueError(
+            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
+            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
+            f"`answer_column` to the column holding the answers."
+        )
+
+
+class OPPOTrainer(GRPOTrainer):
+    """[`~trl.GRPOTrainer`] whose advantages are OPPO's per-token advantages (B, T) (SPEC §2).
+
+    Arguments are GRPOTrainer's, with ``args`` an [`OPPOConfig`], plus:
+        teacher_model (`str` or `PreTrainedModel`, *optional*): the frozen scorer for ``oracle="teacher"``
+            (overrides ``args.teacher_model_name_or_path``). It must use the policy's tokenizer.
+        teacher_processing_class (*optional*): the teacher's tokenizer, compared with the policy's; by default it
+            is loaded from the teacher's name or path.
+
+    Refused at construction: a dataset without the answer column, tools/rollout functions/environments (OPPO
+    rescores TRL's single-turn completions), vision-language processors (the oracle pass carries no images), a
+    teacher whose vocabulary differs from the policy's.
+    """
+
+    _tag_names = ["trl", "grpo", "oppo", "trl_credit"]
+    _name = "OPPO"
+    _paper = {
+        "title": "OPPO: Bayesian Value Recursion for Token-Level Credit Assignment in LLM Reasoning",
+        "id": "2605.21851",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{li2026oppo,
+                title        = {{OPPO: Bayesian Value Recursion for Token-Level Credit Assignment in LLM Reasoning}},
+                author       = {Yu Li and Rui Miao and Tian Lan and Zhengling Qi},
+                year         = 2026,
+                eprint       = {arXiv:2605.21851},
+            }"""),
+    }
+
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: OPPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        teacher_model=None,
+        teacher_processing_class=None,
+        **kwargs,
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = OPPOConfig(f"{name.split('/')[-1]}-OPPO")
+        if not isinstance(args, OPPOConfig):
+            raise TypeError(
+                f"OPPOTrainer needs `args` to be an OPPOConfig (got {type(args).__name__}); build one with the same "
+                "GRPO arguments, e.g. OPPOConfig(**grpo_args.to_dict())."
+            )
+        # Fail before loading any model.
+        _check_answer_column(train_dataset, args.answer_column, "train_dataset")
+        _check_answer_column(eval_dataset, args.answer_column, "eval_dataset")
+        teacher = teacher_model if teacher_model is not None else args.teacher_model_name_or_path
+        if args.oracle == "teacher" and teacher is None:
+            raise ValueError(
+                "OPPOConfig(oracle='teacher') needs a teacher: pass `teacher_model=` (name or model) to OPPOTrainer "
+                "or set `teacher_model_name_or_path`."
+            )
+        if args.oracle == "self" and teacher is not None:
+            raise ValueError(
+                "A `teacher_model` was given but OPPOConfig.oracle is 'self': set `oracle='teacher'` to score with it."
+            )
+
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            **kwargs,
+        )
+        check_single_turn(self, "OPPOTrainer")
+        if self._is_vlm:
+            raise ValueError(
+                "OPPOTrainer does not support vision-language processors: the oracle pass scores text prompts only."
+            )
+        # TRL 1.16's `use_liger_kernel` only swaps layer kernels (its fused loss is refused by GRPOTrainer); the loss is
+        # still `_compute_loss`, which takes (B, T) advantages, so it needs no refusal here.
+        self._oppo_rewards_per_func: torch.Tensor | None = None
+        self.teacher_model = None
+        if args.oracle == "teacher":
+            self.teacher_model = self._load_teacher(teacher, teacher_processing_class)
+
+    # ------------------------------------------------------------------------------------------------ teacher
+    def _load_teacher(self, teacher, teacher_processing_class):
+        """Load (if a name), check the tokenizer, freeze and prepare the teacher like GRPOTrainer's ``ref_model``."""
+        from transformers import AutoTokenizer
+
+        args = self.args
+        name = teacher if isinstance(teacher, str) else get_config_model_id(teacher.config)
+        if teacher_processing_class is None:
+            try:
+                teacher_processing_class = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+            except Exception as error:  # noqa: BLE001 - any loading failure means we cannot check the vocabulary
+                raise ValueError(
+                    f"OPPO could not load the teacher's tokenizer from {name!r} to check it matches the policy's "
+                    f"({error}); pass `teacher_processing_class=` to OPPOTrainer."
+                ) from error
+        teacher_tokenizer = getattr(teacher_processing_class, "tokenizer", teacher_processing_class)
+        student_vocab, teacher_vocab = self._tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+        if student_vocab != teacher_vocab:
+            differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()))[:5]
+            raise ValueError(
+                f"OPPO's teacher must share the policy's tokenizer (it scores the policy's token ids), but the "
+                f"vocabularies differ: policy {len(student_vocab)} tokens, teacher {name!r} {len(teacher_vocab)} "
+                f"tokens, e.g. {differing}. Use a teacher of the same model family/tokenizer, or oracle='self'."
+            )
+
+        if isinstance(teacher, str):
+            init_kwargs = dict(args.teacher_model_init_kwargs or {})
+            if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+                init_kwargs["device_map"] = None  # as GRPOTrainer does for its models
+            init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+            teacher = create_model_from_path(teacher, **init_kwargs)
+        elif args.teacher_model_init_kwargs is not None:
+            raise ValueError(
+                "`teacher_model_init_kwargs` is set but the teacher was passed as an instantiated model; "
+                "load it with those kwargs yourself or pass its name."
+            )
+        largest_id = max(student_vocab.values())
+        teacher_head = teacher.get_output_embeddings()
+        if teacher_head is not None and teacher_head.weight.shape[0] <= largest_id:
+            raise ValueError(
+                f"OPPO's teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
+                f"{largest_id}: it cannot score every token of the policy's vocabulary."
+            )
+        teacher.eval()
+        teacher.requires_grad_(False)
+        if args.disable_dropout:
+            disable_dropout_in_model(teacher)
+        # Same fused log-prob head (and temperature) as the policy and TRL's reference model, so o_t and s_t come
+        # from `_get_per_token_logps_and_entropies` exactly as TRL's own log-probs do.
+        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(teacher, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(teacher, self.accelerator)
+        return self.accelerator.prepare_model(teacher, evaluation_mode=True)
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._oppo_rewards_per_func = rewards_per_func  # global: every process's rows, in process order
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._oppo_rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        output["advantages"] = self._oppo_advantages(inputs, output)
+        return output
+
+    # ------------------------------------------------------------------------------------------------ OPPO
+    def _group_statistics(self, num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per global group: k = #completions with reward ≥ success_threshold, and whether all rewards are equal
+        (TRL's zero-std test), from the rewards TRL gathered over all processes."""
+        rewards_per_func = self._oppo_rewards_per_func
+        if rewards_per_func is None:
+            raise RuntimeError("OPPOTrainer: the rewards of this batch were not captured from `_calculate_rewards`.")
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)  # TRL's weighted sum of reward functions
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: never correct
+        grouped = rewards.view(-1, num_generations)
+        num_correct = (grouped >= self.args.success_threshold).sum(dim=1)
+        std = nanstd(grouped, dim=1)
+        zero_variance = torch.isclose(std, torch.zeros_like(std)) | torch.isnan(std)
+        return num_correct, zero_variance
+
+    def _oppo_advantages(self, inputs, output) -> torch.Tensor:
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        device = output["completion_ids"].device
+        num_rows = len(inputs)
+        completion_mask = output["completion_mask"]
+
+        # Each local row's global group, with TRL's layout: rows of all processes in process order, groups of
+        # `num_generations` consecutive rows (a group may span processes).
+        first_row = self.accelerator.process_index * num_rows
+        group_ids = (first_row + torch.arange(num_rows, device=device)) // num_generations
+        num_correct, zero_variance = self._group_statistics(num_generations)
+        num_correct, zero_variance = num_correct.to(device), zero_variance.to(device)
+        # A^seq: TRL's group-normalized advantage; exactly 0 in zero-variance groups (float round-off in TRL's
+        # mean could otherwise leave a ±tiny value whose sign anchoring would amplify).
+        seq_advantages = output["advantages"].masked_fill(zero_variance[group_ids], 0.0)
+
+        # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs).
+        prompts = [x["prompt"] for x in inputs]
+        answers = []
+        for row, x in enumerate(inputs):
+            if args.answer_column not in x or x[args.answer_column] is None:
+                raise ValueError(
+                    f"OPPO: row {row} of the batch has no `{args.answer_column}` (OPPOConfig.answer_column) to condition "
+                    "the oracle on."
+                )
+            answers.append(x[args.answer_column])
+        oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
+        oracle_prompt_ids, _, _ = self._tokenize_prompts(oracle_prompts)
+
+        reuse_student = args.oracle == "self" and output.get("old_per_token_logps") is not None
+        scorer = self.model if args.oracle == "self" else self.teacher_model
+        batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+        oracle_logps, student_logps = score_evidence(
+            self,
+            scorer,
+            oracle_prompt_ids,
+            output["prompt_ids"],
+            output["prompt_mask"],
+            output["completion_ids"],
+            completion_mask,
+            student_logps=output["old_per_token_logps"] if reuse_student else None,
+            batch_size=batch_size,
+        )
+
+        credit = bayesian_value_recursion(
+            oracle_logps,
+            student_logps,
+            completion_mask,
+            seq_advantages,
+            num_correct[group_ids],
+            num_generations,
+            args.evidence_clip,
+            args.prior_strength,
+            anchoring=args.direction_anchoring,
+            state_tracking=args.state_tracking,
+            clipping=args.evidence_clipping,
+            use_prior=args.use_prior,
+            log_lambda_only=args.log_lambda_only,
+        )
+
+        # Group normalization over the valid tokens of the whole group, which may live on several processes.
+        row_moments = row_token_moments(credit.advantages, completion_mask)
+        all_row_moments = self.accelerator.gather(row_moments)
+        all_group_ids = torch.arange(all_row_moments.size(0), device=device) // num_generations
+        moments = group_moments(all_row_moments, all_group_ids)
+        advantages = normalize_with_group_moments(
+            credit.advantages, completion_mask, group_ids, moments, eps=args.advantage_eps
+        )
+        self._log_oppo_metrics(credit, advantages, completion_mask)
+        return advantages.to(output["advantages"].dtype)
+
+    def _log_oppo_metrics(self, credit, advantages: torch.Tensor, completion_mask: torch.Tensor) -> None:
+        mask = completion_mask.to(torch.float64)
+        local = torch.stack(
+            [
+                (credit.values.to(torch.float64) * mask).sum(),
+                mask.sum(),
+                (credit.evidence_clipped.to(torch.float64) * mask).sum(),
+                (advantages.abs().to(torch.float64) * mask).sum(),
+                credit.prior_values.to(torch.float64).sum(),
+                torch.tensor(float(credit.prior_values.numel()), dtype=torch.float64, device=mask.device),
+            ]
+        )
+        value_sum, tokens, clipped, abs_sum, prior_sum, rows = self.accelerator.gather(local).view(-1, 6).sum(0).tolist()
+        tokens = max(tokens, 1.0)
+        log_metric(self, "oppo/value_mean", value_sum / tokens)
+        log_metric(self, "oppo/evidence_clip_rate", clipped / tokens)
+        log_metric(self, "oppo/advantage_abs_mean", abs_sum / tokens)
+        log_metric(self, "oppo/prior_value_mean", prior_sum / max(rows, 1.0))
