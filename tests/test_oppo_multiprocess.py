@@ -2,6 +2,7 @@
 advantages as in 1 process (per-group normalization statistics are gathered across processes)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,15 +11,16 @@ from tests.mp import run_torchrun
 SCRIPT = "tests/mp_scripts/oppo_two_processes.py"
 
 
-def _reports(result):
-    return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+def _reports(out_dir, world):
+    return [json.loads((Path(out_dir) / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
 @pytest.fixture(scope="module")
 def two_process_run(tiny_model_path, tmp_path_factory):
     # 3 prompts x 4 generations = 12 rows per step; 6 rows per process, so the second group (rows 4-7) spans both.
     out = str(tmp_path_factory.mktemp("oppo_two"))
-    return _reports(run_torchrun(SCRIPT, tiny_model_path, out, "deterministic", "6"))
+    run_torchrun(SCRIPT, tiny_model_path, out, "deterministic", "6")
+    return _reports(out, 2)
 
 
 @pytest.mark.multiprocess
@@ -34,7 +36,8 @@ def test_oppo_trains_two_steps_in_two_processes(two_process_run):
 
 @pytest.mark.multiprocess
 def test_two_processes_give_the_same_advantages_as_one(two_process_run, tiny_model_path, tmp_path):
-    one = _reports(run_torchrun(SCRIPT, tiny_model_path, str(tmp_path), "deterministic", "12", nproc=1))
+    run_torchrun(SCRIPT, tiny_model_path, str(tmp_path), "deterministic", "12", nproc=1)
+    one = _reports(tmp_path, 1)
     assert len(one) == 1 and one[0]["world"] == 1
     rows_one = sorted(one[0]["rows"], key=lambda r: r["row"])
     rows_two = sorted([row for r in two_process_run for row in r["rows"]], key=lambda r: r["row"])

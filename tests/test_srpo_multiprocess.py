@@ -8,8 +8,8 @@ from tests.mp import run_torchrun
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("reset", ["self"])
 def test_srpo_two_processes_with_different_seed_rounds(reset, tiny_model_path, tmp_path):
-    result = run_torchrun("tests/mp_scripts/srpo_two_processes.py", tiny_model_path, str(tmp_path), reset, timeout=300)
-    reports = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    run_torchrun("tests/mp_scripts/srpo_two_processes.py", tiny_model_path, str(tmp_path), reset, timeout=300)
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert sorted(r["rank"] for r in reports) == [0, 1]
     for report in reports:
         assert report["world"] == 2 and report["steps"] == 2

@@ -9,6 +9,7 @@ Runs 2 training steps and prints each rank's steps and OPPO metrics.
 """
 
 import json
+import os
 import sys
 
 from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under torchrun)
@@ -92,7 +93,9 @@ def main(model_dir, out_dir, mode, per_device, teacher_dir=None):
     }
     if mode == "deterministic":
         result["rows"] = trainer.captured
-    print("RESULT " + json.dumps(result))
+    # One file per rank: the two processes' stdout lines can interleave.
+    with open(os.path.join(out_dir, f"rank{result['rank']}.json"), "w") as report:
+        json.dump(result, report)
 
 
 if __name__ == "__main__":

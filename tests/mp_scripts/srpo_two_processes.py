@@ -43,19 +43,19 @@ def main(model_dir: str, out_dir: str, reset: str):
     trainer = SRPOTrainer(model=model_dir, reward_funcs=rank_dependent_reward, args=args, train_dataset=dataset)
     trainer.train()
     logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
-    print(
-        "RESULT "
-        + json.dumps(
+    # One file per rank: the two processes' stdout lines can interleave.
+    rank = trainer.accelerator.process_index
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as report:
+        json.dump(
             {
-                "rank": trainer.accelerator.process_index,
+                "rank": rank,
                 "world": trainer.accelerator.num_processes,
                 "steps": trainer.state.global_step,
                 "fallback_rate": [log["srpo/fallback_rate"] for log in logs],
                 "seed_rounds": [log["srpo/seed_rounds"] for log in logs],
-            }
-        ),
-        flush=True,
-    )
+            },
+            report,
+        )
 
 
 if __name__ == "__main__":
