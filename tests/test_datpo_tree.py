@@ -49,20 +49,20 @@ def test_subtree_block_advantages():
 
 def test_own_branches_values_and_advantages_authors_code():
     values = node_values(START, END, REWARD, value_estimate="own_branches", block_rollout=ROLLOUT)
-    # V(root) = rollouts with a block starting at the root: A (0), B (1) -> 1/2 (the V_root of the budgets)
+    # V(root) = the N base rollouts: A (0), B (1) -> 1/2 (the V_root of the budgets)
     assert values[0] == pytest.approx(1 / 2)
-    # V(a1) = the rollout it forks from, A (0), + its own branches 1, 0, 1 -> 2/4 (a2's branches do not count)
-    assert values["a1"] == pytest.approx(2 / 4)
-    # V(a2) = A (0) + its branches 1, 1 -> 2/3
-    assert values["a2"] == pytest.approx(2 / 3)
+    # V(a1) = a1's own branches only: 1, 0, 1 -> 2/3 (not A passing through, not a2's branches)
+    assert values["a1"] == pytest.approx(2 / 3)
+    # V(a2) = a2's own branches: 1, 1 -> 1
+    assert values["a2"] == pytest.approx(1.0)
     adv = block_advantages(START, END, REWARD, value_estimate="own_branches", block_rollout=ROLLOUT)
     expected = [
-        1 / 2 - 1 / 2,  # root->a1: 0
-        2 / 3 - 1 / 2,  # a1->a2: 1/6
-        0 - 2 / 3,  # A's tail
-        1 - 1 / 2,  # B
-        1 - 1 / 2, 0 - 1 / 2, 1 - 1 / 2,
-        1 - 2 / 3, 1 - 2 / 3,
+        2 / 3 - 1 / 2,  # root->a1: V(a1) − V(root) = 1/6
+        1 - 2 / 3,  # a1->a2: V(a2) − V(a1) = 1/3
+        0 - 1,  # A's tail: r = 0, terminal V = 0, − V(a2) = −1
+        1 - 1 / 2,  # B: 1/2
+        1 - 2 / 3, 0 - 2 / 3, 1 - 2 / 3,  # a1's branches: 1/3, −2/3, 1/3
+        1 - 1, 1 - 1,  # a2's branches: 0, 0
     ]
     assert adv.tolist() == pytest.approx(expected)
 

@@ -73,8 +73,9 @@ class DATPOConfig(GRPOConfig):
     value_estimate: str = field(
         default="subtree",
         metadata={"help": f"V(node), one of {VALUE_ESTIMATES}. subtree (paper Eq. 7): mean reward of all leaves "
-                          "under the node. own_branches (authors' code): the fork's own branches plus the rollout "
-                          "it forks from; the root's value is the mean of the N base rollouts."},
+                          "under the node. own_branches (the authors' code, SPEC §3.4): "
+                          "the mean reward of the fork's own branches only; the root's value is the mean of the N "
+                          "base rollouts."},
     )
     use_diversity: bool = field(
         default=True,
@@ -98,9 +99,10 @@ class DATPOConfig(GRPOConfig):
         metadata={"help": "Ablation: add the bonus to every block, not only blocks with A_base > 0."},
     )
     diversity_root_siblings: bool = field(
-        default=True,
-        metadata={"help": "Count the first blocks of the N base rollouts (all starting at the root) as siblings, "
-                          "as the authors' code does. False: only blocks starting at a fork are siblings."},
+        default=False,
+        metadata={"help": "Default False (SPEC §3.5: blocks that start at the same fork are siblings; the root is "
+                          "not a fork). True: also count the first blocks of the N base rollouts (all starting at "
+                          "the root) as siblings, as the authors' code does."},
     )
     embedding_model: str | None = field(
         default=None,

@@ -11,10 +11,11 @@ V(node):
 - ``"subtree"`` (paper Eq. 7, default): mean reward of all leaves under the node — for a fork on base rollout i:
   rollout i's own leaf, the fork's branches and the branches of the later forks of rollout i; for the root: every
   leaf of the tree.
-- ``"own_branches"`` (the authors' code, ``_estimate_node_value``): mean final reward of the rollouts that have a
-  block starting at the node — for a fork: its own branches plus the rollout it was forked from; for the root: the
-  N base rollouts (so V(root) = the V_root of the budgets). Needs ``block_rollout`` (which generated sequence each
-  block's tokens belong to).
+- ``"own_branches"`` (SPEC §3.4: "the authors' code uses only the fork's own branches"): for a fork, the mean
+  final reward of its own branches only (neither the base rollout that continues through it nor the branches of
+  later forks); for the root, the N base rollouts (so V(root) = the V_root of the budgets). Needs
+  ``block_rollout`` (which generated sequence each block's tokens belong to) to tell a fork's branches from the
+  rollout passing through it.
 """
 
 from __future__ import annotations
@@ -96,9 +97,12 @@ def node_values(
                 if block_rollout[b] in final_reward:
                     raise ValueError(f"rollout {block_rollout[b]!r} has two terminal blocks")
                 final_reward[block_rollout[b]] = float(leaf_reward[b])
+        # The rollout entering a fork continues through it; it is not one of that fork's own branches.
+        passing_rollout = {end: block_rollout[b] for b, end in enumerate(block_end) if end is not None}
         members: dict[Hashable, set] = defaultdict(set)
         for b, start in enumerate(block_start):
-            members[start].add(block_rollout[b])
+            if block_rollout[b] != passing_rollout.get(start):
+                members[start].add(block_rollout[b])
         for node, rollouts in members.items():
             missing = [r for r in rollouts if r not in final_reward]
             if missing:
