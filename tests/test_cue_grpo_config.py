@@ -39,3 +39,12 @@ def test_paper_defaults(tmp_path):
 def test_invalid_values_name_the_argument(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _config(tmp_path, **kwargs)
+
+
+def test_batch_normalized_multi_objective_aggregation_is_refused():
+    import pytest
+
+    from trl_credit import CueGRPOConfig
+
+    with pytest.raises(ValueError, match="multi_objective_aggregation"):
+        CueGRPOConfig(output_dir="/tmp/x", multi_objective_aggregation="normalize_then_sum", use_cpu=True)

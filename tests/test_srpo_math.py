@@ -201,3 +201,10 @@ def test_prompt_rows_layout():
     assert rows[4][:2] == rows[5][:2] == ([5, 6, 4], [0, 0, 0])
     with pytest.raises(ValueError, match="suffixes"):
         prompt_rows(base, [([7], None, [([9], None)])], 2, filler=([5], None))
+
+
+def test_missing_vllm_logprobs_stay_missing():
+    # vLLM reports a NaN log-prob as None (TRL maps it to NaN); the rows must carry it through, not crash on it.
+    _, _, logprobs = suffix_row([11, 12], [21], None, [None, -0.2], [-1.0])
+    assert logprobs == [None, -0.2, -1.0]
+    assert fallback_row([5, 6], [-0.5, None])[2] == [-0.5, None]

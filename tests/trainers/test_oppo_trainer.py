@@ -326,6 +326,7 @@ def test_grpo_config_and_teacher_mismatch_are_refused(tiny_dataset, tmp_path):
         ("advantage_eps", 0.0, "advantage_eps"),
         ("answer_column", "", "answer_column"),
         ("teacher_model_name_or_path", "some/teacher", "oracle='teacher'"),
+        ("multi_objective_aggregation", "normalize_then_sum", "multi_objective_aggregation"),
     ],
 )
 def test_config_validation(tmp_path, field, value, message):

@@ -104,6 +104,12 @@ class CueGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            # With normalize_then_sum TRL normalizes over the whole batch, but the positive set P = {A_i > 0} must come from group-normalized advantages.
+            raise ValueError(
+                "Cue-GRPO needs `multi_objective_aggregation='sum_then_normalize'` (the positive set P = {A_i > 0} must come from group-normalized advantages), "
+                f"got {self.multi_objective_aggregation!r}."
+            )
         if self.cue_partition not in PARTITION_SOURCES:
             raise ValueError(f"cue_partition={self.cue_partition!r}; accepted: {list(PARTITION_SOURCES)}")
         if self.cue_weighting not in WEIGHTING_MODES:

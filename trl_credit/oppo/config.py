@@ -128,6 +128,12 @@ class OPPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            # With normalize_then_sum TRL normalizes over the whole batch, but the sign of A^seq and the per-group prior come from group-normalized advantages.
+            raise ValueError(
+                "OPPO needs `multi_objective_aggregation='sum_then_normalize'` (the sign of A^seq and the per-group prior come from group-normalized advantages), "
+                f"got {self.multi_objective_aggregation!r}."
+            )
         if self.oracle not in ORACLE_MODES:
             raise ValueError(f"`oracle` must be one of {ORACLE_MODES}, got {self.oracle!r}.")
         if self.oracle == "self" and self.teacher_model_name_or_path is not None:

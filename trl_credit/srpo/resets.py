@@ -87,8 +87,8 @@ def suffix_row(
     mask = [0] * len(prefix) + [1] * len(suffix)
     logprobs = None
     if prefix_logprobs is not None and suffix_logprobs is not None:
-        logprobs = [float(x) for x in prefix_logprobs[: len(prefix)]]
-        logprobs += [float(x) for x in suffix_logprobs[: len(suffix)]]
+        logprobs = [_logprob(x) for x in prefix_logprobs[: len(prefix)]]
+        logprobs += [_logprob(x) for x in suffix_logprobs[: len(suffix)]]
         if len(logprobs) != len(completion):
             raise ValueError("sampling log-probs must cover every prefix and suffix token.")
     return completion, mask, logprobs
@@ -103,8 +103,13 @@ def fallback_row(
     completion = [int(t) for t in filler_ids]
     if not completion:
         raise ValueError("fallback rows need a non-empty filler completion.")
-    logprobs = [float(x) for x in filler_logprobs] if filler_logprobs is not None else None
+    logprobs = [_logprob(x) for x in filler_logprobs] if filler_logprobs is not None else None
     return completion, [0] * len(completion), logprobs
+
+
+def _logprob(value) -> float | None:
+    # vLLM reports a NaN log-prob as None; keep it None so TRL maps it to NaN and leaves that token uncorrected.
+    return None if value is None else float(value)
 
 
 #: Row kinds of the training batch: base rollout, shared-prefix (suffix) row, fallback row.
