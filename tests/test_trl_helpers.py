@@ -79,3 +79,46 @@ def test_score_completions_matches_manual_log_softmax(tiny_model_path, tiny_data
         torch.testing.assert_close(logps[row, : len(completion)], expected, atol=1e-5, rtol=1e-4)
         probs = torch.softmax(logits, -1)
         torch.testing.assert_close(entropies[row, : len(completion)], -(probs * probs.log()).sum(-1), atol=1e-4, rtol=1e-4)
+
+
+def test_overrides_reach_vllm_attributes_and_are_restored(tiny_model_path, tiny_dataset, tmp_path):
+    # vLLM reads temperature / max_completion_length from trainer.vllm_generation at each call (server and colocate).
+    from types import SimpleNamespace
+
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    trainer.use_vllm = True
+    trainer.vllm_generation = SimpleNamespace(temperature=1.0, top_p=1.0, max_completion_length=6)
+    seen = {}
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations):
+        seen.update(vars(trainer.vllm_generation), num_generations=num_generations)
+        return [[7] for _ in prompt_ids], [[-0.5] for _ in prompt_ids]
+
+    trainer._generate_single_turn = fake_generate
+    completions, logprobs = generate_from_prefixes(trainer, [[1, 2], [3]], greedy=True, max_new_tokens=3)
+    assert seen == {"temperature": 0.0, "top_p": 1.0, "max_completion_length": 3, "num_generations": 1}
+    assert completions == [[7], [7]] and logprobs == [[-0.5], [-0.5]]
+    assert vars(trainer.vllm_generation) == {"temperature": 1.0, "top_p": 1.0, "max_completion_length": 6}
+
+
+def test_every_call_has_the_same_row_count_on_every_process(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    # vLLM server mode slices its answer by process_index * len(prompts): a process with fewer rows (here 1 of the
+    # 3 the other process has) must pad every call to the common size and drop the filler outputs.
+    import trl_credit._trl as helpers
+
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    monkeypatch.setattr(helpers, "gather_counts", lambda trainer, count: [3, count])
+    call_sizes = []
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations):
+        call_sizes.append(len(prompt_ids))
+        return [list(ids) + [99] for ids in prompt_ids], None
+
+    trainer._generate_single_turn = fake_generate
+    completions, _ = generate_from_prefixes(trainer, [[5, 6]], chunk_size=2)
+    # 3 rows on the busiest process in chunks of 2 -> 2 calls of 2 rows each, also here where only 1 row is real
+    assert call_sizes == [2, 2]
+    assert completions == [[5, 6, 99]]
+    call_sizes.clear()
+    assert generate_from_prefixes(trainer, [], chunk_size=2) == ([], None)  # nothing here: still joins both calls
+    assert call_sizes == [2, 2]
