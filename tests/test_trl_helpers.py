@@ -122,3 +122,27 @@ def test_every_call_has_the_same_row_count_on_every_process(tiny_model_path, tin
     call_sizes.clear()
     assert generate_from_prefixes(trainer, [], chunk_size=2) == ([], None)  # nothing here: still joins both calls
     assert call_sizes == [2, 2]
+
+
+def test_outside_zero3_init_unregisters_and_restores_the_deepspeed_config():
+    # Under ZeRO-3, transformers partitions models created while a DeepSpeed config is registered; frozen helper
+    # models must load whole. Simulated with a stand-in config object (DeepSpeed itself is not installed on CI).
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    from trl_credit._trl import outside_zero3_init
+
+    class FakeZero3Config:
+        def is_zero3(self):
+            return True
+
+    config = FakeZero3Config()
+    hf_deepspeed.set_hf_deepspeed_config(config)
+    try:
+        assert hf_deepspeed.is_deepspeed_zero3_enabled()
+        with outside_zero3_init():
+            assert not hf_deepspeed.is_deepspeed_zero3_enabled()
+        assert hf_deepspeed.is_deepspeed_zero3_enabled()
+    finally:
+        hf_deepspeed.unset_hf_deepspeed_config()
+    with outside_zero3_init():  # no DeepSpeed config registered: a no-op
+        assert not hf_deepspeed.is_deepspeed_zero3_enabled()

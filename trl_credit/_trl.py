@@ -31,6 +31,7 @@ __all__ = [
     "pad_rows",
     "trainer_mode",
     "check_single_turn",
+    "outside_zero3_init",
 ]
 
 
@@ -239,3 +240,26 @@ def score_completions(
             compute_entropy=compute_entropy,
         )
     return logps, entropies
+
+
+@contextlib.contextmanager
+def outside_zero3_init() -> Iterator[None]:
+    """Load a frozen helper model (DATPO's embedder, Cue-GRPO's judge) as a whole copy on each process.
+
+    Under DeepSpeed ZeRO-3, transformers partitions every model created while its DeepSpeed config is registered
+    (``zero.Init``), and a partitioned model only runs inside a DeepSpeed engine. Small frozen helpers that run plain
+    forward passes must not be partitioned: the config is unregistered while they load, then registered again.
+    Outside ZeRO-3 this does nothing.
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = saved() if saved is not None else None
+    if config is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(config)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from trl import GRPOTrainer
 
-from .._trl import gather_rows, generate_from_prefixes, log_metric
+from .._trl import gather_rows, generate_from_prefixes, log_metric, outside_zero3_init
 from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
 from .config import CueGRPOConfig
@@ -129,7 +129,8 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if isinstance(source, str):
             dtype = self.args.cue_judge_dtype
             dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            with outside_zero3_init():  # a whole frozen copy per process, not ZeRO-3 shards
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         else:
             model = source
         model = model.to(self.accelerator.device).eval()

@@ -43,6 +43,7 @@ from .._trl import (
     gather_rows,
     generate_from_prefixes,
     log_metric,
+    outside_zero3_init,
     pad_rows,
     score_completions,
 )
@@ -107,13 +108,14 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         from ..models import DEFAULT_EMBEDDER, load_default_embedder
 
         device = str(self.accelerator.device)
-        if args.embedding_model in (None, "", DEFAULT_EMBEDDER):
-            return load_default_embedder(device=device)
-        from sentence_transformers import SentenceTransformer
+        with outside_zero3_init():  # a whole frozen copy per process, not ZeRO-3 shards
+            if args.embedding_model in (None, "", DEFAULT_EMBEDDER):
+                return load_default_embedder(device=device)
+            from sentence_transformers import SentenceTransformer
 
-        return SentenceTransformer(
-            args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
-        )
+            return SentenceTransformer(
+                args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
+            )
 
     # ------------------------------------------------------------------ capture of TRL's phase-1 outputs
     def _generate(self, prompts: list):
