@@ -113,7 +113,7 @@ def measure(method: str, model_path: str, dataset, args, out_dir: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default="cue_grpo,oppo,datpo,srpo")
-    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=1)

@@ -108,11 +108,62 @@ def plot_overhead(overhead: dict, path: str) -> str:
     return path
 
 
+# The method's own work (timer names of harness.instrument); nested generation/log-prob time is included.
+OWN_WORK = {"cue_grpo": "cue: cue extraction + partition + weights", "oppo": "oppo: oracle pass + recursion",
+            "datpo": "datpo: tree (forks + branches + scoring)"}
+
+
+def own_work_ratio(method: str, result: dict) -> float | None:
+    """Step time over the same step without the method's own work: median step / (median step - own work).
+
+    A second estimate of the overhead, insensitive to the two runs sampling completions of different lengths
+    (which moves whole-step times on a CPU far more than the method itself)."""
+    key = OWN_WORK.get(method)
+    if key is None or key not in result["components"][method]:
+        return None
+    own, step = result["components"][method][key], result["method_median_seconds"]
+    return step / max(step - own, 1e-9)
+
+
+def markdown_tables(learning: dict | None, overhead: dict | None) -> str:
+    """The tables of BENCHMARKS.md, from the result JSONs."""
+    lines = []
+    if overhead:
+        lines += ["| method | rollouts/prompt | GRPO s/step | method s/step | step time x (median paired) | "
+                  "step x from own work | generated tokens x | method components (median s/step) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for m, r in overhead["methods"].items():
+            ratio = own_work_ratio(m, r)
+            own = "-" if ratio is None else f"{ratio:.3f}"
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["components"][m].items() if v >= 0.05)
+            lines.append(f"| {LABELS.get(m, m)} | {r['settings']['num_generations']} | {r['grpo_median_seconds']:.1f} | "
+                         f"{r['method_median_seconds']:.1f} | {r['step_time_ratio']:.2f} | {own} | {r['token_ratio']:.2f} | "
+                         f"{parts} |")
+        lines.append("")
+    if learning:
+        base = learning["base"]
+        ks = sorted(int(k) for k in base["pass_at_k"])
+        lines += ["| model | s/step | mean train reward (first / last step) | accuracy | "
+                  + " | ".join(f"pass@{k}" for k in ks) + " |", "|---" * (4 + len(ks)) + "|"]
+        lines.append("| base (before) | - | - | " + f"{base['accuracy']:.3f} | "
+                     + " | ".join(f"{base['pass_at_k'][str(k)]:.3f}" for k in ks) + " |")
+        for m, r in learning["methods"].items():
+            curve = r["reward_curve"]
+            first, last = (curve[0]["reward"], curve[-1]["reward"]) if curve else (float("nan"),) * 2
+            lines.append(f"| {LABELS.get(m, m)} | {r['seconds_per_step']:.0f} | {first:.2f} / {last:.2f} "
+                         f"(mean {sum(c['reward'] for c in curve) / max(len(curve), 1):.2f}) | "
+                         f"{r['eval']['accuracy']:.3f} | "
+                         + " | ".join(f"{r['eval']['pass_at_k'][str(k)]:.3f}" for k in ks) + " |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--learning", default=os.path.join(RESULTS, "learning_seed0.json"))
     parser.add_argument("--overhead", default=os.path.join(RESULTS, "overhead.json"))
+    parser.add_argument("--markdown", action="store_true", help="also print the markdown tables of BENCHMARKS.md")
     args = parser.parse_args()
+    learning = overhead = None
     if os.path.exists(args.learning):
         with open(args.learning) as f:
             learning = json.load(f)
@@ -123,6 +174,8 @@ def main():
         with open(args.overhead) as f:
             overhead = json.load(f)
         print(plot_overhead(overhead, os.path.join(RESULTS, "overhead.png")))
+    if args.markdown:
+        print(markdown_tables(learning, overhead))
 
 
 if __name__ == "__main__":
