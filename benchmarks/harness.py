@@ -1,0 +1,217 @@
+"""Shared pieces of the side-by-side benchmarks (``overhead.py``, ``learning.py``).
+
+- ``METHODS``: per method, the trainer/config classes and the offline settings of ``examples/train_<method>.py``
+  (num_generations, temperature, loss_type, SRPO's "lines" template...). ``method_and_baseline_configs`` turns
+  them into a method config and a GRPO config with exactly the same shared settings (every field GRPOConfig knows),
+  so a ratio compares the method with GRPO on the same rollouts per prompt.
+- ``Profiler``: wraps a trainer's ``_generate_single_turn`` (generated tokens, generation seconds), its no-grad
+  log-prob passes, its reward calls, and method-specific functions (instance methods or module-level functions the
+  trainers call), accumulating seconds/calls/tokens per component for the current step.
+- ``build_trainer`` / ``run_step``: a trainer stepped by hand exactly as ``Trainer`` steps it (``training_step``,
+  optimizer and scheduler steps), so steps of different trainers can be interleaved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+import time
+from collections import defaultdict
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+# Offline settings of examples/train_<method>.py (trl_credit.scripts.offline_defaults + per-method overrides).
+# "shared" keys are GRPOConfig fields, given to the GRPO baseline as well; "own" keys only to the method.
+METHODS = {
+    "grpo": dict(module="trl", trainer="GRPOTrainer", config="GRPOConfig",
+                 shared=dict(num_generations=8, temperature=0.7, top_p=0.95), own={}),
+    "cue_grpo": dict(module="trl_credit", trainer="CueGRPOTrainer", config="CueGRPOConfig",
+                     shared=dict(num_generations=8, temperature=1.0, top_p=0.95), own={}),
+    "oppo": dict(module="trl_credit", trainer="OPPOTrainer", config="OPPOConfig",
+                 shared=dict(num_generations=4, temperature=0.7, top_p=0.95), own={}),
+    "datpo": dict(module="trl_credit", trainer="DATPOTrainer", config="DATPOConfig",
+                  shared=dict(num_generations=4, temperature=1.0, top_p=0.95, loss_type="dapo"), own={}),
+    # 8 = 4 base rollouts + 1 reset x 4 suffixes (the paper's 1x4 split); one thought per line (SmolLM2 does not
+    # write </thought> reliably).
+    "srpo": dict(module="trl_credit", trainer="SRPOTrainer", config="SRPOConfig",
+                 shared=dict(num_generations=8, temperature=0.7, top_p=0.95, weight_decay=0.01),
+                 own=dict(rollout_template="lines", thought_delimiter="\n", localization_max_tokens=32)),
+}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def classes(method: str):
+    spec = METHODS[method]
+    module = importlib.import_module(spec["module"])
+    return getattr(module, spec["trainer"]), getattr(module, spec["config"])
+
+
+def common_settings(prompts: int, tokens: int, steps: int, seed: int, learning_rate: float) -> dict:
+    on_gpu = torch.cuda.is_available()
+    return dict(
+        max_completion_length=tokens, max_steps=steps, learning_rate=learning_rate, logging_steps=1,
+        save_strategy="no", report_to="none", seed=seed, use_cpu=not on_gpu, bf16=on_gpu,
+        model_init_kwargs={"dtype": torch.bfloat16 if on_gpu else torch.float32},
+    ) | dict(_prompts=prompts)
+
+
+def method_config(method: str, out_dir: str, settings: dict, grpo_like: str | None = None):
+    """Config of ``method``; with ``grpo_like`` a GRPOConfig carrying the shared settings of method ``grpo_like``."""
+    settings = dict(settings)
+    prompts = settings.pop("_prompts")
+    source = METHODS[grpo_like or method]
+    if grpo_like is None:
+        _, config_class = classes(method)
+        kwargs = {**source["shared"], **source["own"]}
+    else:
+        from trl import GRPOConfig as config_class
+
+        grpo_fields = {f.name for f in dataclasses.fields(config_class)}
+        kwargs = {k: v for k, v in source["shared"].items() if k in grpo_fields}
+    kwargs.update(settings)
+    kwargs["per_device_train_batch_size"] = prompts * kwargs["num_generations"]
+    return config_class(output_dir=out_dir, **kwargs)
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=64, lora_alpha=64, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+
+
+class Profiler:
+    """Seconds, calls and generated tokens per component, for the step in progress (``reset`` between steps)."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+        self.calls = defaultdict(int)
+        self.tokens = defaultdict(int)
+        self.events = []  # (component, rows, tokens per row) of every generation call of the step
+        self._unpatch = []
+
+    def reset(self):
+        self.seconds.clear(), self.calls.clear(), self.tokens.clear(), self.events.clear()
+
+    def snapshot(self) -> dict:
+        return dict(seconds=dict(self.seconds), calls=dict(self.calls), tokens=dict(self.tokens))
+
+    def timed(self, name: str, fn, count_tokens: bool = False, only_no_grad: bool = False):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if only_no_grad and torch.is_grad_enabled():
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            if count_tokens:  # _generate_single_turn -> (completion_ids, logprobs); generate_from_prefixes alike
+                lengths = [len(ids) for ids in result[0]]
+                self.tokens[name] += sum(lengths)
+                self.events.append((name, kwargs, lengths))
+            return result
+
+        return wrapper
+
+    def wrap_method(self, obj, attr: str, name: str, **kw):
+        setattr(obj, attr, self.timed(name, getattr(obj, attr), **kw))
+
+    def wrap_module_function(self, module, attr: str, name: str, **kw):
+        original = getattr(module, attr)
+        setattr(module, attr, self.timed(name, original, **kw))
+        self._unpatch.append((module, attr, original))
+
+    def unpatch(self):
+        for module, attr, original in reversed(self._unpatch):
+            setattr(module, attr, original)
+        self._unpatch.clear()
+
+
+def instrument(trainer, method: str, profiler: Profiler) -> None:
+    """Generic timers (generation + tokens, no-grad log-prob passes, rewards) and the method's own components."""
+    profiler.wrap_method(trainer, "_generate_single_turn", "generation", count_tokens=True)
+    profiler.wrap_method(trainer, "_get_per_token_logps_and_entropies", "logprob_passes (no grad)", only_no_grad=True)
+    profiler.wrap_method(trainer, "_calculate_rewards", "rewards")
+    if method == "cue_grpo":
+        profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights")
+    elif method == "oppo":
+        profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion")
+    elif method == "datpo":
+        import trl_credit.datpo.trainer as datpo_module
+
+        profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)")
+        profiler.wrap_method(trainer, "_sibling_diversity", "datpo: sibling diversity (embedder)")
+        profiler.wrap_method(trainer, "_branch_rewards", "datpo: branch rewards")
+        profiler.wrap_module_function(datpo_module, "generate_from_prefixes", "datpo: branch generation",
+                                      count_tokens=True)
+    elif method == "srpo":
+        import trl_credit.srpo.trainer as srpo_module
+
+        profiler.wrap_module_function(srpo_module, "generate_from_prefixes", "srpo: generate_from_prefixes",
+                                      count_tokens=True)
+        profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)")
+
+
+def srpo_token_breakdown(events, num_groups: int, base_size: int, per_round: int) -> dict:
+    """Split SRPO's generation calls of one step by role, from their order (trl_credit/srpo/trainer.py):
+    call 1 = base rollouts + first seed candidates (per prompt: base_size rows then per_round rows), greedy calls
+    = localization, the last sampled call = suffixes, other sampled calls = extra seed rounds."""
+    calls = [(kwargs, lengths) for name, kwargs, lengths in events if name == "srpo: generate_from_prefixes"]
+    out = defaultdict(int)
+    if not calls:
+        return {}
+    sampled = [i for i, (kwargs, _) in enumerate(calls) if not kwargs.get("greedy")]
+    for index, (kwargs, lengths) in enumerate(calls):
+        if index == 0:
+            block = base_size + per_round
+            for row, length in enumerate(lengths):
+                out["base rollouts" if row % block < base_size else "seed candidates (round 1)"] += length
+        elif kwargs.get("greedy"):
+            out["localization (greedy)"] += sum(lengths)
+        elif index == sampled[-1]:
+            out["suffixes"] += sum(lengths)
+        else:
+            out["seed candidates (later rounds)"] += sum(lengths)
+    out["base_rows"] = num_groups * base_size
+    return dict(out)
+
+
+def build_trainer(method: str, config, model_path: str, dataset, reward_funcs, peft_config=None):
+    trainer_class, _ = classes(method) if not type(config).__name__ == "GRPOConfig" else classes("grpo")
+    return trainer_class(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
+                         peft_config=peft_config)
+
+
+def prepare_manual_stepping(trainer):
+    trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which we replace
+    return iter(trainer.get_train_dataloader())
+
+
+def run_step(trainer, batches) -> float:
+    """One optimizer step as Trainer runs it (one generation batch = one step with these settings); seconds."""
+    batch = next(batches)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    trainer.training_step(trainer.model, batch, None)
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    trainer.optimizer.zero_grad()
+    trainer.state.global_step += 1
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def last_metrics(trainer, prefix: str | None = None) -> dict:
+    """Latest value of every metric in TRL's train buffer (optionally only names starting with ``prefix``)."""
+    metrics = getattr(trainer, "_metrics", {}).get("train", {})
+    return {k: float(v[-1]) for k, v in metrics.items() if v and (prefix is None or k.startswith(prefix))}

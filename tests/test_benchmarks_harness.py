@@ -1,0 +1,53 @@
+"""The benchmark harness's pure helpers: SRPO token attribution by call order, and the Profiler's counters."""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import harness  # noqa: E402
+
+
+def test_srpo_token_breakdown_by_call_order():
+    name = "srpo: generate_from_prefixes"
+    # 2 prompts, 2 base rows + 1 seed candidate per prompt in call 1 (rows: b b c | b b c), lengths 5 6 7 | 8 9 10:
+    # base = 5+6+8+9 = 28, round-1 candidates = 7+10 = 17. Call 2: a later seed round (3+4 = 7).
+    # Call 3 greedy: localization (2). Call 4: suffixes (1+1+1 = 3).
+    events = [
+        (name, {}, [5, 6, 7, 8, 9, 10]),
+        (name, {}, [3, 4]),
+        (name, {"greedy": True, "max_new_tokens": 32}, [2]),
+        (name, {}, [1, 1, 1]),
+        ("generation", {}, [100]),  # other components are ignored
+    ]
+    out = harness.srpo_token_breakdown(events, num_groups=2, base_size=2, per_round=1)
+    assert out == {
+        "base rollouts": 28,
+        "seed candidates (round 1)": 17,
+        "seed candidates (later rounds)": 7,
+        "localization (greedy)": 2,
+        "suffixes": 3,
+        "base_rows": 4,
+    }
+
+
+def test_profiler_counts_tokens_and_skips_grad_calls():
+    profiler = harness.Profiler()
+
+    def generate(rows):
+        return [[0] * n for n in rows], None
+
+    wrapped = profiler.timed("generation", generate, count_tokens=True)
+    wrapped([3, 4])
+    wrapped([5])
+    assert profiler.tokens["generation"] == 12  # 3 + 4 + 5
+    assert profiler.calls["generation"] == 2
+    scoring = profiler.timed("logprobs", lambda: None, only_no_grad=True)
+    scoring()  # grad enabled: a training forward, not counted
+    with torch.no_grad():
+        scoring()
+    assert profiler.calls["logprobs"] == 1
+    profiler.reset()
+    assert profiler.snapshot() == {"seconds": {}, "calls": {}, "tokens": {}}
