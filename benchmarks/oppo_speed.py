@@ -20,7 +20,12 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import torch  # noqa: E402
+from harness import prepare_manual_stepping, run_step  # noqa: E402  (one full step as Trainer runs it)
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_credit import OPPOConfig, OPPOTrainer  # noqa: E402
@@ -54,9 +59,7 @@ def build(trainer_class, config_class, model_path, dataset, out_dir, args, **ext
     trainer = trainer_class(
         model=model_path, reward_funcs=[final_number_reward, length_parity_reward], args=config, train_dataset=dataset
     )
-    trainer.create_optimizer_and_scheduler(num_training_steps=config.max_steps)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which we step by hand
+    batches = prepare_manual_stepping(trainer)
     if isinstance(trainer, OPPOTrainer):  # time OPPO's own work (oracle pass + recursion) inside its step
         trainer.oppo_seconds = []
         compute = trainer._oppo_advantages
@@ -70,24 +73,7 @@ def build(trainer_class, config_class, model_path, dataset, out_dir, args, **ext
             return result
 
         trainer._oppo_advantages = timed_oppo_advantages
-    return trainer, iter(trainer.get_train_dataloader())
-
-
-def timed_step(trainer, batches) -> float:
-    """One full training step as Trainer runs it (generation batch = one optimizer step with the defaults)."""
-    batch = next(batches)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    # Trainer.training_step runs GRPO's _prepare_inputs (generation, rewards, log-prob passes, and OPPO's oracle
-    # pass), then forward + backward.
-    trainer.training_step(trainer.model, batch, None)
-    trainer.optimizer.step()
-    trainer.lr_scheduler.step()
-    trainer.optimizer.zero_grad()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return trainer, batches
 
 
 def main():
@@ -118,7 +104,7 @@ def main():
     times = {name: [] for name in runs}
     for step in range(args.warmup + args.steps):
         for name, (trainer, batches) in runs.items():  # interleaved: same load on every trainer
-            seconds = timed_step(trainer, batches)
+            seconds = run_step(trainer, batches)
             if step >= args.warmup:
                 times[name].append(seconds)
             print(f"step {step} {name:<13} {seconds:6.2f} s" + ("  (warm-up)" if step < args.warmup else ""), flush=True)
