@@ -15,10 +15,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
 import torch
+import transformers
 from accelerate.utils import gather_object
+from packaging.version import Version
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
 from trl.trainer.utils import pad
 
 __all__ = [
@@ -32,6 +37,9 @@ __all__ = [
     "trainer_mode",
     "check_single_turn",
     "outside_zero3_init",
+    "resolve_method_args",
+    "decode_completions",
+    "rewards_of_extra_rows",
 ]
 
 
@@ -44,6 +52,20 @@ def log_metric(trainer, name: str, value: float) -> None:
     every ``report_to`` backend next to ``reward``, ``kl``, ... Callers pass values already reduced over processes
     (as TRL does) so every rank logs the same number."""
     trainer._metrics[trainer_mode(trainer)][name].append(float(value))
+
+
+def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
+    """GRPOTrainer's behaviour for ``args=None`` (a default config named after the model), and a clear refusal of a
+    config of another class (a plain GRPOConfig would silently lack the method's fields)."""
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "model"
+        return config_class(f"{str(name).split('/')[-1]}-{run_suffix}")
+    if not isinstance(args, config_class):
+        raise TypeError(
+            f"{trainer_name} needs `args` to be a {config_class.__name__} (got {type(args).__name__}); build one with "
+            f"the same GRPO arguments, e.g. {config_class.__name__}(**grpo_args.to_dict())."
+        )
+    return args
 
 
 def check_single_turn(trainer, method: str) -> None:
@@ -179,6 +201,66 @@ def _filler_row(trainer, rows: list[list[int]]) -> list[int]:
     tokenizer = trainer._tokenizer
     token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     return [int(token if token is not None else 0)]
+
+
+def decode_completions(trainer, prompts: list, prompt_ids: Sequence, completion_ids: Sequence) -> list:
+    """Completions in the form reward functions get them, decoded as ``GRPOTrainer._generate`` (trl 1.16.0) does
+    for single-turn rollouts without tools: chat messages for conversational prompts, else plain strings."""
+    completion_ids = [list(ids) for ids in completion_ids]
+    if is_conversational({"prompt": prompts[0]}):
+        tokenizer = trainer._tokenizer
+        if Version(transformers.__version__) >= Version("5.0.0") and (
+            getattr(tokenizer, "response_template", None) is not None
+            or getattr(tokenizer, "response_schema", None) is not None
+        ):
+            from trl.chat_template_utils import parse_response
+
+            return [
+                [parse_response(tokenizer, ids, prefix=prefix, tools=None)]
+                for ids, prefix in zip(completion_ids, prompt_ids)
+            ]
+        contents = trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        return [[{"role": "assistant", "content": content}] for content in contents]
+    return trainer.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+
+
+def rewards_of_extra_rows(
+    trainer,
+    inputs: list,
+    prompts: list,
+    prompt_ids: Sequence,
+    completion_ids: Sequence,
+    filler: tuple,
+    counts: list[int] | None = None,
+) -> list[torch.Tensor]:
+    """Reward matrices of rollouts outside TRL's batch (DATPO branches, SRPO seed candidates), through TRL's own
+    ``_calculate_rewards``, so every reward function, its weights and its kwargs apply as for the batch.
+
+    A collective call: ``_calculate_rewards`` ends with an ``accelerate.gather`` that needs the same row count on
+    every process, so each process pads its rows to the largest count with ``filler`` = ``(input, prompt,
+    prompt_ids, completion_ids)`` of one real row, and the padding is dropped. What reward functions log through
+    ``log_extra``/``log_metric`` during the call is discarded: those rows are not the batch TRL's table describes.
+    Returns the ``(rows of process q, num_reward_funcs)`` matrix of every process q, in process order.
+    """
+    counts = counts if counts is not None else gather_counts(trainer, len(completion_ids))
+    most = max(counts)
+    if most == 0:
+        return [torch.zeros(0, len(trainer.reward_funcs), device=trainer.accelerator.device) for _ in counts]
+    missing = most - len(completion_ids)
+    filler_input, filler_prompt, filler_prompt_ids, filler_completion_ids = filler
+    inputs = list(inputs) + [filler_input] * missing
+    prompts = list(prompts) + [filler_prompt] * missing
+    prompt_ids = list(prompt_ids) + [filler_prompt_ids] * missing
+    completion_ids = [list(ids) for ids in completion_ids] + [list(filler_completion_ids)] * missing
+    completions = decode_completions(trainer, prompts, prompt_ids, completion_ids)
+    saved = trainer._pending_extra_logs, trainer._pending_metrics
+    trainer._pending_extra_logs, trainer._pending_metrics = defaultdict(list), defaultdict(list)
+    try:
+        # GRPOTrainer's own method: subclasses wrap it to capture the batch's rewards, which these rows are not.
+        rewards_per_func = GRPOTrainer._calculate_rewards(trainer, inputs, prompts, completions, completion_ids)
+    finally:
+        trainer._pending_extra_logs, trainer._pending_metrics = saved
+    return [rewards_per_func[q * most : q * most + count] for q, count in enumerate(counts)]
 
 
 def pad_rows(

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from trl import GRPOTrainer
 
-from .._trl import gather_rows, generate_from_prefixes, log_metric, outside_zero3_init
+from .._trl import gather_rows, generate_from_prefixes, log_metric, outside_zero3_init, resolve_method_args
 from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
 from .config import CueGRPOConfig
@@ -88,11 +88,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         judge_model=None,
         judge_tokenizer=None,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-            args = CueGRPOConfig(f"{str(name).split('/')[-1]}-Cue-GRPO")
-        if not isinstance(args, CueGRPOConfig):
-            raise TypeError(f"CueGRPOTrainer needs args=CueGRPOConfig(...), got {type(args).__name__}")
+        args = resolve_method_args(args, CueGRPOConfig, model, "CueGRPOTrainer", "Cue-GRPO")
         _check_partition_arguments(args, partition_fn, judge_model, judge_tokenizer)
         super().__init__(
             model,

@@ -31,10 +31,7 @@ import random
 from collections.abc import Sequence
 
 import torch
-import transformers
-from packaging.version import Version
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 from trl.trainer.utils import shuffle_sequence_dict, use_adapter
 
 from .._trl import (
@@ -45,6 +42,8 @@ from .._trl import (
     log_metric,
     outside_zero3_init,
     pad_rows,
+    rewards_of_extra_rows,
+    resolve_method_args,
     score_completions,
 )
 from ..model_card import MethodModelCardMixin
@@ -84,11 +83,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: DATPOConfig | None = None, *pargs, embedder=None, **kwargs):
-        if args is None:
-            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model")
-            args = DATPOConfig(f"{str(name).split('/')[-1]}-DATPO")
-        if not isinstance(args, DATPOConfig):
-            raise TypeError(f"DATPOTrainer needs `args` to be a DATPOConfig, got {type(args).__name__}")
+        args = resolve_method_args(args, DATPOConfig, model, "DATPOTrainer", "DATPO")
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         check_single_turn(self, "DATPOTrainer")
         if self._is_vlm:
@@ -293,60 +288,20 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
     def _branch_rewards(
         self, inputs, prompts, prompt_ids_list, completion_ids_list, branch_meta, branch_responses, branch_counts
     ) -> list[float]:
-        """Weighted rewards of every branch of every process (process order).
-
-        TRL's ``_calculate_rewards`` ends with an ``accelerate.gather`` that needs the same row count on every
-        process, so each process pads its branch list to the largest count with copies of its first base row (a
-        process may have no branches); the padded rows' rewards are dropped. Metrics and table columns that reward
-        functions log through ``log_metric``/``log_extra`` during this call are discarded: TRL's completions table
-        and reward metrics describe the base rollouts.
-        """
-        most = max(branch_counts)
-        if most == 0:
+        """Weighted rewards of every branch of every process (process order), scored on prompt + prefix + branch by
+        TRL's reward path (``rewards_of_extra_rows``; a process without branches pads with its first base row)."""
+        if max(branch_counts) == 0:
             return []
-        rows_inputs = [inputs[i] for i, _ in branch_meta]
-        rows_prompts = [prompts[i] for i, _ in branch_meta]
-        rows_prompt_ids = [prompt_ids_list[i] for i, _ in branch_meta]
-        rows_completion_ids = list(branch_responses)
-        filler = most - len(branch_meta)
-        rows_inputs += [inputs[0]] * filler
-        rows_prompts += [prompts[0]] * filler
-        rows_prompt_ids += [prompt_ids_list[0]] * filler
-        rows_completion_ids += [completion_ids_list[0]] * filler
-        completions = self._decode_completions(rows_prompts, rows_prompt_ids, rows_completion_ids)
-        saved_extra = {k: list(v) for k, v in self._pending_extra_logs.items()}
-        saved_metrics = {k: list(v) for k, v in self._pending_metrics.items()}
-        try:
-            rewards_per_func = GRPOTrainer._calculate_rewards(
-                self, rows_inputs, rows_prompts, completions, rows_completion_ids
-            )
-        finally:
-            self._pending_extra_logs.clear()
-            self._pending_extra_logs.update(saved_extra)
-            self._pending_metrics.clear()
-            self._pending_metrics.update(saved_metrics)
-        padded = self._weighted_rewards(rewards_per_func)
-        rewards = []
-        for q, count in enumerate(branch_counts):
-            rewards.extend(padded[q * most : q * most + count])
-        return rewards
-
-    def _decode_completions(self, prompts, prompt_ids_rows, completion_ids_rows):
-        # Same decoding as GRPOTrainer._generate (trl 1.16.0) for single-turn completions without tools.
-        if is_conversational({"prompt": prompts[0]}):
-            if Version(transformers.__version__) >= Version("5.0.0") and (
-                getattr(self._tokenizer, "response_template", None) is not None
-                or getattr(self._tokenizer, "response_schema", None) is not None
-            ):
-                from trl.chat_template_utils import parse_response
-
-                return [
-                    [parse_response(self._tokenizer, ids, prefix=p_ids, tools=None)]
-                    for p_ids, ids in zip(prompt_ids_rows, completion_ids_rows)
-                ]
-            contents = self.processing_class.batch_decode(completion_ids_rows, skip_special_tokens=True)
-            return [[{"role": "assistant", "content": content}] for content in contents]
-        return self.processing_class.batch_decode(completion_ids_rows, skip_special_tokens=True)
+        per_process = rewards_of_extra_rows(
+            self,
+            [inputs[i] for i, _ in branch_meta],
+            [prompts[i] for i, _ in branch_meta],
+            [prompt_ids_list[i] for i, _ in branch_meta],
+            branch_responses,
+            filler=(inputs[0], prompts[0], prompt_ids_list[0], completion_ids_list[0]),
+            counts=branch_counts,
+        )
+        return self._weighted_rewards(torch.cat(per_process))
 
     # ------------------------------------------------------------------ diversity
     def _sibling_diversity(self, blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process):

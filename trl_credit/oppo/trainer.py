@@ -17,11 +17,10 @@ import textwrap
 
 import torch
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id, nanstd
 
-from trl_credit._trl import check_single_turn, log_metric
+from trl_credit._trl import check_single_turn, log_metric, resolve_method_args
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
@@ -104,14 +103,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         teacher_processing_class=None,
         **kwargs,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = OPPOConfig(f"{name.split('/')[-1]}-OPPO")
-        if not isinstance(args, OPPOConfig):
-            raise TypeError(
-                f"OPPOTrainer needs `args` to be an OPPOConfig (got {type(args).__name__}); build one with the same "
-                "GRPO arguments, e.g. OPPOConfig(**grpo_args.to_dict())."
-            )
+        args = resolve_method_args(args, OPPOConfig, model, "OPPOTrainer", "OPPO")
         # Fail before loading any model.
         _check_answer_column(train_dataset, args.answer_column, "train_dataset")
         _check_answer_column(eval_dataset, args.answer_column, "eval_dataset")

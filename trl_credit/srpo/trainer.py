@@ -26,12 +26,16 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-import transformers
-from packaging.version import Version
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 
-from trl_credit._trl import check_single_turn, gather_counts, generate_from_prefixes, log_metric
+from trl_credit._trl import (
+    check_single_turn,
+    gather_counts,
+    generate_from_prefixes,
+    log_metric,
+    resolve_method_args,
+    rewards_of_extra_rows,
+)
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
@@ -105,11 +109,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         peft_config=None,
         **kwargs,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = SRPOConfig(f"{str(name).split('/')[-1]}-SRPO")
-        if not isinstance(args, SRPOConfig):
-            raise TypeError(f"SRPOTrainer needs an SRPOConfig as `args`, got {type(args).__name__}.")
+        args = resolve_method_args(args, SRPOConfig, model, "SRPOTrainer", "SRPO")
         if reward_funcs is None:
             raise ValueError("SRPOTrainer needs `reward_funcs`: seeds are the rollouts they score as incorrect.")
         super().__init__(
@@ -358,52 +358,22 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 seeds[g].append(rollouts[indices[position]][1])
 
     def _score_rollouts(self, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids) -> list[float]:
-        """Rewards (TRL's weighted sum, NaN when unscorable) of extra rollouts, through TRL's ``_calculate_rewards``.
-
-        That method ends with a ``gather`` that needs the same row count on every process, so rows are padded with
-        a real rollout to the largest count and the padding's rewards dropped; every process calls this once.
-        Reward functions' ``log_extra``/``log_metric`` side logs of these calls are discarded (they belong to rows
-        that are not in the batch).
-        """
-        counts = gather_counts(self, len(row_groups))
-        most = max(counts)
-        if most == 0:
-            return []
-        real = len(row_groups)
+        """Rewards (TRL's weighted sum, NaN when unscorable) of this process's extra rollouts (seed candidates),
+        through TRL's reward path (``rewards_of_extra_rows``, a collective call padded with a real rollout)."""
         dummy_group, dummy_ids = self._srpo_dummy
-        row_groups = list(row_groups) + [dummy_group] * (most - real)
-        completion_ids = [list(ids) for ids in completion_ids] + [list(dummy_ids)] * (most - real)
-        prompts = [group_prompts[g] for g in row_groups]
-        inputs = [group_inputs[g] for g in row_groups]
-        completions = self._decode_completions(prompts, [prompt_ids[g] for g in row_groups], completion_ids)
-        saved = self._pending_extra_logs, self._pending_metrics
-        self._pending_extra_logs, self._pending_metrics = defaultdict(list), defaultdict(list)
-        try:
-            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids)
-        finally:
-            self._pending_extra_logs, self._pending_metrics = saved
-        weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        start = self.accelerator.process_index * most
-        return rewards[start : start + real].tolist()
-
-    def _decode_completions(self, prompts, prompt_ids, completion_ids) -> list:
-        """Completions in the form reward functions get them, decoded as TRL 1.16's ``_generate`` does."""
-        if is_conversational({"prompt": prompts[0]}):
-            if Version(transformers.__version__) >= Version("5.0.0") and (
-                getattr(self._tokenizer, "response_template", None) is not None
-                or getattr(self._tokenizer, "response_schema", None) is not None
-            ):
-                from trl.chat_template_utils import parse_response
-
-                return [
-                    [parse_response(self._tokenizer, ids, prefix=prefix, tools=self.tools)]
-                    for ids, prefix in zip(completion_ids, prompt_ids)
-                ]
-            contents = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-            return [[{"role": "assistant", "content": content}] for content in contents]
-        return self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        per_process = rewards_of_extra_rows(
+            self,
+            [group_inputs[g] for g in row_groups],
+            [group_prompts[g] for g in row_groups],
+            [prompt_ids[g] for g in row_groups],
+            completion_ids,
+            filler=(group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids),
+        )
+        mine = per_process[self.accelerator.process_index]
+        weights = self.reward_weights.to(mine.device)
+        rewards = (mine * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(mine).all(dim=1)] = torch.nan
+        return rewards.tolist()
 
     # ------------------------------------------------------------------ advantages
 
