@@ -18,6 +18,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+_PORT_TAKEN = ("EADDRINUSE", "Address already in use", "address already in use")
+
+
 def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``script`` in ``nproc`` processes; raise with both processes' output when it fails."""
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,17 +29,23 @@ def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) ->
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["OMP_NUM_THREADS"] = "1"  # two processes on two cores
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
-        script,
-        *args,
-    ]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo_root)
+    for attempt in range(2):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            script,
+            *args,
+        ]
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo_root)
+        # The free port is found, released, then bound by torchrun: another process may take it in between.
+        # Only that start-up race is retried, once, with a new port; any other failure is reported as is.
+        port_taken = any(text in result.stderr for text in _PORT_TAKEN)
+        if result.returncode == 0 or not port_taken or attempt == 1:
+            break
     if result.returncode != 0:
         raise AssertionError(
             f"torchrun failed ({result.returncode}): {' '.join(cmd)}\n--- stdout ---\n{result.stdout[-6000:]}"

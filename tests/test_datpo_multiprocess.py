@@ -48,10 +48,10 @@ def test_two_processes_match_one_process(tiny_model_path, tmp_path):
     ]
 
     # same rows and the same advantages (diversity included) whatever the number of processes
-    for run, steps in (("one_sided", 2), ("spanning", 1)):
+    for run_name, steps in (("one_sided", 2), ("spanning", 1)):
         for step in range(steps):
-            expected = _rows_by_key(one, run, step)
-            got = _rows_by_key(two, run, step)
+            expected = _rows_by_key(one, run_name, step)
+            got = _rows_by_key(two, run_name, step)
             assert got.keys() == expected.keys()
             for key, advantages in expected.items():
                 assert got[key] == pytest.approx(advantages, abs=1e-4)

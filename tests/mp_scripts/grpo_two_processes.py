@@ -5,7 +5,6 @@ import sys
 
 from trl import GRPOConfig, GRPOTrainer
 
-from tests.tiny import build_tiny_model
 from trl_credit.data import make_arithmetic_dataset
 
 

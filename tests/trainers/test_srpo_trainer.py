@@ -2,7 +2,6 @@
 sub-group advantages, fallback, SRPO localization wiring, metrics. Expected values come from the recorded
 generations and the test's own reward arithmetic, never from the trainer's internals."""
 
-import math
 import statistics
 
 import pytest
