@@ -8,6 +8,9 @@
 - :func:`score_completions`: batched no-grad log-probs (and entropies) of completion tokens under any prompt,
   through ``GRPOTrainer._get_per_token_logps_and_entropies``.
 - :func:`log_metric`: a method metric next to GRPO's (``trainer._metrics``), averaged over processes by the caller.
+- :func:`bind_success` / :func:`rollout_success`: the verifier column that decides correct/incorrect
+  (:mod:`trl_credit.success`), resolved once at construction.
+- :func:`warn_once`: a method that cannot do its job on some input says so once (plus a rate metric each step).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
@@ -40,6 +44,9 @@ __all__ = [
     "resolve_method_args",
     "decode_completions",
     "rewards_of_extra_rows",
+    "bind_success",
+    "rollout_success",
+    "warn_once",
 ]
 
 
@@ -52,6 +59,33 @@ def log_metric(trainer, name: str, value: float) -> None:
     every ``report_to`` backend next to ``reward``, ``kl``, ... Callers pass values already reduced over processes
     (as TRL does) so every rank logs the same number."""
     trainer._metrics[trainer_mode(trainer)][name].append(float(value))
+
+
+def bind_success(trainer) -> int:
+    """Resolve ``args.success_reward`` against TRL's ``reward_func_names`` once, at construction, so a wrong name or
+    index fails before any training. Stored as ``trainer._success_index``."""
+    from trl_credit.success import resolve_success_index
+
+    trainer._success_index = resolve_success_index(trainer.args.success_reward, trainer.reward_func_names)
+    return trainer._success_index
+
+
+def rollout_success(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: rows whose verifier reward (``args.success_reward``) is >= ``args.success_threshold``."""
+    from trl_credit.success import success_rows
+
+    return success_rows(rewards_per_func, trainer._success_index, trainer.args.success_threshold)
+
+
+def warn_once(trainer, key: str, message: str) -> None:
+    """Warn (on the main process, once per trainer and ``key``) that a method could not do its job on some input.
+    The caller also logs the matching rate metric every step, so the warning is never the only trace."""
+    seen = trainer.__dict__.setdefault("_trl_credit_warned", set())
+    if key in seen:
+        return
+    seen.add(key)
+    if trainer.accelerator.is_main_process:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from trl_credit.success import SuccessArguments
+
 from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
 
 __all__ = ["CueGRPOConfig", "PARTITION_SOURCES"]
@@ -14,7 +16,7 @@ PARTITION_SOURCES = ("cue", "random", "judge", "callable")
 
 
 @dataclass
-class CueGRPOConfig(GRPOConfig):
+class CueGRPOConfig(GRPOConfig, SuccessArguments):
     r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
 
     Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single
@@ -103,6 +105,7 @@ class CueGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._validate_success_arguments()
         super().__post_init__()
         if self.multi_objective_aggregation != "sum_then_normalize":
             # With normalize_then_sum TRL normalizes over the whole batch, but the positive set P = {A_i > 0} must come from group-normalized advantages.

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from trl import GRPOTrainer
 
-from .._trl import gather_rows, generate_from_prefixes, log_metric, outside_zero3_init, resolve_method_args
+from .._trl import bind_success, gather_rows, generate_from_prefixes, log_metric, outside_zero3_init, resolve_method_args
 from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
 from .config import CueGRPOConfig
@@ -106,6 +106,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
+        bind_success(self)
         self.partition_fn = partition_fn
         self.judge_model, self.judge_tokenizer = None, None
         self._judge_is_policy = args.cue_partition == "judge" and judge_model is None and args.cue_judge_model == "policy"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from trl import GRPOConfig
 
+from trl_credit.success import SuccessArguments
+
 from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS
 from .tree import VALUE_ESTIMATES
@@ -13,7 +15,7 @@ __all__ = ["DATPOConfig"]
 
 
 @dataclass
-class DATPOConfig(GRPOConfig):
+class DATPOConfig(GRPOConfig, SuccessArguments):
     r"""
     Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
     advantages and an annealed sibling-diversity bonus (Yu et al., 2026). Defaults are the paper's
@@ -124,12 +126,9 @@ class DATPOConfig(GRPOConfig):
         metadata={"help": "Branch rollouts per generation call and process (phase 2), to bound memory (paper: 384 "
                           "for 3B, 64 for 4B). None: all branches of the generation batch in one call."},
     )
-    success_threshold: float = field(
-        default=1.0,
-        metadata={"help": "A leaf counts as correct (for the datpo/pass_rate metrics) when its reward >= this."},
-    )
 
     def __post_init__(self):
+        self._validate_success_arguments()
         super().__post_init__()
         for name in ("max_forks", "max_branches"):
             value = getattr(self, name)

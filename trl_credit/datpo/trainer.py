@@ -35,6 +35,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, use_adapter
 
 from .._trl import (
+    bind_success,
     check_single_turn,
     gather_counts,
     gather_rows,
@@ -86,6 +87,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         args = resolve_method_args(args, DATPOConfig, model, "DATPOTrainer", "DATPO")
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         check_single_turn(self, "DATPOTrainer")
+        bind_success(self)
         if self._is_vlm:
             raise ValueError("DATPOTrainer supports text-only models: branch prompts are token prefixes of the response.")
         self._datpo_recording = False

@@ -7,6 +7,8 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from trl_credit.success import SuccessArguments
+
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 
 __all__ = ["OPPOConfig"]
@@ -15,7 +17,7 @@ ORACLE_MODES = ("self", "teacher")
 
 
 @dataclass
-class OPPOConfig(GRPOConfig):
+class OPPOConfig(GRPOConfig, SuccessArguments):
     r"""
     Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
     paper's (Eq. 20, Table 13: C = 3.0, α = 1).
@@ -94,10 +96,6 @@ class OPPOConfig(GRPOConfig):
         default=1.0,
         metadata={"help": "Beta prior strength α: ℓ_0 = log((k + α)/(G − k + α)) (paper Eq. 20, App. G.2)."},
     )
-    success_threshold: float = field(
-        default=1.0,
-        metadata={"help": "A completion is correct (counts in k) when its total reward is >= this value."},
-    )
     advantage_eps: float = field(
         default=1e-6,
         metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (SPEC §2.7)."},
@@ -127,6 +125,7 @@ class OPPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._validate_success_arguments()
         super().__post_init__()
         if self.multi_objective_aggregation != "sum_then_normalize":
             # With normalize_then_sum TRL normalizes over the whole batch, but the sign of A^seq and the per-group prior come from group-normalized advantages.

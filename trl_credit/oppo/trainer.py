@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id, nanstd
 
-from trl_credit._trl import check_single_turn, log_metric, resolve_method_args
+from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
@@ -133,6 +133,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             **kwargs,
         )
         check_single_turn(self, "OPPOTrainer")
+        bind_success(self)
         if self._is_vlm:
             raise ValueError(
                 "OPPOTrainer does not support vision-language processors: the oracle pass scores text prompts only."

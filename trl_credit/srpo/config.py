@@ -6,13 +6,15 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from trl_credit.success import SuccessArguments
+
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
 __all__ = ["SRPOConfig"]
 
 
 @dataclass
-class SRPOConfig(GRPOConfig):
+class SRPOConfig(GRPOConfig, SuccessArguments):
     r"""
     Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
 
@@ -94,13 +96,6 @@ class SRPOConfig(GRPOConfig):
             "GRPO on the base group (its rows are masked). Every process runs the same number of rounds."
         },
     )
-    success_threshold: float = field(
-        default=1.0,
-        metadata={
-            "help": "A rollout is correct when its reward (weighted sum of reward functions) is >= this value; "
-            "seeds are rollouts below it, and the correction rate counts suffix rows at or above it."
-        },
-    )
     thought_delimiter: str = field(
         default="</thought>",
         metadata={
@@ -136,6 +131,7 @@ class SRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._validate_success_arguments()
         if self.reset not in ("self", "random"):
             raise ValueError(f"reset must be 'self' (SRPO) or 'random' (RRPO), got {self.reset!r}.")
         for name in ("reset_groups", "seed_candidates_per_round", "max_seed_rounds", "localization_max_tokens"):

@@ -29,6 +29,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_credit._trl import (
+    bind_success,
     check_single_turn,
     gather_counts,
     generate_from_prefixes,
@@ -126,6 +127,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             **kwargs,
         )
         check_single_turn(self, "SRPOTrainer")
+        bind_success(self)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
         if per_process % self.num_generations != 0:
             raise ValueError(
