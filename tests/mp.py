@@ -52,3 +52,18 @@ def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) ->
             f"\n--- stderr ---\n{result.stderr[-6000:]}"
         )
     return result
+
+
+def run_then_shut_down(main, *args) -> None:
+    """Entry point of the scripts in tests/mp_scripts: run ``main(*args)``, then close the process group.
+
+    Exiting with gloo's process group still open lets its threads be torn down by the interpreter's exit, which
+    aborts a rank now and then ("terminate called without an active exception", exit -6) after all its work and
+    output are done. Closing the group first makes the exit status mean what the script did.
+    """
+    main(*args)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

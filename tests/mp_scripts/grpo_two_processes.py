@@ -34,4 +34,6 @@ def main(model_dir: str, out_dir: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    from tests.mp import run_then_shut_down
+
+    run_then_shut_down(main, sys.argv[1], sys.argv[2])

@@ -99,4 +99,6 @@ def main(model_dir, out_dir, mode, per_device, teacher_dir=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    from tests.mp import run_then_shut_down
+
+    run_then_shut_down(main, *sys.argv[1:])

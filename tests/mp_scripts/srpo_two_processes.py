@@ -59,4 +59,6 @@ def main(model_dir: str, out_dir: str, reset: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    from tests.mp import run_then_shut_down
+
+    run_then_shut_down(main, sys.argv[1], sys.argv[2], sys.argv[3])
