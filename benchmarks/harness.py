@@ -42,6 +42,9 @@ METHODS = {
                  shared=dict(num_generations=8, temperature=0.7, top_p=0.95, weight_decay=0.01),
                  own=dict(rollout_template="lines", thought_delimiter="\n", localization_max_tokens=32)),
 }
+# RRPO: SRPO's rollout with the reset drawn uniformly instead of localized by the policy (no localization call).
+METHODS["rrpo"] = dict(METHODS["srpo"], trainer="SRPOTrainer", config="SRPOConfig",
+                       own=dict(METHODS["srpo"]["own"], reset="random"))
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -91,16 +94,17 @@ class Profiler:
         self.seconds = defaultdict(float)
         self.calls = defaultdict(int)
         self.tokens = defaultdict(int)
+        self.rows = defaultdict(int)  # rows scored per no-grad pass component (OPPO's extra pass: B rows)
         self.events = []  # (component, rows, tokens per row) of every generation call of the step
         self._unpatch = []
 
     def reset(self):
-        self.seconds.clear(), self.calls.clear(), self.tokens.clear(), self.events.clear()
+        self.seconds.clear(), self.calls.clear(), self.tokens.clear(), self.rows.clear(), self.events.clear()
 
     def snapshot(self) -> dict:
-        return dict(seconds=dict(self.seconds), calls=dict(self.calls), tokens=dict(self.tokens))
+        return dict(seconds=dict(self.seconds), calls=dict(self.calls), tokens=dict(self.tokens), rows=dict(self.rows))
 
-    def timed(self, name: str, fn, count_tokens: bool = False, only_no_grad: bool = False):
+    def timed(self, name: str, fn, count_tokens: bool = False, only_no_grad: bool = False, count_rows: bool = False):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if only_no_grad and torch.is_grad_enabled():
@@ -111,6 +115,8 @@ class Profiler:
                 torch.cuda.synchronize()
             self.seconds[name] += time.perf_counter() - start
             self.calls[name] += 1
+            if count_rows:  # _get_per_token_logps_and_entropies(model, input_ids, ...): rows scored
+                self.rows[name] += int(args[1].size(0)) if len(args) > 1 else int(kwargs["input_ids"].size(0))
             if count_tokens:  # _generate_single_turn -> (completion_ids, logprobs); generate_from_prefixes alike
                 lengths = [len(ids) for ids in result[0]]
                 self.tokens[name] += sum(lengths)
@@ -119,7 +125,9 @@ class Profiler:
 
         return wrapper
 
-    def wrap_method(self, obj, attr: str, name: str, **kw):
+    def wrap_method(self, obj, attr: str, name: str, optional: bool = False, **kw):
+        if optional and not hasattr(obj, attr):  # a method-internal timer whose function a version renamed
+            return
         setattr(obj, attr, self.timed(name, getattr(obj, attr), **kw))
 
     def wrap_module_function(self, module, attr: str, name: str, **kw):
@@ -136,26 +144,28 @@ class Profiler:
 def instrument(trainer, method: str, profiler: Profiler) -> None:
     """Generic timers (generation + tokens, no-grad log-prob passes, rewards) and the method's own components."""
     profiler.wrap_method(trainer, "_generate_single_turn", "generation", count_tokens=True)
-    profiler.wrap_method(trainer, "_get_per_token_logps_and_entropies", "logprob_passes (no grad)", only_no_grad=True)
+    profiler.wrap_method(trainer, "_get_per_token_logps_and_entropies", "logprob_passes (no grad)", only_no_grad=True,
+                         count_rows=True)
     profiler.wrap_method(trainer, "_calculate_rewards", "rewards")
     if method == "cue_grpo":
-        profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights")
+        profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights",
+                             optional=True)
     elif method == "oppo":
-        profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion")
+        profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
         import trl_credit.datpo.trainer as datpo_module
 
-        profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)")
-        profiler.wrap_method(trainer, "_sibling_diversity", "datpo: sibling diversity (embedder)")
-        profiler.wrap_method(trainer, "_branch_rewards", "datpo: branch rewards")
+        profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)", optional=True)
+        profiler.wrap_method(trainer, "_sibling_diversity", "datpo: sibling diversity (embedder)", optional=True)
+        profiler.wrap_method(trainer, "_branch_rewards", "datpo: branch rewards", optional=True)
         profiler.wrap_module_function(datpo_module, "generate_from_prefixes", "datpo: branch generation",
                                       count_tokens=True)
-    elif method == "srpo":
+    elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.trainer as srpo_module
 
         profiler.wrap_module_function(srpo_module, "generate_from_prefixes", "srpo: generate_from_prefixes",
                                       count_tokens=True)
-        profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)")
+        profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
 
 
 def srpo_token_breakdown(events, num_groups: int, base_size: int, per_round: int) -> dict:

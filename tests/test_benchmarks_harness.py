@@ -49,5 +49,12 @@ def test_profiler_counts_tokens_and_skips_grad_calls():
     with torch.no_grad():
         scoring()
     assert profiler.calls["logprobs"] == 1
+    # rows scored per no-grad pass (OPPO's extra pass must score exactly B rows): the input_ids' first dimension
+    score_rows = profiler.timed("rows", lambda model, input_ids: None, only_no_grad=True, count_rows=True)
+    with torch.no_grad():
+        score_rows(None, torch.zeros(6, 3))
+        score_rows(None, input_ids=torch.zeros(2, 5))
+    score_rows(None, torch.zeros(4, 3))  # with grad: the training forward, not counted
+    assert profiler.rows["rows"] == 8
     profiler.reset()
-    assert profiler.snapshot() == {"seconds": {}, "calls": {}, "tokens": {}}
+    assert profiler.snapshot() == {"seconds": {}, "calls": {}, "tokens": {}, "rows": {}}
