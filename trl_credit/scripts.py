@@ -13,6 +13,7 @@ import importlib
 import os
 import shlex
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
@@ -166,8 +167,25 @@ def _load_dataset(script_args: CreditScriptArguments):
     return load_task_dataset(script_args.dataset_name, script_args.dataset_config)
 
 
+# transformers >= 5.2x renamed the models' `gradient_checkpointing*` methods; PEFT 0.21 (get_peft_model) and TRL 1.16
+# (its generation context) still call the old names on every trainer, whatever the arguments, and no argument of
+# ours can avoid it. These three exact messages are hidden while the runner trains; every other warning is shown.
+_LIBRARY_INTERNAL_DEPRECATIONS = (
+    r"`is_gradient_checkpointing` is deprecated",
+    r"`gradient_checkpointing_enable` is deprecated",
+    r"`gradient_checkpointing_disable` is deprecated",
+)
+
+
 def main(trainer_class, config_class, defaults: dict | None = None, argv: list[str] | None = None):
     """Parse arguments, build the trainer, train, save (and push) the model or adapter. Returns the trainer."""
+    with warnings.catch_warnings():
+        for message in _LIBRARY_INTERNAL_DEPRECATIONS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        return _main(trainer_class, config_class, defaults, argv)
+
+
+def _main(trainer_class, config_class, defaults, argv):
     parser = make_parser(config_class, defaults, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
 
