@@ -23,6 +23,7 @@ from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
+from .viz import CreditLoggingMixin
 
 __all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question"]
 
@@ -84,8 +85,12 @@ def training_question(dataset) -> str | None:
     return None
 
 
-class MethodModelCardMixin:
-    """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config."""
+class MethodModelCardMixin(CreditLoggingMixin):
+    """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
+
+    It also brings :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``), so every method
+    trainer, which already has this mixin, can log its per-token credit without another base class.
+    """
 
     def _save(self, output_dir: str | None = None, state_dict=None):
         super()._save(output_dir, state_dict=state_dict)

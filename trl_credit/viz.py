@@ -38,6 +38,7 @@ __all__ = [
     "CreditLoggingArguments",
     "CreditLoggingMixin",
     "advantage_color",
+    "check_credit_logging_arguments",
     "credit_rows",
     "render_html",
     "render_png",
@@ -278,7 +279,7 @@ def render_png(
 
 @dataclass
 class CreditLoggingArguments:
-    """Config mixin: log a few rows of per-token credit every logging step."""
+    """Config mixin (next to ``SuccessArguments`` in each method config): log a few rows of per-token credit."""
 
     log_credit_rows: int = field(
         default=0,
@@ -289,12 +290,12 @@ class CreditLoggingArguments:
         },
     )
 
-    def __post_init__(self):
-        if isinstance(self.log_credit_rows, bool) or not isinstance(self.log_credit_rows, int) or self.log_credit_rows < 0:
-            raise ValueError(f"log_credit_rows must be an integer >= 0 (0 = off), got {self.log_credit_rows!r}")
-        parent = super()
-        if hasattr(parent, "__post_init__"):
-            parent.__post_init__()
+
+def check_credit_logging_arguments(args) -> None:
+    """Raise a clear error for a bad ``log_credit_rows`` (called when the trainer is built)."""
+    value = getattr(args, "log_credit_rows", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"`log_credit_rows` must be an integer >= 0 (0 = off), got {value!r}.")
 
 
 class CreditLoggingMixin:
@@ -305,6 +306,10 @@ class CreditLoggingMixin:
     prefix). ``block_ids`` (optional, one list per local row) draws block boundaries (DATPO). Does nothing unless
     ``args.log_credit_rows > 0``, on the main process, once per logging step.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_credit_logging_arguments(self.args)
 
     def _log_credit(self, output: dict, block_ids: Sequence[Sequence[int] | None] | None = None) -> str | None:
         num_rows = int(getattr(self.args, "log_credit_rows", 0) or 0)
