@@ -22,6 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
+from ._trl import OneWeightPushMixin
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
@@ -85,11 +86,12 @@ def training_question(dataset) -> str | None:
     return None
 
 
-class MethodModelCardMixin(CreditLoggingMixin):
+class MethodModelCardMixin(CreditLoggingMixin, OneWeightPushMixin):
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
-    It also brings :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``), so every method
-    trainer, which already has this mixin, can log its per-token credit without another base class.
+    Every method trainer already has this mixin, so it also carries the two other trainer-wide behaviours, without
+    another base class in each trainer: :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``)
+    and :class:`trl_credit._trl.OneWeightPushMixin` (weights pushed to vLLM once per generation phase).
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):
