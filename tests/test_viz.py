@@ -153,3 +153,54 @@ def test_hook_off_by_default_and_checked(tiny_model_path, tiny_dataset, tmp_path
     assert not os.path.exists(tmp_path / "credit")
     with pytest.raises(ValueError, match="log_credit_rows"):
         _trainer(tiny_model_path, tiny_dataset, tmp_path, log_credit_rows=-1)
+
+
+@pytest.mark.parametrize("method", ["cue_grpo", "oppo", "datpo", "srpo"])
+def test_each_trainer_output_renders_with_the_hook(method, tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path):
+    """The one-line hook each trainer gets (``self._log_credit(output)`` once its advantages are final), on real
+    outputs: every shown token carries the colour of its own advantage; tokens outside the loss mask are struck."""
+    import trl_credit
+    from tests.trainers.test_all_trainers import CASES, parity_reward, short_reward
+
+    trainer_name, config_name, settings, _ = CASES[method]
+    base = getattr(trl_credit, trainer_name)
+
+    class Hooked(base):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            self.seen = output
+            self._log_credit(output)
+            return output
+
+    args = getattr(trl_credit, config_name)(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=8, max_steps=1,
+        logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0, **settings)
+    args.log_credit_rows = 8  # the config field arrives with CreditLoggingArguments
+    trainer = Hooked(model=tiny_model_path, reward_funcs=[parity_reward, short_reward], args=args,
+                     train_dataset=tiny_dataset)
+    trainer.train()
+    page = open(tmp_path / "credit" / "step_00000.html", encoding="utf-8").read()
+    output = trainer.seen
+    rows = parse_rows(page)
+    assert len(rows) == min(8, len(output["completion_ids"]))
+    advantages = output["advantages"].double()
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(output["completion_mask"])
+    trained = output["completion_mask"].bool()
+    if output.get("tool_mask") is not None:
+        trained = trained & output["tool_mask"].bool()
+    shown = trained[: len(rows)] & output["completion_mask"][: len(rows)].bool()
+    vmax = float(advantages[: len(rows)][shown].abs().max()) if shown.any() else 0.0
+    vmax = vmax or 1.0
+    masked_expected = 0
+    for i, (_, spans) in enumerate(rows):
+        keep = output["completion_mask"][i].nonzero().flatten().tolist()
+        assert [s[0] for s in spans] == [tiny_tokenizer.decode([int(output["completion_ids"][i, t])]) for t in keep]
+        for (_, color, masked), t in zip(spans, keep):
+            if trained[i, t]:
+                assert not masked and color == expected_color(float(advantages[i, t]), vmax)
+            else:
+                masked_expected += 1
+                assert masked
+    row_html = page.split("<div class='row'>", 1)[1]  # after the legend
+    assert row_html.count("class='tok masked'") == masked_expected
