@@ -5,12 +5,12 @@ Every token is drawn on a background whose colour encodes the advantage the loss
 largest ``|advantage|`` shown). What each method's structure looks like:
 
 - **GRPO / Cue-GRPO**: one advantage per completion, so a row is one colour; Cue-GRPO's per-completion weight
-  (Cue-GRPO paper, Eq. 6) shows as rows of the same reward with different shades.
-- **OPPO**: a value per token (OPPO paper, Eq. 9): colour changes token by token.
-- **DATPO**: one value per block of a tree (DATPO paper, Eq. 7): runs of one colour, and with ``block_ids`` a
+  (``docs/cue_grpo.md``) shows as rows of the same reward with different shades.
+- **OPPO**: a value per token (``docs/oppo.md``): colour changes token by token.
+- **DATPO**: one value per block of a tree (``docs/datpo.md``): runs of one colour, and with ``block_ids`` a
   thin bar at each block boundary.
-- **SRPO/RRPO**: a suffix row's shared prefix is excluded from the loss (its ``tool_mask`` is 0): those tokens are
-  greyed and struck through; only the suffix is coloured.
+- **SRPO/RRPO** (``docs/srpo.md``): a suffix row's shared prefix is excluded from the loss (its ``tool_mask`` is
+  0): those tokens are greyed and struck through; only the suffix is coloured.
 
 Inputs are generic: per row a list of token strings, advantages (a scalar, a list, or a (T,) tensor), an optional
 mask (False = no gradient, drawn struck) and optional block ids. :func:`render_html` returns an HTML fragment,
