@@ -133,7 +133,7 @@ def test_trainer_hook_writes_html_every_logging_step(tiny_model_path, tiny_datas
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path, log_credit_rows=2)
     trainer.train()
     files = sorted(os.listdir(tmp_path / "credit"))
-    assert files == ["step_00000.html", "step_00001.html"]
+    assert files == ["step_00001.html", "step_00002.html"]  # numbered as TRL logs the steps
     page = open(tmp_path / "credit" / files[-1], encoding="utf-8").read()
     output = trainer.seen[-1]
     parsed = parse_rows(page)
@@ -179,7 +179,7 @@ def test_each_trainer_output_renders_with_the_hook(method, tiny_model_path, tiny
     trainer = Hooked(model=tiny_model_path, reward_funcs=[parity_reward, short_reward], args=args,
                      train_dataset=tiny_dataset)
     trainer.train()
-    page = open(tmp_path / "credit" / "step_00000.html", encoding="utf-8").read()
+    page = open(tmp_path / "credit" / "step_00001.html", encoding="utf-8").read()
     output = trainer.seen
     rows = parse_rows(page)
     assert len(rows) == min(8, len(output["completion_ids"]))

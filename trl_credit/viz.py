@@ -315,7 +315,7 @@ class CreditLoggingMixin:
         num_rows = int(getattr(self.args, "log_credit_rows", 0) or 0)
         if num_rows <= 0 or not self.model.training or not self.accelerator.is_main_process:
             return None
-        step = self.state.global_step
+        step = self.state.global_step + 1  # the optimizer step these rollouts train: TRL logs it under this number
         logging_steps = max(int(getattr(self.state, "logging_steps", 0) or self.args.logging_steps or 1), 1)
         if step % logging_steps != 0 or getattr(self, "_credit_logged_step", None) == step:
             return None
