@@ -21,3 +21,9 @@ def test_accelerate_config_loads(name, distributed_type, zero_stage):
     if zero_stage == 3:
         # Without it, saving a LoRA adapter under ZeRO-3 can write empty tensors (TRL_NOTES).
         assert config.deepspeed_config["zero3_save_16bit_model"] is True
+
+
+def test_cpu_config_is_one_full_precision_cpu_process():
+    config = load_config_from_file(str(CONFIGS / "cpu.yaml"))
+    assert config.use_cpu is True and config.num_processes == 1 and config.mixed_precision == "no"
+    assert str(config.distributed_type).endswith("NO")

@@ -11,12 +11,15 @@
 - :func:`bind_success` / :func:`rollout_success`: the verifier column that decides correct/incorrect
   (:mod:`trl_credit.success`), resolved once at construction.
 - :func:`warn_once`: a method that cannot do its job on some input says so once (plus a rate metric each step).
+- :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
+  however many generation calls a method makes in it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import warnings
 from collections import defaultdict
@@ -47,6 +50,8 @@ __all__ = [
     "bind_success",
     "rollout_success",
     "warn_once",
+    "one_weight_push",
+    "OneWeightPushMixin",
 ]
 
 
@@ -379,3 +384,71 @@ def outside_zero3_init() -> Iterator[None]:
         yield
     finally:
         hf_deepspeed.set_hf_deepspeed_config(config)
+
+
+@contextlib.contextmanager
+def one_weight_push(trainer) -> Iterator[None]:
+    """Every generation call inside shares one push of the policy weights to vLLM (and one wake/sleep cycle).
+
+    TRL 1.16 pushes the weights at most once per optimizer step (``_last_loaded_step``) except in colocate mode with
+    ``vllm_enable_sleep_mode``: each ``VLLMGeneration.generate`` call ends in ``sleep(level=2)``, which discards the
+    weights, so the next call of the same step pushes them again (SRPO makes 3+ calls a step, DATPO 2, Cue-GRPO's
+    judge one more). Inside this context vLLM is woken once (weights pushed when discarded or stale, KV cache woken),
+    stays awake across the calls, and sleeps again on exit. Anywhere else (no vLLM, server mode, no sleep mode,
+    already inside) a no-op. Cost: vLLM's weights and KV cache stay resident while the no-grad scoring passes of
+    the generation phase run.
+    """
+    vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if (
+        vllm is None
+        or getattr(vllm, "mode", None) != "colocate"
+        or not getattr(vllm, "enable_sleep_mode", False)
+        or getattr(trainer, "_one_weight_push_active", False)
+    ):
+        yield
+        return
+    trainer._one_weight_push_active = True
+    kv_awake = False
+    try:
+        if vllm._llm_weights_sleeping or trainer._last_loaded_step != trainer.state.global_step:
+            vllm.sync_weights()  # in sleep mode it wakes the weights first
+            trainer._last_loaded_step = trainer.state.global_step
+        vllm.llm.wake_up(tags=["kv_cache"])
+        kv_awake = True
+        vllm.enable_sleep_mode = False  # generate() neither wakes nor sleeps (nor re-pushes) while inside
+        yield
+    finally:
+        vllm.enable_sleep_mode = True
+        if kv_awake or not vllm._llm_weights_sleeping:
+            vllm.llm.sleep(level=2)
+            vllm._llm_weights_sleeping = True
+        trainer._one_weight_push_active = False
+
+
+def _with_one_weight_push(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with one_weight_push(self):
+            return method(self, *args, **kwargs)
+
+    wrapper._one_weight_push = True
+    return wrapper
+
+
+class OneWeightPushMixin:
+    """Trainer mixin: the whole generation phase of a step (``_generate_and_score_completions``: base rollouts and
+    every extra call a method makes in it) runs inside :func:`one_weight_push`.
+
+    A subclass's own ``_generate_and_score_completions`` (the outermost one) is wrapped when the class is created,
+    so the mixin can sit anywhere in the bases.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        method = cls.__dict__.get("_generate_and_score_completions")
+        if method is not None and not getattr(method, "_one_weight_push", False):
+            cls._generate_and_score_completions = _with_one_weight_push(method)
+
+    @_with_one_weight_push
+    def _generate_and_score_completions(self, inputs):
+        return super()._generate_and_score_completions(inputs)

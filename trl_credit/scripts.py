@@ -8,18 +8,29 @@ TRL's own ``trl grpo`` script: ``--model_name_or_path Qwen/Qwen2.5-Math-7B --dat
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import shlex
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_credit.data import BUILTIN_DATASET, load_task_dataset
-from trl_credit.models import DEFAULT_MODEL, resolve_model_name
+from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
 
-__all__ = ["CreditScriptArguments", "REWARD_FUNCS", "make_parser", "load_reward_funcs", "main", "offline_defaults"]
+__all__ = [
+    "CreditScriptArguments",
+    "REWARD_FUNCS",
+    "make_parser",
+    "load_reward_funcs",
+    "main",
+    "offline_defaults",
+    "training_summary",
+]
 
 REWARD_FUNCS = {
     "accuracy": accuracy_reward,
@@ -82,8 +93,43 @@ def offline_defaults(method: str, **overrides) -> dict:
     return defaults
 
 
-def make_parser(config_class, defaults: dict | None = None) -> TrlParser:
+def _user_sets(argv: list[str] | None, name: str) -> bool:
+    """Whether the command line or its ``--config`` YAML recipe sets ``name``."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if any(a == f"--{name}" or a.startswith(f"--{name}=") for a in args):
+        return True
+    if "--config" in args and args.index("--config") + 1 < len(args):
+        import yaml
+
+        with open(args[args.index("--config") + 1]) as f:
+            recipe = yaml.safe_load(f)
+        return isinstance(recipe, dict) and name in recipe
+    return False
+
+
+def _checkpointing_defaults(config_class, defaults: dict, argv: list[str] | None) -> dict:
+    # transformers >= 5.2x renamed `gradient_checkpointing` to `activation_checkpointing` and warns (FutureWarning)
+    # whenever the old name carries a value, and TRL's configs default the old name to True: every config built
+    # with defaults warned. Pass TRL's default under the new name instead; a user who sets the old name
+    # themselves keeps it (and the warning about it, which is theirs).
+    names = {f.name for f in dataclasses.fields(config_class)}
+    if "activation_checkpointing" not in names:  # older transformers: nothing renamed
+        return defaults
+    defaults = dict(defaults)
+    old_value = defaults.pop("gradient_checkpointing", None)
+    field_default = {f.name: f.default for f in dataclasses.fields(config_class)}["gradient_checkpointing"]
+    defaults["gradient_checkpointing"] = None
+    if not _user_sets(argv, "gradient_checkpointing"):
+        value = defaults.get("activation_checkpointing")
+        if value is None:
+            value = old_value if old_value is not None else field_default
+        defaults["activation_checkpointing"] = bool(value)
+    return defaults
+
+
+def make_parser(config_class, defaults: dict | None = None, argv: list[str] | None = None) -> TrlParser:
     parser = TrlParser((CreditScriptArguments, config_class, ModelConfig))
+    defaults = _checkpointing_defaults(config_class, defaults or {}, argv)
     if defaults:
         parser.set_defaults_with_config(**defaults)
     return parser
@@ -121,9 +167,26 @@ def _load_dataset(script_args: CreditScriptArguments):
     return load_task_dataset(script_args.dataset_name, script_args.dataset_config)
 
 
+# transformers >= 5.2x renamed the models' `gradient_checkpointing*` methods; PEFT 0.21 (get_peft_model) and TRL 1.16
+# (its generation context) still call the old names on every trainer, whatever the arguments, and no argument of
+# ours can avoid it. These three exact messages are hidden while the runner trains; every other warning is shown.
+_LIBRARY_INTERNAL_DEPRECATIONS = (
+    r"`is_gradient_checkpointing` is deprecated",
+    r"`gradient_checkpointing_enable` is deprecated",
+    r"`gradient_checkpointing_disable` is deprecated",
+)
+
+
 def main(trainer_class, config_class, defaults: dict | None = None, argv: list[str] | None = None):
     """Parse arguments, build the trainer, train, save (and push) the model or adapter. Returns the trainer."""
-    parser = make_parser(config_class, defaults)
+    with warnings.catch_warnings():
+        for message in _LIBRARY_INTERNAL_DEPRECATIONS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        return _main(trainer_class, config_class, defaults, argv)
+
+
+def _main(trainer_class, config_class, defaults, argv):
+    parser = make_parser(config_class, defaults, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
 
     model_path = resolve_model_name(model_args.model_name_or_path)
@@ -154,8 +217,71 @@ def main(trainer_class, config_class, defaults: dict | None = None, argv: list[s
     trainer.create_model_card(
         model_name=os.path.basename(os.path.normpath(training_args.output_dir)), dataset_name=script_args.dataset_name
     )
-    trainer.accelerator.print(f"Saved {'adapter' if model_args.use_peft else 'model'} to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        trainer.accelerator.print(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+    trainer.accelerator.print(training_summary(trainer, script_args, model_args))
     return trainer
+
+
+# TRL's own metric groups; any other "<prefix>/<name>" metric is the method's (srpo/, oppo/, datpo/, cue/, ...).
+_TRL_METRIC_PREFIXES = {"completions", "rewards", "clip_ratio", "sampling", "tools", "vespo"}
+
+
+def _first_last(log_history: list[dict], key: str) -> tuple[float, float] | None:
+    values = [entry[key] for entry in log_history if isinstance(entry.get(key), (int, float))]
+    return (values[0], values[-1]) if values else None
+
+
+def method_metric_names(log_history: list[dict]) -> list[str]:
+    """Metric names a method logs on top of TRL's: every ``prefix/name`` whose prefix is not one of TRL's groups."""
+    names = []
+    for entry in log_history:
+        for key in entry:
+            prefix = key.split("/", 1)[0]
+            if "/" in key and prefix not in _TRL_METRIC_PREFIXES and not key.startswith("eval_") and key not in names:
+                names.append(key)
+    return names
+
+
+def training_summary(trainer, script_args: CreditScriptArguments, model_args: ModelConfig) -> str:
+    """A closing summary: steps, reward and method metrics (first -> last logged step), where the result is saved,
+    and the ``trl-credit-eval`` command that evaluates it."""
+    args = trainer.args
+    history = [entry for entry in trainer.state.log_history if "step" in entry]
+    out = args.output_dir
+    lines = ["", f"== {getattr(trainer, '_name', type(trainer).__name__)} run finished: "
+             f"{trainer.state.global_step} optimizer steps =="]
+    logged_steps = [entry["step"] for entry in history if "reward" in entry]
+    span = f"(step {logged_steps[0]} -> step {logged_steps[-1]})" if logged_steps else ""
+    rows = [(key, _first_last(history, key)) for key in ["reward", *method_metric_names(history)]]
+    width = max(len(key) for key, _ in rows)
+    for key, values in rows:
+        if values is not None:
+            lines.append(f"  {key:<{width}}  {values[0]:.4g} -> {values[1]:.4g}" + (f"  {span}" if key == "reward" else ""))
+    what = "Adapter" if model_args.use_peft else "Model"
+    base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
+    lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
+    if args.push_to_hub and getattr(trainer, "hub_model_id", None):
+        lines.append(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+    command = ["trl-credit-eval"]
+    model = model_args.model_name_or_path
+    if model_args.use_peft:
+        if model not in (None, "", DEFAULT_MODEL):
+            command += ["--model", model]
+        command += ["--adapter", out]
+    else:
+        command += ["--model", out]
+    if script_args.dataset_name in (None, "", BUILTIN_DATASET):
+        command += ["--digits", str(script_args.arithmetic_digits),
+                    "--num_operands", str(script_args.arithmetic_operands),
+                    "--data_seed", str(script_args.arithmetic_seed)]
+        if script_args.arithmetic_num_test < 20:  # the evaluator's built-in test split holds 20 problems
+            command += ["--num_problems", str(script_args.arithmetic_num_test)]
+    else:
+        command += ["--dataset", script_args.dataset_name, "--split", script_args.dataset_test_split]
+        if script_args.dataset_config:
+            command += ["--dataset_config", script_args.dataset_config]
+    command += ["--max_new_tokens", str(args.max_completion_length), "--output_dir", os.path.join(out, "eval")]
+    lines.append("Evaluate it (pass@k on the test split):")
+    lines.append("  " + shlex.join(command))
+    return "\n".join(lines)
