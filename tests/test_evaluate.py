@@ -270,6 +270,11 @@ def test_lora_adapter_is_loaded_and_merged(tiny_model_path, tmp_path):
     assert not torch.allclose(plain, expected, atol=1e-4)  # the adapter matters...
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)  # ...and is what the evaluator runs
 
+    # Without a model, the adapter's recorded base model is loaded (here the tiny model's path).
+    model, _ = load_model_and_tokenizer(None, adapter=str(tmp_path / "adapter"), device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, expected, atol=1e-5, rtol=1e-4)
+
 
 @pytest.mark.slow
 def test_default_model_on_default_task_scores_above_zero(tmp_path):

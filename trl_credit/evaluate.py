@@ -212,15 +212,20 @@ def load_model_and_tokenizer(
     model_name_or_path: str | None = None, adapter: str | None = None, dtype: str = "auto", device: str | None = None
 ):
     """Load a causal LM (path or Hub id; None/``"smollm2-135m-instruct-offline"`` = the offline SmolLM2) and its
-    tokenizer, with an optional PEFT/LoRA adapter merged in. The tokenizer comes from the adapter folder when it
-    has one (TRL saves it there), else from the model. Padding is set to the left for batched generation.
+    tokenizer, with an optional PEFT/LoRA adapter merged in. Without a model, an adapter's recorded base model
+    (``adapter_config.json``) is used; ``HuggingFaceTB/SmolLM2-135M-Instruct`` resolves to the offline copy. The
+    tokenizer comes from the adapter folder when it has one (TRL saves it there), else from the model. Padding is
+    set to the left for batched generation.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import resolve_model_name
+    from .models import resolve_model_path
 
-    path = resolve_model_name(model_name_or_path)
+    if model_name_or_path is None and adapter and os.path.exists(os.path.join(adapter, "adapter_config.json")):
+        with open(os.path.join(adapter, "adapter_config.json")) as handle:
+            model_name_or_path = json.load(handle).get("base_model_name_or_path")
+    path = resolve_model_path(model_name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
