@@ -37,9 +37,22 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
 
     evidence_clip (`float`, defaults to `3.0`): C in log λ_t = clip(o_t − s_t, −C, C).
     prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
-    success_threshold (`float`, defaults to `1.0`): a completion counts as correct (for k) when its reward (TRL's
-        weighted sum of reward functions) is ≥ this.
     advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
+
+    > Success (from [`~trl_credit.success.SuccessArguments`])
+
+    success_reward (`str`, `int` or `None`, defaults to `None`): the reward function that decides whether a
+        completion is correct (the verifier), by name or index in `reward_funcs`; `None` = the first one.
+    success_threshold (`float`, defaults to `1.0`): a completion is correct when that function's raw reward is ≥
+        this.
+
+    k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
+    number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
+    `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
+    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor A^seq is TRL's
+    advantage (under either `multi_objective_aggregation`). Unscorable completions get advantage 0 on every token
+    and are left out of the group's token statistics. With `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's
+    per-sequence decisions (drop a negative sequence; pick the gamma weighting) use the sign of A^seq.
 
     > Ablations (paper Table 2)
 
@@ -127,12 +140,9 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
     def __post_init__(self):
         self._validate_success_arguments()
         super().__post_init__()
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            # With normalize_then_sum TRL normalizes over the whole batch, but the sign of A^seq and the per-group prior come from group-normalized advantages.
-            raise ValueError(
-                "OPPO needs `multi_objective_aggregation='sum_then_normalize'` (the sign of A^seq and the per-group prior come from group-normalized advantages), "
-                f"got {self.multi_objective_aggregation!r}."
-            )
+        # multi_objective_aggregation: both are accepted. k comes from the verifier, not from the advantages, and
+        # under "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over
+        # the batch std, so its sign still ranks a completion against its own group: A^seq's role in Eq. 21.
         if self.oracle not in ORACLE_MODES:
             raise ValueError(f"`oracle` must be one of {ORACLE_MODES}, got {self.oracle!r}.")
         if self.oracle == "self" and self.teacher_model_name_or_path is not None:
