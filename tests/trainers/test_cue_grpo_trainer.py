@@ -347,3 +347,38 @@ def test_two_rewards_with_lora_positive_set_follows_the_first_reward(tiny_model_
     logs = _train_two_steps(trainer)
     assert calls and all(len(text) % 2 == 1 for texts in calls for text in texts)
     assert all(log["cue/frac_positive_advantage_excluded"] == 0.0 for log in logs)  # correct <=> A > 0 here
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drop-in: the configurations of TRL's own GRPO tests
+
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+def _half(completions, **kwargs):
+    return [float(i % 2) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    import math
+
+    settings = dict(max_steps=1, max_completion_length=4)
+    settings.update(overrides)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, _half],
+                             args=_config(tmp_path, **settings), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=2, per_device_eval_batch_size=4, max_completion_length=4, eval_strategy="steps",
+                    eval_steps=2)
+    settings.update(overrides)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                             args=_config(tmp_path, **settings), train_dataset=tiny_dataset,
+                             eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)

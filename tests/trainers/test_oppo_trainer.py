@@ -541,3 +541,29 @@ def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dat
         # within each group the anchors sum to ~0 (zero-mean z-scores), so both signs occur where rewards vary
         assert anchor.view(-1, 4).sum(1).abs().max().item() < 1e-4
         assert (anchor > 0).any() and (anchor < 0).any()
+
+
+# ------------------------------------------------------------------------------------------- drop-in (TRL's GRPO configs)
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=4)
+    settings.update(overrides)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, alternating_reward],
+                          args=make_args(tmp_path, **settings), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=2, per_device_train_batch_size=4, per_device_eval_batch_size=4, num_generations=4,
+                    max_completion_length=4, eval_strategy="steps", eval_steps=2)
+    settings.update(overrides)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=make_args(tmp_path, **settings),
+                          train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)
