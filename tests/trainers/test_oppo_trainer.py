@@ -190,8 +190,9 @@ def test_self_oracle_trains_and_advantages_match_reference(tiny_model_path, tiny
     assert trainer.state.global_step == 2
     assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
     _assert_matches_reference(trainer)
-    # Self mode without TRL old log-probs: one scoring call per generation batch, oracle + plain rows stacked.
-    assert scored_rows == [16, 16]
+    # Self mode without TRL old log-probs: one scoring call per generation batch, of the 8 oracle rows only (s_t
+    # recorded during generation).
+    assert scored_rows == [8, 8]
     logs = [log for log in trainer.state.log_history if "oppo/value_mean" in log]
     assert len(logs) == 2
     for log in logs:
@@ -264,6 +265,55 @@ def test_two_rewards_k_follows_the_verifier_and_unscorable_rows_get_zero(
         assert output["advantages"][3::4].abs().sum().item() == 0.0  # exactly 0 on every token of unscorable rows
     logs = [log for log in trainer.state.log_history if "oppo/unscorable_rate" in log]
     assert [log["oppo/unscorable_rate"] for log in logs] == [0.25, 0.25]
+
+
+def test_one_extra_pass_matches_the_two_pass_path(tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch):
+    # Same seed, same weights, same first generation batch: s_t recorded during HF generation (plain_logps="auto",
+    # the extra pass scores the B oracle rows) against s_t scored by a second forward over the plain rows
+    # ("recompute", 2B rows). KV-cached decoding and a padded full forward agree to float32 round-off.
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    seen = {}
+    original = oppo_trainer.score_evidence
+
+    def record(trainer, *args, student_logps=None, **kwargs):
+        oracle_logps, plain = original(trainer, *args, student_logps=student_logps, **kwargs)
+        seen.setdefault(trainer.args.plain_logps, []).append((oracle_logps.clone(), plain.clone()))
+        return oracle_logps, plain
+
+    monkeypatch.setattr(oppo_trainer, "score_evidence", record)
+    advantages = {}
+    original_advantages = OPPOTrainer._oppo_advantages
+
+    def record_advantages(self, inputs, output):
+        result = original_advantages(self, inputs, output)
+        advantages[self.args.plain_logps] = (result[0].clone(), output["completion_mask"].clone())
+        return result
+
+    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record_advantages)
+    runs = {}
+    for source in ("auto", "recompute"):
+        args = make_args(tmp_path / source, plain_logps=source, max_steps=1, max_completion_length=12, temperature=0.7,
+                         top_p=0.9, repetition_penalty=1.3)  # sampling rules do not enter s_t
+        trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args,
+                                       train_dataset=tiny_dataset)
+        trainer.compute_reference = False
+        trainer.train()
+        runs[source] = trainer
+    assert scored_rows == [8, 16]
+    (auto_oracle, auto_plain), = seen["auto"]
+    (re_oracle, re_plain), = seen["recompute"]
+    assert torch.equal(auto_oracle, re_oracle)  # same rollouts, same oracle rows
+    assert torch.allclose(auto_plain, re_plain, atol=1e-5), (auto_plain - re_plain).abs().max()
+    assert (auto_plain != 0).any()
+    logs = {source: next(log for log in t.state.log_history if "oppo/extra_pass_rows" in log) for source, t in runs.items()}
+    assert logs["auto"]["oppo/extra_pass_rows"] == 1.0 and logs["recompute"]["oppo/extra_pass_rows"] == 2.0
+    (auto_advantages, mask), (re_advantages, re_mask) = advantages["auto"], advantages["recompute"]
+    assert torch.equal(mask, re_mask) and mask.sum() > 0
+    assert torch.allclose(auto_advantages, re_advantages, atol=1e-3), (auto_advantages - re_advantages).abs().max()
+    assert auto_advantages.abs().max() > 0.1  # not a comparison of zeros
+    print("max |s_t auto - s_t recompute| =", (auto_plain - re_plain).abs().max().item(),
+          "max |advantage difference| =", (auto_advantages - re_advantages).abs().max().item())
 
 
 def test_self_oracle_reuses_trl_old_logps(tiny_model_path, tiny_dataset, tmp_path, scored_rows):

@@ -14,6 +14,7 @@ from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 __all__ = ["OPPOConfig"]
 
 ORACLE_MODES = ("self", "teacher")
+PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
 @dataclass
@@ -32,6 +33,13 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
         `{"dtype": "bfloat16"}`, a `quantization_config`).
     answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
     oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
+    plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
+        what already exists, so the extra no-grad pass scores only the B oracle rows (the paper's one extra pass):
+        TRL's old log-probs when TRL computes them, else the log-probs recorded during HF generation (log-softmax of
+        the temperature-scaled logits at the sampled token, what TRL's own log-prob code computes), else vLLM's
+        sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty); otherwise the plain rows
+        are scored too. `"recompute"`: always score the plain rows next to the oracle rows (2B rows, the checking
+        path). A teacher oracle always scores both (s_t is the teacher's).
 
     > Recursion
 
@@ -101,6 +109,14 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
             "must contain '{answer}'."
         },
     )
+    plain_logps: str = field(
+        default="auto",
+        metadata={
+            "help": "Source of the self-oracle's plain log-probs s_t: 'auto' (reuse TRL's old log-probs, the "
+            "log-probs recorded during HF generation, or vLLM's sampler log-probs under plain sampling, so the extra "
+            "pass scores only the B oracle rows) or 'recompute' (score the B plain rows in the extra pass too)."
+        },
+    )
     evidence_clip: float = field(
         default=3.0,
         metadata={"help": "Evidence clip bound C: log λ_t = clip(o_t − s_t, −C, C) (paper Eq. 20, App. G.1)."},
@@ -143,6 +159,8 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
         # multi_objective_aggregation: both are accepted. k comes from the verifier, not from the advantages, and
         # under "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over
         # the batch std, so its sign still ranks a completion against its own group: A^seq's role in Eq. 21.
+        if self.plain_logps not in PLAIN_LOGPS_SOURCES:
+            raise ValueError(f"`plain_logps` must be one of {PLAIN_LOGPS_SOURCES}, got {self.plain_logps!r}.")
         if self.oracle not in ORACLE_MODES:
             raise ValueError(f"`oracle` must be one of {ORACLE_MODES}, got {self.oracle!r}.")
         if self.oracle == "self" and self.teacher_model_name_or_path is not None:

@@ -10,8 +10,10 @@ What changes relative to GRPOTrainer, and nothing else:
   per-sequence decision from the sequence's sign anchor A^seq (carried to the loss as ``oppo_sequence_advantages``),
   not from the signs of the per-token advantages.
 - ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
-  old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass),
-  the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the
+  old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
+  B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
+  the wrapped ``_generate_single_turn``, or from vLLM's sampler; only where none exists, or with
+  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the
   valid tokens of all processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
   ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
 - A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model.
@@ -32,7 +34,7 @@ from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve
 from trl_credit.success import groups_with_reward_variance, unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
+from trl_credit.oppo.oracle import SampledTokenLogps, build_oracle_prompts, score_evidence
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
@@ -267,6 +269,33 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     # ------------------------------------------------------------------------------------------------ hooks
+    def _records_generation_logps(self) -> bool:
+        return (
+            self.args.oracle == "self"
+            and self.args.plain_logps == "auto"
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+        )
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
+        are recorded on the way (:class:`~trl_credit.oppo.oracle.SampledTokenLogps`)."""
+        if not self._records_generation_logps():
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        model = self.accelerator.unwrap_model(self.model)
+        if hasattr(model, "get_base_model"):  # PEFT: generate runs the base causal LM's forward
+            model = model.get_base_model()
+        recorder = SampledTokenLogps(self.temperature)
+        handle = model.register_forward_hook(recorder, with_kwargs=True)
+        try:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        finally:
+            handle.remove()
+        self._oppo_generation_logps = recorder.rows(completion_ids)
+        return completion_ids, logprobs
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._oppo_rewards_per_func = rewards_per_func  # global: every process's rows, in process order
@@ -274,6 +303,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         self._oppo_rewards_per_func = None
+        self._oppo_generation_logps = None
         output = super()._generate_and_score_completions(inputs)
         output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
         return output
@@ -326,6 +356,34 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         )
         return scorable, num_correct, num_scorable, ~varied
 
+    def _existing_plain_logps(self, output) -> torch.Tensor | None:
+        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows)."""
+        args = self.args
+        if args.oracle != "self" or args.plain_logps == "recompute":
+            return None
+        if output.get("old_per_token_logps") is not None:  # TRL's own pass: exactly s_t
+            return output["old_per_token_logps"]
+        completion_ids = output["completion_ids"]
+        recorded = self._oppo_generation_logps
+        if recorded is not None and len(recorded) == completion_ids.size(0):
+            table = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+            for row, values in enumerate(recorded):
+                if len(values) > completion_ids.size(1):
+                    return None
+                table[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            return table
+        sampled = output.get("sampling_per_token_logps")
+        plain_sampling = (
+            self.use_vllm
+            and (self.top_p is None or self.top_p >= 1.0)
+            and (self.top_k is None or self.top_k <= 0)
+            and not self.min_p
+            and (self.repetition_penalty is None or self.repetition_penalty == 1.0)
+        )
+        if sampled is not None and plain_sampling and not torch.isnan(sampled[output["completion_mask"].bool()]).any():
+            return sampled  # vLLM's log-probs of the sampled tokens under temperature-only sampling
+        return None
+
     def _batch_answers(self, inputs) -> list:
         column = self.args.answer_column
         answers = []
@@ -365,7 +423,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = self._tokenize_prompts(oracle_prompts)
 
-        reuse_student = args.oracle == "self" and output.get("old_per_token_logps") is not None
+        student_logps = self._existing_plain_logps(output)
+        extra_pass_rows = 1.0 if student_logps is not None else 2.0
         scorer = self.model if args.oracle == "self" else self.teacher_model
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         oracle_logps, student_logps = score_evidence(
@@ -376,9 +435,11 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             output["prompt_mask"],
             output["completion_ids"],
             completion_mask,
-            student_logps=output["old_per_token_logps"] if reuse_student else None,
+            student_logps=student_logps,
             batch_size=batch_size,
         )
+        # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
+        log_metric(self, "oppo/extra_pass_rows", extra_pass_rows)
 
         credit = bayesian_value_recursion(
             oracle_logps,
