@@ -30,7 +30,7 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
-from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args, rollout_success
+from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args, rollout_success, warn_once
 from trl_credit.success import groups_with_reward_variance, unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
@@ -425,6 +425,14 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
         student_logps = self._existing_plain_logps(output)
         extra_pass_rows = 1.0 if student_logps is not None else 2.0
+        if student_logps is None and self._records_generation_logps():
+            warn_once(
+                self,
+                "oppo_plain_logps",
+                "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
+                "the completions, e.g. beam search or a custom generate), so its extra pass also scores the B plain "
+                "rows (2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
+            )
         scorer = self.model if args.oracle == "self" else self.teacher_model
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         oracle_logps, student_logps = score_evidence(
