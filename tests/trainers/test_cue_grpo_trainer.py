@@ -283,6 +283,25 @@ def test_well_formatted_wrong_answer_is_not_in_the_positive_set(
     assert log["cue/frac_positive_advantage_excluded"] == 0.5
 
 
+def test_no_correct_positive_warns_and_logs_the_rate(tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path,
+                                                     monkeypatch):
+    # success_reward points at the format reward with a threshold it never reaches: A > 0 rows exist but none is
+    # correct, so nothing is reweighted (the step is GRPO) -- said once, and logged as rate 1.0.
+    texts = ["Therefore \\boxed{4}.", "Therefore \\boxed{5}.", "So \\boxed{6}.", "So \\boxed{7}."]
+    args = _config(tmp_path, cue_weighting="uniform_boost", max_steps=1, success_reward="therefore_format",
+                   success_threshold=2.0)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=[boxed_four_accuracy, therefore_format], args=args,
+                             train_dataset=tiny_dataset)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, texts, [True])
+    records = _record_before_and_after(trainer, monkeypatch)
+    with pytest.warns(UserWarning, match="'therefore_format'.*success_threshold"):
+        trainer.train()
+    (before, after), = records
+    assert after.tolist() == before.tolist()
+    log = next(log for log in trainer.state.log_history if "cue/frac_positive_advantage_excluded" in log)
+    assert log["cue/frac_positive_advantage_excluded"] == 1.0
+
+
 def test_truncated_correct_completion_is_not_in_the_positive_set(
     tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path, monkeypatch
 ):

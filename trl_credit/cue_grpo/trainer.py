@@ -28,6 +28,7 @@ from .._trl import (
     outside_zero3_init,
     resolve_method_args,
     rollout_success,
+    warn_once,
 )
 from ..success import groups_with_reward_variance
 from ..model_card import MethodModelCardMixin
@@ -205,6 +206,16 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         correct = rollout_success(self, rewards_per_func).cpu()
         positives, excluded = positive_sets(advantages, correct, in_loss, varied, group_size)
         log_metric(self, "cue/frac_positive_advantage_excluded", excluded)
+        if excluded == 1.0:
+            warn_once(
+                self,
+                "cue_no_correct_positive",
+                "Cue-GRPO found completions with A_i > 0 but none of them correct (or all with a masked loss), so "
+                "this step was plain GRPO. Correct means the `success_reward` function "
+                f"({self.reward_func_names[self._success_index]!r}) returned >= success_threshold "
+                f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
+                "`cue/frac_positive_advantage_excluded` logs the rate every step.",
+            )
         advantage_values = advantages.tolist()
 
         local_count = local_advantages.numel()
