@@ -192,7 +192,8 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         advantages = self.accelerator.gather(local_advantages.detach()).double().cpu()
         if local_in_loss is None:
             local_in_loss = torch.ones_like(local_advantages, dtype=torch.bool)
-        in_loss = self.accelerator.gather(local_in_loss.to(device=local_advantages.device, dtype=torch.long)).bool().cpu()
+        local_in_loss = local_in_loss.to(device=local_advantages.device, dtype=torch.long)
+        in_loss = self.accelerator.gather(local_in_loss).bool().cpu()
         rewards_per_func = self._cue_rewards_per_func
         total = advantages.numel()
         if total % group_size or rewards_per_func.size(0) != total:

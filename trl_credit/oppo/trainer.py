@@ -13,8 +13,9 @@ What changes relative to GRPOTrainer, and nothing else:
   old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
   B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
   the wrapped ``_generate_single_turn``, or from vLLM's sampler; only where none exists, or with
-  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the
-  valid tokens of all processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
+  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of
+  :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the valid tokens of all
+  processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
   ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
 - A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model.
 """
@@ -88,8 +89,8 @@ def answer_problem(answer) -> str | None:
 def _refuse_answer(column: str, where: str, answer, problem: str) -> None:
     raise ValueError(
         f"OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
-        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string or a finite "
-        "number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
+        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
+        "or a finite number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
     )
 
 
@@ -131,8 +132,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             is loaded from the teacher's name or path.
 
     Refused at construction: a dataset without the answer column or with an answer that is None, empty, NaN or
-    not a string/number (rows of iterable datasets: when their batch arrives), tools/rollout functions/environments (OPPO
-    rescores TRL's single-turn completions), vision-language processors (the oracle pass carries no images), a
+    not a string/number (rows of iterable datasets: when their batch arrives), tools/rollout functions/environments
+    (OPPO rescores TRL's single-turn completions), vision-language processors (the oracle pass carries no images), a
     teacher whose vocabulary differs from the policy's.
     """
 
@@ -281,7 +282,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
         are recorded on the way (:class:`~trl_credit.oppo.oracle.SampledTokenLogps`)."""
         if not self._records_generation_logps():
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         model = self.accelerator.unwrap_model(self.model)
         if hasattr(model, "get_base_model"):  # PEFT: generate runs the base causal LM's forward
             model = model.get_base_model()
@@ -391,7 +394,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             answer = x.get(column) if isinstance(x, dict) else None
             problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
             if problem is not None:
-                _refuse_answer(column, f"row {row} of this process's batch (step {self.state.global_step})", answer, problem)
+                where = f"row {row} of this process's batch (step {self.state.global_step})"
+                _refuse_answer(column, where, answer, problem)
             answers.append(answer)
         return answers
 
@@ -409,7 +413,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         first_row = self.accelerator.process_index * num_rows
         local_rows = first_row + torch.arange(num_rows, device=device)
         group_ids = local_rows // num_generations
-        scorable, num_correct, num_scorable, zero_variance = (t.to(device) for t in self._group_statistics(num_generations))
+        statistics = self._group_statistics(num_generations)
+        scorable, num_correct, num_scorable, zero_variance = (t.to(device) for t in statistics)
         row_scorable = scorable[local_rows]
         # A^seq: TRL's advantage; exactly 0 in zero-variance groups (float round-off in TRL's mean could otherwise
         # leave a ±tiny value whose sign anchoring would amplify) and on unscorable rows (TRL already gives 0).
@@ -470,7 +475,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         all_row_moments = self.accelerator.gather(row_moments)
         all_group_ids = torch.arange(all_row_moments.size(0), device=device) // num_generations
         moments = group_moments(all_row_moments, all_group_ids)
-        advantages = normalize_with_group_moments(credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps)
+        advantages = normalize_with_group_moments(
+            credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps
+        )
         self._log_oppo_metrics(credit, advantages, credit_mask, row_scorable)
         return advantages.to(output["advantages"].dtype), seq_advantages
 
