@@ -265,6 +265,22 @@ def test_two_rewards_k_follows_the_verifier_and_unscorable_rows_get_zero(
         assert output["advantages"][3::4].abs().sum().item() == 0.0  # exactly 0 on every token of unscorable rows
     logs = [log for log in trainer.state.log_history if "oppo/unscorable_rate" in log]
     assert [log["oppo/unscorable_rate"] for log in logs] == [0.25, 0.25]
+    for step, log in enumerate(logs):  # k / G over the batch: correct under the first reward / scorable rows
+        correct = sum(1 for a in accuracy[step * 8 : step * 8 + 8] if a == 1.0)
+        assert log["oppo/success_rate"] == pytest.approx(correct / 6)
+
+
+def test_verifier_that_never_scores_warns(tiny_model_path, tiny_dataset, tmp_path):
+    def never_scores(completions, **kwargs):
+        return [None] * len(completions)
+
+    args = make_args(tmp_path, max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=[never_scores, length_parity_reward], args=args,
+                          train_dataset=tiny_dataset)
+    with pytest.warns(UserWarning, match=r"`success_reward` function \('never_scores'\) returned None"):
+        trainer.train()
+    log = next(log for log in trainer.state.log_history if "oppo/success_rate" in log)
+    assert log["oppo/success_rate"] == 0.0
 
 
 def test_one_extra_pass_matches_the_two_pass_path(tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch):

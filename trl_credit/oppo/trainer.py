@@ -357,6 +357,20 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         varied = groups_with_reward_variance(
             rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
         )
+        # Global rows, so every process logs the same rate: k / G of the whole batch.
+        num_scorable_rows = int(scorable.sum())
+        log_metric(self, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
+        verifier_scored = ~torch.isnan(rewards_per_func[:, self._success_index])
+        if num_scorable_rows and not bool(verifier_scored.any()):
+            name = self.reward_func_names[self._success_index]
+            warn_once(
+                self,
+                "oppo_verifier_none",
+                f"OPPO's `success_reward` function ({name!r}) returned None for every completion other reward "
+                "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
+                "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
+                "k/G.",
+            )
         return scorable, num_correct, num_scorable, ~varied
 
     def _existing_plain_logps(self, output) -> torch.Tensor | None:
