@@ -7,6 +7,10 @@ warm-up steps, the median step time of each is reported and the ratio printed.
 
     python benchmarks/oppo_speed.py                       # 4 prompts x 4 generations x 32 tokens, 5 timed steps
     python benchmarks/oppo_speed.py --teacher             # also Teacher-OPPO (teacher = a second copy of SmolLM2)
+    python benchmarks/oppo_speed.py --two-pass            # also Self-OPPO scoring the plain rows too (2B rows)
+
+Self-OPPO's extra pass scores only the B oracle rows (``plain_logps="auto"``: s_t recorded during generation);
+``--two-pass`` adds the old path (``plain_logps="recompute"``) for comparison.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--teacher", action="store_true", help="also time Teacher-OPPO (teacher = SmolLM2 again)")
+    parser.add_argument("--two-pass", action="store_true", help="also time Self-OPPO with plain_logps='recompute'")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 gives steadier timings on a busy machine)")
     args = parser.parse_args()
     if args.threads:
@@ -96,6 +101,10 @@ def main():
         "GRPO": build(GRPOTrainer, GRPOConfig, model_path, dataset, out, args, loss_type="grpo"),
         "Self-OPPO": build(OPPOTrainer, OPPOConfig, model_path, dataset, out, args, loss_type="grpo"),
     }
+    if args.two_pass:
+        runs["Self-OPPO-2B"] = build(
+            OPPOTrainer, OPPOConfig, model_path, dataset, out, args, loss_type="grpo", plain_logps="recompute"
+        )
     if args.teacher:
         runs["Teacher-OPPO"] = build(
             OPPOTrainer, OPPOConfig, model_path, dataset, out, args, loss_type="grpo",

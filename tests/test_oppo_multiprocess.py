@@ -44,6 +44,9 @@ def test_two_processes_give_the_same_advantages_as_one(two_process_run, tiny_mod
     assert [r["row"] for r in rows_one] == [r["row"] for r in rows_two] == list(range(12))
     assert [r["prompt"] for r in rows_one] == [r["prompt"] for r in rows_two]
     assert [r["completion"] for r in rows_one] == [r["completion"] for r in rows_two]
+    # reward_funcs=[accuracy-like, format-like]; rows no function scores get exactly 0 on every token
+    assert any(r["unscorable"] for r in rows_two) and not all(r["unscorable"] for r in rows_two)
+    assert all(a == 0.0 for r in rows_two if r["unscorable"] for a in r["advantages"])
     spanning = [r for r in rows_two if 4 <= r["row"] < 8]
     assert any(abs(a) > 1e-2 for r in spanning for a in r["advantages"]), "the spanning group has zero advantages"
     for a, b in zip(rows_one, rows_two):

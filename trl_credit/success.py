@@ -34,6 +34,7 @@ __all__ = [
     "unscorable_rows",
     "total_rewards",
     "success_rows",
+    "groups_with_reward_variance",
 ]
 
 SUCCESS_REWARD_HELP = (
@@ -118,3 +119,30 @@ def success_rows(rewards_per_func: torch.Tensor, success_index: int, success_thr
     """(N,) bool: the verifier's raw reward is >= the threshold (NaN, i.e. None, is never a success)."""
     verifier = rewards_per_func[:, success_index]
     return ~torch.isnan(verifier) & (verifier >= success_threshold)
+
+
+def groups_with_reward_variance(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    group_size: int,
+    aggregation: str = "sum_then_normalize",
+) -> torch.Tensor:
+    """(num_groups,) bool: groups whose TRL advantages carry a signal, i.e. at least two scorable rows and rewards
+    that differ. With ``aggregation="sum_then_normalize"`` the weighted total must vary (TRL's zero-std test); with
+    ``"normalize_then_sum"`` (each reward function z-scored per group, then summed) some reward function must vary,
+    otherwise TRL's advantage of the group is round-off around the batch mean. Unscorable rows are left out."""
+    grouped = rewards_per_func.view(-1, group_size, rewards_per_func.size(1))
+    scorable = ~torch.isnan(grouped).all(dim=2)
+    if aggregation == "sum_then_normalize":
+        values = total_rewards(rewards_per_func, reward_weights).view(-1, group_size, 1)
+    elif aggregation == "normalize_then_sum":
+        values = grouped
+    else:
+        raise ValueError(f"Unknown multi_objective_aggregation {aggregation!r}.")
+    valid = ~torch.isnan(values)
+    count = valid.sum(dim=1).clamp(min=1)
+    mean = torch.where(valid, values, torch.zeros_like(values)).sum(dim=1, keepdim=True) / count.unsqueeze(1)
+    squares = torch.where(valid, (values - mean) ** 2, torch.zeros_like(values)).sum(dim=1)
+    std = (squares / (count - 1).clamp(min=1)).sqrt()  # (num_groups, columns); 0 for a column with < 2 values
+    varies = ~torch.isclose(std, torch.zeros_like(std))
+    return (scorable.sum(dim=1) >= 2) & varies.any(dim=1)

@@ -21,6 +21,12 @@ def boxed_four_reward(completions, **kwargs):
     return [1.0 if "\\boxed{4}" in c[0]["content"] else 0.0 for c in completions]
 
 
+def format_reward(completions, **kwargs):
+    # The user scenario: a format reward true for every row next to the verifier. Totals shift by 1, TRL's
+    # advantages do not change, and P (correct and A_i > 0) follows the first reward.
+    return [1.0] * len(completions)
+
+
 def by_first_cue(completions, prompt):
     return ["substitute" if "substitute" in text else "other" for text in completions]
 
@@ -43,7 +49,7 @@ def run(model_dir, out_dir, partition):
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
     kwargs = {"partition_fn": by_first_cue} if partition == "callable" else {}
     trainer = CueGRPOTrainer(
-        model=model_dir, reward_funcs=boxed_four_reward, args=args, train_dataset=dataset, **kwargs
+        model=model_dir, reward_funcs=[boxed_four_reward, format_reward], args=args, train_dataset=dataset, **kwargs
     )
     tokenizer = trainer.processing_class
     rank = trainer.accelerator.process_index

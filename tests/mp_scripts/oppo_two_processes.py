@@ -19,8 +19,18 @@ from trl_credit.data import make_arithmetic_dataset
 NUM_GENERATIONS = 4
 
 
+def _unscorable(ids):
+    return sum(ids) % 5 == 0  # a deterministic property of the completion, the same in every process count
+
+
 def token_sum_parity_reward(completions, completion_ids, **kwargs):
-    return [float(sum(ids) % 2) for ids in completion_ids]
+    # accuracy-like verifier (first reward: decides k); None on "unscorable" completions
+    return [None if _unscorable(ids) else float(sum(ids) % 2) for ids in completion_ids]
+
+
+def format_reward(completions, completion_ids, **kwargs):
+    # format-like reward, true for every scorable row (the user scenario: k must follow the first reward)
+    return [None if _unscorable(ids) else 1.0 for ids in completion_ids]
 
 
 class DeterministicOPPOTrainer(OPPOTrainer):
@@ -57,6 +67,7 @@ class DeterministicOPPOTrainer(OPPOTrainer):
                     "prompt": output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist(),
                     "completion": output["completion_ids"][i][mask].tolist(),
                     "advantages": output["advantages"][i][mask].tolist(),
+                    "unscorable": _unscorable(output["completion_ids"][i][mask].tolist()),
                 }
             )
         self.captured = captured
@@ -83,7 +94,7 @@ def main(model_dir, out_dir, mode, per_device, teacher_dir=None):
     if mode not in ("sampled", "deterministic"):
         raise ValueError(f"MODE must be 'sampled' or 'deterministic', got {mode!r}")
     trainer_class = DeterministicOPPOTrainer if mode == "deterministic" else OPPOTrainer
-    trainer = trainer_class(model=model_dir, reward_funcs=token_sum_parity_reward, args=args, train_dataset=dataset)
+    trainer = trainer_class(model=model_dir, reward_funcs=[token_sum_parity_reward, format_reward], args=args, train_dataset=dataset)
     trainer.train()
     result = {
         "rank": trainer.accelerator.process_index,

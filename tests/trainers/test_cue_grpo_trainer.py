@@ -219,3 +219,185 @@ def test_argument_errors(tiny_model_path, tiny_dataset, tmp_path):
 
     with pytest.raises(TypeError, match="CueGRPOConfig"):
         build(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Success from the verifier, truncated completions, partition_fn errors (controlled completions)
+
+
+def boxed_four_accuracy(completions, **kwargs):
+    return [1.0 if "\\boxed{4}" in completion_text(c) else 0.0 for c in completions]
+
+
+def therefore_format(completions, **kwargs):
+    return [1.0 if completion_text(c).startswith("Therefore") else 0.0 for c in completions]
+
+
+def _controlled(trainer, tokenizer, monkeypatch, texts, eos):
+    """Every generation call returns ``texts`` (one per row, repeated), ending with EOS where ``eos`` says."""
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        rows = [texts[i % len(texts)] for i in range(len(prompt_ids))]
+        ends = [eos[i % len(eos)] for i in range(len(prompt_ids))]
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if e else []) for t, e in
+               zip(rows, ends)]
+        return ids, None
+
+    monkeypatch.setattr(trainer, "_generate_single_turn", generate)
+
+
+def _record_before_and_after(trainer, monkeypatch):
+    """(TRL's advantages, the redistributed ones) of every generation batch, in row order."""
+    records = []
+    original = trainer._redistribute_advantages
+
+    def record(inputs, local_advantages, *args):
+        after = original(inputs, local_advantages, *args)
+        records.append((local_advantages.clone(), after.clone()))
+        return after
+
+    monkeypatch.setattr(trainer, "_redistribute_advantages", record)
+    return records
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_well_formatted_wrong_answer_is_not_in_the_positive_set(
+    tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path, monkeypatch, aggregation
+):
+    # reward_funcs=[accuracy, format]: totals R 2, W1 1 (wrong, formatted), W2 0, W3 0 -> mean 0.75, so TRL gives
+    # A > 0 to R and W1 (also under normalize_then_sum: z-sums 2.37, 0.37, -1.37, -1.37 up to the batch std).
+    # P = {correct and A > 0} = {R}: uniform_boost multiplies R's advantage by tau = 1.05 and leaves W1's as GRPO's.
+    # Before, P = {A > 0} = {R, W1} and W1 was boosted too.
+    texts = ["Therefore \\boxed{4}.", "Therefore \\boxed{5}.", "So \\boxed{6}.", "So \\boxed{7}."]
+    args = _config(tmp_path, cue_weighting="uniform_boost", max_steps=1, multi_objective_aggregation=aggregation)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=[boxed_four_accuracy, therefore_format], args=args,
+                             train_dataset=tiny_dataset)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, texts, [True])
+    records = _record_before_and_after(trainer, monkeypatch)
+    trainer.train()
+    (before, after), = records
+    assert before[0] > 0 and before[1] > 0 and before[2] < 0 and before[3] < 0
+    assert after[0].item() == pytest.approx(1.05 * before[0].item(), rel=1e-6)
+    assert after[1:].tolist() == before[1:].tolist()
+    log = next(log for log in trainer.state.log_history if "cue/frac_positive_advantage_excluded" in log)
+    assert log["cue/frac_positive_advantage_excluded"] == 0.5
+
+
+def test_no_correct_positive_warns_and_logs_the_rate(tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path,
+                                                     monkeypatch):
+    # success_reward points at the format reward with a threshold it never reaches: A > 0 rows exist but none is
+    # correct, so nothing is reweighted (the step is GRPO) -- said once, and logged as rate 1.0.
+    texts = ["Therefore \\boxed{4}.", "Therefore \\boxed{5}.", "So \\boxed{6}.", "So \\boxed{7}."]
+    args = _config(tmp_path, cue_weighting="uniform_boost", max_steps=1, success_reward="therefore_format",
+                   success_threshold=2.0)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=[boxed_four_accuracy, therefore_format], args=args,
+                             train_dataset=tiny_dataset)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, texts, [True])
+    records = _record_before_and_after(trainer, monkeypatch)
+    with pytest.warns(UserWarning, match="'therefore_format'.*success_threshold"):
+        trainer.train()
+    (before, after), = records
+    assert after.tolist() == before.tolist()
+    log = next(log for log in trainer.state.log_history if "cue/frac_positive_advantage_excluded" in log)
+    assert log["cue/frac_positive_advantage_excluded"] == 1.0
+
+
+def test_truncated_correct_completion_is_not_in_the_positive_set(
+    tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path, monkeypatch
+):
+    # mask_truncated_completions: row 1 ("Then ...", no EOS) is correct with A > 0 but its loss is masked.
+    # Labels by first word: First/Then -> "a", So -> "b". With row 1 counted, P = {0, 1, 2} has clusters a: 2, b: 1
+    # and row 0 would get less than row 2. Without it, P = {0, 2}: two singletons, |C|^-0.8 = 1 each, unit mean,
+    # no clipping, floor delta = 1.05 - 1 -> both weights exactly 1.05.
+    texts = ["First \\boxed{4}.", "Then \\boxed{4}.", "So \\boxed{4}.", "So \\boxed{5}."]
+    seen = []
+
+    def by_first_word(completions, prompt):
+        seen.append(list(completions))
+        return ["a" if text.split()[0] in ("First", "Then") else "b" for text in completions]
+
+    args = _config(tmp_path, cue_partition="callable", max_steps=1, mask_truncated_completions=True)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=boxed_four_accuracy, args=args,
+                             train_dataset=tiny_dataset, partition_fn=by_first_word)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, texts, [True, False, True, True])
+    records = _record_before_and_after(trainer, monkeypatch)
+    trainer.train()
+    (before, after), = records
+    assert before[:3].gt(0).all() and before[3] < 0
+    assert seen == [["First \\boxed{4}.", "So \\boxed{4}."]]
+    assert after[0].item() == pytest.approx(1.05 * before[0].item(), rel=1e-6)
+    assert after[2].item() == pytest.approx(1.05 * before[2].item(), rel=1e-6)
+    assert after[1].item() == before[1].item() and after[3].item() == before[3].item()
+
+
+def test_partition_fn_returning_none_is_a_clear_error(tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path,
+                                                      monkeypatch):
+    def forgot_return(completions, prompt):
+        [len(c) for c in completions]
+
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=boxed_four_accuracy,
+                             args=_config(tmp_path, cue_partition="callable", max_steps=1),
+                             train_dataset=tiny_dataset, partition_fn=forgot_return)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, ["\\boxed{4}", "x \\boxed{4}", "\\boxed{5}", "\\boxed{6}"], [True])
+    with pytest.raises(ValueError, match=r"partition_fn=.*forgot_return\) must return .* it returned None"):
+        trainer.train()
+
+
+def test_two_rewards_with_lora_positive_set_follows_the_first_reward(tiny_model_path, tiny_dataset, tmp_path):
+    # The user scenario on sampled text: [accuracy-like, format-like] with the format reward true for every row,
+    # LoRA, two steps. Every completion the partition sees is correct under the first reward (odd length).
+    from peft import LoraConfig
+
+    calls = []
+
+    def by_length(completions, prompt):
+        calls.append(list(completions))
+        return [len(text) % 3 for text in completions]
+
+    def always_formatted(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = CueGRPOTrainer(
+        model=tiny_model_path, reward_funcs=[length_parity_reward, always_formatted],
+        args=_config(tmp_path, cue_partition="callable", loss_type="dapo"), train_dataset=tiny_dataset,
+        partition_fn=by_length,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    logs = _train_two_steps(trainer)
+    assert calls and all(len(text) % 2 == 1 for texts in calls for text in texts)
+    assert all(log["cue/frac_positive_advantage_excluded"] == 0.0 for log in logs)  # correct <=> A > 0 here
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drop-in: the configurations of TRL's own GRPO tests
+
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+def _half(completions, **kwargs):
+    return [float(i % 2) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    import math
+
+    settings = dict(max_steps=1, max_completion_length=4)
+    settings.update(overrides)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, _half],
+                             args=_config(tmp_path, **settings), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=2, per_device_eval_batch_size=4, max_completion_length=4, eval_strategy="steps",
+                    eval_steps=2)
+    settings.update(overrides)
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                             args=_config(tmp_path, **settings), train_dataset=tiny_dataset,
+                             eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)

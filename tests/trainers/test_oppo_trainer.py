@@ -57,10 +57,20 @@ def _row_logps(model, context_ids, completion):
     return [logps[t, completion[t]].item() for t in range(len(completion))]
 
 
-def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0, eps=1e-6):
-    """SPEC §2.1–2.7 with Python floats, one row and one token at a time; nothing from trl_credit.oppo."""
+def parity_row(text, index):
+    return [float(len(text) % 2)]
+
+
+def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0, eps=1e-6, reward_row=parity_row):
+    """SPEC §2.1–2.7 with Python floats, one row and one token at a time; nothing from trl_credit.oppo.
+
+    ``reward_row(text, index) -> [r_1, r_2, ...]`` gives each reward function's raw value (None = not scored), with
+    weights 1. Correct = r_1 >= 1 (the first reward is the verifier). A row is unscorable when every r is None: it
+    is no trial of the prior (k and G count scorable rows), its advantage is 0 and its tokens stay out of the group's
+    statistics. A^seq's sign: total minus the mean total of the group's scorable rows (0 with < 2 distinct totals).
+    """
     B = len(inputs)
-    contexts, completions, rewards = [], [], []
+    contexts, completions, rows = [], [], []
     for i in range(B):
         prompt_ids = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
         completion = output["completion_ids"][i][output["completion_mask"][i].bool()].tolist()
@@ -70,16 +80,23 @@ def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0,
         oracle_ids = oracle_ids["input_ids"] if hasattr(oracle_ids, "keys") else oracle_ids
         contexts.append((list(oracle_ids), prompt_ids))
         completions.append(completion)
-        rewards.append(float(len(tokenizer.decode(completion, skip_special_tokens=True)) % 2))
+        rows.append(reward_row(tokenizer.decode(completion, skip_special_tokens=True), i))
+    scorable = [any(r is not None for r in row) for row in rows]
+    totals = [sum(r for r in row if r is not None) for row in rows]
+    correct = [row[0] is not None and row[0] >= 1.0 for row in rows]
     raw_rows = []
     for i in range(B):
-        group = range((i // G) * G, (i // G + 1) * G)
-        k = sum(1 for j in group if rewards[j] >= 1.0)
-        mean_r = sum(rewards[j] for j in group) / G
-        sign = 0.0 if all(rewards[j] == rewards[group[0]] for j in group) else math.copysign(1.0, rewards[i] - mean_r)
+        if not scorable[i]:
+            raw_rows.append(None)
+            continue
+        group = [j for j in range((i // G) * G, (i // G + 1) * G) if scorable[j]]
+        k = sum(1 for j in group if correct[j])
+        mean_r = sum(totals[j] for j in group) / len(group)
+        flat = len(group) < 2 or all(totals[j] == totals[group[0]] for j in group)
+        sign = 0.0 if flat else math.copysign(1.0, totals[i] - mean_r)
         o = _row_logps(scorer, contexts[i][0], completions[i])
         s = _row_logps(scorer, contexts[i][1], completions[i])
-        ell = math.log((k + alpha) / (G - k + alpha))
+        ell = math.log((k + alpha) / (len(group) - k + alpha))
         row = []
         for t in range(len(completions[i])):
             log_lambda = max(-C, min(C, o[t] - s[t]))
@@ -89,7 +106,11 @@ def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0,
         raw_rows.append(row)
     normalized = []
     for i in range(B):
-        tokens = [x for j in range((i // G) * G, (i // G + 1) * G) for x in raw_rows[j]]
+        if raw_rows[i] is None:
+            normalized.append([0.0] * len(completions[i]))
+            continue
+        group = range((i // G) * G, (i // G + 1) * G)
+        tokens = [x for j in group if raw_rows[j] is not None for x in raw_rows[j]]
         mean = sum(tokens) / len(tokens)
         std = math.sqrt(sum((x - mean) ** 2 for x in tokens) / len(tokens))
         normalized.append([(x - mean) / (std + eps) for x in raw_rows[i]])
@@ -101,13 +122,16 @@ class CapturingOPPOTrainer(OPPOTrainer):
 
     reference_scorer = None
     compute_reference = True
+    reward_row = staticmethod(parity_row)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if not self.compute_reference:
             return output
         scorer = self.reference_scorer or self.accelerator.unwrap_model(self.model)
-        expected = reference_advantages(scorer, self._tokenizer, inputs, output, self.num_generations)
+        expected = reference_advantages(
+            scorer, self._tokenizer, inputs, output, self.num_generations, reward_row=self.reward_row
+        )
         self.generations = getattr(self, "generations", []) + [(output, expected)]
         return output
 
@@ -166,8 +190,9 @@ def test_self_oracle_trains_and_advantages_match_reference(tiny_model_path, tiny
     assert trainer.state.global_step == 2
     assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
     _assert_matches_reference(trainer)
-    # Self mode without TRL old log-probs: one scoring call per generation batch, oracle + plain rows stacked.
-    assert scored_rows == [16, 16]
+    # Self mode without TRL old log-probs: one scoring call per generation batch, of the 8 oracle rows only (s_t
+    # recorded during generation).
+    assert scored_rows == [8, 8]
     logs = [log for log in trainer.state.log_history if "oppo/value_mean" in log]
     assert len(logs) == 2
     for log in logs:
@@ -175,6 +200,136 @@ def test_self_oracle_trains_and_advantages_match_reference(tiny_model_path, tiny
         assert 0.0 <= log["oppo/evidence_clip_rate"] <= 1.0
         assert log["oppo/advantage_abs_mean"] > 0.0
         assert 0.0 < log["oppo/prior_value_mean"] < 1.0
+
+
+def _text(completion):
+    return completion[0]["content"] if isinstance(completion, list) else completion
+
+
+def accuracy_like(completions, **kwargs):
+    # The verifier: parity of the text length (varies on random text). Row 3 of every 4 is unscorable (None).
+    return [None if i % 4 == 3 else float(len(_text(c)) % 2) for i, c in enumerate(completions)]
+
+
+def format_like(completions, **kwargs):
+    # A format reward true for every scorable row: with TRL's sum every scorable row has total >= 1.
+    return [None if i % 4 == 3 else 1.0 for i, c in enumerate(completions)]
+
+
+def accuracy_format_row(text, index):
+    if index % 4 == 3:
+        return [None, None]
+    return [float(len(text) % 2), 1.0]
+
+
+def test_two_rewards_k_follows_the_verifier_and_unscorable_rows_get_zero(
+    tiny_model_path, tiny_dataset, tmp_path, monkeypatch
+):
+    # The user scenario: reward_funcs=[accuracy, format], format true for every row, plus rows no function scores.
+    # Reference (hand formulas, Python floats): k counts rows whose *first* reward is >= 1 (not the total, which is
+    # >= 1 for every scorable row and would give k = G), G counts scorable rows, unscorable rows get 0 everywhere
+    # and stay out of the group's token mean/std. Before, k = 3 here for every group and unscorable rows got
+    # (0 - mean)/std on each token.
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    seen = []
+    original = oppo_trainer.bayesian_value_recursion
+
+    def spy(*args, **kwargs):
+        num_rows = args[4].numel()
+        seen.append((args[4].tolist(), torch.as_tensor(args[5]).expand(num_rows).tolist()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    monkeypatch.setattr(CapturingOPPOTrainer, "reward_row", staticmethod(accuracy_format_row))
+    accuracy = []
+
+    def recording_accuracy(completions, **kwargs):
+        values = accuracy_like(completions)
+        accuracy.extend(math.nan if v is None else v for v in values)
+        return values
+
+    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=[recording_accuracy, format_like],
+                                   args=make_args(tmp_path), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    _assert_matches_reference(trainer)
+    assert len(accuracy) == 16 and len(seen) == 2
+    for step, (num_correct, group_size) in enumerate(seen):
+        for row in range(8):
+            group = range(step * 8 + (row // 4) * 4, step * 8 + (row // 4) * 4 + 4)
+            assert num_correct[row] == sum(1 for j in group if accuracy[j] == 1.0)  # NaN != 1.0
+            assert group_size[row] == 3
+    assert 0 < sum(1 for a in accuracy if a == 1.0) < 12  # k is neither 0 nor G everywhere: the check is not vacuous
+    for output, _ in trainer.generations:
+        assert output["advantages"][3::4].abs().sum().item() == 0.0  # exactly 0 on every token of unscorable rows
+    logs = [log for log in trainer.state.log_history if "oppo/unscorable_rate" in log]
+    assert [log["oppo/unscorable_rate"] for log in logs] == [0.25, 0.25]
+    for step, log in enumerate(logs):  # k / G over the batch: correct under the first reward / scorable rows
+        correct = sum(1 for a in accuracy[step * 8 : step * 8 + 8] if a == 1.0)
+        assert log["oppo/success_rate"] == pytest.approx(correct / 6)
+
+
+def test_verifier_that_never_scores_warns(tiny_model_path, tiny_dataset, tmp_path):
+    def never_scores(completions, **kwargs):
+        return [None] * len(completions)
+
+    args = make_args(tmp_path, max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=[never_scores, length_parity_reward], args=args,
+                          train_dataset=tiny_dataset)
+    with pytest.warns(UserWarning, match=r"`success_reward` function \('never_scores'\) returned None"):
+        trainer.train()
+    log = next(log for log in trainer.state.log_history if "oppo/success_rate" in log)
+    assert log["oppo/success_rate"] == 0.0
+
+
+def test_one_extra_pass_matches_the_two_pass_path(tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch):
+    # Same seed, same weights, same first generation batch: s_t recorded during HF generation (plain_logps="auto",
+    # the extra pass scores the B oracle rows) against s_t scored by a second forward over the plain rows
+    # ("recompute", 2B rows). KV-cached decoding and a padded full forward agree to float32 round-off.
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    seen = {}
+    original = oppo_trainer.score_evidence
+
+    def record(trainer, *args, student_logps=None, **kwargs):
+        oracle_logps, plain = original(trainer, *args, student_logps=student_logps, **kwargs)
+        seen.setdefault(trainer.args.plain_logps, []).append((oracle_logps.clone(), plain.clone()))
+        return oracle_logps, plain
+
+    monkeypatch.setattr(oppo_trainer, "score_evidence", record)
+    advantages = {}
+    original_advantages = OPPOTrainer._oppo_advantages
+
+    def record_advantages(self, inputs, output):
+        result = original_advantages(self, inputs, output)
+        advantages[self.args.plain_logps] = (result[0].clone(), output["completion_mask"].clone())
+        return result
+
+    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record_advantages)
+    runs = {}
+    for source in ("auto", "recompute"):
+        args = make_args(tmp_path / source, plain_logps=source, max_steps=1, max_completion_length=12, temperature=0.7,
+                         top_p=0.9, repetition_penalty=1.3)  # sampling rules do not enter s_t
+        trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args,
+                                       train_dataset=tiny_dataset)
+        trainer.compute_reference = False
+        trainer.train()
+        runs[source] = trainer
+    assert scored_rows == [8, 16]
+    (auto_oracle, auto_plain), = seen["auto"]
+    (re_oracle, re_plain), = seen["recompute"]
+    assert torch.equal(auto_oracle, re_oracle)  # same rollouts, same oracle rows
+    assert torch.allclose(auto_plain, re_plain, atol=1e-5), (auto_plain - re_plain).abs().max()
+    assert (auto_plain != 0).any()
+    logs = {source: next(log for log in t.state.log_history if "oppo/extra_pass_rows" in log) for source, t in runs.items()}
+    assert logs["auto"]["oppo/extra_pass_rows"] == 1.0 and logs["recompute"]["oppo/extra_pass_rows"] == 2.0
+    (auto_advantages, mask), (re_advantages, re_mask) = advantages["auto"], advantages["recompute"]
+    assert torch.equal(mask, re_mask) and mask.sum() > 0
+    assert torch.allclose(auto_advantages, re_advantages, atol=1e-3), (auto_advantages - re_advantages).abs().max()
+    assert auto_advantages.abs().max() > 0.1  # not a comparison of zeros
+    print("max |s_t auto - s_t recompute| =", (auto_plain - re_plain).abs().max().item(),
+          "max |advantage difference| =", (auto_advantages - re_advantages).abs().max().item())
 
 
 def test_self_oracle_reuses_trl_old_logps(tiny_model_path, tiny_dataset, tmp_path, scored_rows):
@@ -326,7 +481,6 @@ def test_grpo_config_and_teacher_mismatch_are_refused(tiny_dataset, tmp_path):
         ("advantage_eps", 0.0, "advantage_eps"),
         ("answer_column", "", "answer_column"),
         ("teacher_model_name_or_path", "some/teacher", "oracle='teacher'"),
-        ("multi_objective_aggregation", "normalize_then_sum", "multi_objective_aggregation"),
     ],
 )
 def test_config_validation(tmp_path, field, value, message):
@@ -342,3 +496,180 @@ def test_evaluation_uses_oppo_advantages(tiny_model_path, tiny_dataset, tmp_path
     metrics = trainer.evaluate()
     assert "eval_loss" in metrics and "eval_oppo/value_mean" in metrics
     assert all(inputs["advantages"].dim() == 2 for inputs in trainer.loss_inputs)
+
+
+# ------------------------------------------------------------------------------------------- answers (issue 11 item 3)
+@pytest.mark.parametrize(
+    "bad, message",
+    [(None, "is None"), ("", "is an empty string"), ("  ", "is an empty string"), (float("nan"), "is nan"),
+     ([4], "is a list")],
+)
+def test_bad_answer_is_refused_at_construction_with_its_row(tiny_dataset, tmp_path, bad, message):
+    rows = tiny_dataset.to_list()
+    rows[5]["answer"] = bad
+    dataset = [dict(row) for row in rows]  # a map-style dataset (datasets would coerce the column's type)
+    with pytest.raises(ValueError, match=rf"answer of row 5 of `train_dataset` {message}"):
+        OPPOTrainer(model="does/not-exist", reward_funcs=length_parity_reward, args=make_args(tmp_path),
+                    train_dataset=dataset)
+
+
+def test_bad_answer_in_hf_dataset_and_eval_split_is_refused(tiny_dataset, tmp_path):
+    dataset = tiny_dataset.map(lambda row, i: {"answer": "" if i == 6 else row["answer"]}, with_indices=True)
+    with pytest.raises(ValueError, match=r"answer of row 6 of `train_dataset` is an empty string"):
+        OPPOTrainer(model="x", reward_funcs=length_parity_reward, args=make_args(tmp_path), train_dataset=dataset)
+    with pytest.raises(ValueError, match=r"row 6 of `eval_dataset\['dev'\]`"):
+        OPPOTrainer(model="x", reward_funcs=length_parity_reward, args=make_args(tmp_path), train_dataset=tiny_dataset,
+                    eval_dataset={"dev": dataset})
+
+
+def test_numbers_and_strings_are_accepted_as_answers():
+    from trl_credit.oppo.trainer import answer_problem
+
+    for good in ["17", " x = 2 ", 17, 2.5, -3, True]:
+        assert answer_problem(good) is None
+    for bad in [None, "", float("inf"), float("nan"), complex(1, 2), {"a": 1}, ("1",)]:
+        assert answer_problem(bad) is not None
+
+
+def test_bad_answer_of_an_iterable_dataset_is_refused_at_the_first_batch(tiny_model_path, tiny_dataset, tmp_path):
+    from datasets import IterableDataset
+
+    rows = tiny_dataset.to_list()
+    for row in rows:  # whichever rows the first batch draws
+        row["answer"] = None
+    dataset = IterableDataset.from_generator(lambda: iter(rows))
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                          args=make_args(tmp_path, max_steps=1, per_device_train_batch_size=4, max_completion_length=4),
+                          train_dataset=dataset)  # construction cannot read an iterable dataset ahead
+    with pytest.raises(ValueError, match=r"answer of row 0 of this process's batch \(step 0\) is None"):
+        trainer.train()
+
+
+# ------------------------------------------------------------------------------------------- per-sequence loss decisions
+@pytest.mark.parametrize("loss_type", ["grpo", "vespo"])
+def test_off_policy_mask_and_vespo_decide_per_sequence_from_the_sign_anchor(
+    tiny_model_path, tiny_dataset, tmp_path, monkeypatch, loss_type
+):
+    # TRL keeps a sequence when A >= 0 or its mean KL <= threshold; a threshold of -1 makes the KL test fail (KL is
+    # 0 on policy), so the mask is exactly "A^seq >= 0" per sequence. With OPPO's (B, T) advantages TRL alone
+    # would decide per token (normalized token advantages of one completion take both signs).
+    from trl import GRPOTrainer
+
+    decisions = []
+    original_mask, original_gamma = GRPOTrainer.get_off_policy_mask, GRPOTrainer.get_gamma_weights
+
+    def record_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+        result = original_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+        decisions.append(("mask", advantages.clone(), result.clone()))
+        return result
+
+    def record_gamma(advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kwargs):
+        result = original_gamma(advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kwargs)
+        decisions.append(("gamma", advantages.clone(), result.clone()))
+        return result
+
+    monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", staticmethod(record_mask))
+    monkeypatch.setattr(GRPOTrainer, "get_gamma_weights", staticmethod(record_gamma))
+    losses = []
+    args = make_args(tmp_path, loss_type=loss_type, off_policy_mask_threshold=-1.0, max_steps=1,
+                     per_device_train_batch_size=8, max_completion_length=8)
+    # Parity rewards give unbalanced groups (k != G/2): tokens of one sign's rows then straddle the group mean.
+    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args,
+                                   train_dataset=tiny_dataset)
+    trainer.compute_reference = False
+    trainer.train()
+    inputs = trainer.loss_inputs[0]
+    anchor = inputs["oppo_sequence_advantages"]
+    assert anchor.shape == (8,) and (anchor > 0).any() and (anchor < 0).any()
+    opposite = (inputs["advantages"] * anchor.unsqueeze(1) < 0) & inputs["completion_mask"].bool()
+    assert opposite.any(), "no token against its sequence's sign: per token = per sequence, the check is vacuous"
+    masks = [result for kind, _, result in decisions if kind == "mask"]
+    assert len(masks) == 1 and masks[0].shape == (8, 1)
+    assert masks[0].squeeze(1).tolist() == (anchor >= 0).float().tolist()
+    for kind, advantages, result in decisions:
+        assert advantages.shape == (8, 1) and torch.equal(advantages.squeeze(1), anchor.to(advantages.dtype))
+        if kind == "gamma":
+            assert result.shape == (8, 1)
+    assert (loss_type == "vespo") == any(kind == "gamma" for kind, _, _ in decisions)
+
+
+# ------------------------------------------------------------------------------------------- normalize_then_sum
+def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL z-scores each reward function per group, sums, and divides by the batch std: the sum has zero mean in
+    # every group, so sign(A^seq) still ranks a completion within its group; k still comes from the verifier.
+    args = make_args(tmp_path, multi_objective_aggregation="normalize_then_sum")
+    trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, alternating_reward],
+                                   args=args, train_dataset=tiny_dataset)
+    trainer.train()  # (the captured single-reward reference is not used here)
+    assert trainer.state.global_step == 2
+    for output, _ in trainer.generations:
+        anchor = output["oppo_sequence_advantages"]
+        # within each group the anchors sum to ~0 (zero-mean z-scores), so both signs occur where rewards vary
+        assert anchor.view(-1, 4).sum(1).abs().max().item() < 1e-4
+        assert (anchor > 0).any() and (anchor < 0).any()
+
+
+# ------------------------------------------------------------------------------------------- drop-in (TRL's GRPO configs)
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=4)
+    settings.update(overrides)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, alternating_reward],
+                          args=make_args(tmp_path, **settings), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    settings = dict(max_steps=2, per_device_train_batch_size=4, per_device_eval_batch_size=4, num_generations=4,
+                    max_completion_length=4, eval_strategy="steps", eval_steps=2)
+    settings.update(overrides)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=make_args(tmp_path, **settings),
+                          train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_plain_logps_record_that_does_not_line_up_falls_back_to_scoring_with_a_warning(
+    tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch
+):
+    from trl_credit.oppo.oracle import SampledTokenLogps
+
+    monkeypatch.setattr(SampledTokenLogps, "rows", lambda self, completion_ids: None)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                          args=make_args(tmp_path, max_steps=1, max_completion_length=4), train_dataset=tiny_dataset)
+    with pytest.warns(UserWarning, match="extra pass also scores the B plain rows"):
+        trainer.train()
+    assert scored_rows == [16]
+    log = next(log for log in trainer.state.log_history if "oppo/extra_pass_rows" in log)
+    assert log["oppo/extra_pass_rows"] == 2.0
+
+
+def test_sampled_token_logps_by_hand():
+    # Two rows, vocabulary 3, temperature 2. Step 0 (prefill) logits -> distribution d0; step 1's input is the
+    # token sampled from d0; row 1 ended with EOS (id 2) after one token, row 0 generated two tokens.
+    from types import SimpleNamespace
+
+    from trl_credit.oppo.oracle import SampledTokenLogps
+
+    recorder = SampledTokenLogps(temperature=2.0)
+    logits0 = torch.tensor([[[0.0, 2.0, 4.0]], [[4.0, 0.0, 2.0]]])
+    logits1 = torch.tensor([[[2.0, 2.0, 0.0]], [[0.0, 0.0, 0.0]]])
+    recorder(None, (), {"input_ids": torch.tensor([[5, 6], [7, 8]])}, SimpleNamespace(logits=logits0))
+    recorder(None, (), {"input_ids": torch.tensor([[1], [2]])}, SimpleNamespace(logits=logits1))
+
+    def log_softmax(values):
+        total = math.log(sum(math.exp(v) for v in values))
+        return [v - total for v in values]
+
+    d0 = [log_softmax([0.0, 1.0, 2.0]), log_softmax([2.0, 0.0, 1.0])]  # logits / T
+    d1 = log_softmax([1.0, 1.0, 0.0])
+    rows = recorder.rows([[1, 0], [2]])
+    assert rows[0] == pytest.approx([d0[0][1], d1[0]], abs=1e-6)
+    assert rows[1] == pytest.approx([d0[1][2]], abs=1e-6)
+    assert recorder.rows([[1, 0, 1], [2]]) is None  # three tokens but two steps recorded: does not line up

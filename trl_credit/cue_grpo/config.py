@@ -23,6 +23,16 @@ class CueGRPOConfig(GRPOConfig, SuccessArguments):
     configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. The paper's training recipe
     (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in ``examples/recipes/cue_grpo.yaml``.
 
+    Success (fields of :class:`~trl_credit.success.SuccessArguments`): ``success_reward`` names the reward function
+    that decides whether a completion is correct (the verifier; its name or index in ``reward_funcs``, None = the
+    first one) and ``success_threshold`` (default 1.0) is the raw reward of that function a correct completion reaches
+    (>=). The positive set whose strategies are clustered and reweighted is P = {i : correct_i and A_i > 0}, with A_i
+    TRL's advantage (its weighted sum of all reward functions, under either ``multi_objective_aggregation``). With
+    ``reward_funcs=[accuracy_reward, format_reward]`` a wrong but well-formatted answer can have A_i > 0; it stays
+    out of P and keeps its GRPO advantage. Completions no reward function could score (all None), and completions
+    whose loss TRL masks (``mask_truncated_completions``), are never in P nor counted in cluster sizes. The fraction
+    of A_i > 0 completions left out of P is logged as ``cue/frac_positive_advantage_excluded``.
+
     How ``cue_alpha`` applies per weighting mode: ``cr`` / ``mu_matched`` rarity exponent (default 0.8); ``uarl``
     rarity exponent with UARL's default 0.5; ``uniform_boost`` ignores it. Leave it None for the mode's default.
     """
@@ -107,12 +117,9 @@ class CueGRPOConfig(GRPOConfig, SuccessArguments):
     def __post_init__(self):
         self._validate_success_arguments()
         super().__post_init__()
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            # With normalize_then_sum TRL normalizes over the whole batch, but the positive set P = {A_i > 0} must come from group-normalized advantages.
-            raise ValueError(
-                "Cue-GRPO needs `multi_objective_aggregation='sum_then_normalize'` (the positive set P = {A_i > 0} must come from group-normalized advantages), "
-                f"got {self.multi_objective_aggregation!r}."
-            )
+        # multi_objective_aggregation: both are accepted. Correctness comes from the verifier; under
+        # "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over the
+        # batch std, so A_i > 0 still means "above its own group", the role it plays in P.
         if self.cue_partition not in PARTITION_SOURCES:
             raise ValueError(f"cue_partition={self.cue_partition!r}; accepted: {list(PARTITION_SOURCES)}")
         if self.cue_weighting not in WEIGHTING_MODES:

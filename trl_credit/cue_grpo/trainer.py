@@ -20,7 +20,17 @@ from collections.abc import Callable, Sequence
 import torch
 from trl import GRPOTrainer
 
-from .._trl import bind_success, gather_rows, generate_from_prefixes, log_metric, outside_zero3_init, resolve_method_args
+from .._trl import (
+    bind_success,
+    gather_rows,
+    generate_from_prefixes,
+    log_metric,
+    outside_zero3_init,
+    resolve_method_args,
+    rollout_success,
+    warn_once,
+)
+from ..success import groups_with_reward_variance
 from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
 from .config import CueGRPOConfig
@@ -40,8 +50,9 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     Args (beyond GRPOTrainer's):
         args: a :class:`CueGRPOConfig`.
         partition_fn: with ``cue_partition="callable"``: ``fn(completions: list[str], prompt) -> cluster labels``,
-            called once per group with the texts of its positive completions (A_i > 0) and the group's prompt as
-            in the dataset; must return one hashable label per completion.
+            called once per group with the texts of its positive completions (correct and A_i > 0) and the
+            group's prompt as in the dataset; must return one hashable label per completion (a clear ValueError
+            naming the function otherwise).
         judge_model: with ``cue_partition="judge"``: a causal LM instance used as judge (overrides
             ``args.cue_judge_model``). A separate judge runs HF ``generate`` on the training device (not vLLM and
             not sharded by DeepSpeed: every process holds a full copy); ``cue_judge_model="policy"`` asks the policy
@@ -55,7 +66,9 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     ``cue/frac_groups_nonuniform`` and ``cue/frac_groups_redistributed`` (over all groups of the step),
     ``cue/weight_spread`` (mean max - min of w' over P), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
     mass n_C·w̄_C against n_C over the step's clusters, Fig. 2c; logged when two cluster sizes occur) and, for judges,
-    ``cue/judge_parse_failure_rate``. Redistributed groups: reward std > 0 and at least one A_i > 0.
+    ``cue/judge_parse_failure_rate``. Redistributed groups: rewards vary and P is not empty, where P = {correct_i and A_i > 0, loss not masked}
+    (correct = ``success_reward`` >= ``success_threshold``); ``cue/frac_positive_advantage_excluded`` is the fraction
+    of A_i > 0 completions left out of P.
     """
 
     _tag_names = ["trl", "grpo", "cue-grpo", "trl_credit"]
@@ -157,13 +170,15 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._cue_completions, self._cue_rewards_per_func = None, None
         output = super()._generate_and_score_completions(inputs)
         start = time.perf_counter()
-        output["advantages"] = self._redistribute_advantages(inputs, output["advantages"])
+        # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
+        in_loss = output["completion_mask"].sum(dim=1) > 0
+        output["advantages"] = self._redistribute_advantages(inputs, output["advantages"], in_loss)
         self.cue_overhead_seconds.append(time.perf_counter() - start)
         return output
 
     # ------------------------------------------------------------------ redistribution
 
-    def _redistribute_advantages(self, inputs, local_advantages: torch.Tensor) -> torch.Tensor:
+    def _redistribute_advantages(self, inputs, local_advantages: torch.Tensor, local_in_loss=None) -> torch.Tensor:
         if self._cue_completions is None or self._cue_rewards_per_func is None:
             raise RuntimeError("CueGRPOTrainer: completions/rewards were not captured (did a subclass bypass "
                                "_generate or _calculate_rewards?)")
@@ -175,22 +190,34 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._cue_round += 1
 
         advantages = self.accelerator.gather(local_advantages.detach()).double().cpu()
-        rewards = (self._cue_rewards_per_func * self.reward_weights.to(self._cue_rewards_per_func.device)).nansum(1)
-        rewards[torch.isnan(self._cue_rewards_per_func).all(dim=1)] = torch.nan
-        rewards = rewards.double().cpu()
+        if local_in_loss is None:
+            local_in_loss = torch.ones_like(local_advantages, dtype=torch.bool)
+        local_in_loss = local_in_loss.to(device=local_advantages.device, dtype=torch.long)
+        in_loss = self.accelerator.gather(local_in_loss).bool().cpu()
+        rewards_per_func = self._cue_rewards_per_func
         total = advantages.numel()
-        if total % group_size or rewards.numel() != total:
-            raise RuntimeError(f"CueGRPOTrainer: {total} advantages, {rewards.numel()} rewards, group size {group_size}")
-        varied = _groups_with_reward_variance(rewards.view(-1, group_size)).tolist()
+        if total % group_size or rewards_per_func.size(0) != total:
+            raise RuntimeError(
+                f"CueGRPOTrainer: {total} advantages, {rewards_per_func.size(0)} rewards, group size {group_size}"
+            )
+        varied = groups_with_reward_variance(
+            rewards_per_func, self.reward_weights, group_size, args.multi_objective_aggregation
+        ).tolist()
+        # Unscorable rows are never correct (success_rows), so they never enter P.
+        correct = rollout_success(self, rewards_per_func).cpu()
+        positives, excluded = positive_sets(advantages, correct, in_loss, varied, group_size)
+        log_metric(self, "cue/frac_positive_advantage_excluded", excluded)
+        if excluded == 1.0:
+            warn_once(
+                self,
+                "cue_no_correct_positive",
+                "Cue-GRPO found completions with A_i > 0 but none of them correct (or all with a masked loss), so "
+                "this step was plain GRPO. Correct means the `success_reward` function "
+                f"({self.reward_func_names[self._success_index]!r}) returned >= success_threshold "
+                f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
+                "`cue/frac_positive_advantage_excluded` logs the rate every step.",
+            )
         advantage_values = advantages.tolist()
-
-        # Positive sets of the groups that redistribution touches (SPEC §1.1: A_i > 0, reward std > 0).
-        positives: dict[int, list[int]] = {}
-        for group, has_variance in enumerate(varied):
-            rows = range(group * group_size, (group + 1) * group_size)
-            members = [row for row in rows if advantage_values[row] > 0] if has_variance else []
-            if members:
-                positives[group] = members
 
         local_count = local_advantages.numel()
         offset = self.accelerator.process_index * local_count
@@ -298,12 +325,8 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if args.cue_partition == "callable":
             for group in mine:
                 members = positives[group]
-                labels = list(self.partition_fn([all_texts[row] for row in members], prompts[group]))
-                if len(labels) != len(members):
-                    raise ValueError(
-                        f"partition_fn returned {len(labels)} labels for {len(members)} completions; it must return "
-                        "one hashable label per completion"
-                    )
+                labels = self.partition_fn([all_texts[row] for row in members], prompts[group])
+                labels = checked_partition_labels(self.partition_fn, labels, len(members))
                 results.append((group, canonical_cluster_ids(labels), False))
         else:
             requests = []
@@ -358,14 +381,53 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return outputs
 
 
-def _groups_with_reward_variance(grouped_rewards: torch.Tensor) -> torch.Tensor:
-    """(num_groups,) bool: at least two scored completions and a reward std that is not ~0 (NaN = unscorable)."""
-    valid = ~torch.isnan(grouped_rewards)
-    count = valid.sum(dim=1)
-    mean = torch.nansum(grouped_rewards, dim=1) / count.clamp(min=1)
-    squares = torch.where(valid, (grouped_rewards - mean[:, None]) ** 2, torch.zeros_like(grouped_rewards))
-    std = (squares.sum(dim=1) / (count - 1).clamp(min=1)).sqrt()
-    return (count >= 2) & ~torch.isclose(std, torch.zeros_like(std))
+def positive_sets(
+    advantages: torch.Tensor, correct: torch.Tensor, in_loss: torch.Tensor, varied: Sequence[bool], group_size: int
+) -> tuple[dict[int, list[int]], float]:
+    """The positive set P of every group that redistribution touches (rows in TRL's global order, groups of
+    ``group_size`` consecutive rows): P = {i : correct_i and A_i > 0 and i reaches the loss}, in groups whose rewards
+    vary. The paper's P = {A_i > 0} assumes a 0/1 verifier as the only reward, where the two agree; with several
+    reward functions a wrong but well-formatted answer can have A_i > 0, and boosting its "rare strategy" would
+    reward being wrong. A completion whose loss TRL masks (``mask_truncated_completions``) gets no gradient, so it
+    must not occupy a cluster either. Returns ``(positives, excluded)``: groups with a non-empty P, and the fraction
+    of A_i > 0 rows of varied groups left out of P (0 when there are none)."""
+    values = advantages.tolist()
+    correct, in_loss = correct.tolist(), in_loss.tolist()
+    positives: dict[int, list[int]] = {}
+    candidates = kept = 0
+    for group, has_variance in enumerate(varied):
+        if not has_variance:
+            continue
+        rows = [row for row in range(group * group_size, (group + 1) * group_size) if values[row] > 0]
+        members = [row for row in rows if correct[row] and in_loss[row]]
+        candidates += len(rows)
+        kept += len(members)
+        if members:
+            positives[group] = members
+    return positives, (candidates - kept) / candidates if candidates else 0.0
+
+
+def checked_partition_labels(partition_fn, labels, num_completions: int) -> list:
+    """The labels a user ``partition_fn`` returned, as a list, or a ValueError naming the function and what is wrong."""
+    name = getattr(partition_fn, "__qualname__", None) or getattr(partition_fn, "__name__", None) or repr(partition_fn)
+    expected = (f"CueGRPOTrainer(partition_fn={name}) must return one hashable cluster label per completion it is "
+                f"given (a list of {num_completions} labels, e.g. ints or strings)")
+    if labels is None:
+        raise ValueError(f"{expected}; it returned None.")
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+        raise ValueError(f"{expected}; it returned {type(labels).__name__} {labels!r:.80}.")
+    labels = list(labels)
+    if len(labels) != num_completions:
+        raise ValueError(f"{expected}; it returned {len(labels)} labels.")
+    for position, label in enumerate(labels):
+        try:
+            hash(label)
+        except TypeError:
+            raise ValueError(
+                f"{expected}; label {position} is a {type(label).__name__} ({label!r:.60}), which is not hashable "
+                "(use e.g. a tuple or a string instead of a list)."
+            ) from None
+    return labels
 
 
 def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer) -> None:

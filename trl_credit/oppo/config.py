@@ -14,6 +14,7 @@ from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 __all__ = ["OPPOConfig"]
 
 ORACLE_MODES = ("self", "teacher")
+PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
 @dataclass
@@ -32,14 +33,34 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
         `{"dtype": "bfloat16"}`, a `quantization_config`).
     answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
     oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
+    plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
+        what already exists, so the extra no-grad pass scores only the B oracle rows (the paper's one extra pass):
+        TRL's old log-probs when TRL computes them, else the log-probs recorded during HF generation (log-softmax of
+        the temperature-scaled logits at the sampled token, what TRL's own log-prob code computes), else vLLM's
+        sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty); otherwise the plain rows
+        are scored too. `"recompute"`: always score the plain rows next to the oracle rows (2B rows, the checking
+        path). A teacher oracle always scores both (s_t is the teacher's).
 
     > Recursion
 
     evidence_clip (`float`, defaults to `3.0`): C in log λ_t = clip(o_t − s_t, −C, C).
     prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
-    success_threshold (`float`, defaults to `1.0`): a completion counts as correct (for k) when its reward (TRL's
-        weighted sum of reward functions) is ≥ this.
     advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
+
+    > Success (from [`~trl_credit.success.SuccessArguments`])
+
+    success_reward (`str`, `int` or `None`, defaults to `None`): the reward function that decides whether a
+        completion is correct (the verifier), by name or index in `reward_funcs`; `None` = the first one.
+    success_threshold (`float`, defaults to `1.0`): a completion is correct when that function's raw reward is ≥
+        this.
+
+    k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
+    number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
+    `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
+    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor A^seq is TRL's
+    advantage (under either `multi_objective_aggregation`). Unscorable completions get advantage 0 on every token
+    and are left out of the group's token statistics. With `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's
+    per-sequence decisions (drop a negative sequence; pick the gamma weighting) use the sign of A^seq.
 
     > Ablations (paper Table 2)
 
@@ -88,6 +109,14 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
             "must contain '{answer}'."
         },
     )
+    plain_logps: str = field(
+        default="auto",
+        metadata={
+            "help": "Source of the self-oracle's plain log-probs s_t: 'auto' (reuse TRL's old log-probs, the "
+            "log-probs recorded during HF generation, or vLLM's sampler log-probs under plain sampling, so the extra "
+            "pass scores only the B oracle rows) or 'recompute' (score the B plain rows in the extra pass too)."
+        },
+    )
     evidence_clip: float = field(
         default=3.0,
         metadata={"help": "Evidence clip bound C: log λ_t = clip(o_t − s_t, −C, C) (paper Eq. 20, App. G.1)."},
@@ -127,12 +156,11 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
     def __post_init__(self):
         self._validate_success_arguments()
         super().__post_init__()
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            # With normalize_then_sum TRL normalizes over the whole batch, but the sign of A^seq and the per-group prior come from group-normalized advantages.
-            raise ValueError(
-                "OPPO needs `multi_objective_aggregation='sum_then_normalize'` (the sign of A^seq and the per-group prior come from group-normalized advantages), "
-                f"got {self.multi_objective_aggregation!r}."
-            )
+        # multi_objective_aggregation: both are accepted. k comes from the verifier, not from the advantages, and
+        # under "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over
+        # the batch std, so its sign still ranks a completion against its own group: A^seq's role in Eq. 21.
+        if self.plain_logps not in PLAIN_LOGPS_SOURCES:
+            raise ValueError(f"`plain_logps` must be one of {PLAIN_LOGPS_SOURCES}, got {self.plain_logps!r}.")
         if self.oracle not in ORACLE_MODES:
             raise ValueError(f"`oracle` must be one of {ORACLE_MODES}, got {self.oracle!r}.")
         if self.oracle == "self" and self.teacher_model_name_or_path is not None:

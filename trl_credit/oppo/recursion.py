@@ -26,6 +26,7 @@ __all__ = [
     "TokenCredit",
     "evidence_log_ratio",
     "prior_log_odds",
+    "group_success_counts",
     "value_recursion",
     "anchor_direction",
     "bayesian_value_recursion",
@@ -74,6 +75,19 @@ def prior_log_odds(
     k = num_correct.to(torch.float64)
     group = torch.as_tensor(group_size, dtype=torch.float64, device=k.device)
     return torch.log((k + prior_strength) / (group - k + prior_strength))
+
+
+def group_success_counts(
+    correct: torch.Tensor, scorable: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group (rows grouped contiguously by ``group_size``): k = number of correct completions (the verifier's
+    decision) and G = number of *scorable* completions, the trials of the Beta-smoothed success rate
+    V̂_0 = (k + α)/(G + 2α) of Eq. 20. A completion no reward function could score is no trial: it is neither a
+    success nor a failure, so it counts in neither k nor G."""
+    correct = correct.to(torch.bool) & scorable.to(torch.bool)
+    num_correct = correct.view(-1, group_size).sum(dim=1)
+    num_scorable = scorable.to(torch.bool).view(-1, group_size).sum(dim=1)
+    return num_correct, num_scorable
 
 
 def value_recursion(

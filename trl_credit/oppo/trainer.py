@@ -1,32 +1,45 @@
 """OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (SPEC §2, paper §4). Checked against trl 1.16.0.
 
 What changes relative to GRPOTrainer, and nothing else:
-- ``_calculate_rewards`` is wrapped to keep the global rewards (all processes), from which each group's k (number
-  of completions with reward ≥ ``success_threshold``) and zero-variance flag come.
+- ``_calculate_rewards`` is wrapped to keep the global reward matrix (all processes), from which each group's k
+  (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and its
+  zero-variance flag come.
+- Unscorable completions (every reward function returned None) get advantage exactly 0 on every token and are left
+  out of the group's token statistics, as TRL leaves them out of its baseline.
+- ``get_off_policy_mask`` / ``get_gamma_weights`` (``off_policy_mask_threshold``, ``loss_type="vespo"``) make their
+  per-sequence decision from the sequence's sign anchor A^seq (carried to the loss as ``oppo_sequence_advantages``),
+  not from the signs of the per-token advantages.
 - ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
-  old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass),
-  the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the
-  valid tokens of all processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
+  old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
+  B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
+  the wrapped ``_generate_single_turn``, or from vLLM's sampler; only where none exists, or with
+  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of
+  :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the valid tokens of all
+  processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
   ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
 - A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import textwrap
 
 import torch
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id, nanstd
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
-from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args
+from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args, rollout_success, warn_once
+from trl_credit.success import groups_with_reward_variance, unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
+from trl_credit.oppo.oracle import SampledTokenLogps, build_oracle_prompts, score_evidence
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
+    group_success_counts,
     normalize_with_group_moments,
     row_token_moments,
 )
@@ -57,6 +70,58 @@ def _check_answer_column(dataset, column: str, argument: str) -> None:
         )
 
 
+def answer_problem(answer) -> str | None:
+    """Why ``answer`` cannot condition the oracle (None when it can): y* is appended to the prompt as text, so it
+    must be a non-empty string or a finite number."""
+    if answer is None:
+        return "is None"
+    if isinstance(answer, str):
+        return None if answer.strip() else f"is an empty string ({answer!r})"
+    if isinstance(answer, numbers.Number):
+        try:
+            finite = math.isfinite(float(answer))
+        except (TypeError, ValueError):  # complex numbers
+            return f"is a {type(answer).__name__}, not a real number"
+        return None if finite else f"is {answer!r}"
+    return f"is a {type(answer).__name__} ({answer!r:.60}), not a string or a number"
+
+
+def _refuse_answer(column: str, where: str, answer, problem: str) -> None:
+    raise ValueError(
+        f"OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
+        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
+        "or a finite number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
+    )
+
+
+def _check_answers(dataset, column: str, argument: str) -> None:
+    """Refuse empty/None/NaN/non-scalar answers of a map-style dataset at construction, naming the row. Iterable
+    datasets cannot be read ahead: their rows are checked batch by batch, before the first step uses them."""
+    if dataset is None:
+        return
+    if isinstance(dataset, dict):
+        for name, split in dataset.items():
+            _check_answers(split, column, f"{argument}[{name!r}]")
+        return
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        return
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.IterableDataset):
+            return
+        if isinstance(dataset, datasets.Dataset):
+            answers = dataset[column]
+        else:
+            answers = (dataset[i][column] for i in range(len(dataset)))
+    except (KeyError, TypeError):
+        return  # no readable column: the column check and TRL report it
+    for row, answer in enumerate(answers):
+        problem = answer_problem(answer)
+        if problem is not None:
+            _refuse_answer(column, f"row {row} of `{argument}`", answer, problem)
+
+
 class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantages are OPPO's per-token advantages (B, T) (SPEC §2).
 
@@ -66,8 +131,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         teacher_processing_class (*optional*): the teacher's tokenizer, compared with the policy's; by default it
             is loaded from the teacher's name or path.
 
-    Refused at construction: a dataset without the answer column, tools/rollout functions/environments (OPPO
-    rescores TRL's single-turn completions), vision-language processors (the oracle pass carries no images), a
+    Refused at construction: a dataset without the answer column or with an answer that is None, empty, NaN or
+    not a string/number (rows of iterable datasets: when their batch arrives), tools/rollout functions/environments
+    (OPPO rescores TRL's single-turn completions), vision-language processors (the oracle pass carries no images), a
     teacher whose vocabulary differs from the policy's.
     """
 
@@ -107,6 +173,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         # Fail before loading any model.
         _check_answer_column(train_dataset, args.answer_column, "train_dataset")
         _check_answer_column(eval_dataset, args.answer_column, "eval_dataset")
+        _check_answers(train_dataset, args.answer_column, "train_dataset")
+        _check_answers(eval_dataset, args.answer_column, "eval_dataset")
         teacher = teacher_model if teacher_model is not None else args.teacher_model_name_or_path
         if args.oracle == "teacher" and teacher is None:
             raise ValueError(
@@ -202,6 +270,35 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     # ------------------------------------------------------------------------------------------------ hooks
+    def _records_generation_logps(self) -> bool:
+        return (
+            self.args.oracle == "self"
+            and self.args.plain_logps == "auto"
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+        )
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
+        are recorded on the way (:class:`~trl_credit.oppo.oracle.SampledTokenLogps`)."""
+        if not self._records_generation_logps():
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        model = self.accelerator.unwrap_model(self.model)
+        if hasattr(model, "get_base_model"):  # PEFT: generate runs the base causal LM's forward
+            model = model.get_base_model()
+        recorder = SampledTokenLogps(self.temperature)
+        handle = model.register_forward_hook(recorder, with_kwargs=True)
+        try:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        finally:
+            handle.remove()
+        self._oppo_generation_logps = recorder.rows(completion_ids)
+        return completion_ids, logprobs
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._oppo_rewards_per_func = rewards_per_func  # global: every process's rows, in process order
@@ -209,58 +306,152 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         self._oppo_rewards_per_func = None
+        self._oppo_generation_logps = None
         output = super()._generate_and_score_completions(inputs)
-        output["advantages"] = self._oppo_advantages(inputs, output)
+        output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
         return output
 
+    # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
+    # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
+    # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
+    # can have both signs. OPPO's sequence-level direction is the sign anchor A^seq (paper Eq. 21), so both decide
+    # from it: a completion the verifier ranks above its group's mean is kept / weighted as positive as a whole.
+    def _compute_loss(self, model, inputs):
+        self._oppo_loss_anchor = inputs.get("oppo_sequence_advantages")
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._oppo_loss_anchor = None
+
+    def _sequence_anchor(self, advantages: torch.Tensor) -> torch.Tensor:
+        anchor = getattr(self, "_oppo_loss_anchor", None)
+        if anchor is None:
+            if advantages.dim() == 2 and advantages.size(1) > 1:
+                raise RuntimeError(
+                    "OPPOTrainer: the loss got per-token advantages without their sequence anchors "
+                    "(`oppo_sequence_advantages`), needed by off_policy_mask_threshold / loss_type='vespo'."
+                )
+            return advantages
+        return anchor.to(advantages.dtype).view(-1, 1)
+
+    def get_off_policy_mask(self, advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+        return GRPOTrainer.get_off_policy_mask(
+            self._sequence_anchor(advantages), per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+
+    def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kwargs):
+        return GRPOTrainer.get_gamma_weights(
+            self._sequence_anchor(advantages), log_ratio_per_token, mask, importance_sampling_ratio, **kwargs
+        )
+
     # ------------------------------------------------------------------------------------------------ OPPO
-    def _group_statistics(self, num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per global group: k = #completions with reward ≥ success_threshold, and whether all rewards are equal
-        (TRL's zero-std test), from the rewards TRL gathered over all processes."""
+    def _group_statistics(self, num_generations: int):
+        """Per global row: correct (the verifier) and scorable; per global group: k, the number of scorable
+        completions G, and whether TRL's advantages of the group carry no signal (zero reward variance)."""
         rewards_per_func = self._oppo_rewards_per_func
         if rewards_per_func is None:
             raise RuntimeError("OPPOTrainer: the rewards of this batch were not captured from `_calculate_rewards`.")
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        rewards = (rewards_per_func * weights).nansum(dim=1)  # TRL's weighted sum of reward functions
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: never correct
-        grouped = rewards.view(-1, num_generations)
-        num_correct = (grouped >= self.args.success_threshold).sum(dim=1)
-        std = nanstd(grouped, dim=1)
-        zero_variance = torch.isclose(std, torch.zeros_like(std)) | torch.isnan(std)
-        return num_correct, zero_variance
+        scorable = ~unscorable_rows(rewards_per_func)
+        correct = rollout_success(self, rewards_per_func)
+        num_correct, num_scorable = group_success_counts(correct, scorable, num_generations)
+        varied = groups_with_reward_variance(
+            rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
+        )
+        # Global rows, so every process logs the same rate: k / G of the whole batch.
+        num_scorable_rows = int(scorable.sum())
+        log_metric(self, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
+        verifier_scored = ~torch.isnan(rewards_per_func[:, self._success_index])
+        if num_scorable_rows and not bool(verifier_scored.any()):
+            name = self.reward_func_names[self._success_index]
+            warn_once(
+                self,
+                "oppo_verifier_none",
+                f"OPPO's `success_reward` function ({name!r}) returned None for every completion other reward "
+                "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
+                "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
+                "k/G.",
+            )
+        return scorable, num_correct, num_scorable, ~varied
 
-    def _oppo_advantages(self, inputs, output) -> torch.Tensor:
+    def _existing_plain_logps(self, output) -> torch.Tensor | None:
+        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows)."""
+        args = self.args
+        if args.oracle != "self" or args.plain_logps == "recompute":
+            return None
+        if output.get("old_per_token_logps") is not None:  # TRL's own pass: exactly s_t
+            return output["old_per_token_logps"]
+        completion_ids = output["completion_ids"]
+        recorded = self._oppo_generation_logps
+        if recorded is not None and len(recorded) == completion_ids.size(0):
+            table = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+            for row, values in enumerate(recorded):
+                if len(values) > completion_ids.size(1):
+                    return None
+                table[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            return table
+        sampled = output.get("sampling_per_token_logps")
+        plain_sampling = (
+            self.use_vllm
+            and (self.top_p is None or self.top_p >= 1.0)
+            and (self.top_k is None or self.top_k <= 0)
+            and not self.min_p
+            and (self.repetition_penalty is None or self.repetition_penalty == 1.0)
+        )
+        if sampled is not None and plain_sampling and not torch.isnan(sampled[output["completion_mask"].bool()]).any():
+            return sampled  # vLLM's log-probs of the sampled tokens under temperature-only sampling
+        return None
+
+    def _batch_answers(self, inputs) -> list:
+        column = self.args.answer_column
+        answers = []
+        for row, x in enumerate(inputs):
+            answer = x.get(column) if isinstance(x, dict) else None
+            problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
+            if problem is not None:
+                where = f"row {row} of this process's batch (step {self.state.global_step})"
+                _refuse_answer(column, where, answer, problem)
+            answers.append(answer)
+        return answers
+
+    def _oppo_advantages(self, inputs, output) -> tuple[torch.Tensor, torch.Tensor]:
         args = self.args
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         device = output["completion_ids"].device
         num_rows = len(inputs)
         completion_mask = output["completion_mask"]
+        answers = self._batch_answers(inputs)  # fail before any scoring pass
 
         # Each local row's global group, with TRL's layout: rows of all processes in process order, groups of
         # `num_generations` consecutive rows (a group may span processes).
         first_row = self.accelerator.process_index * num_rows
-        group_ids = (first_row + torch.arange(num_rows, device=device)) // num_generations
-        num_correct, zero_variance = self._group_statistics(num_generations)
-        num_correct, zero_variance = num_correct.to(device), zero_variance.to(device)
-        # A^seq: TRL's group-normalized advantage; exactly 0 in zero-variance groups (float round-off in TRL's
-        # mean could otherwise leave a ±tiny value whose sign anchoring would amplify).
-        seq_advantages = output["advantages"].masked_fill(zero_variance[group_ids], 0.0)
+        local_rows = first_row + torch.arange(num_rows, device=device)
+        group_ids = local_rows // num_generations
+        statistics = self._group_statistics(num_generations)
+        scorable, num_correct, num_scorable, zero_variance = (t.to(device) for t in statistics)
+        row_scorable = scorable[local_rows]
+        # A^seq: TRL's advantage; exactly 0 in zero-variance groups (float round-off in TRL's mean could otherwise
+        # leave a ±tiny value whose sign anchoring would amplify) and on unscorable rows (TRL already gives 0).
+        seq_advantages = output["advantages"].masked_fill(zero_variance[group_ids] | ~row_scorable, 0.0)
+        # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows. Unscorable rows keep TRL's loss mask
+        # but get advantage 0 and stay out of the group's token moments.
+        credit_mask = completion_mask * row_scorable.unsqueeze(1).to(completion_mask.dtype)
 
         # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs).
         prompts = [x["prompt"] for x in inputs]
-        answers = []
-        for row, x in enumerate(inputs):
-            if args.answer_column not in x or x[args.answer_column] is None:
-                raise ValueError(
-                    f"OPPO: row {row} of the batch has no `{args.answer_column}` (OPPOConfig.answer_column) to condition "
-                    "the oracle on."
-                )
-            answers.append(x[args.answer_column])
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = self._tokenize_prompts(oracle_prompts)
 
-        reuse_student = args.oracle == "self" and output.get("old_per_token_logps") is not None
+        student_logps = self._existing_plain_logps(output)
+        extra_pass_rows = 1.0 if student_logps is not None else 2.0
+        if student_logps is None and self._records_generation_logps():
+            warn_once(
+                self,
+                "oppo_plain_logps",
+                "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
+                "the completions, e.g. beam search or a custom generate), so its extra pass also scores the B plain "
+                "rows (2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
+            )
         scorer = self.model if args.oracle == "self" else self.teacher_model
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
         oracle_logps, student_logps = score_evidence(
@@ -271,17 +462,19 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             output["prompt_mask"],
             output["completion_ids"],
             completion_mask,
-            student_logps=output["old_per_token_logps"] if reuse_student else None,
+            student_logps=student_logps,
             batch_size=batch_size,
         )
+        # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
+        log_metric(self, "oppo/extra_pass_rows", extra_pass_rows)
 
         credit = bayesian_value_recursion(
             oracle_logps,
             student_logps,
-            completion_mask,
+            credit_mask,
             seq_advantages,
             num_correct[group_ids],
-            num_generations,
+            num_scorable[group_ids],
             args.evidence_clip,
             args.prior_strength,
             anchoring=args.direction_anchoring,
@@ -292,17 +485,17 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         )
 
         # Group normalization over the valid tokens of the whole group, which may live on several processes.
-        row_moments = row_token_moments(credit.advantages, completion_mask)
+        row_moments = row_token_moments(credit.advantages, credit_mask)
         all_row_moments = self.accelerator.gather(row_moments)
         all_group_ids = torch.arange(all_row_moments.size(0), device=device) // num_generations
         moments = group_moments(all_row_moments, all_group_ids)
         advantages = normalize_with_group_moments(
-            credit.advantages, completion_mask, group_ids, moments, eps=args.advantage_eps
+            credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps
         )
-        self._log_oppo_metrics(credit, advantages, completion_mask)
-        return advantages.to(output["advantages"].dtype)
+        self._log_oppo_metrics(credit, advantages, credit_mask, row_scorable)
+        return advantages.to(output["advantages"].dtype), seq_advantages
 
-    def _log_oppo_metrics(self, credit, advantages: torch.Tensor, completion_mask: torch.Tensor) -> None:
+    def _log_oppo_metrics(self, credit, advantages: torch.Tensor, completion_mask: torch.Tensor, scorable) -> None:
         mask = completion_mask.to(torch.float64)
         local = torch.stack(
             [
@@ -310,13 +503,17 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 mask.sum(),
                 (credit.evidence_clipped.to(torch.float64) * mask).sum(),
                 (advantages.abs().to(torch.float64) * mask).sum(),
-                credit.prior_values.to(torch.float64).sum(),
-                torch.tensor(float(credit.prior_values.numel()), dtype=torch.float64, device=mask.device),
+                (credit.prior_values.to(torch.float64) * scorable.to(torch.float64)).sum(),
+                scorable.to(torch.float64).sum(),
+                (~scorable).to(torch.float64).sum(),
+                torch.tensor(float(scorable.numel()), dtype=torch.float64, device=mask.device),
             ]
         )
-        value_sum, tokens, clipped, abs_sum, prior_sum, rows = self.accelerator.gather(local).view(-1, 6).sum(0).tolist()
+        gathered = self.accelerator.gather(local).view(-1, 8).sum(0).tolist()
+        value_sum, tokens, clipped, abs_sum, prior_sum, scored_rows, unscorable, rows = gathered
         tokens = max(tokens, 1.0)
         log_metric(self, "oppo/value_mean", value_sum / tokens)
         log_metric(self, "oppo/evidence_clip_rate", clipped / tokens)
         log_metric(self, "oppo/advantage_abs_mean", abs_sum / tokens)
-        log_metric(self, "oppo/prior_value_mean", prior_sum / max(rows, 1.0))
+        log_metric(self, "oppo/prior_value_mean", prior_sum / max(scored_rows, 1.0))
+        log_metric(self, "oppo/unscorable_rate", unscorable / max(rows, 1.0))
