@@ -47,7 +47,7 @@ class RecordingDATPOTrainer(DATPOTrainer):
         if self.model.training:
             self.records[-1]["answers"] = [x["answer"] for x in inputs]
             self.records[-1]["batch"] = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in output.items()}
-            self.records[-1]["alpha"] = self._metrics["train"]["datpo/alpha"][-1]
+            self.records[-1]["alpha"] = self._diversity_alpha()
         return output
 
 
@@ -233,7 +233,8 @@ def test_config_validation():
         (dict(value_estimate="mean"), "value_estimate"),
         (dict(diversity_alpha_schedule="cosine"), "diversity_alpha_schedule"),
         (dict(branch_chunk_size=0), "branch_chunk_size"),
-        (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
+        (dict(fork_fallback="random"), "fork_fallback"),
+        (dict(rows_per_forward=0), "rows_per_forward"),
     ]:
         with pytest.raises(ValueError, match=match):
             DATPOConfig(**common, **bad)
