@@ -6,8 +6,10 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
   1. phase 1 = ``super()._generate_and_score_completions``: TRL generates the N base rollouts per prompt, scores
      them with the reward functions, computes old/ref log-probs and vLLM importance ratios, logs its metrics.
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
-  2. V_root and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base rollouts (one no-grad
-     pass), forks (``forks.select_forks``).
+  2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
+     >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
+     rollouts (one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
+     by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
   3. phase 2: all branch prompts (prompt + base prefix) of the batch through ``generate_from_prefixes`` (TRL's
      ``_generate_single_turn``: HF generate, vLLM server/colocate), in ``branch_chunk_size`` chunks; branch rewards
      through TRL's ``_calculate_rewards`` on prefix + branch.
@@ -18,6 +20,10 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
 - ``_prepare_inputs``: splits the variable number of rows into ``steps_per_generation`` micro-batches without
   dropping any (TRL's split floor-divides). ``num_items_in_batch`` counts the loss tokens of all rows of all
   processes, so ``loss_type="dapo"`` (the default) averages over every token of the generation batch.
+- ``compute_loss`` / ``_compute_loss``: forwards of at most ``rows_per_forward`` rows; advantages = A_base +
+  α_t·bonus with α_t of the optimizer step being trained; the row-averaging loss types (and ``bnpo``) are
+  renormalized to the whole generation batch, so micro-batch sizes, filler rows and the number of processes do
+  not change any row's weight.
 
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
@@ -110,9 +116,10 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if self.aux_loss_enabled:
             warn_once(
                 self, "datpo_router_aux_loss",
-                "DATPO: the MoE router auxiliary loss is added per micro-batch and per forward piece of at most "
-                "`rows_per_forward` rows, so its weight grows with the number of pieces; set router_aux_loss_coef=0.0 "
-                "to train without it.",
+                "DATPO: the MoE router auxiliary loss is added inside TRL's loss, which DATPO renormalizes to the "
+                "generation batch and evaluates in forwards of at most `rows_per_forward` rows, so the auxiliary "
+                "term's weight is not TRL's (it scales with the micro-batch and the number of forward pieces); set "
+                "router_aux_loss_coef=0.0 to train without it.",
             )
         self._datpo_recording = False
         self._datpo_phase1 = None
