@@ -12,7 +12,6 @@ import warnings
 import pytest
 import torch
 
-import trl_credit.datpo.trainer as datpo_trainer
 from tests.test_datpo_trainer import SENTENCES, RecordingDATPOTrainer, ScriptedDATPOTrainer, two_prompt_dataset
 from trl_credit import DATPOConfig, DATPOTrainer
 
@@ -48,14 +47,6 @@ def _config(tmp_path, **overrides):
 
 
 def _train_recording(tiny_model_path, tmp_path, monkeypatch, reward_funcs, **overrides):
-    original = datpo_trainer.generate_from_prefixes
-
-    def recording_generate(trainer, prefix_ids, **kwargs):
-        completions, logprobs = original(trainer, prefix_ids, **kwargs)
-        trainer.records[-1]["branches"].extend(list(map(list, completions)))
-        return completions, logprobs
-
-    monkeypatch.setattr(datpo_trainer, "generate_from_prefixes", recording_generate)
     trainer = RecordingDATPOTrainer(model=tiny_model_path, reward_funcs=reward_funcs,
                                     args=_config(tmp_path, **overrides), train_dataset=two_prompt_dataset())
     trainer.train()
@@ -141,7 +132,7 @@ class OneSentenceDATPOTrainer(ScriptedDATPOTrainer):
     eos = True
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if num_generations > 1:
+        if not self._datpo_branching:
             ids = self._tokenizer(self.text, add_special_tokens=False)["input_ids"]
             ids = ids + [self._tokenizer.eos_token_id] if self.eos else ids
             return [list(ids) for _ in prompt_ids], None

@@ -60,6 +60,12 @@ def test_two_processes_match_one_process(tiny_model_path, tmp_path, two_process_
             for key, advantages in expected.items():
                 assert got[key] == pytest.approx(advantages, abs=1e-4)
             assert any(a != 0 for adv in expected.values() for a in adv)
+    # branch generation is shared out: each process generated about half of the branches (whole forks of B̂ rows),
+    # although one process owns them all
+    for step in range(2):
+        generated = [r["one_sided"]["generated"][step] for r in two]
+        total = sum(r["one_sided"]["branch_counts"][step] for r in two)
+        assert sum(generated) == total and min(generated) > 0 and abs(generated[0] - generated[1]) <= 4
     # spanning: both processes hold half of the group and grew branches from their own base rollouts
     assert all(r["spanning"]["branch_counts"][0] > 0 for r in two)
 

@@ -3,7 +3,7 @@
 Two prompts per step: one with an even answer, which the reward function always solves (V_root = 1: no
 branches), and one with an odd answer, rewarded 0.5·(parity of the token sum of the whole response), so
 V_root <= 0.5 and K̂, B̂ >= 2. Every generated sequence is recorded (base rollouts from ``_generate``, branches
-from ``generate_from_prefixes``) and the training batch is checked against a reference tree built here with plain
+from ``_generate_branches``) and the training batch is checked against a reference tree built here with plain
 loops from those records (paper Eq. 3 / Eq. 7 with V = mean leaf reward under the node).
 """
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_credit.datpo.trainer as datpo_trainer
 from trl_credit import DATPOConfig, DATPOTrainer
 from trl_credit.data import make_arithmetic_dataset
 from trl_credit.datpo import split_rows
@@ -41,6 +40,11 @@ class RecordingDATPOTrainer(DATPOTrainer):
             self.records.append({"base_prompts": [list(p) for p in result[0]],
                                  "base": [list(c) for c in result[1]], "branches": []})
         return result
+
+    def _generate_branches(self, fork_requests):
+        completions, logprobs = super()._generate_branches(fork_requests)
+        self.records[-1]["branches"].extend(list(map(list, completions)))
+        return completions, logprobs
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -124,15 +128,7 @@ def reference_advantages(record):
 
 
 def _train(tiny_model_path, tmp_path, monkeypatch, **overrides):
-    original = datpo_trainer.generate_from_prefixes
     trainer_box = {}
-
-    def recording_generate(trainer, prefix_ids, **kwargs):
-        completions, logprobs = original(trainer, prefix_ids, **kwargs)
-        trainer.records[-1]["branches"].extend(list(map(list, completions)))
-        return completions, logprobs
-
-    monkeypatch.setattr(datpo_trainer, "generate_from_prefixes", recording_generate)
     config = dict(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
         max_steps=2, learning_rate=1e-2, report_to="none", logging_steps=1, use_cpu=True, save_strategy="no",
@@ -330,7 +326,7 @@ class ScriptedDATPOTrainer(DATPOTrainer):
         super().__init__(*args, **kwargs)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if num_generations > 1:
+        if not self._datpo_branching:
             ids = self._tokenizer(SENTENCES, add_special_tokens=False)["input_ids"] + [self._tokenizer.eos_token_id]
             return [list(ids) for _ in prompt_ids], None
         return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)

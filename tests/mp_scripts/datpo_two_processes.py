@@ -36,6 +36,7 @@ class DeterministicDATPOTrainer(DATPOTrainer):
     def __init__(self, *args, **kwargs):
         self.rows = []
         self.branch_counts = []
+        self.generated = []  # branch rows this process generated, per step
         super().__init__(*args, **kwargs)
 
     def _fake_completion(self, seed: int) -> list[int]:
@@ -45,11 +46,15 @@ class DeterministicDATPOTrainer(DATPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         completions = []
-        if num_generations > 1:  # phase 1: base rollouts, seeded by the row's global index
+        if not self._datpo_branching:  # phase 1: base rollouts, seeded by the row's global index
             first = self.accelerator.process_index * len(prompt_ids)
             for r, prompt in enumerate(prompt_ids):
                 completions.append(self._fake_completion(hash((tuple(prompt), first + r)) % 100003))
         else:  # phase 2: branches, seeded by the prefix and its occurrence (B̂ identical prefixes per fork)
+            assert num_generations > 0 and len(prompt_ids) % num_generations == 0
+            # the B̂ rows of a fork are consecutive: rows sharing a prefix come in runs of num_generations
+            assert all(prompt_ids[k] == prompt_ids[k - k % num_generations] for k in range(len(prompt_ids)))
+            self.generated[-1] += sum(1 for p in prompt_ids if len(p) > 1)  # filler forks are one token
             seen = {}
             for prompt in prompt_ids:
                 key = tuple(prompt)
@@ -58,6 +63,7 @@ class DeterministicDATPOTrainer(DATPOTrainer):
         return completions, None
 
     def _generate_and_score_completions(self, inputs):
+        self.generated.append(0)
         output = super()._generate_and_score_completions(inputs)
         step_rows = []
         for r in range(output["completion_ids"].size(0)):
@@ -107,7 +113,8 @@ def run(name, model_dir, out_dir, per_device, prompts, steps, world, return_trai
     trainer.train()
     if return_trainer:
         return trainer
-    return {"steps": trainer.state.global_step, "rows": trainer.rows, "branch_counts": trainer.branch_counts}
+    return {"steps": trainer.state.global_step, "rows": trainer.rows, "branch_counts": trainer.branch_counts,
+            "generated": trainer.generated}
 
 
 def main(model_dir: str, out_dir: str):

@@ -10,9 +10,10 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
      >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
      rollouts (one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
      by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
-  3. phase 2: all branch prompts (prompt + base prefix) of the batch through ``generate_from_prefixes`` (TRL's
-     ``_generate_single_turn``: HF generate, vLLM server/colocate), in ``branch_chunk_size`` chunks; branch rewards
-     through TRL's ``_calculate_rewards`` on prefix + branch.
+  3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
+     ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
+     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks; branch rewards through TRL's
+     ``_calculate_rewards`` on prefix + branch.
   4. the tree of every prompt is gathered on every process and its block advantages computed by the pure
      functions of ``tree`` and ``diversity``; each process keeps its own rows: one per base rollout (advantage per
      token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no token is
@@ -45,7 +46,6 @@ from .._trl import (
     check_single_turn,
     gather_counts,
     gather_rows,
-    generate_from_prefixes,
     log_metric,
     outside_zero3_init,
     pad_rows,
@@ -122,6 +122,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 "router_aux_loss_coef=0.0 to train without it.",
             )
         self._datpo_recording = False
+        self._datpo_branching = False  # True while the branches of phase 2 are generated
         self._datpo_phase1 = None
         self._datpo_rewards_per_func = None
         self.embedder = None
@@ -319,16 +320,23 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         )
         self._log_fork_coverage(fork_counts)
 
-        # Phase 2: B̂ branches from every fork, all prompts of the batch in one (chunked) collective call.
+        # Phase 2: B̂ branches from every fork (`_generate_branches`: the forks of all processes, shared out evenly).
         branch_meta: list[tuple[int, int]] = []  # (local base row, fork index)
         branch_prefixes: list[list[int]] = []
+        fork_requests: list[tuple[list[int], int]] = []  # (prompt + prefix, B̂) per local fork
         for i, forks in enumerate(local_forks):
             _, b_hat = budgets[(first_row + i) // N]
             for j, fork in enumerate(forks):
+                prefix = prompt_ids_list[i] + completion_ids_list[i][:fork]
+                fork_requests.append((prefix, b_hat))
                 for _ in range(b_hat):
                     branch_meta.append((i, j))
-                    branch_prefixes.append(prompt_ids_list[i] + completion_ids_list[i][:fork])
-        branch_ids, branch_logprobs = generate_from_prefixes(self, branch_prefixes, chunk_size=args.branch_chunk_size)
+                    branch_prefixes.append(prefix)
+        self._datpo_branching = True
+        try:
+            branch_ids, branch_logprobs = self._generate_branches(fork_requests)
+        finally:
+            self._datpo_branching = False
         branch_ids = [list(ids) for ids in branch_ids]
         # response = base prefix + branch (SPEC §3.3: branch rewards are on the whole response)
         branch_responses = [
@@ -427,6 +435,62 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 f"DATPO: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, scorable) got no "
                 f"fork, so their prompt grows no tree from them (logged every step as datpo/no_fork_rate): {fix}.",
             )
+
+    # ------------------------------------------------------------------ branch generation
+    def _generate_branches(self, fork_requests: list[tuple[list[int], int]]):
+        """B̂ continuations of every local fork ``(prompt + prefix ids, B̂)``, in fork order; returns
+        ``(completion ids, sampling log-probs or None)`` with B̂ consecutive rows per fork.
+
+        A collective call. The forks of all processes are gathered and shared out evenly (per B̂ value, in
+        contiguous runs), so the process that holds an unsolved prompt's tree does not generate all of it while
+        the others wait; the results go back to the process that owns the fork (it trains those rows). The B̂
+        branches of one fork are consecutive rows of one ``_generate_single_turn(..., num_generations=B̂)`` call,
+        as TRL lays out its N rollouts per prompt: vLLM server mode then samples them as ``n = B̂`` of one prompt
+        and vLLM's prefix cache reuses the fork's prefill. Every process makes the same calls with the same row
+        count (vLLM server mode slices its answer by process), padding with one-token filler forks.
+        """
+        num_processes, process = self.accelerator.num_processes, self.accelerator.process_index
+        counts = gather_counts(self, len(fork_requests))
+        if sum(counts) == 0:
+            return [], None
+        all_forks = gather_rows(self, [(list(map(int, prefix)), int(b_hat)) for prefix, b_hat in fork_requests])
+        chunk = self.args.branch_chunk_size
+        done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
+        any_logprobs = True
+        for b_hat in sorted({b for _, b in all_forks}):
+            forks = [k for k, (_, b) in enumerate(all_forks) if b == b_hat]
+            share = [forks[q * len(forks) // num_processes : (q + 1) * len(forks) // num_processes]
+                     for q in range(num_processes)]
+            most = max(len(part) for part in share)
+            per_call = most if not chunk else max(1, min(most, chunk // b_hat))
+            filler = all_forks[forks[0]][0][:1]
+            mine = share[process]
+            for call in range(math.ceil(most / per_call)):
+                call_forks = mine[call * per_call : (call + 1) * per_call]
+                rows = [all_forks[k][0] for k in call_forks for _ in range(b_hat)]
+                rows += [filler] * ((per_call - len(call_forks)) * b_hat)
+                completion_ids, logprobs = self._generate_single_turn(rows, None, {}, b_hat)
+                any_logprobs = any_logprobs and logprobs is not None
+                for n, k in enumerate(call_forks):
+                    piece = slice(n * b_hat, (n + 1) * b_hat)
+                    done.append((
+                        k,
+                        [list(map(int, ids)) for ids in completion_ids[piece]],
+                        [list(lp) for lp in logprobs[piece]] if logprobs is not None else None,
+                    ))
+        results = {k: (ids, lps) for k, ids, lps in gather_rows(self, done)}
+        first = sum(counts[:process])
+        branch_ids: list[list[int]] = []
+        branch_logprobs: list[list[float]] | None = [] if any_logprobs else None
+        for k in range(first, first + counts[process]):
+            ids, lps = results[k]
+            branch_ids.extend(ids)
+            if branch_logprobs is not None:
+                if lps is None:
+                    branch_logprobs = None
+                else:
+                    branch_logprobs.extend(lps)
+        return branch_ids, branch_logprobs
 
     # ------------------------------------------------------------------ rewards of branches
     def _branch_rewards(
