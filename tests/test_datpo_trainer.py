@@ -356,3 +356,28 @@ def test_sentence_entropy_forks_at_sentence_starts(tiny_model_path, tiny_tokeniz
     prompt_len = int(output["prompt_mask"][0].sum())
     prefix_lengths = [int(output["prompt_mask"][r].sum()) - prompt_len for r in range(n_base, output["prompt_ids"].size(0))]
     assert sorted(prefix_lengths) == sorted(starts * 4 * n_base)  # 4 branches at each of the 2 sentence starts
+
+
+def test_sorting_rows_by_length_cuts_padding_of_forward_pieces():
+    from trl_credit.datpo import sort_rows_by_length
+
+    # 4 rows, completion lengths 1, 6, 1, 6 (prompts 1 token): two pieces of 2 rows
+    lengths = [1, 6, 1, 6]
+    batch = {
+        "prompt_ids": torch.ones(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),
+        "completion_ids": torch.arange(24).view(4, 6),
+        "completion_mask": torch.tensor([[1] * n + [0] * (6 - n) for n in lengths]),
+        "advantages": torch.arange(4.0).view(4, 1).expand(4, 6).clone(),
+        "num_items_in_batch": torch.tensor(14),
+    }
+
+    def padded_tokens(pieces):
+        return sum(p["completion_ids"].numel() for p in pieces)
+
+    unsorted = split_rows(batch, 2)
+    ordered = split_rows(sort_rows_by_length(batch), 2)
+    # unsorted: each piece holds a 6-token row -> 2·6 + 2·6 = 24 slots; sorted: 2·1 + 2·6 = 14 (no padding)
+    assert padded_tokens(unsorted) == 24 and padded_tokens(ordered) == 14
+    # rows move together with their advantages
+    first = ordered[0]
+    assert first["advantages"][:, 0].tolist() == [0.0, 2.0] and first["completion_ids"][:, 0].tolist() == [0, 12]

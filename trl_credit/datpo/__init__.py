@@ -10,7 +10,7 @@ from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
 from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
 from .forks import FORK_METHODS, select_forks, sentence_spans, token_char_offsets
-from .trainer import DATPOTrainer, split_rows
+from .trainer import DATPOTrainer, sort_rows_by_length, split_rows
 from .tree import VALUE_ESTIMATES, block_advantages, leaf_rewards, node_values
 
 __all__ = [
@@ -30,4 +30,5 @@ __all__ = [
     "diversity_bonus",
     "annealed_alpha",
     "split_rows",
+    "sort_rows_by_length",
 ]

@@ -205,7 +205,8 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 "steps_per_generation if it does not fit in memory.",
             )
             return self._compute_loss(model, inputs)
-        pieces = split_rows(inputs, math.ceil(num_rows / cap), self.pad_to_multiple_of)
+        # rows of similar length share a forward (less padding); the loss does not depend on the order of rows
+        pieces = split_rows(sort_rows_by_length(inputs), math.ceil(num_rows / cap), self.pad_to_multiple_of)
         earlier = 0.0
         for piece in pieces[:-1]:
             with self.accelerator.no_sync(model):
@@ -827,6 +828,22 @@ def _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards,
         branch_offset += count
         blocks["by_process"].append(local_blocks)
     return blocks
+
+
+def sort_rows_by_length(batch: dict) -> dict:
+    """The rows of ``batch`` ordered by prompt + completion length (masks), so consecutive rows pad little."""
+    lengths = batch["prompt_mask"].sum(dim=1) + batch["completion_mask"].sum(dim=1)
+    order = torch.argsort(lengths.cpu(), stable=True)
+    num_rows = lengths.size(0)
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == num_rows:
+            out[key] = value[order.to(value.device)]
+        elif isinstance(value, list) and len(value) == num_rows:
+            out[key] = [value[k] for k in order.tolist()]
+        else:
+            out[key] = value
+    return out
 
 
 def split_rows(batch: dict, num_chunks: int, pad_to_multiple_of: int | None = None) -> list[dict]:
