@@ -381,3 +381,23 @@ def test_sorting_rows_by_length_cuts_padding_of_forward_pieces():
     # rows move together with their advantages
     first = ordered[0]
     assert first["advantages"][:, 0].tolist() == [0.0, 2.0] and first["completion_ids"][:, 0].tolist() == [0, 12]
+
+
+def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
+    # forks (prefix, B̂): B̂ = 2, 3, 2 with branch_chunk_size = 4 -> one call for the two B̂ = 2 forks (4 rows,
+    # num_generations = 2) and one for the B̂ = 3 fork (3 rows, num_generations = 3); results in fork order
+    args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                       use_cpu=True, use_diversity=False, branch_chunk_size=4)
+    trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                           train_dataset=two_prompt_dataset())
+    calls = []
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        calls.append(([list(p) for p in prompt_ids], num_generations))
+        return [[p[-1], len(calls), k] for k, p in enumerate(prompt_ids)], None
+
+    trainer._generate_single_turn = fake_generate
+    ids, logprobs = trainer._generate_branches([([5, 6, 7], 2), ([5, 8], 3), ([9], 2)])
+    assert calls == [([[5, 6, 7], [5, 6, 7], [9], [9]], 2), ([[5, 8]] * 3, 3)]
+    assert ids == [[7, 1, 0], [7, 1, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 2], [9, 1, 3]]
+    assert logprobs is None
