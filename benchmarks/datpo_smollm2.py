@@ -5,6 +5,9 @@ metrics (leaves per prompt, K̂/B̂, PassRate vs base pass rate, sibling diversi
 wall-clock ratio DATPO/GRPO per optimizer step.
 
     python benchmarks/datpo_smollm2.py --steps 3 --prompts-per-step 2 --max-completion-length 96
+
+Tree cost (issue target: generated tokens per leaf <= 0.6 of a GRPO rollout on answers of >= 128 tokens): RESULT
+reports DATPO's tokens per leaf, the mean length of its base rollouts and of GRPO's rollouts, and their ratios.
 """
 
 from __future__ import annotations
@@ -49,9 +52,14 @@ def main():
     datpo.train()
     results["datpo_seconds_per_step"] = (time.perf_counter() - start) / cli.steps
     logs = [log for log in datpo.state.log_history if "datpo/leaves_per_prompt" in log]
+    results["datpo_tokens_per_leaf"] = sum(log["datpo/tokens_per_leaf"] for log in logs) / len(logs)
+    results["datpo_base_rollout_length"] = sum(log["completions/mean_length"] for log in logs) / len(logs)
+    results["datpo_leaves_per_prompt"] = sum(log["datpo/leaves_per_prompt"] for log in logs) / len(logs)
+    results["tokens_per_leaf_over_base_rollout"] = results["datpo_tokens_per_leaf"] / results["datpo_base_rollout_length"]
     keys = ["reward", "datpo/v_root", "datpo/k_hat", "datpo/b_hat", "datpo/leaves_per_prompt", "datpo/pass_rate",
             "datpo/base_pass_rate", "datpo/sibling_diversity", "datpo/tokens_per_leaf", "datpo/leaf_length",
-            "datpo/blocks_per_prompt", "datpo/forks_per_rollout", "datpo/branch_reward", "datpo/alpha"]
+            "datpo/blocks_per_prompt", "datpo/forks_per_rollout", "datpo/no_fork_rate", "datpo/fork_fallback_rate",
+            "datpo/branch_reward", "datpo/alpha"]
     for step, log in enumerate(logs, 1):
         print(f"step {step}: " + ", ".join(f"{k}={log[k]:.3f}" for k in keys if k in log))
     if not cli.no_grpo:
@@ -63,6 +71,9 @@ def main():
         grpo.train()
         results["grpo_seconds_per_step"] = (time.perf_counter() - start) / cli.steps
         results["time_ratio_datpo_over_grpo"] = results["datpo_seconds_per_step"] / results["grpo_seconds_per_step"]
+        grpo_logs = [log for log in grpo.state.log_history if "completions/mean_length" in log]
+        results["grpo_rollout_length"] = sum(log["completions/mean_length"] for log in grpo_logs) / len(grpo_logs)
+        results["tokens_per_leaf_over_grpo_rollout"] = results["datpo_tokens_per_leaf"] / results["grpo_rollout_length"]
     print("RESULT " + json.dumps(results))
 
 

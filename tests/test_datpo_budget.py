@@ -36,3 +36,12 @@ def test_out_of_range_v_root_is_clamped_and_nan_refused():
         adaptive_budget(math.nan, 3, 4)
     with pytest.raises(ValueError, match="k_max"):
         adaptive_budget(0.5, -1, 4)
+
+
+def test_root_success_rate_counts_verdicts_of_scorable_rollouts():
+    from trl_credit.datpo.budget import root_success_rate
+
+    # 4 base rollouts: correct, wrong, unscorable, correct -> 2 of 3 scorable are correct
+    assert root_success_rate([True, False, False, True], [False, False, True, False]) == pytest.approx(2 / 3)
+    assert math.isnan(root_success_rate([False, False], [True, True]))  # nothing scorable
+    assert adaptive_budget(root_success_rate([True, False, False, True], [False, False, True, False]), 3, 4) == (1, 2)

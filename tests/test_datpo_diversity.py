@@ -81,3 +81,16 @@ def test_annealing_endpoints():
 def test_shape_errors():
     with pytest.raises(ValueError, match="num_blocks"):
         sibling_diversity(EMB, START[:3])
+
+
+def test_rounding_noise_is_not_a_positive_advantage():
+    # three base rollouts rewarded 0.7 each: A = 0.7 − mean = 0 exactly, but the float mean makes it +1.1e-16;
+    # rewards 0.2, 0.3, 0.1: the first block's A = 0.2 − 0.2 = 0, computed as +2.8e-17
+    for rewards, zero in (([0.7, 0.7, 0.7], [0, 1, 2]), ([0.2, 0.3, 0.1], [0])):
+        base = block_advantages([0, 0, 0], [None] * 3, rewards)
+        assert all(0 < base[b].item() < 1e-15 for b in zero)  # the float artefact this guards against
+        out = diversity_bonus(base, torch.ones(3, dtype=torch.float64), 0.2)
+        assert all(out[b].item() == pytest.approx(0.0, abs=1e-12) for b in zero)  # no bonus
+    # a real positive advantage still gets it: rewards 0.3, 0.2, 0.1 -> A = +0.1 on the first block
+    out = diversity_bonus(block_advantages([0, 0, 0], [None] * 3, [0.3, 0.2, 0.1]), torch.ones(3, dtype=torch.float64), 0.2)
+    assert out[0].item() == pytest.approx(0.1 + 0.2)

@@ -22,12 +22,16 @@ def _rows_by_key(reports, run, step):
     return table
 
 
+@pytest.fixture(scope="module")
+def two_process_reports(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("datpo_two")
+    run_torchrun("tests/mp_scripts/datpo_two_processes.py", tiny_model_path, str(out), nproc=2)
+    return _reports(out)
+
+
 @pytest.mark.multiprocess
-def test_two_processes_match_one_process(tiny_model_path, tmp_path):
-    script = "tests/mp_scripts/datpo_two_processes.py"
-    (tmp_path / "two").mkdir()
-    run_torchrun(script, tiny_model_path, str(tmp_path / "two"), nproc=2)
-    two = _reports(tmp_path / "two")
+def test_two_processes_match_one_process(tiny_model_path, tmp_path, two_process_reports):
+    two = two_process_reports
     # the 1-process reference runs in this process (same script functions, world size 1)
     from tests.mp_scripts.datpo_two_processes import run
 
@@ -56,5 +60,29 @@ def test_two_processes_match_one_process(tiny_model_path, tmp_path):
             for key, advantages in expected.items():
                 assert got[key] == pytest.approx(advantages, abs=1e-4)
             assert any(a != 0 for adv in expected.values() for a in adv)
+    # branch generation is shared out: each process generated about half of the branches (whole forks of B̂ rows),
+    # although one process owns them all
+    for step in range(2):
+        generated = [r["one_sided"]["generated"][step] for r in two]
+        total = sum(r["one_sided"]["branch_counts"][step] for r in two)
+        assert sum(generated) == total and min(generated) > 0 and abs(generated[0] - generated[1]) <= 4
     # spanning: both processes hold half of the group and grew branches from their own base rollouts
     assert all(r["spanning"]["branch_counts"][0] > 0 for r in two)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_weigh_rows_as_one_process_for_every_loss_type(tiny_model_path, tmp_path, two_process_reports):
+    # One process holds the tree (4 base rows + branches), the other 4 base rows + empty filler rows that even out
+    # the row counts. Filler rows and uneven micro-batches must not reweigh the real rows: the loss and the
+    # (all-reduced) gradient equal the 1-process run's, for every loss type. Row-averaging losses (grpo, sapo,
+    # luspo, dr_grpo) used to divide by the filler-padded row count of each micro-batch.
+    from tests.mp_scripts.datpo_two_processes import LOSS_RUNS, run_loss_types
+
+    two = two_process_reports
+    one = run_loss_types(tiny_model_path, str(tmp_path / "one"), 1)
+    for loss_type, _, _ in LOSS_RUNS:
+        for report in two:
+            got = report["loss_types"][loss_type]
+            assert got["loss"] == pytest.approx(one[loss_type]["loss"], rel=1e-3, abs=1e-6), loss_type
+            assert got["grad_norm"] == pytest.approx(one[loss_type]["grad_norm"], rel=1e-3), loss_type
+        assert one[loss_type]["grad_norm"] > 0

@@ -3,7 +3,7 @@
 Two prompts per step: one with an even answer, which the reward function always solves (V_root = 1: no
 branches), and one with an odd answer, rewarded 0.5·(parity of the token sum of the whole response), so
 V_root <= 0.5 and K̂, B̂ >= 2. Every generated sequence is recorded (base rollouts from ``_generate``, branches
-from ``generate_from_prefixes``) and the training batch is checked against a reference tree built here with plain
+from ``_generate_branches``) and the training batch is checked against a reference tree built here with plain
 loops from those records (paper Eq. 3 / Eq. 7 with V = mean leaf reward under the node).
 """
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_credit.datpo.trainer as datpo_trainer
 from trl_credit import DATPOConfig, DATPOTrainer
 from trl_credit.data import make_arithmetic_dataset
 from trl_credit.datpo import split_rows
@@ -42,12 +41,17 @@ class RecordingDATPOTrainer(DATPOTrainer):
                                  "base": [list(c) for c in result[1]], "branches": []})
         return result
 
+    def _generate_branches(self, fork_requests):
+        completions, logprobs = super()._generate_branches(fork_requests)
+        self.records[-1]["branches"].extend(list(map(list, completions)))
+        return completions, logprobs
+
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.model.training:
             self.records[-1]["answers"] = [x["answer"] for x in inputs]
             self.records[-1]["batch"] = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in output.items()}
-            self.records[-1]["alpha"] = self._metrics["train"]["datpo/alpha"][-1]
+            self.records[-1]["alpha"] = self._diversity_alpha()
         return output
 
 
@@ -124,15 +128,7 @@ def reference_advantages(record):
 
 
 def _train(tiny_model_path, tmp_path, monkeypatch, **overrides):
-    original = datpo_trainer.generate_from_prefixes
     trainer_box = {}
-
-    def recording_generate(trainer, prefix_ids, **kwargs):
-        completions, logprobs = original(trainer, prefix_ids, **kwargs)
-        trainer.records[-1]["branches"].extend(list(map(list, completions)))
-        return completions, logprobs
-
-    monkeypatch.setattr(datpo_trainer, "generate_from_prefixes", recording_generate)
     config = dict(
         output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
         max_steps=2, learning_rate=1e-2, report_to="none", logging_steps=1, use_cpu=True, save_strategy="no",
@@ -233,7 +229,8 @@ def test_config_validation():
         (dict(value_estimate="mean"), "value_estimate"),
         (dict(diversity_alpha_schedule="cosine"), "diversity_alpha_schedule"),
         (dict(branch_chunk_size=0), "branch_chunk_size"),
-        (dict(multi_objective_aggregation="normalize_then_sum"), "multi_objective_aggregation"),
+        (dict(fork_fallback="random"), "fork_fallback"),
+        (dict(rows_per_forward=0), "rows_per_forward"),
     ]:
         with pytest.raises(ValueError, match=match):
             DATPOConfig(**common, **bad)
@@ -329,7 +326,7 @@ class ScriptedDATPOTrainer(DATPOTrainer):
         super().__init__(*args, **kwargs)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if num_generations > 1:
+        if not self._datpo_branching:
             ids = self._tokenizer(SENTENCES, add_special_tokens=False)["input_ids"] + [self._tokenizer.eos_token_id]
             return [list(ids) for _ in prompt_ids], None
         return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
@@ -359,3 +356,48 @@ def test_sentence_entropy_forks_at_sentence_starts(tiny_model_path, tiny_tokeniz
     prompt_len = int(output["prompt_mask"][0].sum())
     prefix_lengths = [int(output["prompt_mask"][r].sum()) - prompt_len for r in range(n_base, output["prompt_ids"].size(0))]
     assert sorted(prefix_lengths) == sorted(starts * 4 * n_base)  # 4 branches at each of the 2 sentence starts
+
+
+def test_sorting_rows_by_length_cuts_padding_of_forward_pieces():
+    from trl_credit.datpo import sort_rows_by_length
+
+    # 4 rows, completion lengths 1, 6, 1, 6 (prompts 1 token): two pieces of 2 rows
+    lengths = [1, 6, 1, 6]
+    batch = {
+        "prompt_ids": torch.ones(4, 1, dtype=torch.long), "prompt_mask": torch.ones(4, 1, dtype=torch.long),
+        "completion_ids": torch.arange(24).view(4, 6),
+        "completion_mask": torch.tensor([[1] * n + [0] * (6 - n) for n in lengths]),
+        "advantages": torch.arange(4.0).view(4, 1).expand(4, 6).clone(),
+        "num_items_in_batch": torch.tensor(14),
+    }
+
+    def padded_tokens(pieces):
+        return sum(p["completion_ids"].numel() for p in pieces)
+
+    unsorted = split_rows(batch, 2)
+    ordered = split_rows(sort_rows_by_length(batch), 2)
+    # unsorted: each piece holds a 6-token row -> 2·6 + 2·6 = 24 slots; sorted: 2·1 + 2·6 = 14 (no padding)
+    assert padded_tokens(unsorted) == 24 and padded_tokens(ordered) == 14
+    # rows move together with their advantages
+    first = ordered[0]
+    assert first["advantages"][:, 0].tolist() == [0.0, 2.0] and first["completion_ids"][:, 0].tolist() == [0, 12]
+
+
+def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
+    # forks (prefix, B̂): B̂ = 2, 3, 2 with branch_chunk_size = 4 -> one call for the two B̂ = 2 forks (4 rows,
+    # num_generations = 2) and one for the B̂ = 3 fork (3 rows, num_generations = 3); results in fork order
+    args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                       use_cpu=True, use_diversity=False, branch_chunk_size=4)
+    trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                           train_dataset=two_prompt_dataset())
+    calls = []
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        calls.append(([list(p) for p in prompt_ids], num_generations))
+        return [[p[-1], len(calls), k] for k, p in enumerate(prompt_ids)], None
+
+    trainer._generate_single_turn = fake_generate
+    ids, logprobs = trainer._generate_branches([([5, 6, 7], 2), ([5, 8], 3), ([9], 2)])
+    assert calls == [([[5, 6, 7], [5, 6, 7], [9], [9]], 2), ([[5, 8]] * 3, 3)]
+    assert ids == [[7, 1, 0], [7, 1, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 2], [9, 1, 3]]
+    assert logprobs is None

@@ -88,3 +88,58 @@ def test_malformed_trees_are_refused():
     with pytest.raises(ValueError, match="value_estimate"):
         block_advantages([0], [None], [1.0], value_estimate="mean")
     assert isinstance(block_advantages([0], [None], [1.0]), torch.Tensor)
+
+
+NAN = float("nan")
+
+
+def test_unscorable_leaves_are_left_out_of_values_and_get_zero():
+    # The tree above with branch x2 (reward 0) unscorable: every reward function returned None.
+    reward = list(REWARD)
+    reward[5] = NAN
+    values = node_values(START, END, reward)
+    # V(a1): A's leaf 0, a1's scorable branches 1, 1, a2's branches 1, 1 -> 4/5 (x2 is not a wrong leaf)
+    assert values["a1"] == pytest.approx(4 / 5)
+    # V(root): 0 (A) + 1 (B) + 2 (a1) + 2 (a2) = 5 over 6 scorable leaves
+    assert values[0] == pytest.approx(5 / 6)
+    adv = block_advantages(START, END, reward)
+    assert adv[5].item() == 0.0  # exactly 0 on the unscorable branch
+    assert adv[0].item() == pytest.approx(4 / 5 - 5 / 6)  # root->a1
+    assert adv[4].item() == pytest.approx(1 - 4 / 5)
+
+
+def test_unscorable_everywhere_and_own_branches_fallback():
+    # a prompt none of whose rollouts could be scored: every advantage 0, no error
+    assert block_advantages([0, 0], [None, None], [NAN, NAN]).tolist() == [0.0, 0.0]
+    # own_branches: a2's own branches both unscorable -> V(a2) falls back to its subtree value (A's leaf 0)
+    reward = list(REWARD)
+    reward[7] = reward[8] = NAN
+    values = node_values(START, END, reward, value_estimate="own_branches", block_rollout=ROLLOUT)
+    assert values["a2"] == pytest.approx(0.0)
+    assert values["a1"] == pytest.approx(2 / 3)  # unchanged: its own branches 1, 0, 1
+    adv = block_advantages(START, END, reward, value_estimate="own_branches", block_rollout=ROLLOUT)
+    assert adv[7].item() == 0.0 and adv[8].item() == 0.0
+    assert adv[1].item() == pytest.approx(0 - 2 / 3)  # a1->a2: V(a2) − V(a1)
+
+
+def test_leaf_rewards_sum_and_normalize_per_tree():
+    import math
+
+    from trl_credit.datpo import leaf_rewards
+
+    # columns: accuracy, format; weights 1, 0.5; trees: rows 0-2 tree "p", rows 3-4 tree "q"
+    per_func = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [NAN, NAN], [1.0, NAN]])
+    weights = torch.tensor([1.0, 0.5])
+    summed = leaf_rewards(per_func, ["p", "p", "p", "q", "q"], weights)
+    assert summed[:3].tolist() == pytest.approx([1.5, 0.5, 0.0]) and math.isnan(summed[3]) and summed[4] == 1.0
+    normed = leaf_rewards(per_func, ["p", "p", "p", "q", "q"], weights, "normalize_then_sum")
+    # tree p, accuracy 1, 0, 0: mean 1/3, std (Bessel) sqrt(((2/3)^2 + 2(1/3)^2)/2) = sqrt(1/3)
+    s_acc = math.sqrt(1 / 3) + 1e-4
+    s_fmt = math.sqrt(1 / 3) + 1e-4  # format 1, 1, 0: mean 2/3, same spread
+    assert normed[:3].tolist() == pytest.approx([
+        (2 / 3) / s_acc + 0.5 * (1 / 3) / s_fmt,
+        (-1 / 3) / s_acc + 0.5 * (1 / 3) / s_fmt,
+        (-1 / 3) / s_acc + 0.5 * (-2 / 3) / s_fmt,
+    ])
+    # tree q: row 3 unscorable (NaN), row 4 the only scored accuracy: (1 − 1)/(0 + 1e-4) = 0
+    assert math.isnan(normed[3]) and normed[4] == 0.0

@@ -6,12 +6,12 @@ Pure functions (no trainer state): :func:`adaptive_budget` (budget.py), :func:`t
 Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py).
 """
 
-from .budget import adaptive_budget
+from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
 from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
 from .forks import FORK_METHODS, select_forks, sentence_spans, token_char_offsets
-from .trainer import DATPOTrainer, split_rows
-from .tree import VALUE_ESTIMATES, block_advantages, node_values
+from .trainer import DATPOTrainer, sort_rows_by_length, split_rows
+from .tree import VALUE_ESTIMATES, block_advantages, leaf_rewards, node_values
 
 __all__ = [
     "DATPOConfig",
@@ -23,9 +23,12 @@ __all__ = [
     "FORK_METHODS",
     "node_values",
     "block_advantages",
+    "leaf_rewards",
+    "root_success_rate",
     "VALUE_ESTIMATES",
     "sibling_diversity",
     "diversity_bonus",
     "annealed_alpha",
     "split_rows",
+    "sort_rows_by_length",
 ]

@@ -11,7 +11,9 @@ from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS
 from .tree import VALUE_ESTIMATES
 
-__all__ = ["DATPOConfig"]
+__all__ = ["DATPOConfig", "FORK_FALLBACKS"]
+
+FORK_FALLBACKS = ("tok_entropy", "none")
 
 
 @dataclass
@@ -22,8 +24,15 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
     ((N, K_max, B_max) = (4, 3, 4), α: 0.2 → 0, token-level loss, clip 0.2, no KL). Every [`~trl.GRPOConfig`]
     field keeps its meaning; `num_generations` is the number N of base rollouts per prompt.
 
-    Rewards are TRL's weighted sum of the reward functions, used raw (DATPO does not normalize them): V_root and
-    the block values assume rewards in [0, 1] (the paper's 0/1 verifiable reward), so `scale_rewards` is unused.
+    Rewards: correct/incorrect is what the verifier says. `success_reward` names the reward function that decides it
+    (default: the first one, e.g. accuracy in `reward_funcs=[accuracy_reward, format_reward]`) and a rollout is
+    correct when that function's raw reward is >= `success_threshold`. DATPO uses the verdict for the adaptive
+    budget, V_root = the fraction of the prompt's scorable base rollouts that are correct (the mean of the paper's
+    0/1 rewards, Eq. 1-2), and for `datpo/pass_rate`. Leaf values and block advantages (Eq. 3, 7) keep TRL's
+    weighted total reward of all reward functions (raw with `multi_objective_aggregation="sum_then_normalize"`,
+    standardized per function over each tree's leaves with `"normalize_then_sum"`), so a format reward still
+    shapes learning but cannot make a wrong answer count as solved. A rollout every reward function scored `None`
+    (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
 
     Branches continue from prompt + base prefix with up to `max_completion_length` new tokens (as the authors'
     code), so a branch row can reach prompt + 2·`max_completion_length` - 1 tokens; with vLLM, make
@@ -31,11 +40,14 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
     extra no-grad forward pass over the base rollouts. Evaluation (`eval_strategy`) runs plain GRPO scoring on
     base rollouts; the tree is a training-time construct.
 
-    Loss normalization: with `loss_type="dapo"` (default, the paper's Eq. 9) the loss is the mean over every loss
-    token of the generation batch on all processes, exactly, whatever the row counts. Loss types that average per
-    sequence (`grpo`, `sapo`, `luspo`, `dr_grpo`) average within each micro-batch as in TRL, where micro-batches
-    now differ in size and may contain empty filler rows (rows are evened out across processes because TRL gathers
-    per-row metrics); prefer `dapo` or `bnpo`.
+    Loss normalization: micro-batches hold a variable number of rows (trees differ in size) and processes pad to
+    equal row counts with empty filler rows, so every loss type is normalized against the whole generation batch on
+    all processes: `dapo` (default, the paper's Eq. 9), `cispo`, `vespo` and `bnpo`: the mean over every loss token;
+    `grpo`, `sapo`: the mean over every row of its token mean; `luspo`: the mean over rows of their token sums;
+    `dr_grpo`: the token sum over rows × `max_completion_length`. Every row then weighs the same whatever the split,
+    the number of processes or the fillers (2 processes give the 1-process loss), and for equal micro-batches this
+    is TRL's value. Each micro-batch runs in forwards of at most `rows_per_forward` rows with the same total loss.
+    The entropy bonus (`entropy_coef`) is refused (it would be rescaled with the loss).
     """
 
     num_generations: int | None = field(
@@ -71,6 +83,15 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
         default=0.0,
         metadata={"help": "Distance-forced tok_entropy (App. D.5): minimum distance between forks as a fraction "
                           "of the rollout length (paper: 0.05, 0.1). 0 disables; only with fork_method='tok_entropy'."},
+    )
+    fork_fallback: str = field(
+        default="tok_entropy",
+        metadata={"help": "What a base rollout with no eligible sentence start gets under fork_method='sent_entropy' "
+                          "(a one-sentence answer: the first sentence starts at token 0, and a fork there would be a "
+                          "fresh rollout, not a branch). 'tok_entropy' (default, as the authors' code): its top-K̂ "
+                          "tokens by entropy, so short answers still grow trees. 'none': no fork (the paper's Alg. 2 "
+                          "read literally; the prompt then learns from its N base rollouts only). Either way "
+                          "datpo/no_fork_rate and datpo/fork_fallback_rate are logged."},
     )
     value_estimate: str = field(
         default="subtree",
@@ -121,6 +142,13 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
         default=64,
         metadata={"help": "Block texts embedded per embedder call."},
     )
+    rows_per_forward: int | None = field(
+        default=None,
+        metadata={"help": "Most training rows in one forward/backward pass. A DATPO micro-batch holds a variable "
+                          "number of rows (base rollouts + branches); larger ones are split into passes of at most "
+                          "this many rows, with the loss normalized so the result is unchanged. None: "
+                          "per_device_train_batch_size (a GRPO micro-batch). Not applied under DeepSpeed."},
+    )
     branch_chunk_size: int | None = field(
         default=None,
         metadata={"help": "Branch rollouts per generation call and process (phase 2), to bound memory (paper: 384 "
@@ -151,11 +179,11 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
             )
         if self.embedding_batch_size < 1:
             raise ValueError(f"`embedding_batch_size` must be >= 1, got {self.embedding_batch_size!r}")
+        if self.fork_fallback not in FORK_FALLBACKS:
+            raise ValueError(f"`fork_fallback` must be one of {FORK_FALLBACKS}, got {self.fork_fallback!r}")
+        if self.rows_per_forward is not None and (
+            isinstance(self.rows_per_forward, bool) or not isinstance(self.rows_per_forward, int) or self.rows_per_forward < 1
+        ):
+            raise ValueError(f"`rows_per_forward` must be None or an integer >= 1, got {self.rows_per_forward!r}")
         if self.branch_chunk_size is not None and self.branch_chunk_size < 1:
             raise ValueError(f"`branch_chunk_size` must be None or >= 1, got {self.branch_chunk_size!r}")
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                "DATPO uses the raw weighted sum of the reward functions as the leaf reward, so "
-                "`multi_objective_aggregation` must be 'sum_then_normalize' (its normalization step is not used), "
-                f"got {self.multi_objective_aggregation!r}"
-            )

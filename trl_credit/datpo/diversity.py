@@ -16,9 +16,15 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["ALPHA_SCHEDULES", "sibling_diversity", "diversity_bonus", "annealed_alpha"]
+__all__ = ["ALPHA_SCHEDULES", "POSITIVE_TOLERANCE", "sibling_diversity", "bonus_gate", "diversity_bonus", "annealed_alpha"]
 
 ALPHA_SCHEDULES = ("linear", "constant")
+
+# A_base is a difference of means of leaf rewards, so a block whose advantage is exactly 0 (its leaf reward equals
+# its node's value, e.g. three leaves 0.7, 0.7, 0.7) can come out as +1.1e-16 in floating point. The indicator
+# 1[A_base > 0] must not hand such a block the full bonus: "positive" means above this tolerance (relative to the
+# reward scale: the trainer passes tolerance·max(1, max |leaf reward|)).
+POSITIVE_TOLERANCE = 1e-9
 
 
 def sibling_diversity(embeddings: torch.Tensor, block_start: Sequence[Hashable | None]) -> torch.Tensor:
@@ -50,13 +56,29 @@ def sibling_diversity(embeddings: torch.Tensor, block_start: Sequence[Hashable |
     return diversity
 
 
-def diversity_bonus(
-    base_advantages: torch.Tensor, diversity: torch.Tensor, alpha: float, *, on_all_blocks: bool = False
+def bonus_gate(
+    base_advantages: torch.Tensor, *, on_all_blocks: bool = False, tolerance: float = POSITIVE_TOLERANCE
 ) -> torch.Tensor:
-    """Â(b) = A_base(b) + 1[A_base(b) > 0]·α·Div(b) (paper Eq. 4); ``on_all_blocks`` drops the indicator."""
+    """1[A_base(b) > 0] of paper Eq. 4 as 0/1 in the dtype of ``base_advantages``, with "> 0" meaning
+    "> ``tolerance``" (rounding noise is not a positive advantage); all ones with ``on_all_blocks``."""
+    if on_all_blocks:
+        return torch.ones_like(base_advantages)
+    return (base_advantages > tolerance).to(base_advantages.dtype)
+
+
+def diversity_bonus(
+    base_advantages: torch.Tensor,
+    diversity: torch.Tensor,
+    alpha: float,
+    *,
+    on_all_blocks: bool = False,
+    tolerance: float = POSITIVE_TOLERANCE,
+) -> torch.Tensor:
+    """Â(b) = A_base(b) + 1[A_base(b) > 0]·α·Div(b) (paper Eq. 4); ``on_all_blocks`` drops the indicator.
+    See :func:`bonus_gate` for the tolerance."""
     if base_advantages.shape != diversity.shape:
         raise ValueError(f"shape mismatch: base_advantages {tuple(base_advantages.shape)} vs diversity {tuple(diversity.shape)}")
-    gate = torch.ones_like(base_advantages) if on_all_blocks else (base_advantages > 0).to(base_advantages.dtype)
+    gate = bonus_gate(base_advantages, on_all_blocks=on_all_blocks, tolerance=tolerance)
     return base_advantages + gate * float(alpha) * diversity.to(base_advantages.dtype)
 
 

@@ -6,11 +6,14 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
   1. phase 1 = ``super()._generate_and_score_completions``: TRL generates the N base rollouts per prompt, scores
      them with the reward functions, computes old/ref log-probs and vLLM importance ratios, logs its metrics.
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
-  2. V_root and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base rollouts (one no-grad
-     pass), forks (``forks.select_forks``).
-  3. phase 2: all branch prompts (prompt + base prefix) of the batch through ``generate_from_prefixes`` (TRL's
-     ``_generate_single_turn``: HF generate, vLLM server/colocate), in ``branch_chunk_size`` chunks; branch rewards
-     through TRL's ``_calculate_rewards`` on prefix + branch.
+  2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
+     >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
+     rollouts (one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
+     by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
+  3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
+     ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
+     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks; branch rewards through TRL's
+     ``_calculate_rewards`` on prefix + branch.
   4. the tree of every prompt is gathered on every process and its block advantages computed by the pure
      functions of ``tree`` and ``diversity``; each process keeps its own rows: one per base rollout (advantage per
      token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no token is
@@ -18,6 +21,10 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
 - ``_prepare_inputs``: splits the variable number of rows into ``steps_per_generation`` micro-batches without
   dropping any (TRL's split floor-divides). ``num_items_in_batch`` counts the loss tokens of all rows of all
   processes, so ``loss_type="dapo"`` (the default) averages over every token of the generation batch.
+- ``compute_loss`` / ``_compute_loss``: forwards of at most ``rows_per_forward`` rows; advantages = A_base +
+  α_t·bonus with α_t of the optimizer step being trained; the row-averaging loss types (and ``bnpo``) are
+  renormalized to the whole generation batch, so micro-batch sizes, filler rows and the number of processes do
+  not change any row's weight.
 
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
@@ -39,20 +46,22 @@ from .._trl import (
     check_single_turn,
     gather_counts,
     gather_rows,
-    generate_from_prefixes,
     log_metric,
     outside_zero3_init,
     pad_rows,
     rewards_of_extra_rows,
     resolve_method_args,
+    rollout_success,
     score_completions,
+    warn_once,
 )
+from ..success import unscorable_rows
 from ..model_card import MethodModelCardMixin
-from .budget import adaptive_budget
+from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
-from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
+from .diversity import POSITIVE_TOLERANCE, annealed_alpha, bonus_gate, sibling_diversity
 from .forks import select_forks, sentence_spans, token_char_offsets
-from .tree import ROOT, block_advantages
+from .tree import ROOT, block_advantages, leaf_rewards
 
 __all__ = ["DATPOTrainer"]
 
@@ -61,11 +70,17 @@ _COMPLETION_KEYS = (
     "completion_ids",
     "completion_mask",
     "advantages",
+    "datpo_base_advantages",
+    "datpo_diversity_bonus",
     "old_per_token_logps",
     "ref_per_token_logps",
     "sampling_per_token_logps",
     "importance_sampling_ratio",
 )
+
+
+# Loss types whose TRL loss is a mean over the rows of the micro-batch (dr_grpo: over rows × max_completion_length).
+_ROW_AVERAGED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
 
 
 class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -90,7 +105,24 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         bind_success(self)
         if self._is_vlm:
             raise ValueError("DATPOTrainer supports text-only models: branch prompts are token prefixes of the response.")
+        if self._entropy_bonus_enabled:
+            # TRL adds the entropy bonus per micro-batch inside its loss; DATPO rescales that loss to the generation
+            # batch per micro-batch and per forward piece (see `_compute_loss`), which would rescale the bonus too.
+            raise ValueError(
+                "DATPOTrainer does not support the entropy bonus (`entropy_coef` != 0 or `use_adaptive_entropy=True`): "
+                "its micro-batches vary in size and their loss is renormalized to the generation batch, which would "
+                "change the bonus's weight. Set entropy_coef=0.0 and use_adaptive_entropy=False."
+            )
+        if self.aux_loss_enabled:
+            warn_once(
+                self, "datpo_router_aux_loss",
+                "DATPO: the MoE router auxiliary loss is added inside TRL's loss, which DATPO renormalizes to the "
+                "generation batch and evaluates in forwards of at most `rows_per_forward` rows, so the auxiliary "
+                "term's weight is not TRL's (it scales with the micro-batch and the number of forward pieces); set "
+                "router_aux_loss_coef=0.0 to train without it.",
+            )
         self._datpo_recording = False
+        self._datpo_branching = False  # True while the branches of phase 2 are generated
         self._datpo_phase1 = None
         self._datpo_rewards_per_func = None
         self.embedder = None
@@ -127,11 +159,14 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             self._datpo_rewards_per_func = rewards_per_func
         return rewards_per_func
 
-    def _weighted_rewards(self, rewards_per_func: torch.Tensor) -> list[float]:
-        # TRL's weighted sum (sum_then_normalize without its normalization); a row every function left
-        # unscored (all NaN) counts as reward 0.
-        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        return (rewards_per_func * weights).nansum(dim=1).tolist()
+    def _leaf_rewards(self, base_rewards_per_func, branch_rewards_per_func, branch_groups):
+        """Leaf rewards r (NaN: unscorable) of the global base rollouts and branches, per ``leaf_rewards``."""
+        N = self.num_generations
+        trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
+        matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
+        rewards = leaf_rewards(matrix.cpu(), trees, self.reward_weights.cpu(), self.args.multi_objective_aggregation)
+        rewards = rewards.tolist()
+        return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
 
     # ------------------------------------------------------------------ batching
     def _prepare_inputs(self, generation_batch):
@@ -145,6 +180,63 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             batch = shuffle_sequence_dict(batch)
             self._buffered_inputs = split_rows(batch, self.args.steps_per_generation, self.pad_to_multiple_of)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ------------------------------------------------------------------ loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
+        ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
+        can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
+        returned loss (which the Trainer back-propagates) carries the others' values for logging. Each piece's loss
+        is normalized against the whole generation batch (`_compute_loss`), so the pieces add up to exactly the
+        loss of the micro-batch in one forward."""
+        if return_outputs or not self.model.training or "datpo_base_advantages" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        num_rows = inputs["completion_ids"].size(0)
+        cap = self.args.rows_per_forward or self.args.per_device_train_batch_size
+        if num_rows <= cap:
+            return self._compute_loss(model, inputs)
+        if self.is_deepspeed_enabled:
+            # DeepSpeed's engine counts backward calls for its own gradient accumulation: one backward per
+            # micro-batch only.
+            warn_once(
+                self, "datpo_rows_per_forward_deepspeed",
+                f"DATPO: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed (rows_per_forward="
+                f"{cap} applies only without DeepSpeed); lower per_device_train_batch_size or raise "
+                "steps_per_generation if it does not fit in memory.",
+            )
+            return self._compute_loss(model, inputs)
+        # rows of similar length share a forward (less padding); the loss does not depend on the order of rows
+        pieces = split_rows(sort_rows_by_length(inputs), math.ceil(num_rows / cap), self.pad_to_multiple_of)
+        earlier = 0.0
+        for piece in pieces[:-1]:
+            with self.accelerator.no_sync(model):
+                loss = self._compute_loss(model, piece)
+                self.accelerator.backward(loss)
+            earlier = earlier + loss.detach()
+        return self._compute_loss(model, pieces[-1]) + earlier
+
+    def _compute_loss(self, model, inputs):
+        if not self.model.training or "datpo_base_advantages" not in inputs:
+            return super()._compute_loss(model, inputs)
+        # α of the optimizer step being trained (paper §4.4: annealed over optimizer steps)
+        alpha = self._diversity_alpha()
+        inputs = dict(inputs)
+        inputs["advantages"] = inputs["datpo_base_advantages"] + alpha * inputs["datpo_diversity_bonus"]
+        log_metric(self, "datpo/alpha", alpha)
+        loss = super()._compute_loss(model, inputs)
+        # TRL's row-averaging loss types divide by the rows (bnpo: the tokens) of the micro-batch. DATPO's
+        # micro-batches differ in size and hold empty filler rows (row counts are evened out across processes), so
+        # that would weight a row by the size of the micro-batch it landed in. Renormalize to the whole generation
+        # batch instead, the way dapo's `num_items_in_batch` does: every row (token, for bnpo) then weighs the same
+        # whatever the split, the number of processes or the fillers, and equal micro-batches give TRL's value.
+        per_generation = self.accelerator.num_processes * self.args.steps_per_generation
+        if self.loss_type in _ROW_AVERAGED_LOSSES:
+            rows = inputs["completion_ids"].size(0)
+            loss = loss * (rows * per_generation / inputs["datpo_num_rows"].clamp(min=1))
+        elif self.loss_type == "bnpo":
+            tokens = inputs["completion_mask"].sum().clamp(min=1)
+            loss = loss * (tokens * per_generation / inputs["num_items_in_batch"].clamp(min=1))
+        return loss
 
     # ------------------------------------------------------------------ rollouts
     def _generate_and_score_completions(self, inputs):
@@ -170,15 +262,22 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         process = self.accelerator.process_index
         N = self.num_generations
         first_row = process * n_local  # TRL's process_slice convention: equal base rows per process
-        base_rewards = self._weighted_rewards(rewards_per_func)  # global, process order
-        num_groups = len(base_rewards) // N
+        # All global, process order. Leaf values use TRL's weighted total reward (NaN: unscorable); correct/wrong
+        # (pass rate, V_root) is the verifier's verdict (`success_reward` >= `success_threshold`).
+        base_unscorable = unscorable_rows(rewards_per_func).tolist()
+        base_success = rollout_success(self, rewards_per_func).tolist()
+        num_groups = len(base_unscorable) // N
 
-        # Phase 1 → budgets (Eq. 1-2), from the global base rewards, so every process agrees.
-        v_root = [sum(base_rewards[g * N : (g + 1) * N]) / N for g in range(num_groups)]
+        # Phase 1 → budgets (Eq. 1-2), from the global verdicts, so every process agrees. A prompt none of whose base
+        # rollouts could be scored has no V_root and does not branch (nothing under it could be scored either).
+        v_root = [
+            root_success_rate(base_success[g * N : (g + 1) * N], base_unscorable[g * N : (g + 1) * N])
+            for g in range(num_groups)
+        ]
         if args.difficulty_adaptive:
-            budgets = [adaptive_budget(v, args.max_forks, args.max_branches) for v in v_root]
+            budgets = [(0, 0) if math.isnan(v) else adaptive_budget(v, args.max_forks, args.max_branches) for v in v_root]
         else:
-            budgets = [(args.max_forks, args.max_branches)] * num_groups
+            budgets = [(0, 0) if math.isnan(v) else (args.max_forks, args.max_branches) for v in v_root]
 
         # Entropies of the base rollouts (one no-grad pass; same row count on every process).
         need_entropy = args.fork_method in ("sent_entropy", "tok_entropy") and any(k > 0 for k, _ in budgets)
@@ -190,13 +289,16 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             _, entropies = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
             entropies = entropies.float().cpu()
 
-        # Forks per local base rollout.
+        # Forks per local base rollout. An unscorable rollout does not fork: its tokens keep advantage 0.
         local_forks: list[list[int]] = []
+        should_fork = [False] * n_local  # scorable, with K̂ > 0: the method wants to branch from it
+        used_fallback = [False] * n_local
         for i in range(n_local):
             g_row = first_row + i
             k_hat, _ = budgets[g_row // N]
             length = len(completion_ids_list[i])
-            if k_hat <= 0 or length < 2:
+            should_fork[i] = k_hat > 0 and not base_unscorable[g_row]
+            if not should_fork[i] or length < 2:
                 local_forks.append([])
                 continue
             spans = None
@@ -204,37 +306,50 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 text, offsets = token_char_offsets(self._tokenizer, completion_ids_list[i])
                 spans = sentence_spans(text, offsets)
             rng = random.Random(f"{args.seed}-{self.state.global_step}-{g_row}")
-            local_forks.append(
-                select_forks(
-                    entropies[i, :length] if entropies is not None else None,
-                    spans,
-                    k_hat,
-                    args.fork_method,
-                    num_tokens=length,
-                    min_gap=args.fork_min_gap,
-                    rng=rng,
-                )
+            row_entropies = entropies[i, :length] if entropies is not None else None
+            forks = select_forks(
+                row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap, rng=rng
             )
+            if not forks and args.fork_method == "sent_entropy" and args.fork_fallback == "tok_entropy":
+                # One sentence: no sentence starts after token 0 (a fork at 0 would be a fresh rollout, not a
+                # branch). Fall back to the top-K̂ tokens by entropy, as the authors' code does.
+                forks = select_forks(row_entropies, None, k_hat, "tok_entropy", num_tokens=length)
+                used_fallback[i] = bool(forks)
+            local_forks.append(forks)
+        fork_counts = gather_rows(
+            self, [(should_fork[i], bool(local_forks[i]), used_fallback[i]) for i in range(n_local)]
+        )
+        self._log_fork_coverage(fork_counts)
 
-        # Phase 2: B̂ branches from every fork, all prompts of the batch in one (chunked) collective call.
+        # Phase 2: B̂ branches from every fork (`_generate_branches`: the forks of all processes, shared out evenly).
         branch_meta: list[tuple[int, int]] = []  # (local base row, fork index)
         branch_prefixes: list[list[int]] = []
+        fork_requests: list[tuple[list[int], int]] = []  # (prompt + prefix, B̂) per local fork
         for i, forks in enumerate(local_forks):
             _, b_hat = budgets[(first_row + i) // N]
             for j, fork in enumerate(forks):
+                prefix = prompt_ids_list[i] + completion_ids_list[i][:fork]
+                fork_requests.append((prefix, b_hat))
                 for _ in range(b_hat):
                     branch_meta.append((i, j))
-                    branch_prefixes.append(prompt_ids_list[i] + completion_ids_list[i][:fork])
-        branch_ids, branch_logprobs = generate_from_prefixes(self, branch_prefixes, chunk_size=args.branch_chunk_size)
+                    branch_prefixes.append(prefix)
+        self._datpo_branching = True
+        try:
+            branch_ids, branch_logprobs = self._generate_branches(fork_requests)
+        finally:
+            self._datpo_branching = False
         branch_ids = [list(ids) for ids in branch_ids]
         # response = base prefix + branch (SPEC §3.3: branch rewards are on the whole response)
         branch_responses = [
             completion_ids_list[i][: local_forks[i][j]] + ids for (i, j), ids in zip(branch_meta, branch_ids)
         ]
         branch_counts = gather_counts(self, len(branch_ids))
-        branch_rewards_global = self._branch_rewards(
+        branch_rewards_per_func = self._branch_rewards(
             inputs, prompts, prompt_ids_list, completion_ids_list, branch_meta, branch_responses, branch_counts
         )
+        branch_groups = gather_rows(self, [(first_row + i) // N for i, _ in branch_meta])
+        base_rewards, branch_rewards_global = self._leaf_rewards(rewards_per_func, branch_rewards_per_func, branch_groups)
+        branch_success = rollout_success(self, branch_rewards_per_func).tolist()
 
         # Gather the tree skeletons (small: forks and lengths per row) so every process builds every tree.
         records = gather_rows(
@@ -259,41 +374,134 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 block_rollout=[blocks["rollout"][b] for b in members],
             )
 
-        # Sibling diversity (Eq. 4, 8).
-        alpha = annealed_alpha(
+        # Sibling diversity (Eq. 4, 8). The bonus per block is kept apart from A_base: α is applied per optimizer
+        # step in `_compute_loss` (the schedule runs over optimizer steps, also when a generation batch serves
+        # several of them: num_iterations > 1 or steps_per_generation > gradient_accumulation_steps).
+        unscorable_block = [r is not None and math.isnan(r) for r in blocks["reward"]]
+        diversity = torch.zeros_like(base_adv)
+        has_siblings = torch.zeros(len(base_adv), dtype=torch.bool)
+        if args.use_diversity:
+            diversity, has_siblings = self._sibling_diversity(
+                blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process,
+                unscorable_block,
+            )
+        scale = max([1.0] + [abs(r) for r in base_rewards + branch_rewards_global if not math.isnan(r)])
+        gate = bonus_gate(base_adv, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
+        gate[torch.tensor(unscorable_block, dtype=torch.bool)] = 0.0  # an unscorable block keeps advantage 0
+        bonus = gate * diversity
+        alpha = self._diversity_alpha()
+        advantages = base_adv + alpha * bonus
+
+        self._log_table_advantages(blocks, advantages, records)
+        batch = self._training_rows(
+            base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
+            base_adv, bonus, alpha, process, local_forks,
+        )
+        self._log_tree_metrics(
+            budgets, v_root, blocks, base_unscorable, base_success, branch_success, records, branch_lengths,
+            branch_rewards_global, diversity, has_siblings,
+        )
+        return batch
+
+    def _diversity_alpha(self) -> float:
+        """α_t at the current optimizer step (0-based ``global_step`` of a ``max_steps`` run)."""
+        args: DATPOConfig = self.args
+        return annealed_alpha(
             self.state.global_step,
             max(int(self.state.max_steps or 1), 1),
             args.diversity_alpha,
             args.diversity_alpha_final,
             args.diversity_alpha_schedule,
         )
-        diversity = torch.zeros_like(base_adv)
-        has_siblings = torch.zeros(len(base_adv), dtype=torch.bool)
-        if args.use_diversity:
-            diversity, has_siblings = self._sibling_diversity(
-                blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process
-            )
-        advantages = diversity_bonus(base_adv, diversity, alpha, on_all_blocks=args.diversity_on_all_blocks)
 
-        self._log_table_advantages(blocks, advantages, records)
-        batch = self._training_rows(
-            base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
-            advantages, process,
-        )
-        self._log_tree_metrics(
-            budgets, v_root, blocks, base_rewards, branch_rewards_global, records, branch_lengths, diversity,
-            has_siblings, alpha,
-        )
-        return batch
+    def _log_fork_coverage(self, fork_counts):
+        """``datpo/no_fork_rate``: base rollouts the method wants to branch from (scorable, K̂ > 0) that got no
+        fork; ``datpo/fork_fallback_rate``: those whose forks came from the token-entropy fallback."""
+        args: DATPOConfig = self.args
+        wanted = [(has, fallback) for should, has, fallback in fork_counts if should]
+        if not wanted:
+            return
+        no_fork = sum(1 for has, _ in wanted if not has) / len(wanted)
+        fallback = sum(1 for _, fb in wanted if fb) / len(wanted)
+        log_metric(self, "datpo/no_fork_rate", no_fork)
+        log_metric(self, "datpo/fork_fallback_rate", fallback)
+        if no_fork > 0:
+            if args.fork_method == "sent_entropy" and args.fork_fallback == "none":
+                fix = ("rollouts with a single sentence have no sentence start after token 0; set "
+                       "fork_fallback='tok_entropy' to fork them at their highest-entropy tokens")
+            else:
+                fix = "rollouts shorter than 2 tokens cannot fork; check max_completion_length and the prompt format"
+            warn_once(
+                self, "datpo_no_fork",
+                f"DATPO: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, scorable) got no "
+                f"fork, so their prompt grows no tree from them (logged every step as datpo/no_fork_rate): {fix}.",
+            )
+
+    # ------------------------------------------------------------------ branch generation
+    def _generate_branches(self, fork_requests: list[tuple[list[int], int]]):
+        """B̂ continuations of every local fork ``(prompt + prefix ids, B̂)``, in fork order; returns
+        ``(completion ids, sampling log-probs or None)`` with B̂ consecutive rows per fork.
+
+        A collective call. The forks of all processes are gathered and shared out evenly (per B̂ value, in
+        contiguous runs), so the process that holds an unsolved prompt's tree does not generate all of it while
+        the others wait; the results go back to the process that owns the fork (it trains those rows). The B̂
+        branches of one fork are consecutive rows of one ``_generate_single_turn(..., num_generations=B̂)`` call,
+        as TRL lays out its N rollouts per prompt: vLLM server mode then samples them as ``n = B̂`` of one prompt
+        and vLLM's prefix cache reuses the fork's prefill. Every process makes the same calls with the same row
+        count (vLLM server mode slices its answer by process), padding with one-token filler forks.
+        """
+        num_processes, process = self.accelerator.num_processes, self.accelerator.process_index
+        counts = gather_counts(self, len(fork_requests))
+        if sum(counts) == 0:
+            return [], None
+        all_forks = gather_rows(self, [(list(map(int, prefix)), int(b_hat)) for prefix, b_hat in fork_requests])
+        chunk = self.args.branch_chunk_size
+        done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
+        any_logprobs = True
+        for b_hat in sorted({b for _, b in all_forks}):
+            forks = [k for k, (_, b) in enumerate(all_forks) if b == b_hat]
+            share = [forks[q * len(forks) // num_processes : (q + 1) * len(forks) // num_processes]
+                     for q in range(num_processes)]
+            most = max(len(part) for part in share)
+            per_call = most if not chunk else max(1, min(most, chunk // b_hat))
+            filler = all_forks[forks[0]][0][:1]
+            mine = share[process]
+            for call in range(math.ceil(most / per_call)):
+                call_forks = mine[call * per_call : (call + 1) * per_call]
+                rows = [all_forks[k][0] for k in call_forks for _ in range(b_hat)]
+                rows += [filler] * ((per_call - len(call_forks)) * b_hat)
+                completion_ids, logprobs = self._generate_single_turn(rows, None, {}, b_hat)
+                any_logprobs = any_logprobs and logprobs is not None
+                for n, k in enumerate(call_forks):
+                    piece = slice(n * b_hat, (n + 1) * b_hat)
+                    done.append((
+                        k,
+                        [list(map(int, ids)) for ids in completion_ids[piece]],
+                        [list(lp) for lp in logprobs[piece]] if logprobs is not None else None,
+                    ))
+        results = {k: (ids, lps) for k, ids, lps in gather_rows(self, done)}
+        first = sum(counts[:process])
+        branch_ids: list[list[int]] = []
+        branch_logprobs: list[list[float]] | None = [] if any_logprobs else None
+        for k in range(first, first + counts[process]):
+            ids, lps = results[k]
+            branch_ids.extend(ids)
+            if branch_logprobs is not None:
+                if lps is None:
+                    branch_logprobs = None
+                else:
+                    branch_logprobs.extend(lps)
+        return branch_ids, branch_logprobs
 
     # ------------------------------------------------------------------ rewards of branches
     def _branch_rewards(
         self, inputs, prompts, prompt_ids_list, completion_ids_list, branch_meta, branch_responses, branch_counts
-    ) -> list[float]:
-        """Weighted rewards of every branch of every process (process order), scored on prompt + prefix + branch by
-        TRL's reward path (``rewards_of_extra_rows``; a process without branches pads with its first base row)."""
+    ) -> torch.Tensor:
+        """``rewards_per_func`` of every branch of every process (process order), scored on prompt + prefix +
+        branch by TRL's reward path (``rewards_of_extra_rows``; a process without branches pads with its first base
+        row)."""
         if max(branch_counts) == 0:
-            return []
+            return torch.zeros(0, len(self.reward_funcs), device=self.accelerator.device)
         per_process = rewards_of_extra_rows(
             self,
             [inputs[i] for i, _ in branch_meta],
@@ -303,13 +511,17 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             filler=(inputs[0], prompts[0], prompt_ids_list[0], completion_ids_list[0]),
             counts=branch_counts,
         )
-        return self._weighted_rewards(torch.cat(per_process))
+        return torch.cat(per_process)
 
     # ------------------------------------------------------------------ diversity
-    def _sibling_diversity(self, blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process):
-        """Embed this process's blocks that have structural siblings, gather the embeddings, compute Div."""
+    def _sibling_diversity(
+        self, blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process,
+        unscorable_block,
+    ):
+        """Embed this process's blocks that have structural siblings, gather the embeddings, compute Div.
+        Unscorable blocks are no one's siblings (they are left out of every statistic)."""
         args: DATPOConfig = self.args
-        keys = list(blocks["sibling_key"])
+        keys = [None if unscorable_block[b] else key for b, key in enumerate(blocks["sibling_key"])]
         if not args.diversity_root_siblings:
             keys = [None if blocks["start"][b] == ROOT else key for b, key in enumerate(keys)]
         sizes: dict = {}
@@ -355,14 +567,16 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ training rows
     def _training_rows(
         self, base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
-        advantages, process,
+        base_advantages, bonus, alpha, process, local_forks,
     ):
         device = self.accelerator.device
         n_base, n_branch = len(completion_ids_list), len(branch_ids)
         # TRL's _compute_loss gathers per-row tensors (clip-ratio metrics), so every process needs the same row
         # count: processes with fewer rows append empty rows (a one-token prompt, so attention stays finite, and
-        # one completion token outside the loss mask). They add nothing to the loss or to num_items_in_batch.
-        n_rows = max(gather_counts(self, n_base + n_branch))
+        # one completion token outside the loss mask). They add nothing to the loss (see `_compute_loss` for the
+        # loss types that average over rows) or to num_items_in_batch.
+        row_counts = gather_counts(self, n_base + n_branch)
+        n_rows = max(row_counts)
         n_empty = n_rows - n_base - n_branch
         pad_id = self._tokenizer.pad_token_id
         prompt_rows = prompt_ids_list + branch_prefixes + [[pad_id]] * n_empty
@@ -372,25 +586,34 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             c_mask[n_base + n_branch :] = 0
         width = c_ids.size(1)
         # every generated token gets the advantage of the one block it belongs to (SPEC §3.4, §3.6)
-        token_adv = torch.zeros(n_rows, width, dtype=torch.float32)
+        token_base = torch.zeros(n_rows, width, dtype=torch.float32)
+        token_bonus = torch.zeros(n_rows, width, dtype=torch.float32)
         for b in blocks["by_process"][process]:
             kind, row, start, end = blocks["source"][b]
             r = row if kind == "base" else n_base + row
-            token_adv[r, start:end] = float(advantages[b])
+            token_base[r, start:end] = float(base_advantages[b])
+            token_bonus[r, start:end] = float(bonus[b])
         if self.mask_truncated_completions:
+            # A truncated leaf has no final answer of its own. Mask only its last block: on a base rollout the
+            # blocks before its last fork are valued by the branches (which may have finished), so they keep
+            # their loss; a branch is a single block and is masked whole.
             eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
-            truncated = torch.tensor(
-                [len(ids) > 0 and ids[-1] not in eos_and_pad for ids in completion_rows[: n_base + n_branch]]
-                + [False] * n_empty,
-                device=device,
-            )
-            c_mask = c_mask * (~truncated).unsqueeze(1).int()
+            for r, ids in enumerate(completion_rows[: n_base + n_branch]):
+                if len(ids) > 0 and ids[-1] not in eos_and_pad:
+                    last_block_start = local_forks[r][-1] if r < n_base and local_forks[r] else 0
+                    c_mask[r, last_block_start:] = 0
         output = {
             "prompt_ids": p_ids,
             "prompt_mask": p_mask,
             "completion_ids": c_ids,
             "completion_mask": c_mask,
-            "advantages": token_adv.to(device),
+            # A_base + α·bonus at this step (what TRL's completion table and callers see); `_compute_loss`
+            # recomputes it with α of the optimizer step it trains
+            "advantages": (token_base + alpha * token_bonus).to(device),
+            "datpo_base_advantages": token_base.to(device),
+            "datpo_diversity_bonus": token_bonus.to(device),
+            # real rows of the generation batch on all processes, for the loss types that average over rows
+            "datpo_num_rows": torch.tensor(sum(row_counts), device=device),
         }
 
         def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):
@@ -498,20 +721,26 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 table[len(table) - len(means) + k] = value
 
     def _log_tree_metrics(
-        self, budgets, v_root, blocks, base_rewards, branch_rewards, records, branch_lengths, diversity, has_siblings,
-        alpha,
+        self, budgets, v_root, blocks, base_unscorable, base_success, branch_success, records, branch_lengths,
+        branch_rewards, diversity, has_siblings,
     ):
+        """Tree metrics. Pass rates are the verifier's verdicts (any correct leaf per prompt), over the prompts
+        with at least one scorable leaf; unscorable leaves count in no rate or mean."""
         args: DATPOConfig = self.args
         num_groups = len(budgets)
         N = self.num_generations
         leaves = [N] * num_groups
-        correct_any = [any(r >= args.success_threshold for r in base_rewards[g * N : (g + 1) * N]) for g in range(num_groups)]
-        base_pass = list(correct_any)
+        scorable_base = [not all(base_unscorable[g * N : (g + 1) * N]) for g in range(num_groups)]
+        base_pass = [any(base_success[g * N : (g + 1) * N]) for g in range(num_groups)]
+        correct_any, scorable_any = list(base_pass), list(scorable_base)
+        n = 0
         for b, group in enumerate(blocks["group"]):
             if blocks["kind"][b] == "branch":
                 leaves[group] += 1
-                if blocks["reward"][b] >= args.success_threshold:
-                    correct_any[group] = True
+                if not math.isnan(blocks["reward"][b]):
+                    scorable_any[group] = True
+                correct_any[group] = correct_any[group] or bool(branch_success[n])
+                n += 1
         num_blocks = [0] * num_groups
         for group in blocks["group"]:
             num_blocks[group] += 1
@@ -519,19 +748,26 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         branch_tokens = sum(branch_lengths)
         leaf_lengths = [length for _, _, length in records] + blocks["branch_response_lengths"]
         total_leaves = sum(leaves)
+        defined_v = [v for v in v_root if not math.isnan(v)]
         log_metric(self, "datpo/leaves_per_prompt", total_leaves / num_groups)
         log_metric(self, "datpo/k_hat", sum(k for k, _ in budgets) / num_groups)
         log_metric(self, "datpo/b_hat", sum(b for _, b in budgets) / num_groups)
-        log_metric(self, "datpo/v_root", sum(v_root) / num_groups)
-        log_metric(self, "datpo/pass_rate", sum(correct_any) / num_groups)
-        log_metric(self, "datpo/base_pass_rate", sum(base_pass) / num_groups)
+        if defined_v:
+            log_metric(self, "datpo/v_root", sum(defined_v) / len(defined_v))
+        if any(scorable_any):
+            log_metric(self, "datpo/pass_rate", sum(c for c, s in zip(correct_any, scorable_any) if s) / sum(scorable_any))
+        if any(scorable_base):
+            log_metric(self, "datpo/base_pass_rate", sum(p for p, s in zip(base_pass, scorable_base) if s) / sum(scorable_base))
+        log_metric(self, "datpo/unscorable_rate", (sum(base_unscorable) + sum(
+            1 for b, kind in enumerate(blocks["kind"]) if kind == "branch" and math.isnan(blocks["reward"][b])
+        )) / total_leaves)
         log_metric(self, "datpo/blocks_per_prompt", sum(num_blocks) / num_groups)
         log_metric(self, "datpo/forks_per_rollout", sum(len(forks) for _, forks, _ in records) / len(records))
         log_metric(self, "datpo/tokens_per_leaf", (base_tokens + branch_tokens) / total_leaves)
         log_metric(self, "datpo/leaf_length", sum(leaf_lengths) / total_leaves)
-        if branch_rewards:
-            log_metric(self, "datpo/branch_reward", sum(branch_rewards) / len(branch_rewards))
-        log_metric(self, "datpo/alpha", alpha)
+        scored_branches = [r for r in branch_rewards if not math.isnan(r)]
+        if scored_branches:
+            log_metric(self, "datpo/branch_reward", sum(scored_branches) / len(scored_branches))
         if args.use_diversity and bool(has_siblings.any()):
             log_metric(self, "datpo/sibling_diversity", float(diversity[has_siblings].mean()))
 
@@ -592,6 +828,22 @@ def _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards,
         branch_offset += count
         blocks["by_process"].append(local_blocks)
     return blocks
+
+
+def sort_rows_by_length(batch: dict) -> dict:
+    """The rows of ``batch`` ordered by prompt + completion length (masks), so consecutive rows pad little."""
+    lengths = batch["prompt_mask"].sum(dim=1) + batch["completion_mask"].sum(dim=1)
+    order = torch.argsort(lengths.cpu(), stable=True)
+    num_rows = lengths.size(0)
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.size(0) == num_rows:
+            out[key] = value[order.to(value.device)]
+        elif isinstance(value, list) and len(value) == num_rows:
+            out[key] = [value[k] for k in order.tolist()]
+        else:
+            out[key] = value
+    return out
 
 
 def split_rows(batch: dict, num_chunks: int, pad_to_multiple_of: int | None = None) -> list[dict]:

@@ -16,6 +16,12 @@ V(node):
   later forks); for the root, the N base rollouts (so V(root) = the V_root of the budgets). Needs
   ``block_rollout`` (which generated sequence each block's tokens belong to) to tell a fork's branches from the
   rollout passing through it.
+
+Unscorable leaves (every reward function returned ``None``; ``leaf_reward`` NaN) are left out of every value: V is
+the mean over the *scorable* leaves under the node, and an unscorable terminal block gets advantage exactly 0 (as
+TRL gives an unscorable completion advantage 0). A node with no scorable leaf under it has no value; a block that
+starts or ends at such a node gets advantage 0 (nothing under it can be scored). With ``own_branches``, a fork
+whose own branches are all unscorable falls back to its subtree value (which includes the rollout passing through).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
+import math
+
 import torch
 
-__all__ = ["VALUE_ESTIMATES", "ROOT", "node_values", "block_advantages"]
+__all__ = ["VALUE_ESTIMATES", "ROOT", "node_values", "block_advantages", "leaf_rewards"]
 
 VALUE_ESTIMATES = ("subtree", "own_branches")
 ROOT = 0
@@ -83,6 +91,8 @@ def node_values(
         for b, end in enumerate(block_end):
             if end is not None:
                 continue
+            if _unscorable(leaf_reward[b]):
+                continue
             node = block_start[b]
             while True:
                 totals[node][0] += float(leaf_reward[b])
@@ -103,19 +113,43 @@ def node_values(
         for b, start in enumerate(block_start):
             if block_rollout[b] != passing_rollout.get(start):
                 members[start].add(block_rollout[b])
+        subtree = None
         for node, rollouts in members.items():
             missing = [r for r in rollouts if r not in final_reward]
             if missing:
                 raise ValueError(f"rollouts {missing!r} have no terminal block")
-            totals[node] = [sum(final_reward[r] for r in rollouts), float(len(rollouts))]
-    nodes = set(block_start) | {e for e in block_end if e is not None}
+            scored = [final_reward[r] for r in rollouts if not _unscorable(final_reward[r])]
+            if scored:
+                totals[node] = [sum(scored), float(len(scored))]
+            else:  # every own branch unscorable: the subtree value (it holds the rollout passing through the fork)
+                if subtree is None:
+                    subtree = node_values(block_start, block_end, leaf_reward, value_estimate="subtree")
+                totals[node] = [subtree[node], 1.0] if not math.isnan(subtree[node]) else [0.0, 0.0]
     values = {}
-    for node in nodes:
-        total, count = totals.get(node, (0.0, 0.0))
-        if count == 0:
+    has_leaf = _nodes_with_leaves(block_start, block_end, parent)
+    for node in set(block_start) | {e for e in block_end if e is not None}:
+        if node not in has_leaf:
             raise ValueError(f"node {node!r} has no leaf below it, so its value is undefined")
-        values[node] = total / count
+        total, count = totals.get(node, (0.0, 0.0))
+        values[node] = total / count if count else math.nan  # nan: every leaf below is unscorable
     return values
+
+
+def _unscorable(reward) -> bool:
+    return reward is not None and math.isnan(float(reward))
+
+
+def _nodes_with_leaves(block_start, block_end, parent) -> set:
+    nodes = set()
+    for b, end in enumerate(block_end):
+        if end is None:
+            node = block_start[b]
+            while node not in nodes:
+                nodes.add(node)
+                if node == ROOT:
+                    break
+                node = parent[node]
+    return nodes
 
 
 def block_advantages(
@@ -129,6 +163,8 @@ def block_advantages(
     """A_base(b) = r(b) + V(end) − V(start) for every block (paper Eq. 3), shape (num_blocks,), float64.
 
     V is :func:`node_values` with ``value_estimate``; a terminal end has V = 0 and contributes its leaf reward r(b).
+    An unscorable terminal block (leaf reward NaN), and a block touching a node with no scorable leaf below it, get
+    exactly 0.
     """
     values = node_values(
         block_start, block_end, leaf_reward, value_estimate=value_estimate, block_rollout=block_rollout
@@ -136,7 +172,48 @@ def block_advantages(
     advantages = []
     for b, (start, end) in enumerate(zip(block_start, block_end)):
         if end is None:
-            advantages.append(float(leaf_reward[b]) + 0.0 - values[start])
+            advantage = float(leaf_reward[b]) + 0.0 - values[start]
         else:
-            advantages.append(0.0 + values[end] - values[start])
+            advantage = 0.0 + values[end] - values[start]
+        advantages.append(0.0 if math.isnan(advantage) else advantage)
     return torch.tensor(advantages, dtype=torch.float64)
+
+
+def leaf_rewards(
+    rewards_per_func: torch.Tensor,
+    tree_of_leaf: Sequence[Hashable],
+    reward_weights: torch.Tensor,
+    aggregation: str = "sum_then_normalize",
+) -> torch.Tensor:
+    """The reward r of every leaf (base rollouts and branches, one row each of ``rewards_per_func``), float64.
+
+    ``sum_then_normalize``: TRL's weighted sum of the reward functions, used raw (DATPO's A = r + V(end) − V(start)
+    is already baselined, so TRL's normalization step is not applied). ``normalize_then_sum``: as TRL, each reward
+    function is first standardized within the group, here the *tree* (every scorable leaf of the prompt:
+    ``(r_k − mean_k) / (std_k + 1e-4)``, std with Bessel's correction, 0 for a lone leaf), then weighted and summed.
+    Since V is a mean of leaf rewards, the per-function shift cancels in A, which becomes Σ_k w_k·A_k/(std_k + 1e-4):
+    each objective counts in units of its own spread over the tree. A function's ``None`` (NaN) is skipped as in
+    TRL; a leaf every function left unscored is NaN (unscorable).
+    """
+    if aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+        raise ValueError(f"aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got {aggregation!r}")
+    values = rewards_per_func.double()
+    if len(tree_of_leaf) != values.size(0):
+        raise ValueError(f"tree_of_leaf needs one entry per row ({values.size(0)}), got {len(tree_of_leaf)}")
+    unscorable = torch.isnan(values).all(dim=1)
+    if aggregation == "normalize_then_sum":
+        values = values.clone()
+        members: dict[Hashable, list[int]] = defaultdict(list)
+        for row, tree in enumerate(tree_of_leaf):
+            members[tree].append(row)
+        for rows in members.values():
+            block = values[rows]
+            mean = torch.nanmean(block, dim=0, keepdim=True)
+            count = (~torch.isnan(block)).sum(dim=0, keepdim=True)
+            variance = torch.nanmean((block - mean) ** 2, dim=0, keepdim=True) * count / (count - 1).clamp(min=1)
+            std = torch.where(count > 1, variance.sqrt(), torch.zeros_like(variance))
+            values[rows] = (block - mean) / (std + 1e-4)
+    weights = reward_weights.to(device=values.device, dtype=values.dtype).unsqueeze(0)
+    rewards = (values * weights).nansum(dim=1)
+    rewards[unscorable] = math.nan
+    return rewards
