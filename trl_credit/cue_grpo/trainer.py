@@ -174,6 +174,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         in_loss = output["completion_mask"].sum(dim=1) > 0
         output["advantages"] = self._redistribute_advantages(inputs, output["advantages"], in_loss)
         self.cue_overhead_seconds.append(time.perf_counter() - start)
+        self._log_credit(output)
         return output
 
     # ------------------------------------------------------------------ redistribution

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS
@@ -17,7 +18,7 @@ FORK_FALLBACKS = ("tok_entropy", "none")
 
 
 @dataclass
-class DATPOConfig(GRPOConfig, SuccessArguments):
+class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
     advantages and an annealed sibling-diversity bonus (Yu et al., 2026). Defaults are the paper's

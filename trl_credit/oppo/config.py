@@ -8,6 +8,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 
@@ -18,7 +19,7 @@ PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
 @dataclass
-class OPPOConfig(GRPOConfig, SuccessArguments):
+class OPPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
     paper's (Eq. 20, Table 13: C = 3.0, α = 1).

@@ -309,6 +309,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._oppo_generation_logps = None
         output = super()._generate_and_score_completions(inputs)
         output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
+        self._log_credit(output)
         return output
 
     # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
