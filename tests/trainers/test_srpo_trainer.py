@@ -352,3 +352,217 @@ def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path, generation_
         if call["kwargs"].get("greedy") and call["rows"]:
             assert tokenizer.decode(call["rows"][0]).startswith("P: " + question)  # plain-text localization prompt
     assert trainer.state.global_step == 1
+
+
+# ---------------------------------------------------------------- success from the verifier, unscorable rows
+
+
+def format_reward(completions, **kwargs):
+    # A format reward every rollout satisfies: with the weighted total, every rollout would score >= 1.0.
+    return [1.0 for _ in completions]
+
+
+def rows_text_rewards(tokenizer, out, rows):
+    return [text_reward(tokenizer, out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in rows]
+
+
+def step_logs(trainer):
+    return [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+
+
+def test_two_rewards_success_follows_the_first_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """reward_funcs=[accuracy-like, format-like]: the weighted total is >= 1.0 for every rollout, yet seeds are the
+    rollouts the first reward (parity) calls wrong, resets happen, and the pass rates follow that reward."""
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=[parity_reward, format_reward])
+    tokenizer = trainer.processing_class
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logs = step_logs(trainer)
+    assert len(logs) == 2 and min(log["srpo/fallback_rate"] for log in logs) < 1.0
+    suffix_rows_seen = 0
+    for record, log in zip(trainer.records, logs):
+        out = record["output"]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        accuracy = rows_text_rewards(tokenizer, out, range(16))
+        base = [accuracy[i] for g in range(2) for i in range(8 * g, 8 * g + NUM_BASE)]
+        assert log["srpo/base_pass_rate"] == pytest.approx(sum(base) / len(base))
+        shared = [accuracy[i] for g in range(2) if seeds[g] is not None for i in range(8 * g + 4, 8 * g + 8)]
+        if shared:
+            assert log["srpo/correction_rate"] == pytest.approx(sum(shared) / len(shared))
+        suffix_rows_seen += len(shared)
+        for g in range(2):
+            # Advantages: TRL's weighted total (accuracy + format), per sub-group.
+            total = [a + 1.0 for a in accuracy[8 * g : 8 * g + 8]]
+            expected = reference_advantages(total[:4]) + (reference_advantages(total[4:]) if seeds[g] else [0.0] * 4)
+            torch.testing.assert_close(out["advantages"][8 * g : 8 * g + 8], torch.tensor(expected), rtol=0, atol=1e-4)
+    assert suffix_rows_seen > 0
+
+
+def sometimes_unscorable_reward(completions, **kwargs):
+    # None (unscorable: the only reward function returns None) when the text length is a multiple of 3.
+    lengths = [len(completion_text(c)) for c in completions]
+    return [None if n % 3 == 0 else float(n % 2) for n in lengths]
+
+
+def test_unscorable_rows_get_zero_advantage_and_stay_out_of_group_statistics(
+    tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=sometimes_unscorable_reward,
+                           max_completion_length=6)
+    tokenizer = trainer.processing_class
+    trainer.train()
+    unscorable_seen = 0
+
+    def reward_of(ids):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return None if len(text) % 3 == 0 else float(len(text) % 2)
+
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        out = record["output"]
+        rewards = [reward_of(out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in range(16)]
+        loss_mask = out["completion_mask"] * out["tool_mask"]
+        base_scored = []
+        for g in range(2):
+            sub_groups = [range(8 * g, 8 * g + 4)]
+            if loss_mask[8 * g + 4 : 8 * g + 8].sum() > 0:  # a reset group (not fallback rows)
+                sub_groups.append(range(8 * g + 4, 8 * g + 8))
+            for rows in sub_groups:
+                scored = [i for i in rows if rewards[i] is not None]
+                expected = dict(zip(scored, reference_advantages([rewards[i] for i in scored]))) if len(scored) > 1 else {}
+                for i in rows:
+                    if rewards[i] is None:
+                        unscorable_seen += 1
+                        assert out["advantages"][i].item() == 0.0
+                    else:
+                        assert out["advantages"][i].item() == pytest.approx(expected.get(i, 0.0), abs=1e-4)
+            base_scored += [rewards[i] for i in range(8 * g, 8 * g + 4) if rewards[i] is not None]
+        if base_scored:
+            assert log["srpo/base_pass_rate"] == pytest.approx(sum(base_scored) / len(base_scored))
+    assert unscorable_seen > 0
+
+
+# ---------------------------------------------------------------- no silent degeneration
+
+
+def test_single_thought_seeds_warn_and_are_logged(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    # The tiny model never writes this delimiter: every seed is one thought, so every reset is at the question.
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, thought_delimiter="@@@", reset="self")
+    with pytest.warns(UserWarning, match="thought_delimiter") as caught:
+        trainer.train()
+    assert sum("single thought" in str(w.message) for w in caught) == 1  # once, not every step
+    logs = [log for log in step_logs(trainer) if "srpo/single_thought_rate" in log]
+    assert logs
+    for log in logs:
+        assert log["srpo/single_thought_rate"] == 1.0
+        assert log["srpo/reset_at_question_rate"] == 1.0
+        assert log["srpo/reset_position"] == 0.0  # reset at the question, not at the last thought
+        assert "srpo/localization_parse_rate" not in log  # nothing to localize in a one-thought seed
+    assert all(not c["rows"] for c in calls if c["kwargs"].get("greedy"))
+
+
+def test_reset_position_is_the_kept_fraction_of_thoughts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        positions, at_question, single = [], [], []
+        for seed in seeds.values():
+            if seed is None:
+                continue
+            num_thoughts = len(split_thoughts(seed, tokenizer, " "))
+            step = 2 if num_thoughts >= 2 else 1
+            positions.append((step - 1) / num_thoughts)
+            at_question.append(float(step == 1))
+            single.append(float(num_thoughts == 1))
+        if positions:
+            assert log["srpo/reset_position"] == pytest.approx(sum(positions) / len(positions))
+            assert log["srpo/reset_at_question_rate"] == pytest.approx(sum(at_question) / len(at_question))
+            assert log["srpo/single_thought_rate"] == pytest.approx(sum(single) / len(single))
+
+
+@pytest.mark.parametrize("answer, parsed", [("2<|im_end|>", 1.0), ("2", 0.0), ("it is 2<|im_end|>", 0.0)])
+def test_bare_integer_parses_only_when_the_answer_ended_with_eos(
+    answer, parsed, tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, state = generation_log
+    state["localization_answer"] = answer
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=1)
+    if parsed:
+        trainer.train()
+    else:
+        with pytest.warns(UserWarning, match="localization answers did not name a step"):
+            trainer.train()
+    rates = [log["srpo/localization_parse_rate"] for log in step_logs(trainer) if "srpo/localization_parse_rate" in log]
+    assert rates and all(rate == parsed for rate in rates)
+
+
+def test_no_seed_at_all_warns_naming_the_success_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1)
+    with pytest.warns(UserWarning, match="always_correct_reward"):
+        trainer.train()
+
+
+# ---------------------------------------------------------------- default split, refusals
+
+
+@pytest.mark.parametrize("generations, base, suffixes", [(2, 0, 2), (3, 0, 3), (4, 2, 2), (5, 3, 2), (7, 4, 3),
+                                                         (8, 4, 4), (16, 8, 8)])
+def test_default_split_is_half_base_half_shared_prefix(generations, base, suffixes, tmp_path):
+    config = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=generations,
+                        per_device_train_batch_size=generations)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (base, 1, suffixes)
+
+
+def test_explicit_splits_are_kept(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=16,
+                  per_device_train_batch_size=16)
+    config = SRPOConfig(reset_groups=2, **common)  # suffixes_per_reset defaults to 4 when the split is explicit
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (8, 2, 4)
+    config = SRPOConfig(suffixes_per_reset=4, **common)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (12, 1, 4)
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="base", suffixes_per_reset=16, **common)  # no base group to draw a seed from
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="old", **common)
+
+
+@pytest.mark.parametrize("generations", [2, 3, 5, 7])
+def test_odd_and_small_group_sizes_train(generations, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    settings = dict(output_dir=str(tmp_path), num_generations=generations, per_device_train_batch_size=generations,
+                    max_completion_length=8, max_steps=1, thought_delimiter=" ", rollout_template=TEMPLATE,
+                    localization_template=SHORT_LOCALIZATION, localization_max_tokens=4, report_to="none",
+                    use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
+    trainer = RecordingSRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=SRPOConfig(**settings),
+                                   train_dataset=tiny_dataset)
+    trainer.calls, trainer.records = calls, []
+    trainer.train()
+    assert trainer.state.global_step == 1
+    out = trainer.records[0]["output"]
+    assert out["completion_ids"].size(0) == generations
+    base = trainer.args.num_base_generations
+    # Round 1: the base group and one seed candidate (the default), from the one prompt of the step.
+    assert len(calls[0]["rows"]) == base + 1
+
+
+def test_environment_factory_and_missing_rewards_refusals(tiny_model_path, tiny_dataset, tmp_path):
+    args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+
+    class Environment:
+        def reset(self, **kwargs):
+            return None
+
+    with pytest.raises(ValueError, match="environment_factory"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
+                    environment_factory=Environment)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        SRPOTrainer(model=tiny_model_path, args=args, train_dataset=tiny_dataset)
