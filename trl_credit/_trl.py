@@ -261,13 +261,13 @@ def generate_from_prefixes(
             chunk_budgets = budgets[call * per_call : (call + 1) * per_call] if budgets is not None else [None] * real
             row_budgets[:] = chunk_budgets + [1] * (per_call - real)  # filler rows: one token
             completion_ids, chunk_logprobs = trainer._generate_single_turn(chunk, None, {}, 1)
+            if chunk_logprobs is None:
+                logprobs = None
             for index in range(real):
                 ids = list(completion_ids[index])
                 keep = _kept_length(tokenizer, ids, chunk_budgets[index], stops)
                 completions.append(ids[:keep])
-                if chunk_logprobs is None:
-                    logprobs = None
-                elif logprobs is not None:
+                if logprobs is not None:
                     logprobs.append(list(chunk_logprobs[index])[:keep])
     return completions, logprobs
 
