@@ -299,17 +299,16 @@ def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[N
     tokenizer = trainer._tokenizer
 
     class RowStop(StoppingCriteria):
-        def __init__(self, start: int):
+        def __init__(self, start: int, num_rows: int, device):
             self.start = start
+            budgets = [row_budgets[row] if row < len(row_budgets) else None for row in range(num_rows)]
+            self.budgets = torch.tensor([math.inf if b is None else b for b in budgets], device=device)
 
         def __call__(self, input_ids, scores, **kwargs):
             generated = input_ids[:, self.start :]
-            done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-            for row in range(input_ids.size(0)):
-                budget = row_budgets[row] if row < len(row_budgets) else None
-                if budget is not None and generated.size(1) >= budget:
-                    done[row] = True
-                elif stops:
+            done = self.budgets <= generated.size(1)
+            if stops:
+                for row in (~done).nonzero().flatten().tolist():
                     text = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
                     done[row] = any(stop in text for stop in stops)
             return done
@@ -322,7 +321,7 @@ def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[N
     def generate(*args, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         criteria = StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
-        criteria.append(RowStop(input_ids.size(1)))
+        criteria.append(RowStop(input_ids.size(1), input_ids.size(0), input_ids.device))
         return bound(*args, stopping_criteria=criteria, **kwargs)
 
     model.generate = generate
