@@ -33,30 +33,41 @@ from trl_credit.srpo.resets import (
 
 
 @pytest.mark.parametrize(
-    "text, num_steps, expected",
+    "text, num_steps, ended_with_eos, expected",
     [
-        ("\\boxed{3}", 5, 3),
-        ("Step 2 looks wrong.\n\\boxed{2}", 5, 2),
-        ("first \\boxed{1} then I changed my mind \\boxed{4}", 5, 4),  # the last box decides
-        ("\\boxed{Step 3}", 5, 3),
-        ("\\boxed{ 5 }", 5, 5),
-        ("The first erroneous step is step 2.", 4, 2),  # bare final integer
-        ("3", 3, 3),
-        ("\\boxed{7}", 5, None),  # out of range
-        ("\\boxed{0}", 5, None),  # steps are 1-indexed
-        ("The error is in step 6", 5, None),
-        ("\\boxed{-1}", 5, None),
-        ("\\boxed{two}", 5, None),  # a box decides even when a bare number follows elsewhere
-        ("\\boxed{2.5}", 5, None),
-        ("the answer is 3.5", 5, None),
-        ("I cannot tell which step is wrong.", 5, None),
-        ("", 5, None),
-        ("\\boxed{1", 5, 1),  # unbalanced (truncated) box: no box, so the final-integer rule reads 1
-        ("\\boxed{1 and more", 5, None),  # unbalanced box, text does not end with an integer
+        ("\\boxed{3}", 5, False, 3),  # the asked-for form parses even when stopped right after the box
+        ("Step 2 looks wrong.\n\\boxed{2}", 5, True, 2),
+        ("first \\boxed{1} then I changed my mind \\boxed{4}", 5, True, 4),  # the last box decides
+        ("\\boxed{Step 3}", 5, False, 3),
+        ("\\boxed{ 5 }", 5, False, 5),
+        ("3", 3, True, 3),  # a bare integer answer that ended with EOS
+        ("Step 2.", 4, True, 2),
+        ("3", 3, False, None),  # the same text cut at the token cap: not a pick
+        ("The first erroneous step is step 2.", 4, True, None),  # a number in prose is not a pick
+        ("This step is wrong because 2", 5, True, None),
+        ("This step is wrong because 2", 5, False, None),  # cut at the cap mid-sentence
+        ("\\boxed{7}", 5, True, None),  # out of range
+        ("\\boxed{0}", 5, True, None),  # steps are 1-indexed
+        ("7", 5, True, None),
+        ("\\boxed{-1}", 5, True, None),
+        ("\\boxed{two}", 5, True, None),
+        ("\\boxed{2} is my answer, then 3", 5, True, 2),  # a box decides over a bare number elsewhere
+        ("\\boxed{2.5}", 5, True, None),
+        ("the answer is 3.5", 5, True, None),
+        ("I cannot tell which step is wrong.", 5, True, None),
+        ("", 5, True, None),
+        ("\\boxed{1", 5, False, None),  # unbalanced (truncated) box
+        ("\\boxed{1", 5, True, None),
     ],
 )
-def test_parse_reset_step(text, num_steps, expected):
-    assert parse_reset_step(text, num_steps) == expected
+def test_parse_reset_step(text, num_steps, ended_with_eos, expected):
+    assert parse_reset_step(text, num_steps, ended_with_eos=ended_with_eos) == expected
+
+
+def test_localization_stop_strings():
+    from trl_credit.srpo.prompts import stop_strings
+
+    assert stop_strings(3) == ["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"]
 
 
 # ---------------------------------------------------------------- prompts (Appendix D)

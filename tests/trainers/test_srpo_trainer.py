@@ -291,7 +291,7 @@ def test_config_validation(tmp_path):
     with pytest.raises(ValueError, match="reset must be"):
         SRPOConfig(reset="oracle", **common)
     with pytest.raises(ValueError, match="num_generations"):
-        SRPOConfig(num_generations=5, **common)  # 5 - 1 * 4 = a base group of one
+        SRPOConfig(num_generations=5, suffixes_per_reset=4, **common)  # explicit 1x4: 5 - 4 = a base group of one
     with pytest.raises(ValueError, match="num_generations"):
         SRPOConfig(num_generations=8, reset_groups=3, **common)  # 3 * 4 > 8
     with pytest.raises(ValueError, match="suffixes_per_reset"):
@@ -352,3 +352,365 @@ def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path, generation_
         if call["kwargs"].get("greedy") and call["rows"]:
             assert tokenizer.decode(call["rows"][0]).startswith("P: " + question)  # plain-text localization prompt
     assert trainer.state.global_step == 1
+
+
+# ---------------------------------------------------------------- success from the verifier, unscorable rows
+
+
+def format_reward(completions, **kwargs):
+    # A format reward every rollout satisfies: with the weighted total, every rollout would score >= 1.0.
+    return [1.0 for _ in completions]
+
+
+def rows_text_rewards(tokenizer, out, rows):
+    return [text_reward(tokenizer, out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in rows]
+
+
+def step_logs(trainer):
+    return [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+
+
+def test_two_rewards_success_follows_the_first_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """reward_funcs=[accuracy-like, format-like]: the weighted total is >= 1.0 for every rollout, yet seeds are the
+    rollouts the first reward (parity) calls wrong, resets happen, and the pass rates follow that reward."""
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=[parity_reward, format_reward])
+    tokenizer = trainer.processing_class
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logs = step_logs(trainer)
+    assert len(logs) == 2 and min(log["srpo/fallback_rate"] for log in logs) < 1.0
+    suffix_rows_seen = 0
+    for record, log in zip(trainer.records, logs):
+        out = record["output"]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        accuracy = rows_text_rewards(tokenizer, out, range(16))
+        base = [accuracy[i] for g in range(2) for i in range(8 * g, 8 * g + NUM_BASE)]
+        assert log["srpo/base_pass_rate"] == pytest.approx(sum(base) / len(base))
+        shared = [accuracy[i] for g in range(2) if seeds[g] is not None for i in range(8 * g + 4, 8 * g + 8)]
+        if shared:
+            assert log["srpo/correction_rate"] == pytest.approx(sum(shared) / len(shared))
+        suffix_rows_seen += len(shared)
+        for g in range(2):
+            # Advantages: TRL's weighted total (accuracy + format), per sub-group.
+            total = [a + 1.0 for a in accuracy[8 * g : 8 * g + 8]]
+            expected = reference_advantages(total[:4]) + (reference_advantages(total[4:]) if seeds[g] else [0.0] * 4)
+            torch.testing.assert_close(out["advantages"][8 * g : 8 * g + 8], torch.tensor(expected), rtol=0, atol=1e-4)
+    assert suffix_rows_seen > 0
+
+
+def sometimes_unscorable_reward(completions, **kwargs):
+    # None (unscorable: the only reward function returns None) when the text length is a multiple of 3.
+    lengths = [len(completion_text(c)) for c in completions]
+    return [None if n % 3 == 0 else float(n % 2) for n in lengths]
+
+
+def test_unscorable_rows_get_zero_advantage_and_stay_out_of_group_statistics(
+    tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=sometimes_unscorable_reward,
+                           max_completion_length=6)
+    tokenizer = trainer.processing_class
+    trainer.train()
+    unscorable_seen = 0
+
+    def reward_of(ids):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return None if len(text) % 3 == 0 else float(len(text) % 2)
+
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        out = record["output"]
+        rewards = [reward_of(out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in range(16)]
+        loss_mask = out["completion_mask"] * out["tool_mask"]
+        base_scored = []
+        for g in range(2):
+            sub_groups = [range(8 * g, 8 * g + 4)]
+            if loss_mask[8 * g + 4 : 8 * g + 8].sum() > 0:  # a reset group (not fallback rows)
+                sub_groups.append(range(8 * g + 4, 8 * g + 8))
+            for rows in sub_groups:
+                scored = [i for i in rows if rewards[i] is not None]
+                expected = dict(zip(scored, reference_advantages([rewards[i] for i in scored]))) if len(scored) > 1 else {}
+                for i in rows:
+                    if rewards[i] is None:
+                        unscorable_seen += 1
+                        assert out["advantages"][i].item() == 0.0
+                    else:
+                        assert out["advantages"][i].item() == pytest.approx(expected.get(i, 0.0), abs=1e-4)
+            base_scored += [rewards[i] for i in range(8 * g, 8 * g + 4) if rewards[i] is not None]
+        if base_scored:
+            assert log["srpo/base_pass_rate"] == pytest.approx(sum(base_scored) / len(base_scored))
+    assert unscorable_seen > 0
+
+
+# ---------------------------------------------------------------- no silent degeneration
+
+
+def test_single_thought_seeds_warn_and_are_logged(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    # The tiny model never writes this delimiter: every seed is one thought, so every reset is at the question.
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, thought_delimiter="@@@", reset="self")
+    with pytest.warns(UserWarning, match="thought_delimiter") as caught:
+        trainer.train()
+    assert sum("single thought" in str(w.message) for w in caught) == 1  # once, not every step
+    logs = [log for log in step_logs(trainer) if "srpo/single_thought_rate" in log]
+    assert logs
+    for log in logs:
+        assert log["srpo/single_thought_rate"] == 1.0
+        assert log["srpo/reset_at_question_rate"] == 1.0
+        assert log["srpo/reset_position"] == 0.0  # reset at the question, not at the last thought
+        assert "srpo/localization_parse_rate" not in log  # nothing to localize in a one-thought seed
+    assert all(not c["rows"] for c in calls if c["kwargs"].get("greedy"))
+
+
+def test_reset_position_is_the_kept_fraction_of_thoughts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        positions, at_question, single = [], [], []
+        for seed in seeds.values():
+            if seed is None:
+                continue
+            num_thoughts = len(split_thoughts(seed, tokenizer, " "))
+            step = 2 if num_thoughts >= 2 else 1
+            positions.append((step - 1) / num_thoughts)
+            at_question.append(float(step == 1))
+            single.append(float(num_thoughts == 1))
+        if positions:
+            assert log["srpo/reset_position"] == pytest.approx(sum(positions) / len(positions))
+            assert log["srpo/reset_at_question_rate"] == pytest.approx(sum(at_question) / len(at_question))
+            assert log["srpo/single_thought_rate"] == pytest.approx(sum(single) / len(single))
+
+
+@pytest.mark.parametrize("answer, parsed", [("2<|im_end|>", 1.0), ("2", 0.0), ("it is 2<|im_end|>", 0.0)])
+def test_bare_integer_parses_only_when_the_answer_ended_with_eos(
+    answer, parsed, tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, state = generation_log
+    state["localization_answer"] = answer
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=1)
+    if parsed:
+        trainer.train()
+    else:
+        with pytest.warns(UserWarning, match="localization answers did not name a step"):
+            trainer.train()
+    rates = [log["srpo/localization_parse_rate"] for log in step_logs(trainer) if "srpo/localization_parse_rate" in log]
+    assert rates and all(rate == parsed for rate in rates)
+
+
+def test_no_seed_at_all_warns_naming_the_success_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1)
+    with pytest.warns(UserWarning, match="always_correct_reward"):
+        trainer.train()
+
+
+# ---------------------------------------------------------------- default split, refusals
+
+
+@pytest.mark.parametrize("generations, base, suffixes", [(2, 0, 2), (3, 0, 3), (4, 2, 2), (5, 3, 2), (7, 4, 3),
+                                                         (8, 4, 4), (16, 8, 8)])
+def test_default_split_is_half_base_half_shared_prefix(generations, base, suffixes, tmp_path):
+    config = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=generations,
+                        per_device_train_batch_size=generations)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (base, 1, suffixes)
+
+
+def test_explicit_splits_are_kept(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=16,
+                  per_device_train_batch_size=16)
+    config = SRPOConfig(reset_groups=2, **common)  # suffixes_per_reset defaults to 4 when the split is explicit
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (8, 2, 4)
+    config = SRPOConfig(suffixes_per_reset=4, **common)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (12, 1, 4)
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="base", suffixes_per_reset=16, **common)  # no base group to draw a seed from
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="old", **common)
+
+
+@pytest.mark.parametrize("generations", [2, 3, 5, 7])
+def test_odd_and_small_group_sizes_train(generations, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    settings = dict(output_dir=str(tmp_path), num_generations=generations, per_device_train_batch_size=generations,
+                    max_completion_length=8, max_steps=1, thought_delimiter=" ", rollout_template=TEMPLATE,
+                    localization_template=SHORT_LOCALIZATION, localization_max_tokens=4, report_to="none",
+                    use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
+    trainer = RecordingSRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=SRPOConfig(**settings),
+                                   train_dataset=tiny_dataset)
+    trainer.calls, trainer.records = calls, []
+    trainer.train()
+    assert trainer.state.global_step == 1
+    out = trainer.records[0]["output"]
+    assert out["completion_ids"].size(0) == generations
+    base = trainer.args.num_base_generations
+    # Round 1: the base group and one seed candidate (the default), from the one prompt of the step.
+    assert len(calls[0]["rows"]) == base + 1
+
+
+def test_environment_factory_and_missing_rewards_refusals(tiny_model_path, tiny_dataset, tmp_path):
+    args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+
+    class Environment:
+        def reset(self, **kwargs):
+            return None
+
+    with pytest.raises(ValueError, match="environment_factory"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
+                    environment_factory=Environment)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        SRPOTrainer(model=tiny_model_path, args=args, train_dataset=tiny_dataset)
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_one_seed_candidate_per_round_by_default(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1,
+                           seed_candidates_per_round=SRPOConfig.seed_candidates_per_round)
+    assert trainer.args.seed_candidates_per_round == 1
+    trainer.train()
+    # Round 1: 2 prompts x (4 base + 1 candidate); rounds 2 and 3: 1 candidate per prompt still without a seed.
+    assert [len(c["rows"]) for c in calls[:3]] == [10, 2, 2]
+
+
+def test_suffix_budget_is_max_completion_length_minus_the_prefix(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"  # resets after the first thought: a non-empty prefix
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    checked = 0
+    for record in trainer.records:
+        suffix_call = record["calls"][-1]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        budgets = suffix_call["kwargs"]["max_new_tokens"]
+        assert len(budgets) == len(suffix_call["rows"])
+        for row, budget, completion in zip(suffix_call["rows"], budgets, suffix_call["completions"]):
+            prompt = next(p for p in group_prompt_ids if row[: len(p)] == p)
+            prefix_length = len(row) - len(prompt)
+            assert budget == 12 - prefix_length
+            assert len(completion) <= budget  # nothing generated past the row's budget
+            checked += int(prefix_length > 0)
+    assert checked > 0
+
+
+def test_hf_generation_stops_each_row_at_its_budget_and_at_stop_strings(tiny_model_path, tiny_dataset, tmp_path):
+    from trl_credit._trl import generate_from_prefixes
+
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, [], max_completion_length=10)
+    tokenizer = trainer.processing_class
+    raw = []
+    real_generate = trainer._generate_single_turn
+
+    def spy(*args, **kwargs):
+        completion_ids, logprobs = real_generate(*args, **kwargs)
+        raw.append([list(ids) for ids in completion_ids])
+        return completion_ids, logprobs
+
+    trainer._generate_single_turn = spy
+    prompt = tokenizer("What is 3 + 4?")["input_ids"]
+    free, _ = generate_from_prefixes(trainer, [prompt, prompt], greedy=True)
+    assert len(free[0]) > 3  # the untouched greedy answer is longer than the budgets below
+    completions, _ = generate_from_prefixes(trainer, [prompt, prompt], greedy=True, max_new_tokens=[2, 3])
+    assert completions == [free[0][:2], free[1][:3]]
+    # generate itself stopped: what it returned past a row's budget is padding (no token sampled there)
+    pad = tokenizer.pad_token_id
+    assert all(t == pad for t in raw[-1][0][2:]) and all(t == pad for t in raw[-1][1][3:])
+    assert max(len(ids) for ids in raw[-1]) <= 3
+    # A stop string: the row ends with the token that completes it.
+    text = tokenizer.decode(free[0], skip_special_tokens=True)
+    stop = tokenizer.decode(free[0][:3], skip_special_tokens=True)[-2:]
+    assert stop.strip() and stop in text
+    expected = next(n for n in range(1, len(free[0]) + 1) if stop in tokenizer.decode(free[0][:n], skip_special_tokens=True))
+    stopped, _ = generate_from_prefixes(trainer, [prompt], greedy=True, stop_strings=[stop])
+    assert stopped == [free[0][:expected]]
+    assert len(raw[-1][0]) == expected  # generation itself ended there (one row: no padding)
+    assert "generate" not in trainer.accelerator.unwrap_model(trainer.model_wrapped).__dict__  # wrapper removed
+
+
+def test_localization_call_stops_after_the_boxed_step(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=1)
+    trainer.train()
+    greedy = [c for c in calls if c["kwargs"].get("greedy")]
+    assert greedy and greedy[0]["rows"]
+    stops = greedy[0]["kwargs"]["stop_strings"]
+    assert stops[0] == "\\boxed{1}" and all(s.startswith("\\boxed{") and s.endswith("}") for s in stops)
+
+
+def test_seed_source_base_makes_no_seed_generation_call(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, seed_source="base", reset="random")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        sampled = [c for c in record["calls"] if not c["kwargs"].get("greedy")]
+        assert len(sampled) == 2  # the base group, then the suffixes: no seed candidates
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        assert sampled[0]["rows"] == [group_prompt_ids[0]] * NUM_BASE + [group_prompt_ids[1]] * NUM_BASE
+        assert log["srpo/seed_rounds"] == 0
+        cursor = 0
+        for g in range(2):
+            base = sampled[0]["completions"][NUM_BASE * g : NUM_BASE * (g + 1)]
+            failed = [c for c in base if text_reward(tokenizer, c) < 1.0]
+            if not failed:
+                continue
+            # The seed is the first failed base rollout: the reset state is the question + a prefix of it.
+            row = sampled[1]["rows"][cursor]
+            keep = len(row) - len(group_prompt_ids[g])
+            assert row[len(group_prompt_ids[g]) :] == failed[0][:keep]
+            cursor += NUM_SUFFIXES
+        assert cursor == len(sampled[1]["rows"])
+
+
+def test_token_accounting(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        sampled = [c for c in record["calls"] if not c["kwargs"].get("greedy")]
+        localization = [c for c in record["calls"] if c["kwargs"].get("greedy")]
+        first, rounds, suffix_call = sampled[0], sampled[1:-1], sampled[-1]
+        base = [ids for i, ids in enumerate(first["completions"]) if i % (NUM_BASE + PER_ROUND) < NUM_BASE]
+        candidates = [ids for i, ids in enumerate(first["completions"]) if i % (NUM_BASE + PER_ROUND) >= NUM_BASE]
+        candidates += [ids for call in rounds for ids in call["completions"]]
+        tokens = lambda rows: sum(len(ids) for ids in rows)  # noqa: E731
+        iid_mean = (tokens(base) + tokens(candidates)) / (len(base) + len(candidates))
+        grpo = 2 * 8 * iid_mean  # a GRPO step: 2 prompts x 8 iid rollouts
+        everything = tokens(base) + tokens(candidates) + tokens(suffix_call["completions"])
+        everything += sum(tokens(c["completions"]) for c in localization)
+        assert log["srpo/tokens_vs_grpo"] == pytest.approx(everything / grpo)
+        assert log["srpo/paper_tokens_vs_grpo"] == pytest.approx((tokens(base) + tokens(suffix_call["completions"])) / grpo)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_lora_two_rewards_other_loss_types(loss_type, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """The user's setup: LoRA, [accuracy, format] rewards, a loss type other than the default."""
+    from peft import LoraConfig
+
+    calls, _ = generation_log
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=8, max_completion_length=12,
+                    max_steps=2, learning_rate=5e-2, loss_type=loss_type, thought_delimiter=" ", rollout_template=TEMPLATE,
+                    localization_template=SHORT_LOCALIZATION, localization_max_tokens=6, report_to="none", use_cpu=True,
+                    save_strategy="no", logging_steps=1, seed=0)
+    trainer = RecordingSRPOTrainer(
+        model=tiny_model_path, reward_funcs=[parity_reward, format_reward], args=SRPOConfig(**settings),
+        train_dataset=tiny_dataset,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    trainer.calls, trainer.records = calls, []
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters() if "lora_" in n)
+    logs = step_logs(trainer)
+    assert min(log["srpo/fallback_rate"] for log in logs) < 1.0  # seeds found although every total reward is >= 1
+    assert any(c["rows"] for record in trainer.records for c in record["calls"][-1:])  # suffixes were generated

@@ -28,9 +28,11 @@ __all__ = [
 
 
 def incorrect_indices(rewards: Sequence[float], success_threshold: float, limit: int) -> list[int]:
-    """Indices of the first ``limit`` incorrect rollouts, in order: reward ``< success_threshold``.
+    """Indices of the first ``limit`` incorrect rollouts, in order: the verifier's reward ``< success_threshold``.
 
-    A NaN reward (every reward function returned None) is unscorable, neither correct nor incorrect: never a seed.
+    ``rewards`` is the raw reward of the verifier (the config's ``success_reward`` function), not TRL's weighted
+    total. A NaN/None reward (the verifier could not judge the rollout) is neither correct nor incorrect: never a
+    seed.
     """
     found = []
     for index, reward in enumerate(rewards):
