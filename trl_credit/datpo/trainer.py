@@ -33,6 +33,7 @@ every process the same number of times, also when a process has no branches.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -401,6 +402,11 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             budgets, v_root, blocks, base_unscorable, base_success, branch_success, records, branch_lengths,
             branch_rewards_global, diversity, has_siblings,
         )
+        # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
+        # one block.
+        width = batch["completion_ids"].size(1)
+        block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in local_forks]
+        self._log_credit(batch, block_ids=block_ids)
         return batch
 
     def _diversity_alpha(self) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
@@ -14,7 +15,7 @@ __all__ = ["SRPOConfig", "default_suffixes"]
 
 
 @dataclass
-class SRPOConfig(GRPOConfig, SuccessArguments):
+class SRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
 

@@ -181,6 +181,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if self._srpo_row_kinds is not None:  # training step with SRPO rollouts
             output["advantages"] = self._srpo_advantages(output["advantages"])
         self._srpo_inputs = None
+        self._log_credit(output)  # suffix rows show their shared prefix struck (tool_mask 0)
         return output
 
     # ------------------------------------------------------------------ rollouts
