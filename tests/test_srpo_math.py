@@ -29,7 +29,7 @@ from trl_credit.srpo.resets import (
 )
 
 
-# ---------------------------------------------------------------- localization parsing (SPEC §4.4)
+# ---------------------------------------------------------------- localization parsing (docs/srpo.md#reset-index)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_localization_prompt_renders_steps():
     assert LOCALIZATION_TEMPLATE.count("{question}") == 1
 
 
-# ---------------------------------------------------------------- sub-group advantages (SPEC §4.6)
+# ---------------------------------------------------------------- sub-group advantages (docs/srpo.md#advantages)
 
 
 def test_grouped_advantages_two_groups_by_hand():
@@ -144,7 +144,7 @@ def test_srpo_group_ids_layout():
     assert srpo_group_ids(1, 0, 2, 4) == [1] * 4 + [2] * 4
 
 
-# ---------------------------------------------------------------- seeds and resets (SPEC §4.3-§4.4)
+# ---------------------------------------------------------------- seeds and resets (docs/srpo.md#seeds, docs/srpo.md#reset-index)
 
 
 def test_incorrect_indices_first_in_order():
@@ -178,7 +178,7 @@ def test_srpo_uses_the_parsed_step_else_random():
     assert choose_reset_step(9, 5, random.Random(7))[1] is False
 
 
-# ---------------------------------------------------------------- training rows (SPEC §4.5)
+# ---------------------------------------------------------------- training rows (docs/srpo.md#suffix-rows)
 
 
 def test_suffix_row_masks_exactly_the_prefix():

@@ -1,4 +1,4 @@
-"""SRPOTrainer end to end on the CPU with the tiny model (SPEC §4): rollout layout, reset states, loss masks,
+"""SRPOTrainer end to end on the CPU with the tiny model (docs/srpo.md): rollout layout, reset states, loss masks,
 sub-group advantages, fallback, SRPO localization wiring, metrics. Expected values come from the recorded
 generations and the test's own reward arithmetic, never from the trainer's internals."""
 

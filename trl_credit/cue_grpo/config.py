@@ -1,4 +1,4 @@
-"""Configuration of CueGRPOTrainer: ``trl.GRPOConfig`` plus the Cue-GRPO fields (paper defaults; SPEC §1)."""
+"""Configuration of CueGRPOTrainer: ``trl.GRPOConfig`` plus the Cue-GRPO fields (paper defaults; docs/cue_grpo.md)."""
 
 from __future__ import annotations
 

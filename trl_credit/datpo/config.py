@@ -1,4 +1,4 @@
-"""DATPOConfig: GRPOConfig plus the DATPO tree, forking, value and diversity settings (SPEC §3)."""
+"""DATPOConfig: GRPOConfig plus the DATPO tree, forking, value and diversity settings (docs/datpo.md)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     value_estimate: str = field(
         default="subtree",
         metadata={"help": f"V(node), one of {VALUE_ESTIMATES}. subtree (paper Eq. 7): mean reward of all leaves "
-                          "under the node. own_branches (the authors' code, SPEC §3.4): "
+                          "under the node. own_branches (the authors' code, docs/datpo.md#block-advantages): "
                           "the mean reward of the fork's own branches only; the root's value is the mean of the N "
                           "base rollouts."},
     )
@@ -124,7 +124,7 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     )
     diversity_root_siblings: bool = field(
         default=False,
-        metadata={"help": "Default False (SPEC §3.5: blocks that start at the same fork are siblings; the root is "
+        metadata={"help": "Default False (docs/datpo.md#sibling-diversity: blocks that start at the same fork are siblings; the root is "
                           "not a fork). True: also count the first blocks of the N base rollouts (all starting at "
                           "the root) as siblings, as the authors' code does."},
     )

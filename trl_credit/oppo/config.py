@@ -1,4 +1,4 @@
-"""Configuration of :class:`~trl_credit.oppo.OPPOTrainer` (SPEC §2; paper §4, App. G, Table 13)."""
+"""Configuration of :class:`~trl_credit.oppo.OPPOTrainer` (docs/oppo.md; paper §4, App. G, Table 13)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class OPPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     )
     advantage_eps: float = field(
         default=1e-6,
-        metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (SPEC §2.7)."},
+        metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (docs/oppo.md#group-normalization)."},
     )
     direction_anchoring: bool = field(
         default=True,

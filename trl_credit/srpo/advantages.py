@@ -1,4 +1,4 @@
-"""Group-relative advantages over SRPO's sub-groups (SPEC §4.6, paper §4.3).
+"""Group-relative advantages over SRPO's sub-groups (docs/srpo.md#advantages, paper §4.3).
 
 A prompt's buffer holds a base group (``base`` iid rollouts from the question) and ``reset_groups`` shared-prefix
 groups (``suffixes_per_reset`` suffixes each, resampled from one reset state). Advantages are normalized within
@@ -37,14 +37,14 @@ def grouped_advantages(
     valid: Sequence[bool] | torch.Tensor | None = None,
     eps: float = 1e-4,
 ) -> torch.Tensor:
-    """``A_i = (r_i - mean_g) / (std_g + eps)`` within each group ``g`` (SPEC §4.6), as TRL 1.16 computes GRPO's.
+    """``A_i = (r_i - mean_g) / (std_g + eps)`` within each group ``g`` (docs/srpo.md#advantages), as TRL 1.16 computes GRPO's.
 
     - ``mean_g``/``std_g`` are over the group's rows with a finite reward that are ``valid``; ``std`` is TRL's
       ``nanstd``: unbiased (Bessel, divides by n - 1).
     - ``scale``: ``"group"`` divides by the group's std, ``"batch"`` by the std of all valid rewards (TRL's
       ``scale_rewards="batch"``; the mean stays per group), ``"none"`` does not divide (Dr. GRPO).
     - A group whose std is 0 (all rewards equal) or that has fewer than two usable rows gets 0 everywhere, as do
-      rows with a NaN reward (TRL's "unscorable" rows) and rows that are not ``valid`` (fallback rows, SPEC §4.3).
+      rows with a NaN reward (TRL's "unscorable" rows) and rows that are not ``valid`` (fallback rows, docs/srpo.md#seeds).
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}.")

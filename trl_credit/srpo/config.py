@@ -1,4 +1,4 @@
-"""Configuration of SRPOTrainer (SRPO / RRPO, SPEC §4, paper §4 and Appendix C)."""
+"""Configuration of SRPOTrainer (SRPO / RRPO, docs/srpo.md, paper §4 and Appendix C)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompts of SRPO/RRPO (paper Appendix D) and parsing of the self-localization answer (SPEC §4.1, §4.4).
+"""Prompts of SRPO/RRPO (paper Appendix D) and parsing of the self-localization answer (docs/srpo.md#thoughts, docs/srpo.md#reset-index).
 
 Templates use literal placeholders substituted with ``str.replace`` (not ``str.format``), so the paper's own
 braces (``\\boxed{answer}``) need no escaping:
@@ -132,7 +132,7 @@ def render_steps(thoughts: Sequence[str]) -> str:
 
 
 def localization_prompt(question: str, thoughts: Sequence[str], template: str = LOCALIZATION_TEMPLATE) -> str:
-    """Self-localization prompt for a failed seed with ``len(thoughts)`` thoughts (Appendix D, SPEC §4.4)."""
+    """Self-localization prompt for a failed seed with ``len(thoughts)`` thoughts (Appendix D, docs/srpo.md#reset-index)."""
     return (
         template.replace("{question}", question)
         .replace("{steps}", render_steps(thoughts))

@@ -1,4 +1,4 @@
-"""SRPOTrainer: GRPOTrainer with SRPO / RRPO reset-and-resample rollouts (SPEC §4, paper §4, Algorithm 2).
+"""SRPOTrainer: GRPOTrainer with SRPO / RRPO reset-and-resample rollouts (docs/srpo.md, paper §4, Algorithm 2).
 
 How it hooks into TRL 1.16.0's GRPOTrainer (everything else - tokenizing, reward calls, log-prob passes, loss,
 vLLM / DeepSpeed / PEFT handling - is TRL's):
@@ -14,7 +14,7 @@ vLLM / DeepSpeed / PEFT handling - is TRL's):
   through TRL's ``_calculate_rewards`` too (padded to the same row count on every process, because it ends with a
   ``gather``), with reward-function side logs discarded.
 - Advantages: ``_generate_and_score_completions`` is wrapped: after ``super()``, ``output["advantages"]`` is
-  replaced by group-relative advantages within each sub-group (base group, each shared-prefix group; SPEC §4.6).
+  replaced by group-relative advantages within each sub-group (base group, each shared-prefix group; docs/srpo.md#advantages).
 - Evaluation (``model.eval()``): plain iid generation from the wrapped prompts and TRL's GRPO advantages.
 """
 
