@@ -40,7 +40,7 @@ from trl_credit._trl import (
     warn_once,
 )
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
+from trl_credit.srpo.advantages import grouped_advantages, normalize_then_sum_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.prompts import (
     localization_prompt,
@@ -454,9 +454,10 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ advantages
 
     def _srpo_advantages(self, trl_advantages: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages of TRL's weighted total reward within each sub-group (paper §4.3) from the
-        captured global rewards; fallback and unscorable rows get 0 and stay out of every group's statistics. Also
-        logs the verifier's pass rates and fixes TRL's logged advantages."""
+        """Group-relative advantages within each sub-group (paper §4.3) from the captured global rewards: of TRL's
+        weighted total reward (``sum_then_normalize``), or of each reward function, then summed
+        (``normalize_then_sum``); fallback and unscorable rows get 0 and stay out of every statistic. Also logs the
+        verifier's pass rates and fixes TRL's logged advantages."""
         device = trl_advantages.device
         rewards_per_func = self._srpo_rewards_per_func
         rewards = total_rewards(rewards_per_func, self.reward_weights)  # NaN when unscorable
@@ -468,7 +469,11 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
-        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            # Each reward function z-scored within each sub-group, weighted sum, one batch-wide rescale (TRL's GDPO).
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, self.reward_weights, valid=valid)
+        else:
+            advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
         advantages = advantages.to(device)
 
         # Pass rates: what the verifier says (success_reward), over the scorable rows of each kind.
