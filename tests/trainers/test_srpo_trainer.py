@@ -510,6 +510,23 @@ def test_no_seed_at_all_warns_naming_the_success_reward(tiny_model_path, tiny_da
         trainer.train()
 
 
+def test_no_seed_without_a_base_group_warns_that_nothing_is_trained(tiny_model_path, tiny_dataset, tmp_path,
+                                                                    generation_log):
+    # num_generations=3: the default split is 1x3 with no base group, so a prompt without an incorrect seed has
+    # only masked rows (the paper's fallback, GRPO on the base group, has no group to use).
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1,
+                           num_generations=3, per_device_train_batch_size=3, reset_groups=None,
+                           suffixes_per_reset=None, weight_decay=0.0)  # no decay: only gradients move weights
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.warns(UserWarning, match="has no base group to fall back to") as caught:
+        trainer.train()
+    assert any("it trained nothing (this split has no base group)" in str(w.message) for w in caught)
+    out = trainer.records[0]["output"]
+    assert (out["completion_mask"] * out["tool_mask"]).sum().item() == 0
+    assert all(torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+
+
 # ---------------------------------------------------------------- default split, refusals
 
 

@@ -369,13 +369,26 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
         log_metric(self, "srpo/seed_rounds", rounds)
         if fallbacks == reset_groups:
+            trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
             warn_once(
                 self,
                 "srpo/no_seed",
-                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained as GRPO on the base "
-                f"groups (srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
+                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained {trained_as} "
+                f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
                 f"function {self.reward_func_names[self._success_index]!r}) scores below success_threshold="
                 f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
+            )
+        if fallbacks and not base_size:
+            # No base group to fall back to: a prompt without an incorrect seed has only masked rows.
+            warn_once(
+                self,
+                "srpo/no_base_group_fallback",
+                f"SRPOTrainer: {fallbacks:.0f} of {reset_groups:.0f} reset groups found no incorrect seed "
+                f"(srpo/fallback_rate), and the split num_generations={size} = reset_groups x suffixes_per_reset "
+                f"({num_resets} x {num_suffixes}) has no base group to fall back to, so those prompts add nothing to "
+                "the loss (their rows are masked). Fix: num_generations >= 4 (the default split then keeps a base "
+                "group of ceil(num_generations / 2)) or an explicit split with a base group; or more seed rounds "
+                "(max_seed_rounds) if the verifier does fail sometimes.",
             )
         if num_seeds:
             log_metric(self, "srpo/reset_position", position_sum / num_seeds)
