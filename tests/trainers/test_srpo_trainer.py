@@ -799,19 +799,31 @@ def alternating_reward(completions, **kwargs):
 def dropin_config(tmp_path, group, **overrides):
     # SRPO's own defaults (split derived from num_generations, seed rounds, templates) plus the test-speed settings
     # TRL's tests set. group=3 is TRL's own baseline (num_generations=3, per_device_train_batch_size=3: one reset
-    # group of 3, no base group), where a config's batch size override is dropped so that whole groups still fit
-    # (e.g. steps_per_generation=2 then makes two prompts of 3 per generation batch); group=4 is 2 base + 1x2.
+    # group of 3, no base group), where a config's batch size override without its own num_generations is dropped
+    # so that whole groups still fit (steps_per_generation=2 then makes two prompts of 3 per generation batch);
+    # group=4 is 2 base + 1x2.
     settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=group, num_generations=group,
                     max_completion_length=4, max_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True,
                     save_strategy="no", logging_steps=1, seed=0)
-    if group == 3:
-        overrides = {k: v for k, v in overrides.items() if k not in ("per_device_train_batch_size", "num_generations")}
+    if group == 3 and "num_generations" not in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "per_device_train_batch_size"}
     settings.update(overrides)
     return SRPOConfig(**settings)
 
 
+# Further settings of TRL's GRPO tests that reach SRPO's own generation calls (seeds, localization, suffixes).
+SRPO_EXTRA_DROPIN_CONFIGS = [
+    pytest.param(dict(top_p=0.9, top_k=10, min_p=0.01, repetition_penalty=1.1), id="generation_kwargs"),
+    pytest.param(dict(beta=0.1, use_bias_correction_kl=True), id="bias_correction_kl"),
+    pytest.param(dict(beta=0.1, sync_ref_model=True, ref_model_sync_steps=1), id="sync_ref_model"),
+    pytest.param(dict(scale_rewards=False), id="scale_rewards-False"),
+    pytest.param(dict(num_generations=6, per_device_train_batch_size=3, gradient_accumulation_steps=2),
+                 id="num_generations-larger-than-batch"),
+]
+
+
 @pytest.mark.parametrize("group", [3, 4], ids=["G3", "G4"])
-@pytest.mark.parametrize("overrides", DROPIN_CONFIGS)
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS + SRPO_EXTRA_DROPIN_CONFIGS)
 def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides, group):
     import math
 
@@ -832,3 +844,25 @@ def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tin
                           train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(4)))
     trainer.train()
     assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_dropin_reward_reading_a_dataset_column_and_a_reward_returning_none(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL's tests: a reward function reading an extra dataset column (also when scoring SRPO's seed candidates) and
+    # a second reward function that returns None for every row, with TRL's baseline num_generations=3.
+    seen_columns = []
+
+    def column_reward(completions, some_values, **kwargs):
+        seen_columns.append(len(some_values))
+        return [float(len(completion_text(c)) % 2 == v % 2) for c, v in zip(completions, some_values, strict=True)]
+
+    def non_applicable_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    dataset = tiny_dataset.add_column("some_values", list(range(len(tiny_dataset))))
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=[column_reward, non_applicable_reward],
+                          args=dropin_config(tmp_path, 3, max_steps=2), train_dataset=dataset)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(seen_columns) > 2  # the batch and the seed candidates were scored with the column
+    logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+    assert len(logs) == 2
