@@ -819,6 +819,8 @@ SRPO_EXTRA_DROPIN_CONFIGS = [
     pytest.param(dict(scale_rewards=False), id="scale_rewards-False"),
     pytest.param(dict(num_generations=6, per_device_train_batch_size=3, gradient_accumulation_steps=2),
                  id="num_generations-larger-than-batch"),
+    pytest.param(dict(generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}),
+                 id="generation_kwargs-beams"),
 ]
 
 
@@ -866,3 +868,29 @@ def test_dropin_reward_reading_a_dataset_column_and_a_reward_returning_none(tiny
     assert len(seen_columns) > 2  # the batch and the seed candidates were scored with the column
     logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
     assert len(logs) == 2
+
+
+def test_dropin_rewards_all_none_and_reading_the_trainer_state(tiny_model_path, tiny_dataset, tmp_path, caplog):
+    # TRL's tests: a reward function reading `trainer_state` (num_generations=2: SRPO's 1x2), and one that returns
+    # None for everything (TRL's warning still appears; nothing is a seed, nothing is trained, no crash).
+    states = []
+
+    def state_reward(completions, trainer_state=None, **kwargs):
+        states.append(trainer_state.global_step)
+        return [float(len(completion_text(c)) % 2) for c in completions]
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=state_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 2))
+    trainer.train()
+    assert trainer.state.global_step == 1 and len(states) >= 2  # batch and seed candidates
+
+    def always_none_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=always_none_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 3))
+    with caplog.at_level("WARNING", logger="trl.trainer.grpo_trainer"):
+        trainer.train()
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    assert log["srpo/fallback_rate"] == 1.0
