@@ -323,6 +323,9 @@ def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):
     with pytest.raises(ValueError, match="user message"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
                     train_dataset=tiny_dataset.map(lambda row: {"prompt": [{"role": "system", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="text-only prompts, but train_dataset has an 'image' column"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                    train_dataset=tiny_dataset.add_column("image", [None] * len(tiny_dataset)))
     with pytest.raises(ValueError, match="rollout_func"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
                     rollout_func=lambda prompts, trainer: {})

@@ -519,6 +519,13 @@ def _check_prompt_format(dataset, template: str | None) -> None:
         return
     if "prompt" not in dataset.column_names:
         raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    images = [name for name in ("image", "images") if name in dataset.column_names]
+    if images:
+        raise ValueError(
+            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
+            "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
+            "the column or train this dataset with GRPOTrainer."
+        )
     if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
         return
     first = dataset[0]
