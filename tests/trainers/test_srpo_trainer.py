@@ -824,6 +824,7 @@ SRPO_EXTRA_DROPIN_CONFIGS = [
                  id="num_generations-larger-than-batch"),
     pytest.param(dict(generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}),
                  id="generation_kwargs-beams"),
+    pytest.param(dict(chat_template_kwargs={"enable_thinking": False}), id="chat_template_kwargs"),
 ]
 
 
