@@ -311,7 +311,11 @@ def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[N
 
         def __call__(self, input_ids, scores, **kwargs):
             generated = input_ids[:, self.start :]
-            done = self.budgets <= generated.size(1)
+            budgets = self.budgets
+            if generated.size(0) != budgets.numel() and generated.size(0) % budgets.numel() == 0:
+                # Beam search (generation_kwargs num_beams > 1): generate expands each row in place into its beams.
+                budgets = budgets.repeat_interleave(generated.size(0) // budgets.numel())
+            done = budgets <= generated.size(1)
             if stops:
                 for row in (~done).nonzero().flatten().tolist():
                     text = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)

@@ -303,8 +303,7 @@ def test_config_validation(tmp_path):
     # (one process: TRL's own divisibility check fires first; with several processes ours names whole groups)
     with pytest.raises(ValueError, match="num_generations"):
         SRPOConfig(num_generations=8, per_device_train_batch_size=12, **{k: v for k, v in common.items() if k != "per_device_train_batch_size"})
-    with pytest.raises(ValueError, match="multi_objective_aggregation"):
-        SRPOConfig(multi_objective_aggregation="normalize_then_sum", **common)
+    assert SRPOConfig(multi_objective_aggregation="normalize_then_sum", **common).reset_groups == 1  # supported
     # The paper's compute-matched splits at budget 8: 1x4 (base 4), 2x4 and 1x8 (no base group).
     assert SRPOConfig(**common).num_base_generations == 4
     assert SRPOConfig(reset_groups=2, **common).num_base_generations == 0
@@ -324,6 +323,9 @@ def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):
     with pytest.raises(ValueError, match="user message"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
                     train_dataset=tiny_dataset.map(lambda row: {"prompt": [{"role": "system", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="text-only prompts, but train_dataset has an 'image' column"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                    train_dataset=tiny_dataset.add_column("image", [None] * len(tiny_dataset)))
     with pytest.raises(ValueError, match="rollout_func"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
                     rollout_func=lambda prompts, trainer: {})
@@ -509,6 +511,23 @@ def test_no_seed_at_all_warns_naming_the_success_reward(tiny_model_path, tiny_da
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1)
     with pytest.warns(UserWarning, match="always_correct_reward"):
         trainer.train()
+
+
+def test_no_seed_without_a_base_group_warns_that_nothing_is_trained(tiny_model_path, tiny_dataset, tmp_path,
+                                                                    generation_log):
+    # num_generations=3: the default split is 1x3 with no base group, so a prompt without an incorrect seed has
+    # only masked rows (the paper's fallback, GRPO on the base group, has no group to use).
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1,
+                           num_generations=3, per_device_train_batch_size=3, reset_groups=None,
+                           suffixes_per_reset=None, weight_decay=0.0)  # no decay: only gradients move weights
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.warns(UserWarning, match="has no base group to fall back to") as caught:
+        trainer.train()
+    assert any("it trained nothing (this split has no base group)" in str(w.message) for w in caught)
+    out = trainer.records[0]["output"]
+    assert (out["completion_mask"] * out["tool_mask"]).sum().item() == 0
+    assert all(torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
 
 
 # ---------------------------------------------------------------- default split, refusals
@@ -714,3 +733,168 @@ def test_lora_two_rewards_other_loss_types(loss_type, tiny_model_path, tiny_data
     logs = step_logs(trainer)
     assert min(log["srpo/fallback_rate"] for log in logs) < 1.0  # seeds found although every total reward is >= 1
     assert any(c["rows"] for record in trainer.records for c in record["calls"][-1:])  # suffixes were generated
+
+
+
+def length_mod3_reward(completions, **kwargs):
+    # A second reward that varies with the text, independent of parity_reward.
+    return [float(len(completion_text(c)) % 3 == 0) for c in completions]
+
+
+def reference_normalize_then_sum(rewards_per_func, group_rows, weights):
+    """Slow reference of TRL's normalize_then_sum over the given groups (lists of row indices; rows in no group get
+    0 and are outside every statistic): z-score each function per group (unbiased std + 1e-4; std 0 -> 0), weighted
+    sum, then (s - mean) / (std + 1e-4) over the rows of all groups."""
+    summed = {}
+    for rows in group_rows:
+        for row in rows:
+            summed[row] = 0.0
+        for k, weight in enumerate(weights):
+            values = [rewards_per_func[row][k] for row in rows]
+            mean, std = statistics.mean(values), statistics.stdev(values)
+            for row, value in zip(rows, values):
+                summed[row] += weight * (0.0 if std == 0 else (value - mean) / (std + 1e-4))
+    mean, std = statistics.mean(summed.values()), statistics.stdev(summed.values())
+    return {row: (value - mean) / (std + 1e-4) for row, value in summed.items()}
+
+
+def test_normalize_then_sum_per_sub_group_end_to_end(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """multi_objective_aggregation="normalize_then_sum" with two rewards: each reward function is normalized within
+    the base group and within the shared-prefix group (never across them), weighted, then rescaled over the batch."""
+    calls, _ = generation_log
+    weights = [1.0, 0.5]
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=[parity_reward, length_mod3_reward],
+                           multi_objective_aggregation="normalize_then_sum", reward_weights=weights)
+    tokenizer = trainer.processing_class
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert min(log["srpo/fallback_rate"] for log in step_logs(trainer)) < 1.0
+    checked_suffix_groups = 0
+    for record in trainer.records:
+        out = record["output"]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        texts = [tokenizer.decode(out["completion_ids"][i][out["completion_mask"][i].bool()].tolist(),
+                                  skip_special_tokens=True) for i in range(16)]
+        rewards_per_func = [(float(len(t) % 2), float(len(t) % 3 == 0)) for t in texts]
+        groups = []
+        for g in range(2):
+            groups.append(list(range(8 * g, 8 * g + NUM_BASE)))
+            if seeds[g] is not None:
+                groups.append(list(range(8 * g + NUM_BASE, 8 * g + 8)))
+                checked_suffix_groups += 1
+        reference = reference_normalize_then_sum(rewards_per_func, groups, weights)
+        expected = torch.tensor([reference.get(row, 0.0) for row in range(16)])
+        torch.testing.assert_close(out["advantages"], expected, rtol=0, atol=1e-4)
+    assert checked_suffix_groups > 0
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drop-in: the configurations of TRL's own GRPO tests, with SRPO's default split (derived from num_generations)
+
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+def alternating_reward(completions, **kwargs):
+    # A second reward that varies within every group (unlike `format_reward`), so each reward function matters.
+    return [float(i % 2) for i in range(len(completions))]
+
+
+def dropin_config(tmp_path, group, **overrides):
+    # SRPO's own defaults (split derived from num_generations, seed rounds, templates) plus the test-speed settings
+    # TRL's tests set. group=3 is TRL's own baseline (num_generations=3, per_device_train_batch_size=3: one reset
+    # group of 3, no base group), where a config's batch size override without its own num_generations is dropped
+    # so that whole groups still fit (steps_per_generation=2 then makes two prompts of 3 per generation batch);
+    # group=4 is 2 base + 1x2.
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=group, num_generations=group,
+                    max_completion_length=4, max_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True,
+                    save_strategy="no", logging_steps=1, seed=0)
+    if group == 3 and "num_generations" not in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "per_device_train_batch_size"}
+    settings.update(overrides)
+    return SRPOConfig(**settings)
+
+
+# Further settings of TRL's GRPO tests that reach SRPO's own generation calls (seeds, localization, suffixes).
+SRPO_EXTRA_DROPIN_CONFIGS = [
+    pytest.param(dict(top_p=0.9, top_k=10, min_p=0.01, repetition_penalty=1.1), id="generation_kwargs"),
+    pytest.param(dict(beta=0.1, use_bias_correction_kl=True), id="bias_correction_kl"),
+    pytest.param(dict(beta=0.1, sync_ref_model=True, ref_model_sync_steps=1), id="sync_ref_model"),
+    pytest.param(dict(scale_rewards=False), id="scale_rewards-False"),
+    pytest.param(dict(num_generations=6, per_device_train_batch_size=3, gradient_accumulation_steps=2),
+                 id="num_generations-larger-than-batch"),
+    pytest.param(dict(generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}),
+                 id="generation_kwargs-beams"),
+    pytest.param(dict(chat_template_kwargs={"enable_thinking": False}), id="chat_template_kwargs"),
+]
+
+
+@pytest.mark.parametrize("group", [3, 4], ids=["G3", "G4"])
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS + SRPO_EXTRA_DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides, group):
+    import math
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=[parity_reward, alternating_reward],
+                          args=dropin_config(tmp_path, group, **overrides), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    assert "srpo/fallback_rate" in trainer.state.log_history[0]  # SRPO's rollout ran, not plain GRPO
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    # TRL's eval tests: num_generations=3, per_device_eval_batch_size=3.
+    settings = dict(max_steps=2, per_device_eval_batch_size=3, eval_strategy="steps", eval_steps=2)
+    settings.update(overrides)
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=dropin_config(tmp_path, 3, **settings),
+                          train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_dropin_reward_reading_a_dataset_column_and_a_reward_returning_none(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL's tests: a reward function reading an extra dataset column (also when scoring SRPO's seed candidates) and
+    # a second reward function that returns None for every row, with TRL's baseline num_generations=3.
+    seen_columns = []
+
+    def column_reward(completions, some_values, **kwargs):
+        seen_columns.append(len(some_values))
+        return [float(len(completion_text(c)) % 2 == v % 2) for c, v in zip(completions, some_values, strict=True)]
+
+    def non_applicable_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    dataset = tiny_dataset.add_column("some_values", list(range(len(tiny_dataset))))
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=[column_reward, non_applicable_reward],
+                          args=dropin_config(tmp_path, 3, max_steps=2), train_dataset=dataset)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(seen_columns) > 2  # the batch and the seed candidates were scored with the column
+    logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+    assert len(logs) == 2
+
+
+def test_dropin_rewards_all_none_and_reading_the_trainer_state(tiny_model_path, tiny_dataset, tmp_path, caplog):
+    # TRL's tests: a reward function reading `trainer_state` (num_generations=2: SRPO's 1x2), and one that returns
+    # None for everything (TRL's warning still appears; nothing is a seed, nothing is trained, no crash).
+    states = []
+
+    def state_reward(completions, trainer_state=None, **kwargs):
+        states.append(trainer_state.global_step)
+        return [float(len(completion_text(c)) % 2) for c in completions]
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=state_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 2))
+    trainer.train()
+    assert trainer.state.global_step == 1 and len(states) >= 2  # batch and seed candidates
+
+    def always_none_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=always_none_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 3))
+    with caplog.at_level("WARNING", logger="trl.trainer.grpo_trainer"):
+        trainer.train()
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    assert log["srpo/fallback_rate"] == 1.0

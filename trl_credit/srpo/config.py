@@ -36,7 +36,9 @@ class SRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     verifier to return a number below the threshold (a rollout it returns None for is never a seed). Advantages
     keep TRL's weighted total of all reward functions, normalized within each sub-group (base group, each
     shared-prefix group); unscorable rows (every reward function returned None) get advantage 0 and are left out
-    of every group statistic and pass rate.
+    of every group statistic and pass rate. With `multi_objective_aggregation="normalize_then_sum"` each reward
+    function is normalized within each sub-group instead, then the weighted sum is rescaled over the batch (TRL's
+    formula with SRPO's sub-groups as the groups; `scale_rewards` is then unused, as in TRL).
 
     Defaults that differ from GRPOConfig follow the paper (Appendix C Table 5): `temperature=0.7`, `top_p=0.95`,
     `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the paper's
@@ -219,11 +221,6 @@ class SRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
 
         super().__post_init__()
 
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                "SRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only (advantages are "
-                f"recomputed per sub-group from the weighted reward sum), got {self.multi_objective_aggregation!r}."
-            )
         # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
         per_process = self.generation_batch_size // max(1, self.world_size)
         if per_process % self.num_generations != 0:

@@ -40,7 +40,7 @@ from trl_credit._trl import (
     warn_once,
 )
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
+from trl_credit.srpo.advantages import grouped_advantages, normalize_then_sum_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.prompts import (
     localization_prompt,
@@ -369,13 +369,26 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
         log_metric(self, "srpo/seed_rounds", rounds)
         if fallbacks == reset_groups:
+            trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
             warn_once(
                 self,
                 "srpo/no_seed",
-                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained as GRPO on the base "
-                f"groups (srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
+                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained {trained_as} "
+                f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
                 f"function {self.reward_func_names[self._success_index]!r}) scores below success_threshold="
                 f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
+            )
+        if fallbacks and not base_size:
+            # No base group to fall back to: a prompt without an incorrect seed has only masked rows.
+            warn_once(
+                self,
+                "srpo/no_base_group_fallback",
+                f"SRPOTrainer: {fallbacks:.0f} of {reset_groups:.0f} reset groups found no incorrect seed "
+                f"(srpo/fallback_rate), and the split num_generations={size} = reset_groups x suffixes_per_reset "
+                f"({num_resets} x {num_suffixes}) has no base group to fall back to, so those prompts add nothing to "
+                "the loss (their rows are masked). Fix: num_generations >= 4 (the default split then keeps a base "
+                "group of ceil(num_generations / 2)) or an explicit split with a base group; or more seed rounds "
+                "(max_seed_rounds) if the verifier does fail sometimes.",
             )
         if num_seeds:
             log_metric(self, "srpo/reset_position", position_sum / num_seeds)
@@ -454,9 +467,10 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ advantages
 
     def _srpo_advantages(self, trl_advantages: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages of TRL's weighted total reward within each sub-group (paper §4.3) from the
-        captured global rewards; fallback and unscorable rows get 0 and stay out of every group's statistics. Also
-        logs the verifier's pass rates and fixes TRL's logged advantages."""
+        """Group-relative advantages within each sub-group (paper §4.3) from the captured global rewards: of TRL's
+        weighted total reward (``sum_then_normalize``), or of each reward function, then summed
+        (``normalize_then_sum``); fallback and unscorable rows get 0 and stay out of every statistic. Also logs the
+        verifier's pass rates and fixes TRL's logged advantages."""
         device = trl_advantages.device
         rewards_per_func = self._srpo_rewards_per_func
         rewards = total_rewards(rewards_per_func, self.reward_weights)  # NaN when unscorable
@@ -468,7 +482,11 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
-        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            # Each reward function z-scored within each sub-group, weighted sum, one batch-wide rescale (TRL's GDPO).
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, self.reward_weights, valid=valid)
+        else:
+            advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
         advantages = advantages.to(device)
 
         # Pass rates: what the verifier says (success_reward), over the scorable rows of each kind.
@@ -501,6 +519,13 @@ def _check_prompt_format(dataset, template: str | None) -> None:
         return
     if "prompt" not in dataset.column_names:
         raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    images = [name for name in ("image", "images") if name in dataset.column_names]
+    if images:
+        raise ValueError(
+            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
+            "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
+            "the column or train this dataset with GRPOTrainer."
+        )
     if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
         return
     first = dataset[0]
