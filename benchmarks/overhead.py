@@ -64,11 +64,20 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
     tokens = args.datpo_tokens if method == "datpo" else args.tokens
     dataset = datasets["long" if method == "datpo" else "short"]
     settings = harness.common_settings(args.prompts, tokens, args.warmup + args.steps, args.seed, 1e-6)
+    baseline_dataset = dataset
+    if method in ("srpo", "rrpo"):
+        # SRPO rolls out from its thought template ("lines" here): its GRPO baseline gets the same wrapped prompts,
+        # so the token ratio measures the method, not what the template does to the answers' length.
+        from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt
+
+        template = resolve_rollout_template(harness.METHODS[method]["own"]["rollout_template"])
+        baseline_dataset = dataset.map(lambda row: {"prompt": wrap_prompt(row["prompt"], template)})
     runs = {}
     for name, grpo_like in (("grpo", method), (method, None)):
         config = harness.method_config(name if grpo_like is None else "grpo", os.path.join(out_dir, name),
                                        settings, grpo_like=grpo_like)
-        trainer = harness.build_trainer("grpo" if grpo_like else method, config, model_path, dataset,
+        trainer = harness.build_trainer("grpo" if grpo_like else method, config, model_path,
+                                        baseline_dataset if grpo_like else dataset,
                                         [final_number_reward], peft_config=harness.lora_config())
         profiler = harness.Profiler()
         harness.instrument(trainer, "grpo" if grpo_like else method, profiler)
