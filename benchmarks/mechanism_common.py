@@ -41,6 +41,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, prompts: int = 4, gene
     parser.add_argument("--operands", type=int, default=2, help="arithmetic task: operands per problem")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--train", action="store_true",
+                        help="take an optimizer step after each generation batch (LoRA) instead of only generating")
     parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/mechanism_<method>.json;"
                         " the PNG goes next to it)")
 

@@ -193,7 +193,7 @@ def main(argv=None):
                                 seq_advantages=seq_advantages.detach().cpu()))
 
     recorder.attach(trainer, on_output)
-    seconds = common.collect(trainer, args.steps, train=False)
+    seconds = common.collect(trainer, args.steps, train=args.train)
     recorder.unpatch()
     for record in recorder.batches:
         record["success"] = common.success_of(trainer, record["rewards"][-1]).tolist()
