@@ -90,7 +90,10 @@ def analyse_step(trainer, record: dict) -> dict:
             base_signal=common.mean(r["signal"] for r in base_rows if r["signal"] is not None),
             suffix_signal=common.mean(r["signal"] for r in suffix_rows if r["signal"] is not None),
             base_active_tokens=common.mean(r["active_tokens"] for r in base_rows),
-            suffix_active_tokens=common.mean(r["active_tokens"] for r in suffix_rows) if suffix_rows else None,
+            # pooled over every row with a nonzero advantage (all prompts and steps)
+        suffix_signal_rows=common.mean(r["signal"] for r in all_rows if r["kind"] == ROW_SUFFIX and r["advantage"] != 0),
+        base_signal_rows=common.mean(r["signal"] for r in all_rows if r["kind"] == ROW_BASE and r["advantage"] != 0),
+        suffix_active_tokens=common.mean(r["active_tokens"] for r in suffix_rows) if suffix_rows else None,
         ))
     return dict(rows=rows, prompts=prompts)
 
@@ -149,6 +152,7 @@ def plot(steps: list[dict], resets: list[dict], summary: dict, path: str, title:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_arguments(parser, prompts=4, generations=8, tokens=64, temperature=0.7, steps=3)
+    # (--train is accepted for symmetry with the other scripts: SRPO's run always trains)
     parser.add_argument("--reset", choices=["self", "random"], default="self", help="SRPO (self) or RRPO (random)")
     args = parser.parse_args(argv)
     method_name = "srpo" if args.reset == "self" else "rrpo"
