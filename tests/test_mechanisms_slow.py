@@ -75,7 +75,7 @@ def test_datpo_hard_prompts_get_more_branches(tmp_path):
 def test_cue_grpo_rarer_clusters_get_larger_weights(tmp_path):
     import mechanism_cue_grpo
 
-    payload = mechanism_cue_grpo.main(["--prompts", "4", "--generations", "8", "--tokens", "64", "--steps", "1",
+    payload = mechanism_cue_grpo.main(["--prompts", "8", "--generations", "8", "--tokens", "64", "--steps", "1",
                                        "--train", "--output", str(tmp_path / "cue.json")])
     groups = payload["groups"]
     unequal = [g for g in groups if g["nonuniform_sizes"]]
