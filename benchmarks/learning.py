@@ -168,7 +168,8 @@ def main(argv=None):
         with open(base_path, "w") as f:
             json.dump(dict(settings={k: getattr(args, k) for k in EVAL_KEYS}, info=info, eval=report), f, indent=1)
         print(f"base: accuracy {report['accuracy']:.3f} pass@{args.samples} "
-              f"{report['pass_at_k'][str(args.samples)]:.3f} ({report['eval_seconds']:.0f} s) -> {base_path}", flush=True)
+              f"{report['pass_at_k'][str(args.samples)]:.3f} ({report['eval_seconds']:.0f} s) -> {base_path}",
+              flush=True)
         del model
 
     for seed in seeds:

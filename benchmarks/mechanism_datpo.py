@@ -55,7 +55,7 @@ def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
                 prompt["rollouts"].append(dict(forks=[], sentences=[]))
                 continue
             a, k, forks = fork_calls.pop(0)
-            entropies = [float(x) for x in (a[0].tolist() if hasattr(a[0], "tolist") else a[0])] if a[0] is not None else []
+            entropies = [] if a[0] is None else [float(x) for x in (a[0].tolist() if hasattr(a[0], "tolist") else a[0])]
             spans = a[1] or []
             sentences = [dict(start=s, end=e, entropy=sum(entropies[s:e]) / (e - s) if e > s and entropies else None,
                               chosen=s in forks) for s, e in spans]
@@ -64,9 +64,9 @@ def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
             for fork in forks:
                 for _ in range(b_hat):
                     if cursor < len(branch_ids):
+                        verdict = branch_success[cursor] if cursor < len(branch_success) else None
                         prompt["branches"].append(dict(fork=int(fork), base_length=length,
-                                                       generated=len(branch_ids[cursor]),
-                                                       correct=branch_success[cursor] if cursor < len(branch_success) else None))
+                                                       generated=len(branch_ids[cursor]), correct=verdict))
                     cursor += 1
         leaves = N + len(prompt["branches"])
         generated = sum(prompt["base_lengths"]) + sum(b["generated"] for b in prompt["branches"])
@@ -90,8 +90,10 @@ def plot(prompts: list[dict], summary: dict, path: str, title: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     x = [p["v_root"] for p in prompts]
-    ax.scatter([v - 0.01 for v in x], [p["k_hat"] for p in prompts], marker="o", color="tab:blue", label="K̂ (forks per rollout)")
-    ax.scatter([v + 0.01 for v in x], [p["b_hat"] for p in prompts], marker="s", color="tab:orange", label="B̂ (branches per fork)")
+    ax.scatter([v - 0.01 for v in x], [p["k_hat"] for p in prompts], marker="o", color="tab:blue",
+               label="K̂ (forks per rollout)")
+    ax.scatter([v + 0.01 for v in x], [p["b_hat"] for p in prompts], marker="s", color="tab:orange",
+               label="B̂ (branches per fork)")
     ax2 = ax.twinx()
     ax2.scatter(x, [len(p["branches"]) for p in prompts], marker="x", color="tab:green", label="branches grown")
     ax2.set_ylabel("branches grown per prompt", color="tab:green")
@@ -115,7 +117,8 @@ def plot(prompts: list[dict], summary: dict, path: str, title: str) -> None:
     ax.scatter([], [], color="lightgray", s=10, label="other sentence")
     ax.set_xlabel("sentence start / rollout length")
     ax.set_ylabel("sentence entropy (mean token entropy, nats)")
-    ax.set_title(f"Forks vs sentence entropy ({summary['forks_per_forkable_rollout']:.2f} forks per rollout with K̂>0)")
+    ax.set_title(f"Forks vs sentence entropy ({summary['forks_per_forkable_rollout']:.2f} forks per rollout "
+                 f"with K̂>0)")
     ax.legend(fontsize=8)
 
     ax = axes[2]
@@ -209,7 +212,8 @@ def main(argv=None):
                    trainer_metrics_last_batch=metrics, prompts=prompts)
     common.write_json(json_path, payload)
     plot(prompts, summary, png_path, f"DATPO on SmolLM2-135M, {len(prompts)} arithmetic prompts x {args.generations} "
-         f"base rollouts, K_max {trainer.args.max_forks}, B_max {trainer.args.max_branches}, {trainer.args.fork_method}")
+         f"base rollouts, K_max {trainer.args.max_forks}, B_max {trainer.args.max_branches}, "
+         f"{trainer.args.fork_method}")
     print(f"DATPO mechanism, {len(prompts)} prompts: by base pass rate {summary['by_base_pass_rate']}")
     print(f"  forks per rollout with K̂>0 {summary['forks_per_forkable_rollout']:.2f} "
           f"({summary['rollouts_with_budget_but_no_fork']} of {summary['rollouts_with_budget']} got none; "

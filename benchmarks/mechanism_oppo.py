@@ -105,7 +105,8 @@ def summarize(rows: list[dict]) -> dict:
             curves = [r[key] for r in subset if not any(v != v for v in r[key])]
             entry[key + "_mean"] = [common.mean(col) for col in zip(*curves)] if curves else []
         # cumulative share at the middle of the sequence (uniform: 0.5)
-        entry["anchored_share_first_half"] = entry["cum_anchored_mean"][GRID // 2] if entry["cum_anchored_mean"] else None
+        entry["anchored_share_first_half"] = (entry["cum_anchored_mean"][GRID // 2]
+                                              if entry["cum_anchored_mean"] else None)
         entry["log_lambda_share_first_half"] = (entry["cum_log_lambda_mean"][GRID // 2]
                                                 if entry["cum_log_lambda_mean"] else None)
         out[label] = entry
@@ -151,9 +152,8 @@ def plot(rows: list[dict], summary: dict, path: str, title: str) -> None:
     ax.legend(fontsize=7)
 
     ax = axes[2]
-    data = [[r["top20_anchored"] for r in rows if r["seq_advantage"] != 0 and r["top20_anchored"] == r["top20_anchored"]],
-            [r["top20_normalized"] for r in rows if r["seq_advantage"] != 0 and r["top20_normalized"] == r["top20_normalized"]],
-            [r["top20_log_lambda"] for r in rows if r["seq_advantage"] != 0 and r["top20_log_lambda"] == r["top20_log_lambda"]]]
+    data = [[r[key] for r in rows if r["seq_advantage"] != 0 and r[key] == r[key]]  # (x == x: not NaN)
+            for key in ("top20_anchored", "top20_normalized", "top20_log_lambda")]
     if all(data):
         ax.boxplot(data, tick_labels=["|Â_t| (recursion)", "|Ã_t| (loss)", "|log λ_t|"])
     ax.axhline(0.2, color="black", ls="--", lw=1, label="GRPO / uniform = 0.2")

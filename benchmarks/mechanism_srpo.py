@@ -90,10 +90,7 @@ def analyse_step(trainer, record: dict) -> dict:
             base_signal=common.mean(r["signal"] for r in base_rows if r["signal"] is not None),
             suffix_signal=common.mean(r["signal"] for r in suffix_rows if r["signal"] is not None),
             base_active_tokens=common.mean(r["active_tokens"] for r in base_rows),
-            # pooled over every row with a nonzero advantage (all prompts and steps)
-        suffix_signal_rows=common.mean(r["signal"] for r in all_rows if r["kind"] == ROW_SUFFIX and r["advantage"] != 0),
-        base_signal_rows=common.mean(r["signal"] for r in all_rows if r["kind"] == ROW_BASE and r["advantage"] != 0),
-        suffix_active_tokens=common.mean(r["active_tokens"] for r in suffix_rows) if suffix_rows else None,
+            suffix_active_tokens=common.mean(r["active_tokens"] for r in suffix_rows) if suffix_rows else None,
         ))
     return dict(rows=rows, prompts=prompts)
 
@@ -190,6 +187,10 @@ def main(argv=None):
                        base_signal=common.mean(p["base_signal"] for p in step["prompts"] if p["both_deliver"]),
                        both_deliver=sum(p["both_deliver"] for p in step["prompts"]))
                   for s, step in enumerate(steps)],
+        # pooled over every row with a nonzero advantage (all prompts and steps)
+        suffix_signal_rows=common.mean(r["signal"] for r in all_rows
+                                       if r["kind"] == ROW_SUFFIX and r["advantage"] != 0),
+        base_signal_rows=common.mean(r["signal"] for r in all_rows if r["kind"] == ROW_BASE and r["advantage"] != 0),
         suffix_active_tokens=common.mean(r["active_tokens"] for r in all_rows if r["kind"] == ROW_SUFFIX),
         base_active_tokens=common.mean(r["active_tokens"] for r in all_rows if r["kind"] == ROW_BASE),
         correction_rate=common.mean(r["correct"] for r in all_rows if r["kind"] == ROW_SUFFIX),
