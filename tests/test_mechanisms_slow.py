@@ -3,7 +3,8 @@
 
 These run the mechanism scripts of ``benchmarks/`` at a small size (``--train``: optimizer steps after the recorded
 generation batches; SRPO always trains; Cue-GRPO only generates, see its test) and assert on what the trainers
-computed, so a regression in behaviour (not only in formulas) fails here. Slow: ``pytest -m slow tests/test_mechanisms_slow.py`` (minutes on a CPU).
+computed, so a regression in behaviour (not only in formulas) fails here.
+Slow: ``pytest -m slow tests/test_mechanisms_slow.py`` (about 10 minutes on a busy 2-core CPU).
 """
 
 import os
