@@ -16,8 +16,8 @@ skipped when that file exists with the same settings, so a grid can be spread ov
 model is evaluated once into ``<results-dir>/base.json`` with the same sampling seed. Plots and tables:
 ``python benchmarks/plots.py --learning-dir <results-dir>``.
 
-    python benchmarks/learning.py --methods grpo --seeds 0 --steps 30          # one GRPO run + base eval
-    python benchmarks/learning.py --methods grpo,cue_grpo,oppo,datpo,srpo,rrpo --seeds 0,1,2 --steps 30
+    python benchmarks/learning.py --methods grpo --seeds 0                     # one GRPO run + base eval
+    python benchmarks/learning.py --methods grpo,cue_grpo,oppo,datpo,srpo,rrpo --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -124,12 +124,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (same for every method)")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per optimizer step")
     parser.add_argument("--generations", type=int, default=8, help="rollout budget per prompt (see the docstring)")
     parser.add_argument("--tokens", type=int, default=48, help="max completion tokens (training and evaluation)")
     parser.add_argument("--temperature", type=float, default=0.7, help="training sampling temperature")
-    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--digits", type=int, default=1)
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--operators", default="+-")

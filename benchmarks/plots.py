@@ -198,6 +198,16 @@ def paired_problem_se(after: dict, before: dict) -> tuple[float, float]:
     return m, sd / math.sqrt(n)
 
 
+def pass_curve(report: dict) -> dict:
+    """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.metrics.pass_at_k``), averaged
+    over problems; ``report["pass_at_k"]`` only holds the budgets 1, 4, 8, ..."""
+    from trl_credit.metrics import pass_at_k
+
+    n = min(p["num_samples"] for p in report["problems"])
+    return {k: sum(pass_at_k(p["num_samples"], p["num_correct"], k) for p in report["problems"])
+            / len(report["problems"]) for k in range(1, n + 1)}
+
+
 def load_learning_dir(directory: str) -> dict:
     """{"base": report, "runs": {method: {seed: run}}} from ``base.json`` and ``<method>_seed<k>.json``."""
     import glob
@@ -226,9 +236,10 @@ def learning_summary(data: dict) -> dict:
     summary = {}
     for method, runs in data["runs"].items():
         seeds = sorted(runs)
-        ks = sorted(int(k) for k in runs[seeds[0]]["eval"]["pass_at_k"])
+        curves = {s: pass_curve(runs[s]["eval"]) for s in seeds}
+        ks = sorted(set.intersection(*(set(c) for c in curves.values())))
         entry = dict(seeds=seeds, accuracy=mean_ci([runs[s]["eval"]["accuracy"] for s in seeds]),
-                     pass_at_k={k: mean_ci([runs[s]["eval"]["pass_at_k"][str(k)] for s in seeds]) for k in ks},
+                     pass_at_k={k: mean_ci([curves[s][k] for s in seeds]) for k in ks},
                      seconds_per_step=mean_ci([runs[s]["seconds_per_step"] for s in seeds])[0])
         if base is not None:
             gains = [paired_problem_se(runs[s]["eval"], base) for s in seeds]
@@ -238,9 +249,9 @@ def learning_summary(data: dict) -> dict:
             paired = [s for s in seeds if s in grpo]
             entry["paired_seeds"] = paired
             entry["diff_accuracy"] = mean_ci([runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired])
-            entry["diff_pass_at_k"] = {
-                k: mean_ci([runs[s]["eval"]["pass_at_k"][str(k)] - grpo[s]["eval"]["pass_at_k"][str(k)] for s in paired])
-                for k in ks}
+            grpo_curves = {s: pass_curve(grpo[s]["eval"]) for s in paired}
+            entry["diff_pass_at_k"] = {k: mean_ci([curves[s][k] - grpo_curves[s][k] for s in paired
+                                                   if k in grpo_curves[s]]) for k in ks}
             entry["diff_per_seed"] = {s: runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired}
         summary[method] = entry
     return summary
@@ -273,8 +284,8 @@ def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
             ax.fill_between(ks, [a - h for a, h in zip(means, halves)], [a + h for a, h in zip(means, halves)],
                             color=COLORS.get(m), alpha=0.12)
     if base is not None:
-        ks = sorted(int(k) for k in base["pass_at_k"])
-        ax.plot(ks, [base["pass_at_k"][str(k)] for k in ks], "k--", lw=1, label="base model")
+        base_curve = pass_curve(base)
+        ax.plot(list(base_curve), list(base_curve.values()), "k--", lw=1, label="base model")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (unbiased)")
@@ -320,17 +331,19 @@ def learning_markdown(data: dict, summary: dict) -> str:
         " | Δ accuracy vs GRPO (paired, 95% CI) |"
     lines += [header, "|---" * (5 + len(ks)) + "|"]
     if base is not None:
+        base_curve = pass_curve(base)
         lines.append(f"| base model | - | - | {base['accuracy']:.3f} | "
-                     + " | ".join(f"{base['pass_at_k'].get(str(k), float('nan')):.3f}" for k in ks) + " | - |")
+                     + " | ".join(f"{base_curve.get(k, float('nan')):.3f}" for k in ks) + " | - |")
     for m, entry in summary.items():
         acc, half, n = entry["accuracy"]
         cells = []
         for k in ks:
             v = entry["pass_at_k"].get(k)
-            cells.append("-" if v is None else f"{v[0]:.3f} ± {v[1]:.3f}")
+            cells.append("-" if v is None else f"{v[0]:.3f}" + ("" if v[1] != v[1] else f" ± {v[1]:.3f}"))
         diff = entry.get("diff_accuracy")
         diff_text = "-" if diff is None else f"{diff[0]:+.3f} ± {diff[1]:.3f} (n={diff[2]})"
-        lines.append(f"| {LABELS.get(m, m)} | {n} | {entry['seconds_per_step']:.0f} | {acc:.3f} ± {half:.3f} | "
+        acc_text = f"{acc:.3f}" + ("" if half != half else f" ± {half:.3f}")
+        lines.append(f"| {LABELS.get(m, m)} | {n} | {entry['seconds_per_step']:.0f} | {acc_text} | "
                      + " | ".join(cells) + f" | {diff_text} |")
     lines.append("")
     lines.append("Per-run held-out gain over the base model (paired over problems; z = gain / SE):")
