@@ -2,7 +2,7 @@
 (offline), the built-in arithmetic task (1-digit addition, ~45% base accuracy), a few training steps each.
 
 These run the mechanism scripts of ``benchmarks/`` at a small size (``--train``: optimizer steps after the recorded
-generation batches; SRPO always trains; Cue-GRPO only generates, see its test) and assert on what the trainers
+generation batches; SRPO always trains; DATPO and Cue-GRPO only generate, see their tests) and assert on what the trainers
 computed, so a regression in behaviour (not only in formulas) fails here.
 Slow: ``pytest -m slow tests/test_mechanisms_slow.py`` (about 10 minutes on a busy 2-core CPU).
 """
@@ -56,8 +56,10 @@ def test_srpo_suffix_rows_get_more_per_token_signal(tmp_path):
 def test_datpo_hard_prompts_get_more_branches(tmp_path):
     import mechanism_datpo
 
+    # No optimizer step: budgets, forks and branches are all decided while generating, and DATPO trains on every leaf
+    # of the batch at once (100+ rows here), a LoRA backward that needs over 15 GB on a CPU.
     payload = mechanism_datpo.main(["--prompts", "4", "--generations", "4", "--tokens", "32", "--steps", "1",
-                                    "--train", "--output", str(tmp_path / "datpo.json")])
+                                    "--output", str(tmp_path / "datpo.json")])
     prompts = payload["prompts"]
     rates = sorted({p["v_root"] for p in prompts})
     assert len(rates) >= 2, "all prompts had the same base pass rate: no difficulty contrast to test"
