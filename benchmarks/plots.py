@@ -1,7 +1,10 @@
-"""PNG plots of the benchmark results (matplotlib, Agg backend): reward curves, pass@k before/after, overhead bars.
+"""PNG plots of the benchmark results (matplotlib, Agg backend): reward curves, pass@k before/after, overhead bars,
+and the seeded learning comparison (one JSON per method and seed, ``benchmarks/learning.py``): held-out accuracy and
+pass@k with 95% confidence intervals over seeds, paired differences vs GRPO per seed, reward curves (mean and band).
 
     python benchmarks/plots.py                         # reads benchmarks/results/{learning_seed0,overhead}.json
     python benchmarks/plots.py --learning benchmarks/results/learning_seed1.json
+    python benchmarks/plots.py --learning-dir benchmarks/results/learning --markdown
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red"}
-LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO"}
+COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red",
+          "rrpo": "tab:purple"}
+LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO",
+          "rrpo": "RRPO"}
+METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo"]
 
 
 def plot_rewards(learning: dict, path: str) -> str:
@@ -157,12 +163,216 @@ def markdown_tables(learning: dict | None, overhead: dict | None) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ seeded learning comparison (learning.py)
+
+
+def mean_ci(values, level: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width of the two-sided ``level`` t-interval, n) of independent values (seeds); half-width NaN
+    for n < 2."""
+    import math
+
+    from scipy import stats
+
+    values = [float(v) for v in values]
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    m = sum(values) / n
+    if n < 2:
+        return m, float("nan"), n
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    return m, stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n), n
+
+
+def paired_problem_se(after: dict, before: dict) -> tuple[float, float]:
+    """Held-out gain of one trained model over the base model and its standard error, paired over problems:
+    d_p = accuracy_p(after) − accuracy_p(before) (same problems, same number of samples), SE = sd(d_p)/sqrt(P).
+    Carries both the sampling noise and which problems were drawn; not the training seed's variance."""
+    import math
+
+    rate = {p["question"]: p["num_correct"] / p["num_samples"] for p in before["problems"]}
+    diffs = [p["num_correct"] / p["num_samples"] - rate[p["question"]] for p in after["problems"]]
+    n = len(diffs)
+    m = sum(diffs) / n
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1)) if n > 1 else float("nan")
+    return m, sd / math.sqrt(n)
+
+
+def pass_curve(report: dict) -> dict:
+    """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.metrics.pass_at_k``), averaged
+    over problems; ``report["pass_at_k"]`` only holds the budgets 1, 4, 8, ..."""
+    from trl_credit.metrics import pass_at_k
+
+    n = min(p["num_samples"] for p in report["problems"])
+    return {k: sum(pass_at_k(p["num_samples"], p["num_correct"], k) for p in report["problems"])
+            / len(report["problems"]) for k in range(1, n + 1)}
+
+
+def load_learning_dir(directory: str) -> dict:
+    """{"base": report, "runs": {method: {seed: run}}} from ``base.json`` and ``<method>_seed<k>.json``."""
+    import glob
+    import re
+
+    out = {"base": None, "runs": {}}
+    base_path = os.path.join(directory, "base.json")
+    if os.path.exists(base_path):
+        with open(base_path) as f:
+            out["base"] = json.load(f)["eval"]
+    for path in sorted(glob.glob(os.path.join(directory, "*_seed*.json"))):
+        match = re.fullmatch(r"(.+)_seed(\d+)\.json", os.path.basename(path))
+        if not match:
+            continue
+        with open(path) as f:
+            out["runs"].setdefault(match.group(1), {})[int(match.group(2))] = json.load(f)
+    out["runs"] = {m: out["runs"][m] for m in sorted(out["runs"], key=lambda m: (METHOD_ORDER + [m]).index(m))}
+    return out
+
+
+def learning_summary(data: dict) -> dict:
+    """Per method: accuracy and pass@k (mean, 95% CI over seeds), paired differences vs GRPO (same seed), and the
+    per-run gain over the base model with its paired-over-problems standard error."""
+    base = data["base"]
+    grpo = data["runs"].get("grpo", {})
+    summary = {}
+    for method, runs in data["runs"].items():
+        seeds = sorted(runs)
+        curves = {s: pass_curve(runs[s]["eval"]) for s in seeds}
+        ks = sorted(set.intersection(*(set(c) for c in curves.values())))
+        entry = dict(seeds=seeds, accuracy=mean_ci([runs[s]["eval"]["accuracy"] for s in seeds]),
+                     pass_at_k={k: mean_ci([curves[s][k] for s in seeds]) for k in ks},
+                     seconds_per_step=mean_ci([runs[s]["seconds_per_step"] for s in seeds])[0])
+        if base is not None:
+            gains = [paired_problem_se(runs[s]["eval"], base) for s in seeds]
+            entry["gain_over_base"] = [dict(seed=s, gain=g, se=se, z=g / se if se else float("nan"))
+                                       for s, (g, se) in zip(seeds, gains)]
+        if method != "grpo":
+            paired = [s for s in seeds if s in grpo]
+            entry["paired_seeds"] = paired
+            entry["diff_accuracy"] = mean_ci([runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired])
+            grpo_curves = {s: pass_curve(grpo[s]["eval"]) for s in paired}
+            entry["diff_pass_at_k"] = {k: mean_ci([curves[s][k] - grpo_curves[s][k] for s in paired
+                                                   if k in grpo_curves[s]]) for k in ks}
+            entry["diff_per_seed"] = {s: runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired}
+        summary[method] = entry
+    return summary
+
+
+def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    methods = list(data["runs"])
+    base = data["base"]
+    ax = axes[0][0]  # held-out accuracy, mean and 95% CI, seeds as dots
+    for i, m in enumerate(methods):
+        mean, half, n = summary[m]["accuracy"]
+        ax.errorbar(i, mean, yerr=None if half != half else half, fmt="o", color=COLORS.get(m), capsize=5, ms=8)
+        ax.scatter([i + 0.15] * n, [data["runs"][m][s]["eval"]["accuracy"] for s in summary[m]["seeds"]],
+                   color=COLORS.get(m), s=12, alpha=0.6)
+    if base is not None:
+        ax.axhline(base["accuracy"], color="gray", ls="--", label=f"base model {base['accuracy']:.3f}")
+        ax.legend(fontsize=8)
+    ax.set_xticks(range(len(methods)), [LABELS.get(m, m) for m in methods])
+    ax.set_ylabel("held-out accuracy (pass@1)")
+    ax.set_title("Held-out accuracy: mean, 95% CI over seeds, each seed")
+
+    ax = axes[0][1]  # pass@k with CI bands
+    for m in methods:
+        ks = sorted(summary[m]["pass_at_k"])
+        means = [summary[m]["pass_at_k"][k][0] for k in ks]
+        halves = [summary[m]["pass_at_k"][k][1] for k in ks]
+        ax.plot(ks, means, marker="o", ms=3, color=COLORS.get(m), label=LABELS.get(m, m))
+        if all(h == h for h in halves):
+            ax.fill_between(ks, [a - h for a, h in zip(means, halves)], [a + h for a, h in zip(means, halves)],
+                            color=COLORS.get(m), alpha=0.12)
+    if base is not None:
+        base_curve = pass_curve(base)
+        ax.plot(list(base_curve), list(base_curve.values()), "k--", lw=1, label="base model")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k (unbiased)")
+    ax.set_title("Held-out pass@k, k = 1..16 (band: 95% CI over seeds)")
+    ax.legend(fontsize=7)
+
+    ax = axes[1][0]  # paired differences vs GRPO
+    others = [m for m in methods if m != "grpo"]
+    for i, m in enumerate(others):
+        mean, half, n = summary[m].get("diff_accuracy", (float("nan"),) * 2 + (0,))
+        ax.errorbar(i, mean, yerr=None if half != half else half, fmt="o", color=COLORS.get(m), capsize=5, ms=8)
+        per_seed = summary[m].get("diff_per_seed", {})
+        ax.scatter([i + 0.15] * len(per_seed), list(per_seed.values()), color=COLORS.get(m), s=12, alpha=0.6)
+    ax.axhline(0.0, color="black", lw=1)
+    ax.set_xticks(range(len(others)), [LABELS.get(m, m) for m in others])
+    ax.set_ylabel("accuracy − GRPO's (same seed)")
+    ax.set_title("Paired difference vs GRPO: mean, 95% CI, each seed")
+
+    ax = axes[1][1]  # reward curves, mean and min-max band over seeds
+    for m in methods:
+        curves = [[c["reward"] for c in data["runs"][m][s]["reward_curve"]] for s in summary[m]["seeds"]]
+        length = min(len(c) for c in curves)
+        steps = list(range(1, length + 1))
+        columns = list(zip(*[c[:length] for c in curves]))
+        ax.plot(steps, [sum(col) / len(col) for col in columns], color=COLORS.get(m), label=LABELS.get(m, m))
+        ax.fill_between(steps, [min(col) for col in columns], [max(col) for col in columns], color=COLORS.get(m),
+                        alpha=0.12)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean training reward")
+    ax.set_title("Training reward (mean over seeds, band: min-max)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def learning_markdown(data: dict, summary: dict) -> str:
+    base = data["base"]
+    lines = []
+    ks = [1, 2, 4, 8, 16]
+    header = "| model | seeds | s/step | accuracy (95% CI) | " + " | ".join(f"pass@{k}" for k in ks) + \
+        " | Δ accuracy vs GRPO (paired, 95% CI) |"
+    lines += [header, "|---" * (5 + len(ks)) + "|"]
+    if base is not None:
+        base_curve = pass_curve(base)
+        lines.append(f"| base model | - | - | {base['accuracy']:.3f} | "
+                     + " | ".join(f"{base_curve.get(k, float('nan')):.3f}" for k in ks) + " | - |")
+    for m, entry in summary.items():
+        acc, half, n = entry["accuracy"]
+        cells = []
+        for k in ks:
+            v = entry["pass_at_k"].get(k)
+            cells.append("-" if v is None else f"{v[0]:.3f}" + ("" if v[1] != v[1] else f" ± {v[1]:.3f}"))
+        diff = entry.get("diff_accuracy")
+        diff_text = "-" if diff is None else f"{diff[0]:+.3f} ± {diff[1]:.3f} (n={diff[2]})"
+        acc_text = f"{acc:.3f}" + ("" if half != half else f" ± {half:.3f}")
+        lines.append(f"| {LABELS.get(m, m)} | {n} | {entry['seconds_per_step']:.0f} | {acc_text} | "
+                     + " | ".join(cells) + f" | {diff_text} |")
+    lines.append("")
+    lines.append("Per-run held-out gain over the base model (paired over problems; z = gain / SE):")
+    lines.append("")
+    for m, entry in summary.items():
+        gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
+                          for g in entry.get("gain_over_base", []))
+        lines.append(f"- {LABELS.get(m, m)}: {gains}")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--learning-dir", default=None,
+                        help="directory of learning.py's per-run JSONs (base.json, <method>_seed<k>.json)")
     parser.add_argument("--learning", default=os.path.join(RESULTS, "learning_seed0.json"))
     parser.add_argument("--overhead", default=os.path.join(RESULTS, "overhead.json"))
     parser.add_argument("--markdown", action="store_true", help="also print the markdown tables of BENCHMARKS.md")
     args = parser.parse_args()
+    if args.learning_dir:
+        data = load_learning_dir(args.learning_dir)
+        if not data["runs"]:
+            raise SystemExit(f"no <method>_seed<k>.json in {args.learning_dir}")
+        summary = learning_summary(data)
+        with open(os.path.join(args.learning_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        print(plot_learning_dir(data, summary, os.path.join(args.learning_dir, "learning.png")))
+        print(learning_markdown(data, summary))
+        return
     learning = overhead = None
     if os.path.exists(args.learning):
         with open(args.learning) as f:

@@ -1,0 +1,185 @@
+"""Shared pieces of the mechanism scripts (``benchmarks/mechanism_<method>.py``).
+
+Each script builds one trainer on SmolLM2-135M-Instruct (offline) + LoRA on the built-in arithmetic task, collects
+what the trainer computed through stable surfaces (``_generate_and_score_completions`` outputs, the rewards TRL
+computed, TRL's ``_metrics``, and the pure functions the trainer module calls, wrapped to record their arguments and
+results), and writes ``benchmarks/results/mechanism_<method>.json`` (raw numbers) and ``.png`` (figure).
+
+1-digit + 1-digit addition with the ``final_number`` reward gives SmolLM2 a base accuracy around 45% (README,
+temperature 0.7, 64 tokens), so most groups of 8 rollouts hold both correct and incorrect completions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
+import torch  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, prompts: int = 4, generations: int = 8, tokens: int = 64,
+                         temperature: float = 0.7, steps: int = 1) -> None:
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts per generation batch")
+    parser.add_argument("--generations", type=int, default=generations, help="rollouts per prompt (num_generations)")
+    parser.add_argument("--tokens", type=int, default=tokens, help="max completion tokens")
+    parser.add_argument("--temperature", type=float, default=temperature)
+    parser.add_argument("--steps", type=int, default=steps, help="generation batches (optimizer steps when training)")
+    parser.add_argument("--learning-rate", type=float, default=5e-5)
+    parser.add_argument("--digits", type=int, default=1, help="arithmetic task: digits per operand")
+    parser.add_argument("--operands", type=int, default=2, help="arithmetic task: operands per problem")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--train", action="store_true",
+                        help="take an optimizer step after each generation batch (LoRA) instead of only generating")
+    parser.add_argument("--output", default=None, help="JSON path (default benchmarks/results/mechanism_<method>.json;"
+                        " the PNG goes next to it)")
+
+
+def output_paths(args, method: str) -> tuple[str, str]:
+    json_path = args.output or os.path.join(RESULTS, f"mechanism_{method}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    return json_path, os.path.splitext(json_path)[0] + ".png"
+
+
+def build_trainer(method: str, args, own: dict | None = None, lora: bool = True):
+    """The method's trainer with its offline settings (harness.METHODS), overridden by the CLI sizes."""
+    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.models import default_model_path
+    from trl_credit.rewards import final_number_reward
+
+    torch.set_num_threads(args.threads)
+    settings = harness.common_settings(args.prompts, args.tokens, args.steps, args.seed, args.learning_rate)
+    settings.update(num_generations=args.generations, temperature=args.temperature, **(own or {}))
+    out_dir = tempfile.mkdtemp(prefix=f"mechanism_{method}_")
+    config = harness.method_config(method, out_dir, settings)
+    dataset = make_arithmetic_dataset(num_train=80, num_test=20, digits=args.digits, num_operands=args.operands,
+                                      seed=0)
+    trainer = harness.build_trainer(method, config, default_model_path(), dataset["train"], [final_number_reward],
+                                    peft_config=harness.lora_config() if lora else None)
+    return trainer
+
+
+class Recorder:
+    """Records the inputs/outputs of a trainer's ``_generate_and_score_completions`` and every
+    ``_calculate_rewards`` call (instance-level wraps), and the calls of module-level functions."""
+
+    def __init__(self):
+        self.batches = []  # dicts: inputs, output (cpu tensors), rewards (list of reward-call results)
+        self.calls = {}  # name -> list of (args, kwargs, result)
+        self._rewards = []
+        self._unpatch = []
+
+    def attach(self, trainer, on_output=None):
+        generate = trainer._generate_and_score_completions
+        rewards = trainer._calculate_rewards
+
+        @functools.wraps(rewards)
+        def calculate_rewards(*a, **k):
+            result = rewards(*a, **k)
+            self._rewards.append(result.detach().cpu())
+            return result
+
+        @functools.wraps(generate)
+        def generate_and_score(inputs):
+            self._rewards = []
+            output = generate(inputs)
+            record = dict(inputs=inputs, rewards=self._rewards,
+                          output={k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in output.items()})
+            if on_output is not None:
+                record.update(on_output(trainer, inputs, output) or {})
+            self.batches.append(record)
+            return output
+
+        trainer._calculate_rewards = calculate_rewards
+        trainer._generate_and_score_completions = generate_and_score
+
+    def wrap(self, module, name: str):
+        original = getattr(module, name, None)
+        if original is None:
+            raise SystemExit(f"{module.__name__}.{name} is gone: this script records its calls; update the script.")
+        self.calls[name] = []
+
+        @functools.wraps(original)
+        def wrapper(*a, **k):
+            result = original(*a, **k)
+            self.calls[name].append((a, k, result))
+            return result
+
+        setattr(module, name, wrapper)
+        self._unpatch.append((module, name, original))
+
+    def unpatch(self):
+        for module, name, original in reversed(self._unpatch):
+            setattr(module, name, original)
+        self._unpatch.clear()
+
+
+def collect(trainer, steps: int, train: bool) -> float:
+    """Run ``steps`` generation batches: full optimizer steps when ``train``, else generation + scoring only."""
+    batches = harness.prepare_manual_stepping(trainer)
+    start = time.perf_counter()
+    for _ in range(steps):
+        if train:
+            harness.run_step(trainer, batches)
+        else:
+            trainer._generate_and_score_completions(next(batches))
+    return time.perf_counter() - start
+
+
+def success_of(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
+    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit._trl.rollout_success)."""
+    from trl_credit._trl import rollout_success
+
+    return rollout_success(trainer, rewards_per_func).cpu()
+
+
+def interpolate(values, grid: int = 20) -> list[float]:
+    """A per-token curve resampled at ``grid`` evenly spaced normalized positions in [0, 1] (linear)."""
+    n = len(values)
+    if n == 0:
+        return [float("nan")] * grid
+    if n == 1:
+        return [float(values[0])] * grid
+    out = []
+    for j in range(grid):
+        x = j / (grid - 1) * (n - 1)
+        lo = int(math.floor(x))
+        hi = min(lo + 1, n - 1)
+        out.append(float(values[lo] + (values[hi] - values[lo]) * (x - lo)))
+    return out
+
+
+def quantiles(rows: list[list[float]], qs=(0.25, 0.5, 0.75)) -> list[list[float]]:
+    """Per column quantiles of equally long rows (NaN-free columns)."""
+    if not rows:
+        return [[] for _ in qs]
+    tensor = torch.tensor(rows, dtype=torch.float64)
+    return [torch.quantile(tensor, q, dim=0).tolist() for q in qs]
+
+
+def mean(values) -> float:
+    values = [float(v) for v in values if v == v]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+def settings_of(args, trainer) -> dict:
+    return dict(vars(args), model="SmolLM2-135M-Instruct + LoRA r=64 (all linear layers)",
+                task=f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, +), reward final_number",
+                trainer=type(trainer).__name__, threads=torch.get_num_threads())

@@ -1,0 +1,232 @@
+"""DATPO's mechanism on SmolLM2 rollouts (paper §3): difficulty-adaptive budgets, where the forks land, and what a
+leaf costs.
+
+One or more generation batches of DATPOTrainer (no training) on the built-in arithmetic task. The script records
+what the trainer computed through the pure functions its module calls: ``adaptive_budget`` (V_root → K̂, B̂, paper
+Eq. 1-2), ``select_forks`` (token entropies, sentence spans, chosen forks; paper Alg. 2 / App. D.1) and
+``generate_from_prefixes`` (the branches), ``rewards_of_extra_rows`` (their rewards), plus the base rows and
+rewards of ``_generate_and_score_completions``:
+
+- K̂ and B̂ (and the branches actually grown) against the prompt's base pass rate V_root: hard prompts get more
+  branches, solved prompts none;
+- fork positions against sentence entropy: every sentence of a forked base rollout at its normalized start
+  position, the chosen ones highlighted (sent_entropy picks the K̂ highest-entropy sentences);
+- generated tokens per leaf against the leaves' answer length (prefix + branch): a branch shares the prefix before
+  its fork, so a tree pays less than one full answer per leaf; GRPO pays exactly one (the diagonal).
+
+    python benchmarks/mechanism_datpo.py                  # 8 prompts x 4 base rollouts, 64 tokens (~4 min CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mechanism_common as common  # noqa: E402
+import torch  # noqa: E402
+
+
+def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
+    """Per prompt of one batch: V_root, K̂, B̂, base lengths, forks per base rollout (with sentence entropies) and
+    branches (fork position, generated length, reward)."""
+    N = trainer.num_generations
+    budgets = [(a[0] if a else k["v_root"], result) for a, k, result in calls["adaptive_budget"]]
+    fork_calls = list(calls["select_forks"])
+    branch_calls = list(calls["generate_from_prefixes"])
+    branch_ids = [list(ids) for ids in branch_calls[0][2][0]] if branch_calls else []
+    num_base = len(budgets) * N
+    mask = record["output"]["completion_mask"]
+    lengths = [int(mask[i].sum()) for i in range(num_base)]
+    # branch rewards: TRL's reward path via rewards_of_extra_rows (one matrix per process; one process here)
+    extra = [torch.cat(result).cpu() for _, _, result in calls.get("rewards_of_extra_rows", [])]
+    branch_success = common.success_of(trainer, torch.cat(extra)).tolist()[: len(branch_ids)] if extra else []
+    base_success = common.success_of(trainer, record["rewards"][0]).tolist()
+    prompts = []
+    cursor = 0
+    for g, (v_root, (k_hat, b_hat)) in enumerate(budgets):
+        prompt = dict(v_root=float(v_root), k_hat=int(k_hat), b_hat=int(b_hat), base_lengths=lengths[g * N:(g + 1) * N],
+                      base_correct=base_success[g * N:(g + 1) * N], rollouts=[], branches=[])
+        for i in range(g * N, (g + 1) * N):
+            if k_hat <= 0 or lengths[i] < 2 or not fork_calls:
+                prompt["rollouts"].append(dict(forks=[], sentences=[]))
+                continue
+            a, k, forks = fork_calls.pop(0)
+            entropies = [] if a[0] is None else [float(x) for x in (a[0].tolist() if hasattr(a[0], "tolist") else a[0])]
+            spans = a[1] or []
+            sentences = [dict(start=s, end=e, entropy=sum(entropies[s:e]) / (e - s) if e > s and entropies else None,
+                              chosen=s in forks) for s, e in spans]
+            length = k.get("num_tokens", lengths[i])
+            prompt["rollouts"].append(dict(forks=list(forks), length=length, sentences=sentences))
+            for fork in forks:
+                for _ in range(b_hat):
+                    if cursor < len(branch_ids):
+                        verdict = branch_success[cursor] if cursor < len(branch_success) else None
+                        prompt["branches"].append(dict(fork=int(fork), base_length=length,
+                                                       generated=len(branch_ids[cursor]), correct=verdict))
+                    cursor += 1
+        leaves = N + len(prompt["branches"])
+        generated = sum(prompt["base_lengths"]) + sum(b["generated"] for b in prompt["branches"])
+        answer_tokens = sum(prompt["base_lengths"]) + sum(b["fork"] + b["generated"] for b in prompt["branches"])
+        prompt.update(leaves=leaves, tokens_per_leaf=generated / leaves, answer_length=answer_tokens / leaves,
+                      base_pass_rate=common.mean(prompt["base_correct"]),
+                      tree_pass_rate=common.mean(prompt["base_correct"] + [b["correct"] for b in prompt["branches"]
+                                                                          if b["correct"] is not None]))
+        prompts.append(prompt)
+    if cursor != len(branch_ids):
+        print(f"warning: {len(branch_ids)} branches generated, {cursor} assigned to forks", file=sys.stderr)
+    return prompts
+
+
+def plot(prompts: list[dict], summary: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    x = [p["v_root"] for p in prompts]
+    ax.scatter([v - 0.01 for v in x], [p["k_hat"] for p in prompts], marker="o", color="tab:blue",
+               label="K̂ (forks per rollout)")
+    ax.scatter([v + 0.01 for v in x], [p["b_hat"] for p in prompts], marker="s", color="tab:orange",
+               label="B̂ (branches per fork)")
+    ax2 = ax.twinx()
+    ax2.scatter(x, [len(p["branches"]) for p in prompts], marker="x", color="tab:green", label="branches grown")
+    ax2.set_ylabel("branches grown per prompt", color="tab:green")
+    ax.set_xlabel("base pass rate V_root of the prompt")
+    ax.set_ylabel("K̂, B̂")
+    ax.set_title("Adaptive budget vs difficulty (Eq. 1-2)")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper right")
+
+    ax = axes[1]
+    for p in prompts:
+        for r in p["rollouts"]:
+            for s in r["sentences"]:
+                if s["entropy"] is None:
+                    continue
+                pos = s["start"] / max(r["length"], 1)
+                ax.scatter(pos, s["entropy"], s=30 if s["chosen"] else 10,
+                           color="tab:red" if s["chosen"] else "lightgray", zorder=3 if s["chosen"] else 2)
+    ax.scatter([], [], color="tab:red", s=30, label="chosen fork (sentence start)")
+    ax.scatter([], [], color="lightgray", s=10, label="other sentence")
+    ax.set_xlabel("sentence start / rollout length")
+    ax.set_ylabel("sentence entropy (mean token entropy, nats)")
+    ax.set_title(f"Forks vs sentence entropy ({summary['forks_per_forkable_rollout']:.2f} forks per rollout "
+                 f"with K̂>0)")
+    ax.legend(fontsize=8)
+
+    ax = axes[2]
+    ax.scatter([p["answer_length"] for p in prompts], [p["tokens_per_leaf"] for p in prompts], color="tab:green",
+               label="DATPO tree (one point per prompt)")
+    top = max([p["answer_length"] for p in prompts] + [1])
+    ax.plot([0, top], [0, top], "k--", lw=1, label="GRPO: one full answer per leaf")
+    ax.set_xlabel("mean leaf answer length (tokens, prefix + branch)")
+    ax.set_ylabel("generated tokens per leaf")
+    ax.set_title(f"Cost per leaf (mean ratio {summary['tokens_per_leaf_over_answer_length']:.2f})")
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summarize(prompts: list[dict]) -> dict:
+    forkable = [r for p in prompts if p["k_hat"] > 0 for r in p["rollouts"]]
+    chosen = [s["entropy"] for p in prompts for r in p["rollouts"] for s in r["sentences"]
+              if s["chosen"] and s["entropy"] is not None]
+    candidates = [s["entropy"] for p in prompts for r in p["rollouts"] for s in r["sentences"]
+                  if not s["chosen"] and s["start"] > 0 and s["entropy"] is not None]
+    fork_positions = [f / r["length"] for p in prompts for r in p["rollouts"] for f in r["forks"]]
+    by_difficulty = {}
+    for p in prompts:
+        entry = by_difficulty.setdefault(f"{p['v_root']:.2f}", dict(prompts=0, k_hat=p["k_hat"], b_hat=p["b_hat"],
+                                                                      branches=0))
+        entry["prompts"] += 1
+        entry["branches"] += len(p["branches"])
+    for entry in by_difficulty.values():
+        entry["branches_per_prompt"] = entry["branches"] / entry["prompts"]
+    branched = [p for p in prompts if p["branches"]]
+    return dict(
+        prompts=len(prompts),
+        by_base_pass_rate=dict(sorted(by_difficulty.items())),
+        rollouts_with_budget=len(forkable),
+        forks_per_forkable_rollout=common.mean(len(r["forks"]) for r in forkable) if forkable else float("nan"),
+        rollouts_with_budget_but_no_fork=sum(not r["forks"] for r in forkable),
+        single_sentence_rollouts=sum(len(r["sentences"]) <= 1 for r in forkable),
+        chosen_sentence_entropy=common.mean(chosen), other_sentence_entropy=common.mean(candidates),
+        mean_fork_position=common.mean(fork_positions),
+        branches=sum(len(p["branches"]) for p in prompts),
+        tokens_per_leaf=common.mean(p["tokens_per_leaf"] for p in branched),
+        answer_length=common.mean(p["answer_length"] for p in branched),
+        tokens_per_leaf_over_answer_length=common.mean(p["tokens_per_leaf"] / p["answer_length"] for p in branched),
+        branch_generated_over_base_length=common.mean(b["generated"] / max(b["base_length"], 1)
+                                                      for p in prompts for b in p["branches"]),
+        base_pass_rate=common.mean(p["base_pass_rate"] for p in prompts),
+        tree_pass_rate=common.mean(p["tree_pass_rate"] for p in prompts),
+        # the paper's PassRate: prompts with at least one correct leaf, vs with a correct base rollout
+        prompts_solved_by_base=common.mean(any(p["base_correct"]) for p in prompts),
+        prompts_solved_by_tree=common.mean(any(p["base_correct"]) or any(b["correct"] for b in p["branches"])
+                                           for p in prompts),
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_common_arguments(parser, prompts=8, generations=4, tokens=64, temperature=1.0, steps=1)
+    args = parser.parse_args(argv)
+    json_path, png_path = common.output_paths(args, "datpo")
+    start = time.perf_counter()
+
+    import trl_credit.datpo.trainer as datpo_trainer
+
+    recorder = common.Recorder()
+    for name in ("adaptive_budget", "select_forks", "generate_from_prefixes", "rewards_of_extra_rows"):
+        recorder.wrap(datpo_trainer, name)
+    trainer = common.build_trainer("datpo", args)
+    prompts = []
+
+    def on_output(trainer, inputs, output):
+        return dict(calls={name: list(calls) for name, calls in recorder.calls.items()})
+
+    recorder.attach(trainer, on_output)
+    batches = common.harness.prepare_manual_stepping(trainer)
+    for _ in range(args.steps):
+        for calls in recorder.calls.values():
+            calls.clear()
+        if args.train:
+            common.harness.run_step(trainer, batches)
+        else:
+            trainer._generate_and_score_completions(next(batches))
+    recorder.unpatch()
+    for record in recorder.batches:
+        prompts += reconstruct(trainer, record, record["calls"])
+    summary = summarize(prompts)
+    metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("datpo/")}
+    payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start, summary=summary,
+                   trainer_metrics_last_batch=metrics, prompts=prompts)
+    common.write_json(json_path, payload)
+    plot(prompts, summary, png_path, f"DATPO on SmolLM2-135M, {len(prompts)} arithmetic prompts x {args.generations} "
+         f"base rollouts, K_max {trainer.args.max_forks}, B_max {trainer.args.max_branches}, "
+         f"{trainer.args.fork_method}")
+    print(f"DATPO mechanism, {len(prompts)} prompts: by base pass rate {summary['by_base_pass_rate']}")
+    print(f"  forks per rollout with K̂>0 {summary['forks_per_forkable_rollout']:.2f} "
+          f"({summary['rollouts_with_budget_but_no_fork']} of {summary['rollouts_with_budget']} got none; "
+          f"{summary['single_sentence_rollouts']} have one sentence); sentence entropy chosen "
+          f"{summary['chosen_sentence_entropy']:.3f} vs other {summary['other_sentence_entropy']:.3f}; mean fork "
+          f"position {summary['mean_fork_position']:.2f}")
+    print(f"  {summary['branches']} branches; tokens per leaf {summary['tokens_per_leaf']:.1f} vs answer length "
+          f"{summary['answer_length']:.1f} (ratio {summary['tokens_per_leaf_over_answer_length']:.2f}); pass rate "
+          f"base {summary['base_pass_rate']:.3f} -> tree {summary['tree_pass_rate']:.3f}; prompts with a correct "
+          f"leaf {summary['prompts_solved_by_base']:.2f} (base) -> {summary['prompts_solved_by_tree']:.2f} (tree)")
+    print(f"wrote {json_path} and {png_path} ({payload['seconds']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""OPPO's mechanism on SmolLM2 rollouts (paper Fig. 1a and §3.3): where the Bayesian value recursion puts credit.
+
+One or more generation batches of OPPOTrainer (self-oracle, no training) on the built-in arithmetic task. For every
+completion the script records what the trainer's recursion computed (``bayesian_value_recursion``, paper Eq. 10/20:
+running value V_t, evidence log λ_t, clipped tokens) and the per-token advantages the trainer hands TRL's loss, and
+reports:
+
+- V_t along the normalized position for correct vs incorrect completions (paper §3.3: V_t commits, towards 1 on
+  correct and 0 on incorrect trajectories), and the final value V_{T+1} against the prior V_0;
+- the cumulative share of |A_t| (anchored advantage before group normalization) and of |log λ_t| along the
+  normalized position, correct and incorrect separately, against GRPO's uniform share (the diagonal; paper Fig. 1a:
+  |A_t| rises more steeply than |log λ_t|, the gap widest on incorrect trajectories);
+- concentration: the share of a completion's |A| mass carried by its top 20% tokens (uniform = 20%), for the
+  recursion's |Â_t| and the normalized advantages the loss uses;
+- the evidence clip rate (share of tokens with |o_t − s_t| > C).
+
+    python benchmarks/mechanism_oppo.py                 # 4 prompts x 8 rollouts, 64 tokens, 1 batch (~2 min CPU)
+    python benchmarks/mechanism_oppo.py --steps 2 --prompts 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import mechanism_common as common  # noqa: E402
+import torch  # noqa: E402
+
+GRID = 21
+
+
+def cumulative_share(magnitudes: list[float], grid: int = GRID) -> list[float]:
+    """Share of the total mass reached by normalized position p (0 at p=0, 1 at p=1), sampled on ``grid`` points.
+    Token t covers the interval [t/T, (t+1)/T]; mass inside a token's interval is spread evenly."""
+    total = sum(magnitudes)
+    n = len(magnitudes)
+    if n == 0 or total <= 0:
+        return [float("nan")] * grid
+    cumulative = [0.0]
+    for m in magnitudes:
+        cumulative.append(cumulative[-1] + m / total)
+    return common.interpolate(cumulative, grid)
+
+
+def top_share(magnitudes: list[float], fraction: float = 0.2) -> float:
+    """Share of the mass carried by the ceil(fraction·T) largest tokens (uniform credit: ≈ fraction)."""
+    total = sum(magnitudes)
+    if not magnitudes or total <= 0:
+        return float("nan")
+    k = max(1, math.ceil(fraction * len(magnitudes)))
+    return sum(sorted(magnitudes, reverse=True)[:k]) / total
+
+
+def analyse(records: list[dict]) -> dict:
+    """Per-completion curves and summaries from the recorded batches."""
+    rows = []
+    for record in records:
+        credit = record["credit"]
+        mask = record["output"]["completion_mask"].bool()
+        final_advantages = record["output"]["advantages"]
+        success = record["success"]
+        for i in range(mask.size(0)):
+            length = int(mask[i].sum())
+            if length == 0:
+                continue
+            values = credit["values"][i, :length].tolist()
+            log_lambda = credit["log_lambda"][i, :length].tolist()
+            anchored = credit["advantages"][i, :length].abs().tolist()
+            normalized = final_advantages[i, :length].abs().tolist()
+            prior = float(credit["prior_values"][i])
+            final_log_odds = math.log(prior / (1 - prior)) + sum(log_lambda)  # ℓ_{T+1}
+            final_value = 1 / (1 + math.exp(-min(max(final_log_odds, -700), 700)))
+            rows.append(dict(
+                correct=bool(success[i]), length=length, prior_value=prior, final_value=final_value,
+                seq_advantage=float(credit["seq_advantages"][i]),
+                values=values, clipped=int(credit["clipped"][i, :length].sum()),
+                top20_anchored=top_share(anchored), top20_normalized=top_share(normalized),
+                top20_log_lambda=top_share([abs(x) for x in log_lambda]),
+                cum_anchored=cumulative_share(anchored), cum_log_lambda=cumulative_share([abs(x) for x in log_lambda]),
+                cum_normalized=cumulative_share(normalized),
+                value_curve=common.interpolate(values + [final_value], GRID),  # V_1..V_T, V_{T+1}
+            ))
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    tokens = sum(r["length"] for r in rows)
+    out["evidence_clip_rate"] = sum(r["clipped"] for r in rows) / max(tokens, 1)
+    signal = [r for r in rows if r["seq_advantage"] != 0]  # groups with reward variance: nonzero advantages
+    out["completions"] = len(rows)
+    out["completions_with_signal"] = len(signal)
+    for label, subset in (("correct", [r for r in signal if r["correct"]]),
+                          ("incorrect", [r for r in signal if not r["correct"]])):
+        entry = dict(count=len(subset))
+        for key in ("top20_anchored", "top20_normalized", "top20_log_lambda", "prior_value", "final_value"):
+            entry[key] = common.mean(r[key] for r in subset)
+        entry["share_final_value_above_prior"] = common.mean(r["final_value"] > r["prior_value"] for r in subset)
+        for key in ("cum_anchored", "cum_log_lambda", "cum_normalized", "value_curve"):
+            curves = [r[key] for r in subset if not any(v != v for v in r[key])]
+            entry[key + "_mean"] = [common.mean(col) for col in zip(*curves)] if curves else []
+        # cumulative share at the middle of the sequence (uniform: 0.5)
+        entry["anchored_share_first_half"] = (entry["cum_anchored_mean"][GRID // 2]
+                                              if entry["cum_anchored_mean"] else None)
+        entry["log_lambda_share_first_half"] = (entry["cum_log_lambda_mean"][GRID // 2]
+                                                if entry["cum_log_lambda_mean"] else None)
+        out[label] = entry
+    both = [r for r in signal]
+    out["top20_anchored_all"] = common.mean(r["top20_anchored"] for r in both)
+    out["top20_normalized_all"] = common.mean(r["top20_normalized"] for r in both)
+    return out
+
+
+def plot(rows: list[dict], summary: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = [j / (GRID - 1) for j in range(GRID)]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    for label, color in (("correct", "tab:green"), ("incorrect", "tab:red")):
+        curves = [r["value_curve"] for r in rows if r["correct"] == (label == "correct") and r["seq_advantage"] != 0]
+        for curve in curves:
+            ax.plot(grid, curve, color=color, alpha=0.15, lw=0.8)
+        if curves:
+            low, mid, high = common.quantiles(curves)
+            ax.plot(grid, mid, color=color, lw=2.2, label=f"{label} (median, n={len(curves)})")
+            ax.fill_between(grid, low, high, color=color, alpha=0.2)
+    ax.set_xlabel("normalized position t / T")
+    ax.set_ylabel("running value V_t = σ(ℓ_t)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("V_t along the completion (band: IQR)")
+    ax.legend(fontsize=8)
+
+    ax = axes[1]
+    ax.plot(grid, grid, "k--", lw=1, label="GRPO (uniform credit)")
+    for label, color in (("correct", "tab:green"), ("incorrect", "tab:red")):
+        entry = summary[label]
+        if entry["cum_anchored_mean"]:
+            ax.plot(grid, entry["cum_anchored_mean"], color=color, lw=2, label=f"|A_t|, {label}")
+            ax.plot(grid, entry["cum_log_lambda_mean"], color=color, lw=1.2, ls=":", label=f"|log λ_t|, {label}")
+    ax.set_xlabel("normalized position t / T")
+    ax.set_ylabel("cumulative share of the completion's mass")
+    ax.set_title("Cumulative credit (paper Fig. 1a)")
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    data = [[r[key] for r in rows if r["seq_advantage"] != 0 and r[key] == r[key]]  # (x == x: not NaN)
+            for key in ("top20_anchored", "top20_normalized", "top20_log_lambda")]
+    if all(data):
+        ax.boxplot(data, tick_labels=["|Â_t| (recursion)", "|Ã_t| (loss)", "|log λ_t|"])
+    ax.axhline(0.2, color="black", ls="--", lw=1, label="GRPO / uniform = 0.2")
+    ax.set_ylabel("share of |·| mass on the top 20% tokens")
+    ax.set_title(f"Concentration; evidence clip rate {summary['evidence_clip_rate']:.3f}")
+    ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_common_arguments(parser)
+    args = parser.parse_args(argv)
+    json_path, png_path = common.output_paths(args, "oppo")
+    start = time.perf_counter()
+
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    recorder = common.Recorder()
+    recorder.wrap(oppo_trainer, "bayesian_value_recursion")
+    trainer = common.build_trainer("oppo", args)
+
+    def on_output(trainer, inputs, output):
+        calls = recorder.calls["bayesian_value_recursion"]
+        if not calls:
+            raise SystemExit("OPPOTrainer did not call bayesian_value_recursion: update this script.")
+        a, k, credit = calls[-1]
+        seq_advantages = k.get("seq_advantages", a[3] if len(a) > 3 else None)
+        calls.clear()
+        return dict(credit=dict(values=credit.values.detach().cpu(), log_lambda=credit.log_lambda.detach().cpu(),
+                                advantages=credit.advantages.detach().cpu(),
+                                clipped=credit.evidence_clipped.detach().cpu(),
+                                prior_values=credit.prior_values.detach().cpu(),
+                                seq_advantages=seq_advantages.detach().cpu()))
+
+    recorder.attach(trainer, on_output)
+    seconds = common.collect(trainer, args.steps, train=args.train)
+    recorder.unpatch()
+    for record in recorder.batches:
+        record["success"] = common.success_of(trainer, record["rewards"][-1]).tolist()
+    rows = analyse(recorder.batches)
+    summary = summarize(rows)
+    metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("oppo/")}
+    payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start,
+                   collect_seconds=seconds, summary=summary, trainer_metrics=metrics,
+                   completions=[{k: v for k, v in r.items()} for r in rows])
+    common.write_json(json_path, payload)
+    plot(rows, summary, png_path, f"OPPO (self-oracle) on SmolLM2-135M, {len(rows)} completions of "
+         f"{args.prompts * args.steps} arithmetic prompts, {args.generations} rollouts each")
+    c, w = summary["correct"], summary["incorrect"]
+    print(f"OPPO mechanism: {len(rows)} completions ({summary['completions_with_signal']} in groups with reward "
+          f"variance), evidence clip rate {summary['evidence_clip_rate']:.3f}")
+    print(f"  final V vs prior V0: correct {c['final_value']:.3f} vs {c['prior_value']:.3f} "
+          f"(above prior: {c['share_final_value_above_prior']:.2f}); incorrect {w['final_value']:.3f} vs "
+          f"{w['prior_value']:.3f} (above prior: {w['share_final_value_above_prior']:.2f})")
+    print(f"  top-20% token share of |A| mass (uniform 0.20): recursion {summary['top20_anchored_all']:.3f}, "
+          f"loss advantages {summary['top20_normalized_all']:.3f}; |log λ| correct {c['top20_log_lambda']:.3f} "
+          f"incorrect {w['top20_log_lambda']:.3f}")
+    print(f"  share of |A| in the first half (uniform 0.5): correct {c['anchored_share_first_half']}, incorrect "
+          f"{w['anchored_share_first_half']}; |log λ|: correct {c['log_lambda_share_first_half']}, incorrect "
+          f"{w['log_lambda_share_first_half']}")
+    print(f"wrote {json_path} and {png_path} ({payload['seconds']:.0f} s)")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
