@@ -8,12 +8,12 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
   2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
      >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
-     rollouts (one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
+     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
      by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
   3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
      ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
-     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks; branch rewards through TRL's
-     ``_calculate_rewards`` on prefix + branch.
+     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks, each branch within its fork's
+     ``branch_budget``; branch rewards through TRL's ``_calculate_rewards`` on prefix + branch.
   4. the tree of every prompt is gathered on every process and its block advantages computed by the pure
      functions of ``tree`` and ``diversity``; each process keeps its own rows: one per base rollout (advantage per
      token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no token is
@@ -498,7 +498,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         chunk = self.args.branch_chunk_size
         done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
         any_logprobs = True
-        generated = 0  # tokens this process generated for real forks, before the cut to each fork's budget
+        generated = kept = 0  # tokens this process generated for real forks, and kept after the cut to their budget
         for b_hat in sorted({b for _, b, _ in all_forks}):
             # longest budget first; ties keep fork order
             forks = sorted((k for k, (_, b, _) in enumerate(all_forks) if b == b_hat), key=lambda k: -all_forks[k][2])
@@ -520,12 +520,14 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                     piece = slice(n * b_hat, (n + 1) * b_hat)
                     budget = all_forks[k][2]
                     generated += sum(len(ids) for ids in completion_ids[piece])
+                    kept += sum(min(len(ids), budget) for ids in completion_ids[piece])
                     done.append((
                         k,
                         [list(map(int, ids))[:budget] for ids in completion_ids[piece]],
                         [list(lp)[:budget] for lp in logprobs[piece]] if logprobs is not None else None,
                     ))
-        self._datpo_generated_branch_tokens = generated
+        # generated past a fork's budget because a call runs with the largest budget of its forks (waste)
+        log_metric(self, "datpo/branch_tokens_past_budget", (generated - kept) / max(generated, 1))
         results = {k: (ids, lps) for k, ids, lps in gather_rows(self, done)}
         first = sum(counts[:process])
         branch_ids: list[list[int]] = []
