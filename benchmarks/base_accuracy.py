@@ -1,7 +1,7 @@
 """Base accuracy of SmolLM2-135M-Instruct (offline default) on the built-in arithmetic task, per difficulty.
 
 For each difficulty setting, samples ``--samples`` completions for each of ``--problems`` test problems (one
-sampling pass) and scores the same completions with the lenient ``final_number_reward`` and the strict SPEC §5
+sampling pass) and scores the same completions with the lenient ``final_number_reward`` and the strict docs/design.md#answer-checking
 ``accuracy_reward``. Prints a markdown table (accuracies in %, pass@k from the final_number counts).
 
     python benchmarks/base_accuracy.py --num_threads 1      # 16 problems x 4 samples, T=0.7, 64 new tokens

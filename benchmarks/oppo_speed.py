@@ -1,4 +1,4 @@
-"""Step time of OPPOTrainer over GRPOTrainer, measured side by side in one run (SPEC §2.9; paper App. H.2: +35%).
+"""Step time of OPPOTrainer over GRPOTrainer, measured side by side in one run (docs/oppo.md#cost; paper App. H.2: +35%).
 
 Both trainers get the same model (the offline SmolLM2-135M-Instruct), data, reward and settings. Steps are
 interleaved (GRPO, OPPO, GRPO, OPPO, ...) so machine load affects both alike; each step is one generation batch:

@@ -97,6 +97,7 @@ def run(method: str, cli) -> dict:
             localization_max_tokens=cli.localization_max_tokens,
             seed_candidates_per_round=cli.seed_candidates,
             max_seed_rounds=cli.seed_rounds,
+            seed_source=cli.seed_source,
         )
     trainer = trainer_class(
         model=default_model_path(), reward_funcs=final_number_reward, args=args, train_dataset=dataset, peft_config=peft_config
@@ -111,7 +112,8 @@ def run(method: str, cli) -> dict:
         return sum(values) / len(values) if values else None
 
     keys = ["reward", "srpo/fallback_rate", "srpo/correction_rate", "srpo/base_pass_rate", "srpo/localization_parse_rate",
-            "srpo/reset_position", "srpo/thoughts_per_seed", "srpo/seed_rounds", "srpo/tokens_vs_base", "srpo/tokens_vs_grpo"]
+            "srpo/reset_position", "srpo/reset_at_question_rate", "srpo/single_thought_rate", "srpo/thoughts_per_seed",
+            "srpo/seed_rounds", "srpo/tokens_vs_base", "srpo/tokens_vs_grpo", "srpo/paper_tokens_vs_grpo"]
     return {"method": method, "seconds": seconds, "generated_tokens": trainer.generated_tokens,
             **{key: mean(key) for key in keys if mean(key) is not None}, "example": trainer.example}
 
@@ -125,7 +127,8 @@ def main():
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--max_completion_length", type=int, default=80)
     parser.add_argument("--localization_max_tokens", type=int, default=32)
-    parser.add_argument("--seed_candidates", type=int, default=2)
+    parser.add_argument("--seed_candidates", type=int, default=1)
+    parser.add_argument("--seed_source", choices=["fresh", "base"], default="fresh")
     parser.add_argument("--seed_rounds", type=int, default=4)
     parser.add_argument("--skip_grpo", action="store_true")
     parser.add_argument("--output_dir", default="/tmp/srpo_short_run")

@@ -19,7 +19,7 @@ def test_accelerate_config_loads(name, distributed_type, zero_stage):
     if zero_stage is not None:
         assert config.deepspeed_config["zero_stage"] == zero_stage
     if zero_stage == 3:
-        # Without it, saving a LoRA adapter under ZeRO-3 can write empty tensors (TRL_NOTES).
+        # Without it, saving a LoRA adapter under ZeRO-3 can write empty tensors (docs/design.md, DeepSpeed notes).
         assert config.deepspeed_config["zero3_save_16bit_model"] is True
 
 

@@ -1,4 +1,4 @@
-"""Strategy-Cue catalog and extraction (paper Appendix A / Table 6; SPEC §1.2), on hand-written traces."""
+"""Strategy-Cue catalog and extraction (paper Appendix A / Table 6; docs/cue_grpo.md#cue-extraction), on hand-written traces."""
 
 import random
 import re
@@ -46,7 +46,7 @@ def test_split_steps_blank_lines_numbered_items_markers_and_20_char_filter():
     )
     assert split_steps(text) == [
         "First we write down what is known here.",
-        "1) this item is not a numbered-list start",  # only "N. " starts a numbered item (SPEC: "1. ")
+        "1) this item is not a numbered-list start",  # only "N. " starts a numbered item (docs/cue_grpo.md#cue-extraction: "1. ")
         "12. a numbered item with enough text",
         # lower-case "then" inside a sentence does not split; capitalized "Then" after "." does (the "." goes)
         "We add them and then we simplify the fraction",

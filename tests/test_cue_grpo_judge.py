@@ -1,4 +1,4 @@
-"""Judge prompt and JSON parsing (UARL / CR-JP, paper Appendix B; SPEC §1.6) on hand-written judge outputs."""
+"""Judge prompt and JSON parsing (UARL / CR-JP, paper Appendix B; docs/cue_grpo.md#partition-sources) on hand-written judge outputs."""
 
 from trl_credit.cue_grpo import JUDGE_SYSTEM_PROMPT, judge_messages, judge_partition, parse_judge_groups, truncate_for_judge
 

@@ -1,4 +1,4 @@
-"""Group suppression, bag-of-cues cosine graph, connected components, empty cluster (paper Eqs. 5-7; SPEC §1.3-1.4)."""
+"""Group suppression, bag-of-cues cosine graph, connected components, empty cluster (paper Eqs. 5-7; docs/cue_grpo.md#group-suppression, docs/cue_grpo.md#clusters)."""
 
 import math
 import random

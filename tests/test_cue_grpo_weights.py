@@ -1,4 +1,4 @@
-"""Rarity weights (paper Eq. 3, 8, Algorithm 1 steps 6-12, Appendix B/G; SPEC §1.5, §1.7) worked by hand on the
+"""Rarity weights (paper Eq. 3, 8, Algorithm 1 steps 6-12, Appendix B/G; docs/cue_grpo.md#weights, docs/cue_grpo.md#weighting-variants) worked by hand on the
 paper's 4:2:1 illustration (cluster ids: 4 completions in cluster 0, 2 in cluster 1, 1 in cluster 2)."""
 
 import math

@@ -1,4 +1,4 @@
-"""adaptive_budget: K̂ = ceil(K_max·(1 − V_root)), B̂ = ceil(B_max·(1 − V_root)) (paper Eq. 1-2, SPEC §3.1)."""
+"""adaptive_budget: K̂ = ceil(K_max·(1 − V_root)), B̂ = ceil(B_max·(1 − V_root)) (paper Eq. 1-2, docs/datpo.md#budget)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Forking points (paper Alg. 2, App. D.1/D.5; SPEC §3.2): sentence spans and the five selection rules."""
+"""Forking points (paper Alg. 2, App. D.1/D.5; docs/datpo.md#forks): sentence spans and the five selection rules."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""DATPOTrainer end to end on the CPU with the tiny model (SPEC §3.1-3.7).
+"""DATPOTrainer end to end on the CPU with the tiny model (docs/datpo.md#algorithm).
 
 Two prompts per step: one with an even answer, which the reward function always solves (V_root = 1: no
 branches), and one with an odd answer, rewarded 0.5·(parity of the token sum of the whole response), so

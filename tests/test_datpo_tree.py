@@ -1,4 +1,4 @@
-"""Block advantages on a hand-built tree (paper Eq. 3 and 7, SPEC §3.4).
+"""Block advantages on a hand-built tree (paper Eq. 3 and 7, docs/datpo.md#block-advantages).
 
 Tree (one prompt): base rollout A (reward 0) with forks a1 < a2, base rollout B (reward 1) without forks;
 fork a1 has 3 branches (rewards 1, 0, 1), fork a2 has 2 branches (rewards 1, 1).

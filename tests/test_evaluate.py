@@ -99,7 +99,7 @@ def test_score_completions():
         {"correct": [True, True, False], "answers": ["9", "9", None]},
     ]
     strict = score_completions(completions, ["7", "9"], "accuracy")
-    # "3 + 4 = 7" is not a bare answer line: the strict SPEC §5 checker says wrong
+    # "3 + 4 = 7" is not a bare answer line: the strict `accuracy` checker (docs/design.md#answer-checking) says wrong
     assert [p["correct"] for p in strict] == [[False, True, False], [True, True, False]]
     assert strict[0]["answers"] == ["3 + 4 = 7", "7", "eight"]
     with pytest.raises(ValueError, match="2 problems but 1 reference"):

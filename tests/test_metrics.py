@@ -1,4 +1,4 @@
-"""Repeated-sampling metrics (SPEC §5; Cue-GRPO Eq. 9, Eq. 10, Tables 2-5 and 7-10)."""
+"""Repeated-sampling metrics (docs/design.md#answer-checking; Cue-GRPO Eq. 9, Eq. 10, Tables 2-5 and 7-10)."""
 
 from fractions import Fraction
 from math import comb

@@ -1,4 +1,4 @@
-"""OPPO's oracle prompts (SPEC §2.1) and the alignment of the batched scoring pass with plain transformers."""
+"""OPPO's oracle prompts (docs/oppo.md#oracle-prompt) and the alignment of the batched scoring pass with plain transformers."""
 
 import copy
 

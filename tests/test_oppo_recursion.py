@@ -1,4 +1,4 @@
-"""OPPO's recursion and normalization (trl_credit/oppo/recursion.py) against SPEC §2 worked by hand."""
+"""OPPO's recursion and normalization (trl_credit/oppo/recursion.py) against docs/oppo.md worked by hand."""
 
 import math
 
@@ -26,7 +26,7 @@ def hand_example():
     """Two completions of one group (G = 2, k = 1: row 0 correct, row 1 not), T = 3, row 1 has one padding token.
 
     o_t − s_t: row 0 = [ln 3, 0, ln 3]; row 1 = [−ln 3, 5, (padding: 7)].
-    Prior (SPEC §2.4): ℓ_0 = log((1 + 1)/(2 − 1 + 1)) = log 1 = 0.
+    Prior (docs/oppo.md#prior): ℓ_0 = log((1 + 1)/(2 − 1 + 1)) = log 1 = 0.
     """
     student = torch.tensor([[-2.0, -1.0, -3.0], [-1.0, -4.0, -9.0]], dtype=torch.float64)
     diff = torch.tensor([[LN3, 0.0, LN3], [-LN3, 5.0, 7.0]], dtype=torch.float64)
@@ -44,7 +44,7 @@ def hand_example():
 SIG_3_MINUS_LN3 = 1.0 / (1.0 + 3.0 * math.exp(-3.0))
 HAND_VALUES = [[0.5, 0.75, 0.75], [0.5, 0.25, 0.0]]
 HAND_RAW = [[0.25, 0.0, 0.15], [-0.25, SIG_3_MINUS_LN3 - 0.25, 0.0]]
-# Anchoring (SPEC §2.6): row 0 sign +1 → |A^raw|; row 1 sign −1 → −|A^raw|.
+# Anchoring (docs/oppo.md#direction-anchoring): row 0 sign +1 → |A^raw|; row 1 sign −1 → −|A^raw|.
 HAND_ANCHORED = [[0.25, 0.0, 0.15], [-0.25, -(SIG_3_MINUS_LN3 - 0.25), 0.0]]
 
 
@@ -108,7 +108,7 @@ def test_evidence_clipping_at_plus_minus_C():
     ],
 )
 def test_prior_for_all_correct_none_correct_and_between(k, G, alpha, v0):
-    # SPEC §2.4: ℓ_0 = log((k + α)/(G − k + α)), so σ(ℓ_0) = (k + α)/(G + 2α).
+    # docs/oppo.md#prior: ℓ_0 = log((k + α)/(G − k + α)), so σ(ℓ_0) = (k + α)/(G + 2α).
     l0 = prior_log_odds(torch.tensor([k]), G, alpha)
     assert l0.item() == pytest.approx(math.log((k + alpha) / (G - k + alpha)))
     credit = bayesian_value_recursion(

@@ -1,4 +1,4 @@
-"""Answer extraction, normalization and reward functions (SPEC §5, Cue-GRPO Appendix C)."""
+"""Answer extraction, normalization and reward functions (docs/design.md#answer-checking, Cue-GRPO Appendix C)."""
 
 import pytest
 

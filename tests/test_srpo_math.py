@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
+from trl_credit.srpo.advantages import grouped_advantages, normalize_then_sum_advantages, srpo_group_ids
 from trl_credit.srpo.prompts import (
     LOCALIZATION_TEMPLATE,
     THOUGHT_MDP_ROLLOUT_TEMPLATE,
@@ -29,34 +29,45 @@ from trl_credit.srpo.resets import (
 )
 
 
-# ---------------------------------------------------------------- localization parsing (SPEC §4.4)
+# ---------------------------------------------------------------- localization parsing (docs/srpo.md#reset-index)
 
 
 @pytest.mark.parametrize(
-    "text, num_steps, expected",
+    "text, num_steps, ended_with_eos, expected",
     [
-        ("\\boxed{3}", 5, 3),
-        ("Step 2 looks wrong.\n\\boxed{2}", 5, 2),
-        ("first \\boxed{1} then I changed my mind \\boxed{4}", 5, 4),  # the last box decides
-        ("\\boxed{Step 3}", 5, 3),
-        ("\\boxed{ 5 }", 5, 5),
-        ("The first erroneous step is step 2.", 4, 2),  # bare final integer
-        ("3", 3, 3),
-        ("\\boxed{7}", 5, None),  # out of range
-        ("\\boxed{0}", 5, None),  # steps are 1-indexed
-        ("The error is in step 6", 5, None),
-        ("\\boxed{-1}", 5, None),
-        ("\\boxed{two}", 5, None),  # a box decides even when a bare number follows elsewhere
-        ("\\boxed{2.5}", 5, None),
-        ("the answer is 3.5", 5, None),
-        ("I cannot tell which step is wrong.", 5, None),
-        ("", 5, None),
-        ("\\boxed{1", 5, 1),  # unbalanced (truncated) box: no box, so the final-integer rule reads 1
-        ("\\boxed{1 and more", 5, None),  # unbalanced box, text does not end with an integer
+        ("\\boxed{3}", 5, False, 3),  # the asked-for form parses even when stopped right after the box
+        ("Step 2 looks wrong.\n\\boxed{2}", 5, True, 2),
+        ("first \\boxed{1} then I changed my mind \\boxed{4}", 5, True, 4),  # the last box decides
+        ("\\boxed{Step 3}", 5, False, 3),
+        ("\\boxed{ 5 }", 5, False, 5),
+        ("3", 3, True, 3),  # a bare integer answer that ended with EOS
+        ("Step 2.", 4, True, 2),
+        ("3", 3, False, None),  # the same text cut at the token cap: not a pick
+        ("The first erroneous step is step 2.", 4, True, None),  # a number in prose is not a pick
+        ("This step is wrong because 2", 5, True, None),
+        ("This step is wrong because 2", 5, False, None),  # cut at the cap mid-sentence
+        ("\\boxed{7}", 5, True, None),  # out of range
+        ("\\boxed{0}", 5, True, None),  # steps are 1-indexed
+        ("7", 5, True, None),
+        ("\\boxed{-1}", 5, True, None),
+        ("\\boxed{two}", 5, True, None),
+        ("\\boxed{2} is my answer, then 3", 5, True, 2),  # a box decides over a bare number elsewhere
+        ("\\boxed{2.5}", 5, True, None),
+        ("the answer is 3.5", 5, True, None),
+        ("I cannot tell which step is wrong.", 5, True, None),
+        ("", 5, True, None),
+        ("\\boxed{1", 5, False, None),  # unbalanced (truncated) box
+        ("\\boxed{1", 5, True, None),
     ],
 )
-def test_parse_reset_step(text, num_steps, expected):
-    assert parse_reset_step(text, num_steps) == expected
+def test_parse_reset_step(text, num_steps, ended_with_eos, expected):
+    assert parse_reset_step(text, num_steps, ended_with_eos=ended_with_eos) == expected
+
+
+def test_localization_stop_strings():
+    from trl_credit.srpo.prompts import stop_strings
+
+    assert stop_strings(3) == ["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"]
 
 
 # ---------------------------------------------------------------- prompts (Appendix D)
@@ -89,7 +100,7 @@ def test_localization_prompt_renders_steps():
     assert LOCALIZATION_TEMPLATE.count("{question}") == 1
 
 
-# ---------------------------------------------------------------- sub-group advantages (SPEC §4.6)
+# ---------------------------------------------------------------- sub-group advantages (docs/srpo.md#advantages)
 
 
 def test_grouped_advantages_two_groups_by_hand():
@@ -126,6 +137,68 @@ def test_grouped_advantages_zero_std_nan_invalid_and_scales():
         grouped_advantages(rewards, groups, scale="global")
 
 
+NAN = float("nan")
+
+
+def test_normalize_then_sum_per_sub_group_by_hand():
+    """TRL's normalize_then_sum (z-score each reward function within the group, weighted sum, batch rescale) with a
+    base group and a shared-prefix group as the groups; unscorable and fallback rows 0 and outside every statistic."""
+    #          accuracy  format
+    rewards = torch.tensor([
+        [1.0, 1.0],  # 0 base
+        [0.0, 1.0],  # 1 base
+        [0.0, 0.0],  # 2 base
+        [NAN, NAN],  # 3 base, unscorable
+        [1.0, 1.0],  # 4 suffix
+        [0.0, 1.0],  # 5 suffix
+        [1.0, NAN],  # 6 suffix, format returned None
+        [0.0, 0.0],  # 7 fallback (second reset group, no seed)
+        [1.0, 1.0],  # 8 fallback
+    ])
+    groups = [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    valid = [True] * 7 + [False, False]
+    weights = [1.0, 0.5]
+    # Base group (rows 0-2; row 3 is out): accuracy {1, 0, 0}: mean 1/3, unbiased var (4/9 + 1/9 + 1/9) / 2 = 1/3,
+    # std = 0.577350; with a = (1/3) / (0.577350 + 1e-4) = 0.577250: z_acc = [2a, -a, -a]. Format {1, 1, 0}: the
+    # same std, z_fmt = [a, a, -2a]. s = z_acc + 0.5 z_fmt = [2.5a, -0.5a, -2a].
+    # Suffix group (rows 4-6): accuracy {1, 0, 1}: z_acc = [a, -2a, a]; format scored on rows 4, 5 only: {1, 1},
+    # std 0 -> contributes 0; row 6's None contributes 0. s = [a, -2a, a].
+    # Batch over the 6 usable rows: s = a * [2.5, -0.5, -2, 1, -2, 1], mean 0, squares 16.5 a^2, unbiased var
+    # 16.5 a^2 / 5 = 3.3 a^2, std = 1.816590 a = 1.048637 -> A = s / (1.048637 + 1e-4) = multiples * 0.550429.
+    a = (1 / 3) / (math.sqrt(1 / 3) + 1e-4)
+    factor = a / (a * math.sqrt(3.3) + 1e-4)  # 0.550429
+    multiples = [2.5, -0.5, -2.0, 0.0, 1.0, -2.0, 1.0, 0.0, 0.0]  # rows 3, 7, 8: 0
+    expected = torch.tensor([m * factor for m in multiples])  # [1.376073, -0.275215, -1.100859, 0, 0.550429, ...]
+    out = normalize_then_sum_advantages(rewards, groups, weights, valid=valid)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    assert out[0].item() == pytest.approx(1.376073, abs=1e-5)
+    # Fallback rows are outside every statistic: changing their rewards changes nothing.
+    changed = rewards.clone()
+    changed[7:] = torch.tensor([[5.0, -3.0], [0.2, 9.0]])
+    torch.testing.assert_close(normalize_then_sum_advantages(changed, groups, weights, valid=valid), out)
+    # Never across groups (paper §4.3): pooling the base and suffix rows into one group gives other values.
+    pooled = normalize_then_sum_advantages(rewards, [0] * 7 + [2, 2], weights, valid=valid)
+    assert not torch.allclose(pooled, out, atol=1e-3)
+    # Not the same as normalizing the weighted totals (sum_then_normalize): base totals {1.5, 0.5, 0}, mean 2/3,
+    # std 0.763763 -> row 0 gets (1.5 - 2/3) / 0.763863 = 1.090947, not 1.376073.
+    totals = torch.tensor([1.5, 0.5, 0.0, NAN, 1.5, 0.5, 1.0, 0.0, 1.5])
+    assert not torch.allclose(grouped_advantages(totals, groups, valid=valid), out, atol=1e-3)
+
+
+def test_normalize_then_sum_edges():
+    # Fewer than two usable rows: 0 everywhere. A group of one scored row: no signal from it.
+    assert normalize_then_sum_advantages(torch.tensor([[1.0], [NAN]]), [0, 0], [1.0]).tolist() == [0.0, 0.0]
+    # Group 0 = {1, 0} (z = +-0.5 / (0.707107 + 1e-4) = +-0.707007), group 1 = one row (z = 0). Batch s = {0.707007,
+    # -0.707007, 0}: mean 0, unbiased var 2 * 0.707007^2 / 2 = 0.707007^2 -> A = s / (0.707007 + 1e-4) = +-0.999859.
+    out = normalize_then_sum_advantages(torch.tensor([[1.0], [0.0], [1.0]]), [0, 0, 1], [1.0])
+    z = 0.5 / (math.sqrt(0.5) + 1e-4)
+    torch.testing.assert_close(out, torch.tensor([z / (z + 1e-4), -z / (z + 1e-4), 0.0]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="weights"):
+        normalize_then_sum_advantages(torch.zeros(2, 2), [0, 0], [1.0])
+    with pytest.raises(ValueError, match="group_ids"):
+        normalize_then_sum_advantages(torch.zeros(2, 1), [0], [1.0])
+
+
 def test_srpo_group_ids_layout():
     # 1x4 with base 4, two prompts: [b b b b s s s s] per prompt; ids p*(R+1) + (0 base | j reset group)
     assert srpo_group_ids(2, 4, 1, 4) == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
@@ -133,7 +206,7 @@ def test_srpo_group_ids_layout():
     assert srpo_group_ids(1, 0, 2, 4) == [1] * 4 + [2] * 4
 
 
-# ---------------------------------------------------------------- seeds and resets (SPEC §4.3-§4.4)
+# ---------------------------------------------------------------- seeds and resets (docs/srpo.md#seeds, docs/srpo.md#reset-index)
 
 
 def test_incorrect_indices_first_in_order():
@@ -167,7 +240,7 @@ def test_srpo_uses_the_parsed_step_else_random():
     assert choose_reset_step(9, 5, random.Random(7))[1] is False
 
 
-# ---------------------------------------------------------------- training rows (SPEC §4.5)
+# ---------------------------------------------------------------- training rows (docs/srpo.md#suffix-rows)
 
 
 def test_suffix_row_masks_exactly_the_prefix():

@@ -1,4 +1,4 @@
-"""Token-exact thought splitting (SPEC §4.1) and the reset prefix (paper §4.2: x* = question + thoughts 1..h*-1)."""
+"""Token-exact thought splitting (docs/srpo.md#thoughts) and the reset prefix (paper §4.2: x* = question + thoughts 1..h*-1)."""
 
 import pytest
 

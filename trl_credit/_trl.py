@@ -112,12 +112,14 @@ def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix
 
 def check_single_turn(trainer, method: str) -> None:
     """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that."""
+    # environment_factory first: TRL turns an environment's methods into `tools`, so the tools check would name the
+    # wrong argument.
+    if getattr(trainer, "environment_factories", None) is not None:
+        raise ValueError(f"{method} does not support `environment_factory`.")
     if getattr(trainer, "tools", None):
         raise ValueError(f"{method} does not support `tools` (multi-turn tool calling); pass tools=None.")
     if getattr(trainer, "rollout_func", None) is not None:
         raise ValueError(f"{method} does not support a custom `rollout_func`: it generates its own rollouts.")
-    if getattr(trainer, "environment_factories", None) is not None:
-        raise ValueError(f"{method} does not support `environment_factory`.")
 
 
 @contextlib.contextmanager
@@ -128,6 +130,7 @@ def sampling_overrides(
     greedy: bool = False,
     temperature: float | None = None,
     top_p: float | None = None,
+    stop_strings: Sequence[str] | None = None,
 ) -> Iterator[None]:
     """Temporarily change sampling for generation calls made through ``trainer._generate_single_turn``.
 
@@ -136,6 +139,11 @@ def sampling_overrides(
     ``unwrap_model_for_generation``) and the attributes of ``trainer.vllm_generation`` (vLLM server and
     colocate). All three are overridden and restored, so the override reaches whichever backend is active.
     Greedy decoding is ``do_sample=False`` for HF and ``temperature=0`` for vLLM.
+
+    ``stop_strings``: a row stops right after the first occurrence of any of them, kept in the output (vLLM: its
+    ``stop`` / ``include_stop_str_in_output`` sampling parameters through ``vllm_generation.generation_kwargs``;
+    HF ``generate``: a stopping criterion, see :func:`_hf_stopping`; continuous batching: not stopped early, the
+    caller's cut applies). Per-row token budgets are applied the same way by :func:`generate_from_prefixes`.
     """
     hf_changes: dict = {}
     vllm_changes: dict = {}
@@ -156,6 +164,12 @@ def sampling_overrides(
     saved_config = getattr(trainer, "generation_config", None)
     saved_kwargs = getattr(trainer, "generation_kwargs", None)
     vllm_generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    if stop_strings and vllm_generation is not None:
+        vllm_changes["generation_kwargs"] = {
+            **(getattr(vllm_generation, "generation_kwargs", None) or {}),
+            "stop": list(stop_strings),
+            "include_stop_str_in_output": True,
+        }
     saved_vllm = {k: getattr(vllm_generation, k) for k in vllm_changes} if vllm_generation is not None else {}
     try:
         if saved_config is not None and hf_changes:
@@ -197,10 +211,11 @@ def generate_from_prefixes(
     prefix_ids: Sequence[Sequence[int]],
     *,
     chunk_size: int | None = None,
-    max_new_tokens: int | None = None,
+    max_new_tokens: int | Sequence[int] | None = None,
     greedy: bool = False,
     temperature: float | None = None,
     top_p: float | None = None,
+    stop_strings: Sequence[str] | None = None,
 ) -> tuple[list[list[int]], list[list[float]] | None]:
     """One continuation per row of ``prefix_ids`` (token ids: prompt, or prompt + partial response).
 
@@ -210,9 +225,23 @@ def generate_from_prefixes(
     call (vLLM server mode slices its answer by ``process_index * len(prompts)``, so counts must match); short
     processes fill with a one-token dummy row whose output is dropped.
 
+    ``max_new_tokens`` is one budget for every row, or one per row (a list as long as ``prefix_ids``). With per-row
+    budgets the call's cap is the largest budget over every process (the same on all, as vLLM server mode needs),
+    HF ``generate`` stops each row at its own budget, and every row is cut to its budget afterwards (vLLM may
+    generate up to the call's cap; what it generates past a row's budget is dropped). ``stop_strings``: a row ends
+    right after the first occurrence of any of them (see :func:`sampling_overrides`); the output is cut there on
+    every backend, so all backends return the same tokens.
+
     Returns ``(completion_ids, sampling_logprobs)``; the log-probs are vLLM's (None with HF generate).
     """
     rows = [list(map(int, ids)) for ids in prefix_ids]
+    budgets = None
+    if max_new_tokens is not None and not isinstance(max_new_tokens, int):
+        budgets = [int(b) for b in max_new_tokens]
+        if len(budgets) != len(rows) or any(b < 1 for b in budgets):
+            raise ValueError(f"max_new_tokens per row needs {len(rows)} budgets >= 1, got {budgets}.")
+        # The call's cap, the same on every process (a collective call).
+        max_new_tokens = max(gather_counts(trainer, max(budgets, default=0)))
     counts = gather_counts(trainer, len(rows))
     most = max(counts)
     if most == 0:
@@ -220,21 +249,101 @@ def generate_from_prefixes(
     per_call = most if not chunk_size else min(int(chunk_size), most)
     num_calls = math.ceil(most / per_call)
     filler = _filler_row(trainer, rows)
+    tokenizer = trainer._tokenizer
+    stops = [s for s in (stop_strings or []) if s]
 
     completions: list[list[int]] = []
     logprobs: list[list[float]] | None = []
-    with sampling_overrides(trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p):
+    row_budgets: list[int | None] = []  # budgets of the chunk being generated, read by the HF stopping criterion
+    with (
+        sampling_overrides(
+            trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
+            stop_strings=stops or None,
+        ),
+        _hf_stopping(trainer, row_budgets, stops) if (budgets is not None or stops) else contextlib.nullcontext(),
+    ):
         for call in range(num_calls):
             chunk = rows[call * per_call : (call + 1) * per_call]
             real = len(chunk)
             chunk = chunk + [filler] * (per_call - real)
+            chunk_budgets = budgets[call * per_call : (call + 1) * per_call] if budgets is not None else [None] * real
+            row_budgets[:] = chunk_budgets + [1] * (per_call - real)  # filler rows: one token
             completion_ids, chunk_logprobs = trainer._generate_single_turn(chunk, None, {}, 1)
-            completions.extend(list(map(list, completion_ids[:real])))
             if chunk_logprobs is None:
                 logprobs = None
-            elif logprobs is not None:
-                logprobs.extend(list(map(list, chunk_logprobs[:real])))
+            for index in range(real):
+                ids = list(completion_ids[index])
+                keep = _kept_length(tokenizer, ids, chunk_budgets[index], stops)
+                completions.append(ids[:keep])
+                if logprobs is not None:
+                    logprobs.append(list(chunk_logprobs[index])[:keep])
     return completions, logprobs
+
+
+def _kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[str]) -> int:
+    """Tokens of a generated row to keep: at most ``budget``, and up to the first token that completes a stop
+    string (the shortest prefix whose text contains one)."""
+    keep = len(ids) if budget is None else min(len(ids), budget)
+    if stops and keep:
+        text = tokenizer.decode(ids[:keep], skip_special_tokens=True)
+        if any(stop in text for stop in stops):
+            for length in range(1, keep + 1):
+                if any(stop in tokenizer.decode(ids[:length], skip_special_tokens=True) for stop in stops):
+                    return length
+    return keep
+
+
+@contextlib.contextmanager
+def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[None]:
+    """HF ``generate`` only: stop each row at its own token budget (``row_budgets[i]``, None = the call's cap) or
+    right after a stop string, through a stopping criterion added to TRL's ``generate`` call (TRL passes no
+    ``stopping_criteria`` of its own; the model's ``generate`` is wrapped on the instance for the duration).
+    Finished rows are padded by ``generate``; the caller cuts them. vLLM and continuous batching: nothing here."""
+    if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
+        yield
+        return
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    tokenizer = trainer._tokenizer
+
+    class RowStop(StoppingCriteria):
+        def __init__(self, start: int, num_rows: int, device):
+            self.start = start
+            budgets = [row_budgets[row] if row < len(row_budgets) else None for row in range(num_rows)]
+            self.budgets = torch.tensor([math.inf if b is None else b for b in budgets], device=device)
+
+        def __call__(self, input_ids, scores, **kwargs):
+            generated = input_ids[:, self.start :]
+            budgets = self.budgets
+            if generated.size(0) != budgets.numel() and generated.size(0) % budgets.numel() == 0:
+                # Beam search (generation_kwargs num_beams > 1): generate expands each row in place into its beams.
+                budgets = budgets.repeat_interleave(generated.size(0) // budgets.numel())
+            done = budgets <= generated.size(1)
+            if stops:
+                for row in (~done).nonzero().flatten().tolist():
+                    text = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
+                    done[row] = any(stop in text for stop in stops)
+            return done
+
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    had_own = "generate" in model.__dict__
+    saved = model.__dict__.get("generate")
+    bound = model.generate
+
+    def generate(*args, **kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        criteria = StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
+        criteria.append(RowStop(input_ids.size(1), input_ids.size(0), input_ids.device))
+        return bound(*args, stopping_criteria=criteria, **kwargs)
+
+    model.generate = generate
+    try:
+        yield
+    finally:
+        if had_own:
+            model.generate = saved
+        else:
+            del model.generate
 
 
 def _filler_row(trainer, rows: list[list[int]]) -> list[int]:

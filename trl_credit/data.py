@@ -13,7 +13,7 @@ setting measured again with 32 problems x 8 samples: 44.5%, pass@8 87.5%):
 
 The default is the only setting in the useful range for RL (reward variance within groups), but it has only
 100 distinct problems, hence the default 80/20 split; ``operators="+-"`` doubles the pool at similar accuracy.
-The strict SPEC §5 ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
+The strict docs/design.md#answer-checking ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
 answer is 11." instead of boxing its answer, so use ``final_number_reward`` for this task.
 """
 

@@ -1,4 +1,4 @@
-"""Repeated-sampling evaluation: pass@k, AUC@K, avg@k and maj@k of a model on a dataset (SPEC §5).
+"""Repeated-sampling evaluation: pass@k, AUC@K, avg@k and maj@k of a model on a dataset (docs/design.md#answer-checking).
 
 Run ``python -m trl_credit.evaluate --help`` (console script ``trl-credit-eval``). The pipeline has three parts,
 usable on their own:

@@ -1,4 +1,4 @@
-"""Repeated-sampling metrics: unbiased pass@k, AUC@K, avg@k and maj@k (SPEC §5, Cue-GRPO §"Repeated-Sampling
+"""Repeated-sampling metrics: unbiased pass@k, AUC@K, avg@k and maj@k (docs/design.md#answer-checking, Cue-GRPO §"Repeated-Sampling
 Evaluation", Eq. 9, and Appendix C Eq. 10).
 
 Everything here is a pure function of counts or per-sample lists, with no model and no I/O, so each can be

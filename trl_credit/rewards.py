@@ -1,4 +1,4 @@
-"""Answer extraction, normalization and TRL-style reward functions (SPEC §5, Cue-GRPO Appendix C).
+"""Answer extraction, normalization and TRL-style reward functions (docs/design.md#answer-checking, Cue-GRPO Appendix C).
 
 Every reward function here follows TRL's signature ``f(completions, <dataset columns>, **kwargs) -> list[float]``
 and accepts both plain-string completions and chat completions (``[{"role": "assistant", "content": ...}]``).
@@ -139,7 +139,7 @@ def _check_answers(completions: list, answer: list | None) -> None:
 
 
 def accuracy_reward(completions: list, answer: list | None = None, **kwargs) -> list[float]:
-    """1.0 when the extracted, normalized answer equals the normalized reference, else 0.0 (SPEC §5)."""
+    """1.0 when the extracted, normalized answer equals the normalized reference, else 0.0 (docs/design.md#answer-checking)."""
     _check_answers(completions, answer)
     return [float(is_correct(completion_text(c), a)) for c, a in zip(completions, answer)]
 
@@ -202,8 +202,9 @@ def final_number_reward(completions: list, answer: list | None = None, **kwargs)
     """Reward for numeric tasks (the built-in arithmetic task): the ``\\boxed{}`` answer when there is one,
     else the last number anywhere in the text, compared numerically (exactly) with the reference.
 
-    Small models (SmolLM2-135M) rarely box their answer or end on a bare number line, so the strict
-    SPEC §5 checker (:func:`accuracy_reward`) gives them almost no signal; this lenient reader gives RL one.
+    Small models (SmolLM2-135M) rarely box their answer or end on a bare number line, so the strict `accuracy`
+    checker (:func:`accuracy_reward`, docs/design.md#answer-checking) gives them almost no signal; this lenient
+    reader gives RL one.
     A reference that is not exactly one number scores every completion 0.
     """
     _check_answers(completions, answer)

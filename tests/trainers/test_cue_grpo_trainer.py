@@ -128,7 +128,7 @@ def test_advantages_reaching_the_loss_are_trl_advantages_times_hand_weights(
     assert extract_cues(A) == ["substitute", "compute", "conclude"]
     assert extract_cues(B) == ["radicals", "log_exp", "conclude"]
     assert extract_cues(C) == ["solve_quadratic", "case_split", "conclude"]
-    # Hand computation (SPEC §1.3-1.5) for group 0, P = {A x4, B x2, C}:
+    # Hand computation (docs/cue_grpo.md#algorithm) for group 0, P = {A x4, B x2, C}:
     # conclude is in 7 of 7 > 0.75*7 = 5.25 -> suppressed; every other cue is in <= 4 -> kept.
     # cleaned vectors: A = substitute+compute, B = radicals+log_exp, C = solve_quadratic+case_split: pairwise
     # orthogonal -> clusters of sizes 4, 2, 1 (the paper's 4:2:1). Skeleton lengths all 2, median 2:

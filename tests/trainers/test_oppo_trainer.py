@@ -1,5 +1,5 @@
 """OPPOTrainer end to end on the CPU with the tiny model: self and teacher oracle, every TRL loss type, LoRA, KL,
-plain-text prompts, refusals, and the advantages reaching the loss against an independent reference (SPEC §2)."""
+plain-text prompts, refusals, and the advantages reaching the loss against an independent reference (docs/oppo.md)."""
 
 import math
 import shutil
@@ -62,7 +62,7 @@ def parity_row(text, index):
 
 
 def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0, eps=1e-6, reward_row=parity_row):
-    """SPEC §2.1–2.7 with Python floats, one row and one token at a time; nothing from trl_credit.oppo.
+    """docs/oppo.md#algorithm with Python floats, one row and one token at a time; nothing from trl_credit.oppo.
 
     ``reward_row(text, index) -> [r_1, r_2, ...]`` gives each reward function's raw value (None = not scored), with
     weights 1. Correct = r_1 >= 1 (the first reward is the verifier). A row is unscorable when every r is None: it

@@ -1,4 +1,4 @@
-"""SRPOTrainer end to end on the CPU with the tiny model (SPEC §4): rollout layout, reset states, loss masks,
+"""SRPOTrainer end to end on the CPU with the tiny model (docs/srpo.md): rollout layout, reset states, loss masks,
 sub-group advantages, fallback, SRPO localization wiring, metrics. Expected values come from the recorded
 generations and the test's own reward arithmetic, never from the trainer's internals."""
 
@@ -291,7 +291,7 @@ def test_config_validation(tmp_path):
     with pytest.raises(ValueError, match="reset must be"):
         SRPOConfig(reset="oracle", **common)
     with pytest.raises(ValueError, match="num_generations"):
-        SRPOConfig(num_generations=5, **common)  # 5 - 1 * 4 = a base group of one
+        SRPOConfig(num_generations=5, suffixes_per_reset=4, **common)  # explicit 1x4: 5 - 4 = a base group of one
     with pytest.raises(ValueError, match="num_generations"):
         SRPOConfig(num_generations=8, reset_groups=3, **common)  # 3 * 4 > 8
     with pytest.raises(ValueError, match="suffixes_per_reset"):
@@ -303,8 +303,7 @@ def test_config_validation(tmp_path):
     # (one process: TRL's own divisibility check fires first; with several processes ours names whole groups)
     with pytest.raises(ValueError, match="num_generations"):
         SRPOConfig(num_generations=8, per_device_train_batch_size=12, **{k: v for k, v in common.items() if k != "per_device_train_batch_size"})
-    with pytest.raises(ValueError, match="multi_objective_aggregation"):
-        SRPOConfig(multi_objective_aggregation="normalize_then_sum", **common)
+    assert SRPOConfig(multi_objective_aggregation="normalize_then_sum", **common).reset_groups == 1  # supported
     # The paper's compute-matched splits at budget 8: 1x4 (base 4), 2x4 and 1x8 (no base group).
     assert SRPOConfig(**common).num_base_generations == 4
     assert SRPOConfig(reset_groups=2, **common).num_base_generations == 0
@@ -324,6 +323,9 @@ def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):
     with pytest.raises(ValueError, match="user message"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
                     train_dataset=tiny_dataset.map(lambda row: {"prompt": [{"role": "system", "content": "hi"}]}))
+    with pytest.raises(ValueError, match="text-only prompts, but train_dataset has an 'image' column"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                    train_dataset=tiny_dataset.add_column("image", [None] * len(tiny_dataset)))
     with pytest.raises(ValueError, match="rollout_func"):
         SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
                     rollout_func=lambda prompts, trainer: {})
@@ -352,3 +354,547 @@ def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path, generation_
         if call["kwargs"].get("greedy") and call["rows"]:
             assert tokenizer.decode(call["rows"][0]).startswith("P: " + question)  # plain-text localization prompt
     assert trainer.state.global_step == 1
+
+
+# ---------------------------------------------------------------- success from the verifier, unscorable rows
+
+
+def format_reward(completions, **kwargs):
+    # A format reward every rollout satisfies: with the weighted total, every rollout would score >= 1.0.
+    return [1.0 for _ in completions]
+
+
+def rows_text_rewards(tokenizer, out, rows):
+    return [text_reward(tokenizer, out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in rows]
+
+
+def step_logs(trainer):
+    return [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+
+
+def test_two_rewards_success_follows_the_first_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """reward_funcs=[accuracy-like, format-like]: the weighted total is >= 1.0 for every rollout, yet seeds are the
+    rollouts the first reward (parity) calls wrong, resets happen, and the pass rates follow that reward."""
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=[parity_reward, format_reward])
+    tokenizer = trainer.processing_class
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logs = step_logs(trainer)
+    assert len(logs) == 2 and min(log["srpo/fallback_rate"] for log in logs) < 1.0
+    suffix_rows_seen = 0
+    for record, log in zip(trainer.records, logs):
+        out = record["output"]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        accuracy = rows_text_rewards(tokenizer, out, range(16))
+        base = [accuracy[i] for g in range(2) for i in range(8 * g, 8 * g + NUM_BASE)]
+        assert log["srpo/base_pass_rate"] == pytest.approx(sum(base) / len(base))
+        shared = [accuracy[i] for g in range(2) if seeds[g] is not None for i in range(8 * g + 4, 8 * g + 8)]
+        if shared:
+            assert log["srpo/correction_rate"] == pytest.approx(sum(shared) / len(shared))
+        suffix_rows_seen += len(shared)
+        for g in range(2):
+            # Advantages: TRL's weighted total (accuracy + format), per sub-group.
+            total = [a + 1.0 for a in accuracy[8 * g : 8 * g + 8]]
+            expected = reference_advantages(total[:4]) + (reference_advantages(total[4:]) if seeds[g] else [0.0] * 4)
+            torch.testing.assert_close(out["advantages"][8 * g : 8 * g + 8], torch.tensor(expected), rtol=0, atol=1e-4)
+    assert suffix_rows_seen > 0
+
+
+def sometimes_unscorable_reward(completions, **kwargs):
+    # None (unscorable: the only reward function returns None) when the text length is a multiple of 3.
+    lengths = [len(completion_text(c)) for c in completions]
+    return [None if n % 3 == 0 else float(n % 2) for n in lengths]
+
+
+def test_unscorable_rows_get_zero_advantage_and_stay_out_of_group_statistics(
+    tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=sometimes_unscorable_reward,
+                           max_completion_length=6)
+    tokenizer = trainer.processing_class
+    trainer.train()
+    unscorable_seen = 0
+
+    def reward_of(ids):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return None if len(text) % 3 == 0 else float(len(text) % 2)
+
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        out = record["output"]
+        rewards = [reward_of(out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()) for i in range(16)]
+        loss_mask = out["completion_mask"] * out["tool_mask"]
+        base_scored = []
+        for g in range(2):
+            sub_groups = [range(8 * g, 8 * g + 4)]
+            if loss_mask[8 * g + 4 : 8 * g + 8].sum() > 0:  # a reset group (not fallback rows)
+                sub_groups.append(range(8 * g + 4, 8 * g + 8))
+            for rows in sub_groups:
+                scored = [i for i in rows if rewards[i] is not None]
+                expected = dict(zip(scored, reference_advantages([rewards[i] for i in scored]))) if len(scored) > 1 else {}
+                for i in rows:
+                    if rewards[i] is None:
+                        unscorable_seen += 1
+                        assert out["advantages"][i].item() == 0.0
+                    else:
+                        assert out["advantages"][i].item() == pytest.approx(expected.get(i, 0.0), abs=1e-4)
+            base_scored += [rewards[i] for i in range(8 * g, 8 * g + 4) if rewards[i] is not None]
+        if base_scored:
+            assert log["srpo/base_pass_rate"] == pytest.approx(sum(base_scored) / len(base_scored))
+    assert unscorable_seen > 0
+
+
+# ---------------------------------------------------------------- no silent degeneration
+
+
+def test_single_thought_seeds_warn_and_are_logged(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    # The tiny model never writes this delimiter: every seed is one thought, so every reset is at the question.
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, thought_delimiter="@@@", reset="self")
+    with pytest.warns(UserWarning, match="thought_delimiter") as caught:
+        trainer.train()
+    assert sum("single thought" in str(w.message) for w in caught) == 1  # once, not every step
+    logs = [log for log in step_logs(trainer) if "srpo/single_thought_rate" in log]
+    assert logs
+    for log in logs:
+        assert log["srpo/single_thought_rate"] == 1.0
+        assert log["srpo/reset_at_question_rate"] == 1.0
+        assert log["srpo/reset_position"] == 0.0  # reset at the question, not at the last thought
+        assert "srpo/localization_parse_rate" not in log  # nothing to localize in a one-thought seed
+    assert all(not c["rows"] for c in calls if c["kwargs"].get("greedy"))
+
+
+def test_reset_position_is_the_kept_fraction_of_thoughts(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        positions, at_question, single = [], [], []
+        for seed in seeds.values():
+            if seed is None:
+                continue
+            num_thoughts = len(split_thoughts(seed, tokenizer, " "))
+            step = 2 if num_thoughts >= 2 else 1
+            positions.append((step - 1) / num_thoughts)
+            at_question.append(float(step == 1))
+            single.append(float(num_thoughts == 1))
+        if positions:
+            assert log["srpo/reset_position"] == pytest.approx(sum(positions) / len(positions))
+            assert log["srpo/reset_at_question_rate"] == pytest.approx(sum(at_question) / len(at_question))
+            assert log["srpo/single_thought_rate"] == pytest.approx(sum(single) / len(single))
+
+
+@pytest.mark.parametrize("answer, parsed", [("2<|im_end|>", 1.0), ("2", 0.0), ("it is 2<|im_end|>", 0.0)])
+def test_bare_integer_parses_only_when_the_answer_ended_with_eos(
+    answer, parsed, tiny_model_path, tiny_dataset, tmp_path, generation_log
+):
+    calls, state = generation_log
+    state["localization_answer"] = answer
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=1)
+    if parsed:
+        trainer.train()
+    else:
+        with pytest.warns(UserWarning, match="localization answers did not name a step"):
+            trainer.train()
+    rates = [log["srpo/localization_parse_rate"] for log in step_logs(trainer) if "srpo/localization_parse_rate" in log]
+    assert rates and all(rate == parsed for rate in rates)
+
+
+def test_no_seed_at_all_warns_naming_the_success_reward(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1)
+    with pytest.warns(UserWarning, match="always_correct_reward"):
+        trainer.train()
+
+
+def test_no_seed_without_a_base_group_warns_that_nothing_is_trained(tiny_model_path, tiny_dataset, tmp_path,
+                                                                    generation_log):
+    # num_generations=3: the default split is 1x3 with no base group, so a prompt without an incorrect seed has
+    # only masked rows (the paper's fallback, GRPO on the base group, has no group to use).
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1,
+                           num_generations=3, per_device_train_batch_size=3, reset_groups=None,
+                           suffixes_per_reset=None, weight_decay=0.0)  # no decay: only gradients move weights
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.warns(UserWarning, match="has no base group to fall back to") as caught:
+        trainer.train()
+    assert any("it trained nothing (this split has no base group)" in str(w.message) for w in caught)
+    out = trainer.records[0]["output"]
+    assert (out["completion_mask"] * out["tool_mask"]).sum().item() == 0
+    assert all(torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters())
+
+
+# ---------------------------------------------------------------- default split, refusals
+
+
+@pytest.mark.parametrize("generations, base, suffixes", [(2, 0, 2), (3, 0, 3), (4, 2, 2), (5, 3, 2), (7, 4, 3),
+                                                         (8, 4, 4), (16, 8, 8)])
+def test_default_split_is_half_base_half_shared_prefix(generations, base, suffixes, tmp_path):
+    config = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=generations,
+                        per_device_train_batch_size=generations)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (base, 1, suffixes)
+
+
+def test_explicit_splits_are_kept(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", num_generations=16,
+                  per_device_train_batch_size=16)
+    config = SRPOConfig(reset_groups=2, **common)  # suffixes_per_reset defaults to 4 when the split is explicit
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (8, 2, 4)
+    config = SRPOConfig(suffixes_per_reset=4, **common)
+    assert (config.num_base_generations, config.reset_groups, config.suffixes_per_reset) == (12, 1, 4)
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="base", suffixes_per_reset=16, **common)  # no base group to draw a seed from
+    with pytest.raises(ValueError, match="seed_source"):
+        SRPOConfig(seed_source="old", **common)
+
+
+@pytest.mark.parametrize("generations", [2, 3, 5, 7])
+def test_odd_and_small_group_sizes_train(generations, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    settings = dict(output_dir=str(tmp_path), num_generations=generations, per_device_train_batch_size=generations,
+                    max_completion_length=8, max_steps=1, thought_delimiter=" ", rollout_template=TEMPLATE,
+                    localization_template=SHORT_LOCALIZATION, localization_max_tokens=4, report_to="none",
+                    use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
+    trainer = RecordingSRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=SRPOConfig(**settings),
+                                   train_dataset=tiny_dataset)
+    trainer.calls, trainer.records = calls, []
+    trainer.train()
+    assert trainer.state.global_step == 1
+    out = trainer.records[0]["output"]
+    assert out["completion_ids"].size(0) == generations
+    base = trainer.args.num_base_generations
+    # Round 1: the base group and one seed candidate (the default), from the one prompt of the step.
+    assert len(calls[0]["rows"]) == base + 1
+
+
+def test_environment_factory_and_missing_rewards_refusals(tiny_model_path, tiny_dataset, tmp_path):
+    args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+
+    class Environment:
+        def reset(self, **kwargs):
+            return None
+
+    with pytest.raises(ValueError, match="environment_factory"):
+        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
+                    environment_factory=Environment)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        SRPOTrainer(model=tiny_model_path, args=args, train_dataset=tiny_dataset)
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_one_seed_candidate_per_round_by_default(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=always_correct_reward, max_steps=1,
+                           seed_candidates_per_round=SRPOConfig.seed_candidates_per_round)
+    assert trainer.args.seed_candidates_per_round == 1
+    trainer.train()
+    # Round 1: 2 prompts x (4 base + 1 candidate); rounds 2 and 3: 1 candidate per prompt still without a seed.
+    assert [len(c["rows"]) for c in calls[:3]] == [10, 2, 2]
+
+
+def test_suffix_budget_is_max_completion_length_minus_the_prefix(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, state = generation_log
+    state["localization_answer"] = "\\boxed{2}"  # resets after the first thought: a non-empty prefix
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    checked = 0
+    for record in trainer.records:
+        suffix_call = record["calls"][-1]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        budgets = suffix_call["kwargs"]["max_new_tokens"]
+        assert len(budgets) == len(suffix_call["rows"])
+        for row, budget, completion in zip(suffix_call["rows"], budgets, suffix_call["completions"]):
+            prompt = next(p for p in group_prompt_ids if row[: len(p)] == p)
+            prefix_length = len(row) - len(prompt)
+            assert budget == 12 - prefix_length
+            assert len(completion) <= budget  # nothing generated past the row's budget
+            checked += int(prefix_length > 0)
+    assert checked > 0
+
+
+def test_hf_generation_stops_each_row_at_its_budget_and_at_stop_strings(tiny_model_path, tiny_dataset, tmp_path):
+    from trl_credit._trl import generate_from_prefixes
+
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, [], max_completion_length=10)
+    tokenizer = trainer.processing_class
+    raw = []
+    real_generate = trainer._generate_single_turn
+
+    def spy(*args, **kwargs):
+        completion_ids, logprobs = real_generate(*args, **kwargs)
+        raw.append([list(ids) for ids in completion_ids])
+        return completion_ids, logprobs
+
+    trainer._generate_single_turn = spy
+    prompt = tokenizer("What is 3 + 4?")["input_ids"]
+    free, _ = generate_from_prefixes(trainer, [prompt, prompt], greedy=True)
+    assert len(free[0]) > 3  # the untouched greedy answer is longer than the budgets below
+    completions, _ = generate_from_prefixes(trainer, [prompt, prompt], greedy=True, max_new_tokens=[2, 3])
+    assert completions == [free[0][:2], free[1][:3]]
+    # generate itself stopped: what it returned past a row's budget is padding (no token sampled there)
+    pad = tokenizer.pad_token_id
+    assert all(t == pad for t in raw[-1][0][2:]) and all(t == pad for t in raw[-1][1][3:])
+    assert max(len(ids) for ids in raw[-1]) <= 3
+    # A stop string: the row ends with the token that completes it.
+    text = tokenizer.decode(free[0], skip_special_tokens=True)
+    stop = tokenizer.decode(free[0][:3], skip_special_tokens=True)[-2:]
+    assert stop.strip() and stop in text
+    expected = next(n for n in range(1, len(free[0]) + 1) if stop in tokenizer.decode(free[0][:n], skip_special_tokens=True))
+    stopped, _ = generate_from_prefixes(trainer, [prompt], greedy=True, stop_strings=[stop])
+    assert stopped == [free[0][:expected]]
+    assert len(raw[-1][0]) == expected  # generation itself ended there (one row: no padding)
+    assert "generate" not in trainer.accelerator.unwrap_model(trainer.model_wrapped).__dict__  # wrapper removed
+
+
+def test_localization_call_stops_after_the_boxed_step(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self", max_steps=1)
+    trainer.train()
+    greedy = [c for c in calls if c["kwargs"].get("greedy")]
+    assert greedy and greedy[0]["rows"]
+    stops = greedy[0]["kwargs"]["stop_strings"]
+    assert stops[0] == "\\boxed{1}" and all(s.startswith("\\boxed{") and s.endswith("}") for s in stops)
+
+
+def test_seed_source_base_makes_no_seed_generation_call(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, seed_source="base", reset="random")
+    tokenizer = trainer.processing_class
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        sampled = [c for c in record["calls"] if not c["kwargs"].get("greedy")]
+        assert len(sampled) == 2  # the base group, then the suffixes: no seed candidates
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        assert sampled[0]["rows"] == [group_prompt_ids[0]] * NUM_BASE + [group_prompt_ids[1]] * NUM_BASE
+        assert log["srpo/seed_rounds"] == 0
+        cursor = 0
+        for g in range(2):
+            base = sampled[0]["completions"][NUM_BASE * g : NUM_BASE * (g + 1)]
+            failed = [c for c in base if text_reward(tokenizer, c) < 1.0]
+            if not failed:
+                continue
+            # The seed is the first failed base rollout: the reset state is the question + a prefix of it.
+            row = sampled[1]["rows"][cursor]
+            keep = len(row) - len(group_prompt_ids[g])
+            assert row[len(group_prompt_ids[g]) :] == failed[0][:keep]
+            cursor += NUM_SUFFIXES
+        assert cursor == len(sampled[1]["rows"])
+
+
+def test_token_accounting(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    calls, _ = generation_log
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reset="self")
+    trainer.train()
+    for record, log in zip(trainer.records, step_logs(trainer)):
+        sampled = [c for c in record["calls"] if not c["kwargs"].get("greedy")]
+        localization = [c for c in record["calls"] if c["kwargs"].get("greedy")]
+        first, rounds, suffix_call = sampled[0], sampled[1:-1], sampled[-1]
+        base = [ids for i, ids in enumerate(first["completions"]) if i % (NUM_BASE + PER_ROUND) < NUM_BASE]
+        candidates = [ids for i, ids in enumerate(first["completions"]) if i % (NUM_BASE + PER_ROUND) >= NUM_BASE]
+        candidates += [ids for call in rounds for ids in call["completions"]]
+        tokens = lambda rows: sum(len(ids) for ids in rows)  # noqa: E731
+        iid_mean = (tokens(base) + tokens(candidates)) / (len(base) + len(candidates))
+        grpo = 2 * 8 * iid_mean  # a GRPO step: 2 prompts x 8 iid rollouts
+        everything = tokens(base) + tokens(candidates) + tokens(suffix_call["completions"])
+        everything += sum(tokens(c["completions"]) for c in localization)
+        assert log["srpo/tokens_vs_grpo"] == pytest.approx(everything / grpo)
+        assert log["srpo/paper_tokens_vs_grpo"] == pytest.approx((tokens(base) + tokens(suffix_call["completions"])) / grpo)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_lora_two_rewards_other_loss_types(loss_type, tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """The user's setup: LoRA, [accuracy, format] rewards, a loss type other than the default."""
+    from peft import LoraConfig
+
+    calls, _ = generation_log
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=8, max_completion_length=12,
+                    max_steps=2, learning_rate=5e-2, loss_type=loss_type, thought_delimiter=" ", rollout_template=TEMPLATE,
+                    localization_template=SHORT_LOCALIZATION, localization_max_tokens=6, report_to="none", use_cpu=True,
+                    save_strategy="no", logging_steps=1, seed=0)
+    trainer = RecordingSRPOTrainer(
+        model=tiny_model_path, reward_funcs=[parity_reward, format_reward], args=SRPOConfig(**settings),
+        train_dataset=tiny_dataset,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    trainer.calls, trainer.records = calls, []
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[n], p.detach()) for n, p in trainer.model.named_parameters() if "lora_" in n)
+    logs = step_logs(trainer)
+    assert min(log["srpo/fallback_rate"] for log in logs) < 1.0  # seeds found although every total reward is >= 1
+    assert any(c["rows"] for record in trainer.records for c in record["calls"][-1:])  # suffixes were generated
+
+
+
+def length_mod3_reward(completions, **kwargs):
+    # A second reward that varies with the text, independent of parity_reward.
+    return [float(len(completion_text(c)) % 3 == 0) for c in completions]
+
+
+def reference_normalize_then_sum(rewards_per_func, group_rows, weights):
+    """Slow reference of TRL's normalize_then_sum over the given groups (lists of row indices; rows in no group get
+    0 and are outside every statistic): z-score each function per group (unbiased std + 1e-4; std 0 -> 0), weighted
+    sum, then (s - mean) / (std + 1e-4) over the rows of all groups."""
+    summed = {}
+    for rows in group_rows:
+        for row in rows:
+            summed[row] = 0.0
+        for k, weight in enumerate(weights):
+            values = [rewards_per_func[row][k] for row in rows]
+            mean, std = statistics.mean(values), statistics.stdev(values)
+            for row, value in zip(rows, values):
+                summed[row] += weight * (0.0 if std == 0 else (value - mean) / (std + 1e-4))
+    mean, std = statistics.mean(summed.values()), statistics.stdev(summed.values())
+    return {row: (value - mean) / (std + 1e-4) for row, value in summed.items()}
+
+
+def test_normalize_then_sum_per_sub_group_end_to_end(tiny_model_path, tiny_dataset, tmp_path, generation_log):
+    """multi_objective_aggregation="normalize_then_sum" with two rewards: each reward function is normalized within
+    the base group and within the shared-prefix group (never across them), weighted, then rescaled over the batch."""
+    calls, _ = generation_log
+    weights = [1.0, 0.5]
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, calls, reward=[parity_reward, length_mod3_reward],
+                           multi_objective_aggregation="normalize_then_sum", reward_weights=weights)
+    tokenizer = trainer.processing_class
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert min(log["srpo/fallback_rate"] for log in step_logs(trainer)) < 1.0
+    checked_suffix_groups = 0
+    for record in trainer.records:
+        out = record["output"]
+        group_prompt_ids = [expected_prompt_ids(tokenizer, record["inputs"][i]["prompt"]) for i in (0, 8)]
+        seeds, _ = replay_seeds(tokenizer, record, group_prompt_ids)
+        texts = [tokenizer.decode(out["completion_ids"][i][out["completion_mask"][i].bool()].tolist(),
+                                  skip_special_tokens=True) for i in range(16)]
+        rewards_per_func = [(float(len(t) % 2), float(len(t) % 3 == 0)) for t in texts]
+        groups = []
+        for g in range(2):
+            groups.append(list(range(8 * g, 8 * g + NUM_BASE)))
+            if seeds[g] is not None:
+                groups.append(list(range(8 * g + NUM_BASE, 8 * g + 8)))
+                checked_suffix_groups += 1
+        reference = reference_normalize_then_sum(rewards_per_func, groups, weights)
+        expected = torch.tensor([reference.get(row, 0.0) for row in range(16)])
+        torch.testing.assert_close(out["advantages"], expected, rtol=0, atol=1e-4)
+    assert checked_suffix_groups > 0
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drop-in: the configurations of TRL's own GRPO tests, with SRPO's default split (derived from num_generations)
+
+from tests.trainers.dropin_configs import DROPIN_CONFIGS, DROPIN_EVAL_CONFIGS  # noqa: E402
+
+
+def alternating_reward(completions, **kwargs):
+    # A second reward that varies within every group (unlike `format_reward`), so each reward function matters.
+    return [float(i % 2) for i in range(len(completions))]
+
+
+def dropin_config(tmp_path, group, **overrides):
+    # SRPO's own defaults (split derived from num_generations, seed rounds, templates) plus the test-speed settings
+    # TRL's tests set. group=3 is TRL's own baseline (num_generations=3, per_device_train_batch_size=3: one reset
+    # group of 3, no base group), where a config's batch size override without its own num_generations is dropped
+    # so that whole groups still fit (steps_per_generation=2 then makes two prompts of 3 per generation batch);
+    # group=4 is 2 base + 1x2.
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=group, num_generations=group,
+                    max_completion_length=4, max_steps=1, learning_rate=1e-2, report_to="none", use_cpu=True,
+                    save_strategy="no", logging_steps=1, seed=0)
+    if group == 3 and "num_generations" not in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "per_device_train_batch_size"}
+    settings.update(overrides)
+    return SRPOConfig(**settings)
+
+
+# Further settings of TRL's GRPO tests that reach SRPO's own generation calls (seeds, localization, suffixes).
+SRPO_EXTRA_DROPIN_CONFIGS = [
+    pytest.param(dict(top_p=0.9, top_k=10, min_p=0.01, repetition_penalty=1.1), id="generation_kwargs"),
+    pytest.param(dict(beta=0.1, use_bias_correction_kl=True), id="bias_correction_kl"),
+    pytest.param(dict(beta=0.1, sync_ref_model=True, ref_model_sync_steps=1), id="sync_ref_model"),
+    pytest.param(dict(scale_rewards=False), id="scale_rewards-False"),
+    pytest.param(dict(num_generations=6, per_device_train_batch_size=3, gradient_accumulation_steps=2),
+                 id="num_generations-larger-than-batch"),
+    pytest.param(dict(generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}),
+                 id="generation_kwargs-beams"),
+    pytest.param(dict(chat_template_kwargs={"enable_thinking": False}), id="chat_template_kwargs"),
+]
+
+
+@pytest.mark.parametrize("group", [3, 4], ids=["G3", "G4"])
+@pytest.mark.parametrize("overrides", DROPIN_CONFIGS + SRPO_EXTRA_DROPIN_CONFIGS)
+def test_dropin_trains_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides, group):
+    import math
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=[parity_reward, alternating_reward],
+                          args=dropin_config(tmp_path, group, **overrides), train_dataset=tiny_dataset)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    assert "srpo/fallback_rate" in trainer.state.log_history[0]  # SRPO's rollout ran, not plain GRPO
+
+
+@pytest.mark.parametrize("overrides", DROPIN_EVAL_CONFIGS)
+def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tiny_dataset, tmp_path, overrides):
+    # TRL's eval tests: num_generations=3, per_device_eval_batch_size=3.
+    settings = dict(max_steps=2, per_device_eval_batch_size=3, eval_strategy="steps", eval_steps=2)
+    settings.update(overrides)
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=dropin_config(tmp_path, 3, **settings),
+                          train_dataset=tiny_dataset, eval_dataset=tiny_dataset.select(range(4)))
+    trainer.train()
+    assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_dropin_reward_reading_a_dataset_column_and_a_reward_returning_none(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL's tests: a reward function reading an extra dataset column (also when scoring SRPO's seed candidates) and
+    # a second reward function that returns None for every row, with TRL's baseline num_generations=3.
+    seen_columns = []
+
+    def column_reward(completions, some_values, **kwargs):
+        seen_columns.append(len(some_values))
+        return [float(len(completion_text(c)) % 2 == v % 2) for c, v in zip(completions, some_values, strict=True)]
+
+    def non_applicable_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    dataset = tiny_dataset.add_column("some_values", list(range(len(tiny_dataset))))
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=[column_reward, non_applicable_reward],
+                          args=dropin_config(tmp_path, 3, max_steps=2), train_dataset=dataset)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(seen_columns) > 2  # the batch and the seed candidates were scored with the column
+    logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
+    assert len(logs) == 2
+
+
+def test_dropin_rewards_all_none_and_reading_the_trainer_state(tiny_model_path, tiny_dataset, tmp_path, caplog):
+    # TRL's tests: a reward function reading `trainer_state` (num_generations=2: SRPO's 1x2), and one that returns
+    # None for everything (TRL's warning still appears; nothing is a seed, nothing is trained, no crash).
+    states = []
+
+    def state_reward(completions, trainer_state=None, **kwargs):
+        states.append(trainer_state.global_step)
+        return [float(len(completion_text(c)) % 2) for c in completions]
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=state_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 2))
+    trainer.train()
+    assert trainer.state.global_step == 1 and len(states) >= 2  # batch and seed candidates
+
+    def always_none_reward(completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=always_none_reward, train_dataset=tiny_dataset,
+                          args=dropin_config(tmp_path, 3))
+    with caplog.at_level("WARNING", logger="trl.trainer.grpo_trainer"):
+        trainer.train()
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    assert log["srpo/fallback_rate"] == 1.0

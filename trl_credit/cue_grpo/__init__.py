@@ -1,4 +1,4 @@
-"""Cue-GRPO: rarity-aware credit redistribution with Strategy-Cue partitions (SPEC §1; papers/cue_grpo.txt).
+"""Cue-GRPO: rarity-aware credit redistribution with Strategy-Cue partitions (docs/cue_grpo.md).
 
 Pure functions (no trainer state): the cue catalog (:mod:`.catalog`), cue extraction (:mod:`.cues`), partitions
 (:mod:`.partition`), rarity weights and the mass diagnostic (:mod:`.weights`), judge prompts/parsing

@@ -1,4 +1,4 @@
-r"""The fixed Strategy-Cue catalog of Cue-GRPO (paper Appendix A, Table 6; SPEC §1.2), as data.
+r"""The fixed Strategy-Cue catalog of Cue-GRPO (paper Appendix A, Table 6; docs/cue_grpo.md#cue-extraction), as data.
 
 27 cues in priority order: the 12 symbolic LaTeX cues (ids 1-12) first, then the 15 natural-language cues
 (ids 13-27). A step is labelled with the matching cue of lowest id. ``verify`` (26) and the unmatched label

@@ -1,4 +1,4 @@
-"""Configuration of CueGRPOTrainer: ``trl.GRPOConfig`` plus the Cue-GRPO fields (paper defaults; SPEC §1)."""
+"""Configuration of CueGRPOTrainer: ``trl.GRPOConfig`` plus the Cue-GRPO fields (paper defaults; docs/cue_grpo.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
 
@@ -16,7 +17,7 @@ PARTITION_SOURCES = ("cue", "random", "judge", "callable")
 
 
 @dataclass
-class CueGRPOConfig(GRPOConfig, SuccessArguments):
+class CueGRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
 
     Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single

@@ -1,5 +1,5 @@
 r"""Strategy-Cue extraction Phi_0 and cleaning (paper Appendix A "Extraction pipeline", Algorithm 1 step 3;
-SPEC §1.2): completion text -> reasoning steps -> one cue label per step -> merged, filtered cue sequence s̄_i.
+docs/cue_grpo.md#cue-extraction): completion text -> reasoning steps -> one cue label per step -> merged, filtered cue sequence s̄_i.
 
 Two implementations of the per-step labelling, which must agree exactly (tested):
 
@@ -35,7 +35,7 @@ DISCOURSE_MARKERS: tuple[str, ...] = (
 )
 MIN_STEP_CHARS = 20  # steps shorter than this (after stripping whitespace) are discarded
 
-# Step boundaries (SPEC §1.2), each consumed by the split:
+# Step boundaries (docs/cue_grpo.md#cue-extraction), each consumed by the split:
 #   a blank line;  a newline before a numbered-list item ("1. ", "12. ");
 #   a capitalized discourse marker at the start of a line, or after ".", "!" or "?" and spaces.
 # Markers are matched capitalized only: a lower-case "we"/"then" inside a sentence does not start a step.
@@ -71,7 +71,7 @@ def split_steps(text: str, min_chars: int = MIN_STEP_CHARS) -> list[str]:
 
 def label_step(step: str) -> str:
     """The highest-priority cue matching ``step`` (lowest catalog id: symbolic cues 1-12 before language cues
-    13-27), or ``"other"`` when no cue matches (paper Appendix A; SPEC §1.2)."""
+    13-27), or ``"other"`` when no cue matches (paper Appendix A; docs/cue_grpo.md#cue-extraction)."""
     for name, pattern in _CUE_PATTERNS:
         if pattern.search(step):
             return name
@@ -88,7 +88,7 @@ def merge_and_filter(labels: Sequence[str]) -> list[str]:
 
 
 def extract_cues(text: str) -> list[str]:
-    """Cue skeleton s̄_i of one completion before group suppression (paper Eq. 5's s̄_i; SPEC §1.2):
+    """Cue skeleton s̄_i of one completion before group suppression (paper Eq. 5's s̄_i; docs/cue_grpo.md#cue-extraction):
     steps -> highest-priority cue per step -> merge consecutive duplicates -> drop ``verify``/``other``."""
     return extract_cues_batch([text])[0]
 

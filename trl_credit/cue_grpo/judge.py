@@ -1,4 +1,4 @@
-r"""LLM-judge partitions (UARL / CR-JP, paper Appendix B; SPEC §1.6): prompt construction and output parsing.
+r"""LLM-judge partitions (UARL / CR-JP, paper Appendix B; docs/cue_grpo.md#partition-sources): prompt construction and output parsing.
 
 Pure text functions; the trainer runs the judge model. The judge sees the group's completions (all K of them, as
 in the paper, or only the positive ones), each truncated to its first 200 and last 500 characters, and must answer
@@ -92,7 +92,7 @@ def parse_judge_groups(output: str, num_solutions: int) -> list[int | None] | No
 
 
 def judge_partition(labels: list[int | None] | None, positive_numbers: Sequence[int]) -> list[int]:
-    """Cluster ids of the positive completions from the judge's labels (SPEC §1.6).
+    """Cluster ids of the positive completions from the judge's labels (docs/cue_grpo.md#partition-sources).
 
     ``positive_numbers``: the 1-based solution numbers (as shown to the judge) of the completions of P.
     Parse failure (``labels`` None) -> one group. Positive completions the judge left unlisted share one extra

@@ -1,4 +1,4 @@
-r"""Partitions of a group's positive completions P (paper Eqs. 5-7, Algorithm 1 steps 3-5, Appendix G; SPEC §1.3-1.6).
+r"""Partitions of a group's positive completions P (paper Eqs. 5-7, Algorithm 1 steps 3-5, Appendix G; docs/cue_grpo.md#algorithm).
 
 A partition is a list of integer cluster ids, one per completion of P, numbered 0, 1, 2, ... in order of first
 appearance (so equal partitions have equal id lists).
@@ -35,7 +35,7 @@ def canonical_cluster_ids(labels: Sequence) -> list[int]:
 
 
 def suppress_group_cues(skeletons: Sequence[Sequence[str]], rho: float = 0.75) -> list[list[str]]:
-    """Group suppression (paper Eq. 5; SPEC §1.3): q_λ = number of skeletons of P containing cue λ; every λ with
+    """Group suppression (paper Eq. 5; docs/cue_grpo.md#group-suppression): q_λ = number of skeletons of P containing cue λ; every λ with
     q_λ > ρ·|P| (strictly) is removed from every skeleton. Returns the cleaned skeletons s_i."""
     limit = rho * len(skeletons)
     presence = Counter(label for skeleton in skeletons for label in set(skeleton))
@@ -44,7 +44,7 @@ def suppress_group_cues(skeletons: Sequence[Sequence[str]], rho: float = 0.75) -
 
 
 def cue_count_vectors(skeletons: Sequence[Sequence[str]]) -> np.ndarray:
-    """Bag-of-cues count vectors c_i ∈ Z^27 (SPEC §1.4): coordinate id-1 counts cue ``id`` in the skeleton."""
+    """Bag-of-cues count vectors c_i ∈ Z^27 (docs/cue_grpo.md#clusters): coordinate id-1 counts cue ``id`` in the skeleton."""
     vectors = np.zeros((len(skeletons), NUM_CUES), dtype=np.float64)
     for row, skeleton in enumerate(skeletons):
         for label in skeleton:
@@ -53,7 +53,7 @@ def cue_count_vectors(skeletons: Sequence[Sequence[str]]) -> np.ndarray:
 
 
 def cluster_cue_vectors(vectors: np.ndarray, epsilon: float = 0.5) -> list[int]:
-    """Strategy-Cue partition C_Φ (paper Eqs. 6-7; SPEC §1.4): all-zero vectors form one "no-retained-cue"
+    """Strategy-Cue partition C_Φ (paper Eqs. 6-7; docs/cue_grpo.md#clusters): all-zero vectors form one "no-retained-cue"
     cluster; the others are the connected components of the graph with an edge {i, j} when
     cos(c_i, c_j) ≥ ε (so clusters chain through intermediate vectors). Returns canonical cluster ids."""
     count = len(vectors)
@@ -91,14 +91,14 @@ def partition_skeletons(
 
 
 def cue_partition(texts: Sequence[str], rho: float = 0.75, epsilon: float = 0.5) -> list[int]:
-    """Cue-GRPO's Strategy-Cue partition of the positive completions ``texts`` (= P of one group; SPEC §1.2-1.4):
+    """Cue-GRPO's Strategy-Cue partition of the positive completions ``texts`` (= P of one group; docs/cue_grpo.md#algorithm):
     extract cue skeletons, suppress group-common cues (ρ), bag-of-cues cosine graph (ε), connected components,
     one cluster for empty vectors. Returns one cluster id per text."""
     return partition_skeletons(extract_cues_batch(texts), rho, epsilon)[0]
 
 
 def random_partition(num_positive: int, num_clusters: int, rng: random.Random) -> list[int]:
-    """Random-Cluster ablation (paper Appendix G; SPEC §1.6): each positive completion draws a label uniformly
+    """Random-Cluster ablation (paper Appendix G; docs/cue_grpo.md#partition-sources): each positive completion draws a label uniformly
     from {1..m}, m = ``num_clusters`` (the number of cue clusters of the group). Returns canonical ids."""
     if num_positive == 0:
         return []

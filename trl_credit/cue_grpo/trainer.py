@@ -1,4 +1,4 @@
-"""CueGRPOTrainer: GRPOTrainer whose positive advantages are multiplied by rarity weights (SPEC §1.1).
+"""CueGRPOTrainer: GRPOTrainer whose positive advantages are multiplied by rarity weights (docs/cue_grpo.md#positive-set).
 
 Glue only (checked against trl 1.16.0); the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and
 :mod:`.judge`. What is overridden, all calling ``super()``:
@@ -62,7 +62,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     Judged and callable partitions are computed once per group, by one process (groups are dealt round-robin to
     processes), then shared; cue and random partitions are cheap and computed identically on every process.
 
-    Metrics (SPEC §1.8, next to GRPO's): ``cue/clusters_per_group`` (mean over redistributed groups),
+    Metrics (docs/cue_grpo.md#metrics, next to GRPO's): ``cue/clusters_per_group`` (mean over redistributed groups),
     ``cue/frac_groups_nonuniform`` and ``cue/frac_groups_redistributed`` (over all groups of the step),
     ``cue/weight_spread`` (mean max - min of w' over P), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
     mass n_C·w̄_C against n_C over the step's clusters, Fig. 2c; logged when two cluster sizes occur) and, for judges,
@@ -174,6 +174,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         in_loss = output["completion_mask"].sum(dim=1) > 0
         output["advantages"] = self._redistribute_advantages(inputs, output["advantages"], in_loss)
         self.cue_overhead_seconds.append(time.perf_counter() - start)
+        self._log_credit(output)
         return output
 
     # ------------------------------------------------------------------ redistribution

@@ -1,5 +1,5 @@
 r"""Rarity weights w'_i for the positive completions of one group (paper Eqs. 3 and 8, Algorithm 1 steps 6-12,
-Appendix B/G; SPEC §1.5, §1.7) and the cluster-mass diagnostic of Fig. 2c (SPEC §1.8).
+Appendix B/G; docs/cue_grpo.md#weights, docs/cue_grpo.md#weighting-variants) and the cluster-mass diagnostic of Fig. 2c (docs/cue_grpo.md#metrics).
 
 Weighting modes are registered by name (verl ``core_algos`` style) and share one signature::
 
@@ -77,7 +77,7 @@ def inverse_size_multipliers(cluster_ids: Sequence[int], alpha: float) -> list[f
 def reset_artifact_singletons(
     weights: Sequence[float], cluster_ids: Sequence[int], skeleton_lengths: Sequence[int]
 ) -> list[float]:
-    """Singleton artifact safeguard (Appendix B; SPEC §1.5): a cluster of size 1 whose cleaned skeleton length L
+    """Singleton artifact safeguard (Appendix B; docs/cue_grpo.md#weights): a cluster of size 1 whose cleaned skeleton length L
     satisfies L < max(2, 0.3·median) or L > max(6, 3.0·median) gets weight 1.0; median over the skeleton lengths
     of P (the mean of the two middle values when |P| is even)."""
     median = statistics.median(skeleton_lengths)
@@ -113,7 +113,7 @@ def credit_redistribution(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma
 
 @register_weighting("mu_matched", default_alpha=0.8)
 def mean_matched(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max, tau) -> RarityWeights:
-    """Cue-GRPO (μ-matched) ablation (Appendix G; SPEC §1.7): as ``cr`` up to clip + singleton reset, then no floor;
+    """Cue-GRPO (μ-matched) ablation (Appendix G; docs/cue_grpo.md#weighting-variants): as ``cr`` up to clip + singleton reset, then no floor;
     the post-filter weights are renormalized to unit mean over P."""
     weights = _clipped_and_reset(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max)
     mean = sum(weights) / len(weights)
@@ -123,7 +123,7 @@ def mean_matched(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max, tau
 
 @register_weighting("uarl", default_alpha=0.5)
 def uarl(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max, tau) -> RarityWeights:
-    """UARL weighting (Appendix B; SPEC §1.7): w = |C|^-α normalized to unit mean over P; no clip, no floor, no
+    """UARL weighting (Appendix B; docs/cue_grpo.md#weighting-variants): w = |C|^-α normalized to unit mean over P; no clip, no floor, no
     singleton reset (UARL has no cue skeletons; ``skeleton_lengths``, γ and τ are ignored)."""
     weights = inverse_size_multipliers(cluster_ids, alpha)
     return RarityWeights(weights, weights)
@@ -131,7 +131,7 @@ def uarl(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max, tau) -> Rar
 
 @register_weighting("uniform_boost", default_alpha=None)
 def uniform_boost(cluster_ids, skeleton_lengths, alpha, gamma_min, gamma_max, tau) -> RarityWeights:
-    """Uniform-Boost ablation (Appendix G; SPEC §1.7): every positive advantage × τ, no clustering. Its pre-floor
+    """Uniform-Boost ablation (Appendix G; docs/cue_grpo.md#weighting-variants): every positive advantage × τ, no clustering. Its pre-floor
     multiplier is 1 (the boost plays the role of the floor)."""
     return RarityWeights([float(tau)] * len(cluster_ids), [1.0] * len(cluster_ids))
 
@@ -167,7 +167,7 @@ def rarity_weights(
     tau: float = 1.05,
     mode: str = "cr",
 ) -> list[float]:
-    """Multipliers w'_i for the positive completions P of one group, given their cluster ids (SPEC §1.5, §1.7).
+    """Multipliers w'_i for the positive completions P of one group, given their cluster ids (docs/cue_grpo.md#weights, docs/cue_grpo.md#weighting-variants).
 
     ``alpha=None`` takes the mode's paper default (0.8 for ``cr``/``mu_matched``, 0.5 for ``uarl``).
     ``skeleton_lengths`` (cleaned cue-skeleton lengths, one per completion of P) enable the singleton artifact
@@ -187,7 +187,7 @@ def cluster_masses(cluster_ids: Sequence[int], multipliers: Sequence[float]) -> 
 
 
 def cluster_mass_slope(sizes: Sequence[float], masses: Sequence[float]) -> float:
-    """Least-squares slope of log M_C against log n_C over clusters (paper Fig. 2c; SPEC §1.8). GRPO gives 1.0;
+    """Least-squares slope of log M_C against log n_C over clusters (paper Fig. 2c; docs/cue_grpo.md#metrics). GRPO gives 1.0;
     rarity weighting lowers it. NaN when fewer than two distinct cluster sizes (the slope is undefined)."""
     points = [(math.log(n), math.log(m)) for n, m in zip(sizes, masses, strict=True) if n > 0 and m > 0]
     if len({x for x, _ in points}) < 2:

@@ -1,4 +1,4 @@
-"""DATPO: difficulty-adaptive tree rollouts, sentence-entropy forking, block advantages, sibling diversity (SPEC §3).
+"""DATPO: difficulty-adaptive tree rollouts, sentence-entropy forking, block advantages, sibling diversity (docs/datpo.md).
 
 Pure functions (no trainer state): :func:`adaptive_budget` (budget.py), :func:`token_char_offsets`,
 :func:`sentence_spans`, :func:`select_forks` (forks.py), :func:`node_values`, :func:`block_advantages` (tree.py),

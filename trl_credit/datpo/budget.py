@@ -1,4 +1,4 @@
-"""Difficulty-adaptive tree budget (DATPO paper §3.1, Eq. 1-2; SPEC §3.1)."""
+"""Difficulty-adaptive tree budget (DATPO paper §3.1, Eq. 1-2; docs/datpo.md#budget)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _ceil(x: float) -> int:
 def adaptive_budget(v_root: float, k_max: int, b_max: int) -> tuple[int, int]:
     """Forks per base rollout K̂ and branches per fork B̂ for a prompt whose N base rollouts scored ``v_root``.
 
-    Paper Eq. 1-2 / SPEC §3.1: ``K̂ = ceil(K_max·(1 − V_root))``, ``B̂ = ceil(B_max·(1 − V_root))``. ``V_root`` is the
+    Paper Eq. 1-2 / docs/datpo.md#budget: ``K̂ = ceil(K_max·(1 − V_root))``, ``B̂ = ceil(B_max·(1 − V_root))``. ``V_root`` is the
     mean base reward, which lies in [0, 1] for the verifiable 0/1 rewards the paper uses; values outside are clamped
     to [0, 1] (a prompt with mean reward ≥ 1 is "solved" and does not branch, ≤ 0 gets the full budget).
     ``V_root = 1`` gives (0, 0): no branching. The trainer passes :func:`root_success_rate` (the verifier's 0/1

@@ -1,4 +1,4 @@
-"""DATPOConfig: GRPOConfig plus the DATPO tree, forking, value and diversity settings (SPEC §3)."""
+"""DATPOConfig: GRPOConfig plus the DATPO tree, forking, value and diversity settings (docs/datpo.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS
@@ -18,7 +19,7 @@ BRANCH_BUDGETS = ("remaining", "full")
 
 
 @dataclass
-class DATPOConfig(GRPOConfig, SuccessArguments):
+class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
     advantages and an annealed sibling-diversity bonus (Yu et al., 2026). Defaults are the paper's
@@ -100,7 +101,7 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
     value_estimate: str = field(
         default="subtree",
         metadata={"help": f"V(node), one of {VALUE_ESTIMATES}. subtree (paper Eq. 7): mean reward of all leaves "
-                          "under the node. own_branches (the authors' code, SPEC §3.4): "
+                          "under the node. own_branches (the authors' code, docs/datpo.md#block-advantages): "
                           "the mean reward of the fork's own branches only; the root's value is the mean of the N "
                           "base rollouts."},
     )
@@ -127,7 +128,7 @@ class DATPOConfig(GRPOConfig, SuccessArguments):
     )
     diversity_root_siblings: bool = field(
         default=False,
-        metadata={"help": "Default False (SPEC §3.5: blocks that start at the same fork are siblings; the root is "
+        metadata={"help": "Default False (docs/datpo.md#sibling-diversity: blocks that start at the same fork are siblings; the root is "
                           "not a fork). True: also count the first blocks of the N base rollouts (all starting at "
                           "the root) as siblings, as the authors' code does."},
     )

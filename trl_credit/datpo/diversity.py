@@ -1,4 +1,4 @@
-"""Sibling diversity and the annealed diversity bonus (DATPO paper §3.2 Eq. 4, App. E.1 Eq. 8; SPEC §3.5).
+"""Sibling diversity and the annealed diversity bonus (DATPO paper §3.2 Eq. 4, App. E.1 Eq. 8; docs/datpo.md#sibling-diversity).
 
 Siblings are the blocks that start at the same node (a fork, or the root: the first blocks of the N base
 rollouts). ``Div(b) = 1 − mean_{b' sibling of b} cos(e_b, e_b')``, 0 for a block without siblings, and

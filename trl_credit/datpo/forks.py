@@ -1,4 +1,4 @@
-"""Forking-point selection on a base rollout (DATPO paper §2.3, App. D.1 Alg. 2, App. D.5; SPEC §3.2).
+"""Forking-point selection on a base rollout (DATPO paper §2.3, App. D.1 Alg. 2, App. D.5; docs/datpo.md#forks).
 
 A *fork* is a token index ``f`` of a base rollout (1 <= f < |τ|): branches continue from the prefix ``τ[:f]``, so
 the token at ``f`` is resampled. Token ``t``'s entropy ``H_t`` is the entropy of the distribution ``t`` was sampled
@@ -149,7 +149,7 @@ def select_forks(
     min_gap: float = 0.0,
     rng: _random.Random | None = None,
 ) -> list[int]:
-    """Up to ``k`` fork positions in a base rollout of ``num_tokens`` tokens, sorted (paper Alg. 2, SPEC §3.2).
+    """Up to ``k`` fork positions in a base rollout of ``num_tokens`` tokens, sorted (paper Alg. 2, docs/datpo.md#forks).
 
     A fork ``f`` means: branch from the prefix ``τ[:f]``. Token 0 is never a fork (its prefix is the bare prompt,
     i.e. a fresh base rollout) and forks are distinct, so at most ``num_tokens − 1`` exist.

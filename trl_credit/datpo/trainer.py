@@ -1,4 +1,4 @@
-"""DATPOTrainer: GRPOTrainer with DATPO's difficulty-adaptive tree rollouts (SPEC §3, paper Alg. 3).
+"""DATPOTrainer: GRPOTrainer with DATPO's difficulty-adaptive tree rollouts (docs/datpo.md, paper Alg. 3).
 
 What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
 
@@ -33,6 +33,7 @@ every process the same number of times, also when a process has no branches.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Sequence
@@ -371,7 +372,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         finally:
             self._datpo_branching = False
         branch_ids = [list(ids) for ids in branch_ids]
-        # response = base prefix + branch (SPEC §3.3: branch rewards are on the whole response)
+        # response = base prefix + branch (docs/datpo.md#branches: branch rewards are on the whole response)
         branch_responses = [
             completion_ids_list[i][: local_forks[i][j]] + ids for (i, j), ids in zip(branch_meta, branch_ids)
         ]
@@ -433,6 +434,11 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             budgets, v_root, blocks, base_unscorable, base_success, branch_success, records, branch_lengths,
             branch_rewards_global, diversity, has_siblings,
         )
+        # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
+        # one block.
+        width = batch["completion_ids"].size(1)
+        block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in local_forks]
+        self._log_credit(batch, block_ids=block_ids)
         return batch
 
     def _diversity_alpha(self) -> float:
@@ -634,7 +640,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if n_empty:
             c_mask[n_base + n_branch :] = 0
         width = c_ids.size(1)
-        # every generated token gets the advantage of the one block it belongs to (SPEC §3.4, §3.6)
+        # every generated token gets the advantage of the one block it belongs to (docs/datpo.md#block-advantages, docs/datpo.md#training-rows)
         token_base = torch.zeros(n_rows, width, dtype=torch.float32)
         token_bonus = torch.zeros(n_rows, width, dtype=torch.float32)
         for b in blocks["by_process"][process]:

@@ -1,4 +1,4 @@
-"""Block-level advantages on a DATPO tree (paper §3.2 Eq. 3, App. E.1 Eq. 7; SPEC §3.4).
+"""Block-level advantages on a DATPO tree (paper §3.2 Eq. 3, App. E.1 Eq. 7; docs/datpo.md#block-advantages).
 
 The tree is plain data: block ``b`` runs from node ``block_start[b]`` to node ``block_end[b]``; nodes are the root
 (``0``) and the forks (any other hashable ids); ``block_end[b] is None`` marks a terminal block, which ends in a
@@ -11,7 +11,7 @@ V(node):
 - ``"subtree"`` (paper Eq. 7, default): mean reward of all leaves under the node — for a fork on base rollout i:
   rollout i's own leaf, the fork's branches and the branches of the later forks of rollout i; for the root: every
   leaf of the tree.
-- ``"own_branches"`` (SPEC §3.4: "the authors' code uses only the fork's own branches"): for a fork, the mean
+- ``"own_branches"`` (docs/datpo.md#block-advantages: "the authors' code uses only the fork's own branches"): for a fork, the mean
   final reward of its own branches only (neither the base rollout that continues through it nor the branches of
   later forks); for the root, the N base rollouts (so V(root) = the V_root of the budgets). Needs
   ``block_rollout`` (which generated sequence each block's tokens belong to) to tell a fork's branches from the

@@ -1,4 +1,4 @@
-"""OPPO: token-level advantages by Bayesian value recursion with a self- or teacher-oracle (SPEC §2, oppo.md).
+"""OPPO: token-level advantages by Bayesian value recursion with a self- or teacher-oracle (docs/oppo.md, oppo.md).
 
 - :mod:`trl_credit.oppo.recursion`: the pure math (evidence, prior, recursion, anchoring, group normalization).
 - :mod:`trl_credit.oppo.oracle`: oracle prompts and the batched scoring pass.

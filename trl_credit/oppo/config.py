@@ -1,4 +1,4 @@
-"""Configuration of :class:`~trl_credit.oppo.OPPOTrainer` (SPEC §2; paper §4, App. G, Table 13)."""
+"""Configuration of :class:`~trl_credit.oppo.OPPOTrainer` (docs/oppo.md; paper §4, App. G, Table 13)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 
@@ -18,7 +19,7 @@ PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
 @dataclass
-class OPPOConfig(GRPOConfig, SuccessArguments):
+class OPPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
     paper's (Eq. 20, Table 13: C = 3.0, α = 1).
@@ -127,7 +128,7 @@ class OPPOConfig(GRPOConfig, SuccessArguments):
     )
     advantage_eps: float = field(
         default=1e-6,
-        metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (SPEC §2.7)."},
+        metadata={"help": "ε in the per-group token normalization Ã = (Â − mean)/(std + ε) (docs/oppo.md#group-normalization)."},
     )
     direction_anchoring: bool = field(
         default=True,

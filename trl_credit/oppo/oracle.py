@@ -1,4 +1,4 @@
-"""The oracle context of OPPO (SPEC §2.1–2.2, paper §3.2 "Oracle Conditioning", App. I.2).
+"""The oracle context of OPPO (docs/oppo.md#oracle-prompt, docs/oppo.md#scorer, paper §3.2 "Oracle Conditioning", App. I.2).
 
 :func:`build_oracle_prompt` is pure: it appends the ground-truth answer y* to a prompt. :func:`score_evidence`
 is trainer glue: it scores the sampled completion tokens under the oracle prompts (o_t) and, when needed, under the
@@ -20,12 +20,12 @@ __all__ = [
     "score_evidence",
 ]
 
-#: SPEC §2.1: appended to the last user message (to the text, for plain-text prompts).
+#: docs/oppo.md#oracle-prompt: appended to the last user message (to the text, for plain-text prompts).
 DEFAULT_ORACLE_TEMPLATE = "\n\nThe correct final answer is {answer}."
 
 
 def build_oracle_prompt(prompt: str | list[dict[str, Any]], answer: Any, template: str = DEFAULT_ORACLE_TEMPLATE):
-    """The prompt x with y* appended: x ⊕ template.format(answer=y*) (SPEC §2.1).
+    """The prompt x with y* appended: x ⊕ template.format(answer=y*) (docs/oppo.md#oracle-prompt).
 
     Conversational prompts (a list of ``{"role", "content"}`` messages): the text goes at the end of the *last user
     message*; later messages (e.g. an assistant prefill) are kept as they are. Content given as a list of parts gets
@@ -76,7 +76,7 @@ def score_evidence(
     batch_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o_t, s_t), each (B, T): log-probs of the sampled completion tokens under ``model`` with the oracle prompts
-    and with the plain prompts (SPEC §2.1), scored by TRL's ``_get_per_token_logps_and_entropies`` (no grad, same
+    and with the plain prompts (docs/oppo.md#oracle-prompt), scored by TRL's ``_get_per_token_logps_and_entropies`` (no grad, same
     temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit._trl.score_completions``.
 
     With ``student_logps`` given (self-oracle: TRL's ``old_per_token_logps``, the log-probs recorded during

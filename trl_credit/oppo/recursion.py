@@ -1,10 +1,10 @@
-"""OPPO's Bayesian value recursion and per-group normalization (SPEC §2.3–2.8; paper §3–4, App. B, E).
+"""OPPO's Bayesian value recursion and per-group normalization (docs/oppo.md#algorithm; paper §3–4, App. B, E).
 
 Pure tensor functions, no trainer state. Shapes: ``B`` completions (rows), ``T`` completion positions (TRL's
 right-padded completion layout); ``completion_mask`` is 1 on real tokens, 0 on padding. Everything is vectorized
 over tokens (cumulative sums), and computed in at least float32 (float64 inputs stay float64).
 
-Notation (paper Eq. 20 and SPEC §2):
+Notation (paper Eq. 20 and docs/oppo.md):
     o_t = log π̂(y_t | x, y*, y_<t)          oracle log-prob (answer in context)
     s_t = log π̂(y_t | x, y_<t)              plain log-prob
     log λ_t = clip(o_t − s_t, −C, C)         evidence (Bayes factor), C = ``evidence_clip``
@@ -50,7 +50,7 @@ def evidence_log_ratio(
     evidence_clip: float = 3.0,
     clipping: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token evidence log λ_t = clip(o_t − s_t, −C, C) (SPEC §2.3, paper Eq. 20).
+    """Per-token evidence log λ_t = clip(o_t − s_t, −C, C) (docs/oppo.md#evidence, paper Eq. 20).
 
     Returns ``(log_lambda, clipped)``, both (B, T): ``log_lambda`` is 0 on padding; ``clipped`` marks the valid
     tokens whose raw evidence |o_t − s_t| exceeded C (reported even when ``clipping=False``, the "remove clipping"
@@ -68,7 +68,7 @@ def prior_log_odds(
     num_correct: torch.Tensor, group_size: int | torch.Tensor, prior_strength: float = 1.0
 ) -> torch.Tensor:
     """ℓ_0 = log((k + α) / (G − k + α)), the log-odds of the Beta(α, α)-smoothed group success rate
-    V̂_0 = (k + α) / (G + 2α) (SPEC §2.4, paper Eq. 20). ``num_correct`` k is per row (B,) so any layout works;
+    V̂_0 = (k + α) / (G + 2α) (docs/oppo.md#prior, paper Eq. 20). ``num_correct`` k is per row (B,) so any layout works;
     ``group_size`` G is an int or per row (B,)."""
     if prior_strength <= 0:
         raise ValueError(f"prior_strength (α) must be > 0, got {prior_strength}: α = 0 gives infinite log-odds.")
@@ -93,7 +93,7 @@ def group_success_counts(
 def value_recursion(
     log_lambda: torch.Tensor, initial_log_odds: torch.Tensor, completion_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recursion ℓ_1 = ℓ_0, ℓ_{t+1} = ℓ_t + log λ_t and A_t^raw = σ(ℓ_t + log λ_t) − σ(ℓ_t) (SPEC §2.5,
+    """The recursion ℓ_1 = ℓ_0, ℓ_{t+1} = ℓ_t + log λ_t and A_t^raw = σ(ℓ_t + log λ_t) − σ(ℓ_t) (docs/oppo.md#value-recursion,
     paper Eq. 10/B.2–B.3), vectorized: ℓ_t = ℓ_0 + Σ_{s<t} log λ_s is an exclusive cumulative sum.
 
     Returns ``(values, raw_advantages)``, both (B, T): V_t = σ(ℓ_t) and A_t^raw, 0 on padding. Σ_t A_t^raw
@@ -114,7 +114,7 @@ def value_recursion(
 def anchor_direction(
     raw_advantages: torch.Tensor, seq_advantages: torch.Tensor, completion_mask: torch.Tensor, anchoring: bool = True
 ) -> torch.Tensor:
-    """Â_t = sign(A^seq) · |A_t^raw| (SPEC §2.6, paper Eq. 21): the verifier decides the sign of every token of a
+    """Â_t = sign(A^seq) · |A_t^raw| (docs/oppo.md#direction-anchoring, paper Eq. 21): the verifier decides the sign of every token of a
     completion, the recursion only its magnitude; A^seq = 0 (zero-variance group) gives 0 everywhere.
     ``anchoring=False`` is the "remove anchoring" ablation: the sign comes from log λ_t (Â_t = A_t^raw)."""
     mask = completion_mask.to(torch.bool)
@@ -151,7 +151,7 @@ def bayesian_value_recursion(
     use_prior: bool = True,
     log_lambda_only: bool = False,
 ) -> TokenCredit:
-    """OPPO's per-token advantages Â (B, T) before normalization, with the recursion's by-products (SPEC §2.3–2.6).
+    """OPPO's per-token advantages Â (B, T) before normalization, with the recursion's by-products (docs/oppo.md#algorithm).
 
     Args:
         oracle_logps, student_logps: o_t and s_t, (B, T).
@@ -161,7 +161,7 @@ def bayesian_value_recursion(
         group_size: G (int, or (B,) per row).
         evidence_clip: C. prior_strength: α.
 
-    Ablation switches (SPEC §2.8, paper Table 2), each changing only what it names:
+    Ablation switches (docs/oppo.md#ablations, paper Table 2), each changing only what it names:
         anchoring=False: Â_t = A_t^raw (sign from log λ_t).
         state_tracking=False: A_t^raw = log λ_t / 4 (the state weight V(1−V) fixed at its maximum 1/4).
         clipping=False: log λ_t = o_t − s_t unclipped.
@@ -204,7 +204,7 @@ def bayesian_token_advantages(
     prior_strength: float = 1.0,
     **switches,
 ) -> torch.Tensor:
-    """The anchored per-token advantages Â (B, T) before normalization (SPEC §2.3–2.6); see
+    """The anchored per-token advantages Â (B, T) before normalization (docs/oppo.md#algorithm); see
     :func:`bayesian_value_recursion` for the arguments and the ablation switches."""
     return bayesian_value_recursion(
         oracle_logps,
@@ -221,7 +221,7 @@ def bayesian_token_advantages(
 
 def row_token_moments(advantages: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """Per-row (sum, sum of squares, count) of the valid tokens, (B, 3) float64: the sufficient statistics of
-    SPEC §2.7, small enough to gather across processes when a group spans several of them."""
+    docs/oppo.md#group-normalization, small enough to gather across processes when a group spans several of them."""
     mask = completion_mask.to(torch.float64)
     values = advantages.to(torch.float64) * mask
     return torch.stack([values.sum(1), (values * values).sum(1), mask.sum(1)], dim=1)
@@ -243,7 +243,7 @@ def normalize_with_group_moments(
     moments: torch.Tensor,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Ã = (Â − mean_g) / (std_g + eps) on valid tokens, 0 on padding (SPEC §2.7, paper Eq. 21), with the mean and
+    """Ã = (Â − mean_g) / (std_g + eps) on valid tokens, 0 on padding (docs/oppo.md#group-normalization, paper Eq. 21), with the mean and
     population standard deviation of group g taken over all its valid tokens (``moments`` from
     :func:`group_moments`, possibly gathered from other processes). A group whose tokens are all 0 stays 0."""
     group_ids = group_ids.to(device=advantages.device, dtype=torch.long)
@@ -259,7 +259,7 @@ def normalize_with_group_moments(
 def normalize_per_group(
     advantages: torch.Tensor, completion_mask: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
-    """Per-group token normalization (SPEC §2.7) when all rows of every group are at hand; ``group_ids`` (B,)
+    """Per-group token normalization (docs/oppo.md#group-normalization) when all rows of every group are at hand; ``group_ids`` (B,)
     labels each row's group (any layout: groups need not be contiguous nor equal in size)."""
     moments = group_moments(row_token_moments(advantages, completion_mask), group_ids)
     return normalize_with_group_moments(advantages, completion_mask, group_ids, moments, eps)

@@ -1,4 +1,4 @@
-"""OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (SPEC §2, paper §4). Checked against trl 1.16.0.
+"""OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (docs/oppo.md, paper §4). Checked against trl 1.16.0.
 
 What changes relative to GRPOTrainer, and nothing else:
 - ``_calculate_rewards`` is wrapped to keep the global reward matrix (all processes), from which each group's k
@@ -131,7 +131,7 @@ def _check_answers(dataset, column: str, argument: str) -> None:
 
 
 class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
-    """[`~trl.GRPOTrainer`] whose advantages are OPPO's per-token advantages (B, T) (SPEC §2).
+    """[`~trl.GRPOTrainer`] whose advantages are OPPO's per-token advantages (B, T) (docs/oppo.md).
 
     Arguments are GRPOTrainer's, with ``args`` an [`OPPOConfig`], plus:
         teacher_model (`str` or `PreTrainedModel`, *optional*): the frozen scorer for ``oracle="teacher"``
@@ -311,6 +311,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._oppo_generation_logps = None
         output = super()._generate_and_score_completions(inputs)
         output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
+        self._log_credit(output)
         return output
 
     # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0

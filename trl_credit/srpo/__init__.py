@@ -1,4 +1,4 @@
-"""SRPO / RRPO: credit assignment with resets (SPEC §4; Samanta et al. 2026, arXiv:2605.25507).
+"""SRPO / RRPO: credit assignment with resets (docs/srpo.md; Samanta et al. 2026, arXiv:2605.25507).
 
 Public API: :class:`SRPOTrainer`, :class:`SRPOConfig` (``reset="self"`` = SRPO, ``reset="random"`` = RRPO).
 Pure pieces: :mod:`.thoughts` (token-exact thought splitting), :mod:`.prompts` (Appendix D prompts, localization

@@ -1,4 +1,4 @@
-"""Configuration of SRPOTrainer (SRPO / RRPO, SPEC §4, paper §4 and Appendix C)."""
+"""Configuration of SRPOTrainer (SRPO / RRPO, docs/srpo.md, paper §4 and Appendix C)."""
 
 from __future__ import annotations
 
@@ -7,44 +7,72 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
-__all__ = ["SRPOConfig"]
+__all__ = ["SRPOConfig", "default_suffixes"]
 
 
 @dataclass
-class SRPOConfig(GRPOConfig, SuccessArguments):
+class SRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     r"""
     Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
 
-    Rows per prompt: TRL's `num_generations` is the whole per-prompt budget (paper: 8, compute-matched), split into a
-    base group of `num_generations - reset_groups * suffixes_per_reset` iid rollouts and `reset_groups`
-    shared-prefix groups of `suffixes_per_reset` suffixes. The paper's splits at budget 8: 1×4 (default: 4 base +
-    4 suffixes), 2×4 and 1×8 (no base group: `reset_groups=2, suffixes_per_reset=4` or `reset_groups=1,
-    suffixes_per_reset=8`).
+    Rows per prompt: TRL's `num_generations` (G) is the whole per-prompt budget (paper: 8, compute-matched), split
+    into a base group of iid rollouts and `reset_groups` shared-prefix groups of `suffixes_per_reset` suffixes.
+    Default split (neither `reset_groups` nor `suffixes_per_reset` given): half base, half shared-prefix, i.e. one
+    reset group of `G // 2` suffixes and a base group of `ceil(G / 2)` (odd G gives the extra row to the base group:
+    5 -> 3 + 1x2, 7 -> 4 + 1x3, 16 -> 8 + 1x8); G = 8 is the paper's default 1x4 (4 base + 4 suffixes). G = 2 or 3
+    cannot hold two groups of two: the whole budget is one shared-prefix group (1x2, 1x3, no base group, like the
+    paper's 1x8). Explicit splits are used as given (an unset one of the two then defaults to `reset_groups=1`,
+    `suffixes_per_reset=4`): the paper's splits at budget 8 are 1x4, 2x4 and 1x8 (no base group:
+    `reset_groups=2`, or `suffixes_per_reset=8`).
 
-    Defaults that differ from GRPOConfig follow the paper (SPEC §4.7, Appendix C Table 5): `temperature=0.7`,
-    `top_p=0.95`, `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean:
-    the paper's "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`. With `num_iterations=1` and
+    Success (which rollouts are incorrect seeds, `srpo/base_pass_rate`, `srpo/correction_rate`) is what the
+    verifier says: a rollout is correct when the raw reward of the `success_reward` function (default the first
+    reward function) is >= `success_threshold`. With `reward_funcs=[accuracy_reward, format_reward]`, a wrong but
+    well-formatted answer (accuracy 0, format 1, weighted total 1.0) is incorrect and can be a seed. A seed needs the
+    verifier to return a number below the threshold (a rollout it returns None for is never a seed). Advantages
+    keep TRL's weighted total of all reward functions, normalized within each sub-group (base group, each
+    shared-prefix group); unscorable rows (every reward function returned None) get advantage 0 and are left out
+    of every group statistic and pass rate. With `multi_objective_aggregation="normalize_then_sum"` each reward
+    function is normalized within each sub-group instead, then the weighted sum is rescaled over the batch (TRL's
+    formula with SRPO's sub-groups as the groups; `scale_rewards` is then unused, as in TRL).
+
+    Defaults that differ from GRPOConfig follow the paper (Appendix C Table 5): `temperature=0.7`, `top_p=0.95`,
+    `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the paper's
+    "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`. With `num_iterations=1` and
     `steps_per_generation == gradient_accumulation_steps` (TRL's default) every update is on-policy, so PPO clipping
     is never active, as in the paper ("no clipped surrogate").
+
+    Cost (generated tokens): one seed candidate per round (`seed_candidates_per_round=1`), suffixes get the budget
+    `max_completion_length` minus their reset prefix, the greedy localization stops right after `\boxed{N}` (HF
+    generate: a stopping criterion; vLLM: `stop` strings; continuous batching: its `localization_max_tokens` cap).
+    `seed_source="base"` takes the seed from the failed base rollouts instead of sampling fresh ones.
 
     Parameters:
         reset (`str`, defaults to `"self"`): `"self"` = SRPO (the policy localizes the first erroneous thought),
             `"random"` = RRPO (uniform thought index).
-        reset_groups (`int`, defaults to `1`): shared-prefix groups per prompt (distinct seeds: the first
-            `reset_groups` incorrect rollouts).
-        suffixes_per_reset (`int`, defaults to `4`): suffixes resampled from each reset state.
-        seed_candidates_per_round (`int`, defaults to `2`): iid rollouts sampled per prompt and round while looking
-            for incorrect seeds.
+        reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:
+            derived from `num_generations` (see above).
+        suffixes_per_reset (`int` or `None`, defaults to `None`): suffixes resampled from each reset state. None:
+            derived from `num_generations`.
+        seed_source (`str`, defaults to `"fresh"`): `"fresh"` = seeds are extra iid rollouts, never in the base
+            group (paper §4.2, keeps the base group iid); `"base"` = the first failed base rollouts are the seeds
+            (paper Appendix D, "after a failed Group 1 rollout"): no seed generation at all, and a prompt whose base
+            group has no failure falls back to GRPO. Needs a base group.
+        seed_candidates_per_round (`int`, defaults to `1`): fresh iid rollouts sampled per prompt and round while
+            looking for incorrect seeds.
         max_seed_rounds (`int`, defaults to `4`): rounds before giving up (fallback to GRPO on the base group).
-        success_threshold (`float`, defaults to `1.0`): a rollout is correct when its reward (TRL's weighted sum of
-            the reward functions) is `>= success_threshold`.
+        success_reward (`str`, `int` or `None`, defaults to `None`): the verifier reward function (name or index;
+            None = the first).
+        success_threshold (`float`, defaults to `1.0`): a rollout is correct when the verifier's raw reward is
+            `>= success_threshold`.
         thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
         rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
         localization_template (`str`): the self-localization prompt (Appendix D).
-        localization_max_tokens (`int`, defaults to `64`): new-token budget of the (greedy) localization call.
+        localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
         reset_seed (`int` or `None`, defaults to `None`): seed of the reset-index generator (`seed` when None).
     """
 
@@ -72,21 +100,35 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
             "thought of its failed seed), 'random' = RRPO (uniform over the seed's thoughts)."
         },
     )
-    reset_groups: int = field(
-        default=1,
+    reset_groups: int | None = field(
+        default=None,
         metadata={
-            "help": "Shared-prefix groups per prompt, each from its own incorrect seed (paper splits: 1x4 default, "
-            "2x4, 1x8)."
+            "help": "Shared-prefix groups per prompt, each from its own incorrect seed (paper splits at 8 rollouts: "
+            "1x4, 2x4, 1x8). None (with suffixes_per_reset None): one reset group holding half of num_generations "
+            "(G // 2 suffixes, ceil(G / 2) base rollouts; G = 2 or 3: 1 x G, no base group). Set alone: "
+            "suffixes_per_reset defaults to 4."
         },
     )
-    suffixes_per_reset: int = field(
-        default=4, metadata={"help": "Suffixes resampled from each reset state (the shared-prefix group size G)."}
+    suffixes_per_reset: int | None = field(
+        default=None,
+        metadata={
+            "help": "Suffixes resampled from each reset state (the shared-prefix group size). None: derived from "
+            "num_generations (see reset_groups); set alone: reset_groups defaults to 1."
+        },
+    )
+    seed_source: str = field(
+        default="fresh",
+        metadata={
+            "help": "Where seeds come from. 'fresh' (paper §4.2): extra iid rollouts, never part of the base group. "
+            "'base' (paper Appendix D): the first failed base rollouts; no seed generation, and a prompt whose base "
+            "group has no failure falls back to GRPO. 'base' needs a base group."
+        },
     )
     seed_candidates_per_round: int = field(
-        default=2,
+        default=1,
         metadata={
-            "help": "Extra iid rollouts per prompt sampled in each seed round; the seed is the first incorrect one "
-            "(it is never part of the base group)."
+            "help": "Fresh iid rollouts per prompt sampled in each seed round (seed_source='fresh'); the seed is the "
+            "first incorrect one (it is never part of the base group)."
         },
     )
     max_seed_rounds: int = field(
@@ -122,7 +164,7 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
         default=64,
         metadata={
             "help": "Max new tokens of the greedy localization call (the paper's answers are ~9 tokens: "
-            "'\\boxed{N}')."
+            "'\\boxed{N}'). The call also stops right after '\\boxed{N}'."
         },
     )
     reset_seed: int | None = field(
@@ -134,6 +176,16 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
         self._validate_success_arguments()
         if self.reset not in ("self", "random"):
             raise ValueError(f"reset must be 'self' (SRPO) or 'random' (RRPO), got {self.reset!r}.")
+        if self.seed_source not in ("fresh", "base"):
+            raise ValueError(f"seed_source must be 'fresh' or 'base', got {self.seed_source!r}.")
+        if self.num_generations is None:
+            raise ValueError("num_generations must be set: it is the whole per-prompt rollout budget of SRPO.")
+        if self.reset_groups is None and self.suffixes_per_reset is None:
+            self.reset_groups, self.suffixes_per_reset = 1, default_suffixes(self.num_generations)
+        elif self.reset_groups is None:
+            self.reset_groups = 1
+        elif self.suffixes_per_reset is None:
+            self.suffixes_per_reset = 4
         for name in ("reset_groups", "seed_candidates_per_round", "max_seed_rounds", "localization_max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -153,8 +205,6 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
         missing = [p for p in ("{question}", "{steps}", "{num_steps}") if p not in self.localization_template]
         if missing:
             raise ValueError(f"localization_template must contain the placeholders {missing}.")
-        if self.num_generations is None:
-            raise ValueError("num_generations must be set: it is the whole per-prompt rollout budget of SRPO.")
         base = self.num_generations - self.reset_groups * self.suffixes_per_reset
         if base < 0 or base == 1:
             raise ValueError(
@@ -163,14 +213,14 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
                 "no base group) or exceed it by at least 2 (the base group size); a base group of one has no "
                 "group-relative advantage."
             )
+        if self.seed_source == "base" and base == 0:
+            raise ValueError(
+                "seed_source='base' draws seeds from the base group, but this split has none (num_generations = "
+                "reset_groups * suffixes_per_reset); use seed_source='fresh' or a split with a base group."
+            )
 
         super().__post_init__()
 
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(
-                "SRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only (advantages are "
-                f"recomputed per sub-group from the weighted reward sum), got {self.multi_objective_aggregation!r}."
-            )
         # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
         per_process = self.generation_batch_size // max(1, self.world_size)
         if per_process % self.num_generations != 0:
@@ -184,3 +234,13 @@ class SRPOConfig(GRPOConfig, SuccessArguments):
     def num_base_generations(self) -> int:
         """Size of the base group: `num_generations - reset_groups * suffixes_per_reset`."""
         return self.num_generations - self.reset_groups * self.suffixes_per_reset
+
+
+def default_suffixes(num_generations: int) -> int:
+    """Suffixes of the single reset group of the default split: half the budget, rounded down (the base group
+    gets the odd row); the whole budget when it cannot hold two groups of two (num_generations < 4)."""
+    if num_generations < 2:
+        raise ValueError(
+            f"num_generations must be >= 2 (a group of one has no group-relative advantage), got {num_generations}."
+        )
+    return num_generations if num_generations < 4 else num_generations // 2

@@ -1,4 +1,4 @@
-"""Prompts of SRPO/RRPO (paper Appendix D) and parsing of the self-localization answer (SPEC §4.1, §4.4).
+"""Prompts of SRPO/RRPO (paper Appendix D) and parsing of the self-localization answer (docs/srpo.md#thoughts, docs/srpo.md#reset-index).
 
 Templates use literal placeholders substituted with ``str.replace`` (not ``str.format``), so the paper's own
 braces (``\\boxed{answer}``) need no escaping:
@@ -31,6 +31,7 @@ __all__ = [
     "render_steps",
     "localization_prompt",
     "parse_reset_step",
+    "stop_strings",
 ]
 
 #: Appendix D, "Thought-MDP rollout": wraps every question; each thought ends with ``</thought>``.
@@ -131,7 +132,7 @@ def render_steps(thoughts: Sequence[str]) -> str:
 
 
 def localization_prompt(question: str, thoughts: Sequence[str], template: str = LOCALIZATION_TEMPLATE) -> str:
-    """Self-localization prompt for a failed seed with ``len(thoughts)`` thoughts (Appendix D, SPEC §4.4)."""
+    """Self-localization prompt for a failed seed with ``len(thoughts)`` thoughts (Appendix D, docs/srpo.md#reset-index)."""
     return (
         template.replace("{question}", question)
         .replace("{steps}", render_steps(thoughts))
@@ -140,24 +141,32 @@ def localization_prompt(question: str, thoughts: Sequence[str], template: str = 
 
 
 _BOXED_INTEGER = re.compile(r"^\s*\$?\s*(?:step\s*)?(-?\d+)\s*\$?\s*\.?\s*$", re.IGNORECASE)
-_FINAL_INTEGER = re.compile(r"(?<![\d.])(-?\d+)\s*[.)]?\s*$")
 
 
-def parse_reset_step(text: str, num_steps: int) -> int | None:
-    """The 1-indexed step a localization answer names, or None (SPEC §4.4).
+def parse_reset_step(text: str, num_steps: int, ended_with_eos: bool = False) -> int | None:
+    """The 1-indexed step a localization answer names, or None (unparsed: the trainer then resets at random).
 
-    The last ``\\boxed{...}`` decides when there is one: its content must be an integer (``3``, ``Step 3``,
-    ``$3$``); otherwise the answer must end with a bare integer (``... is step 3.``). A number outside
-    ``[1, num_steps]``, a non-integer box, or text without either is None (the trainer then resets at random).
+    Parsed only in the form the prompt asks for (Appendix D): the last ``\\boxed{...}`` holds an integer
+    (``\\boxed{3}``; ``\\boxed{ 3 }``, ``\\boxed{Step 3}`` and ``\\boxed{$3$}`` read the same), or - only when the
+    generation ended with EOS (``ended_with_eos``) - the whole answer is a bare integer (``3``, ``Step 3.``). A
+    number in prose ("... wrong because 2") or an answer cut at the token cap is not a pick. A number outside
+    ``[1, num_steps]`` or a non-integer box is None.
     """
     if num_steps < 1 or not isinstance(text, str):
         return None
     boxed = extract_boxed(text)
     if boxed is not None:
         match = _BOXED_INTEGER.match(boxed)
+    elif ended_with_eos:
+        match = _BOXED_INTEGER.match(text)
     else:
-        match = _FINAL_INTEGER.search(text.strip())
+        match = None
     if match is None:
         return None
     step = int(match.group(1))
     return step if 1 <= step <= num_steps else None
+
+
+def stop_strings(max_steps: int) -> list[str]:
+    """Strings that end a localization answer as soon as it names a step: ``\\boxed{1}`` .. ``\\boxed{max_steps}``."""
+    return [f"\\boxed{{{step}}}" for step in range(1, max(1, int(max_steps)) + 1)]

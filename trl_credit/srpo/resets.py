@@ -1,10 +1,10 @@
-"""Seeds, reset indices and training rows of SRPO/RRPO (SPEC §4.3–§4.5, paper §4.2, Algorithm 2). Only stdlib.
+"""Seeds, reset indices and training rows of SRPO/RRPO (docs/srpo.md#algorithm, paper §4.2, Algorithm 2). Only stdlib.
 
-- :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (SPEC §4.3).
-- :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of SPEC §4.4).
+- :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (docs/srpo.md#seeds).
+- :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of docs/srpo.md#reset-index).
 - :func:`prompt_rows`: all training rows of one prompt (base rows, then each reset group's rows).
 - :func:`suffix_row` / :func:`fallback_row`: one training row with its loss mask (TRL's ``tool_mask``/``env_mask``):
-  a shared-prefix row carries prefix + suffix as its completion with the prefix masked out (SPEC §4.5), so reward
+  a shared-prefix row carries prefix + suffix as its completion with the prefix masked out (docs/srpo.md#suffix-rows), so reward
   functions see the whole response while the loss is the mean over suffix tokens (L_SP of the paper).
 """
 
@@ -28,9 +28,11 @@ __all__ = [
 
 
 def incorrect_indices(rewards: Sequence[float], success_threshold: float, limit: int) -> list[int]:
-    """Indices of the first ``limit`` incorrect rollouts, in order: reward ``< success_threshold``.
+    """Indices of the first ``limit`` incorrect rollouts, in order: the verifier's reward ``< success_threshold``.
 
-    A NaN reward (every reward function returned None) is unscorable, neither correct nor incorrect: never a seed.
+    ``rewards`` is the raw reward of the verifier (the config's ``success_reward`` function), not TRL's weighted
+    total. A NaN/None reward (the verifier could not judge the rollout) is neither correct nor incorrect: never a
+    seed.
     """
     found = []
     for index, reward in enumerate(rewards):
@@ -51,7 +53,7 @@ def random_reset_step(num_steps: int, rng: random.Random) -> int:
 
 
 def choose_reset_step(parsed_step: int | None, num_steps: int, rng: random.Random) -> tuple[int, bool]:
-    """SRPO: the self-localized step when it parsed to a valid index, else a uniform random one (SPEC §4.4).
+    """SRPO: the self-localized step when it parsed to a valid index, else a uniform random one (docs/srpo.md#reset-index).
 
     Returns ``(h*, localized)``; ``localized`` is False when the random fallback was used.
     """
@@ -67,7 +69,7 @@ def suffix_row(
     prefix_logprobs: Sequence[float] | None = None,
     suffix_logprobs: Sequence[float] | None = None,
 ) -> tuple[list[int], list[int], list[float] | None]:
-    """``(completion_ids, loss_mask, sampling_logprobs)`` of a shared-prefix row (SPEC §4.5).
+    """``(completion_ids, loss_mask, sampling_logprobs)`` of a shared-prefix row (docs/srpo.md#suffix-rows).
 
     completion = prefix + suffix, mask 0 on the prefix and 1 on the suffix. With ``max_completion_length`` the
     suffix is cut so the whole response fits it, as every other row of the batch does (cutting a sample after k
@@ -97,7 +99,7 @@ def suffix_row(
 def fallback_row(
     filler_ids: Sequence[int], filler_logprobs: Sequence[float] | None = None
 ) -> tuple[list[int], list[int], list[float] | None]:
-    """A row kept only to hold TRL's fixed group size when a reset group has no incorrect seed (SPEC §4.3): its
+    """A row kept only to hold TRL's fixed group size when a reset group has no incorrect seed (docs/srpo.md#seeds): its
     completion is a rollout already sampled (a correct seed candidate), fully masked (mask 0 everywhere) and its
     advantage is set to 0 by the trainer, so the prompt trains as GRPO on its base group alone."""
     completion = [int(t) for t in filler_ids]
@@ -125,7 +127,7 @@ def prompt_rows(
     filler: Rollout,
     max_completion_length: int | None = None,
 ) -> list[tuple[list[int], list[int], list[float] | None, int]]:
-    """The training rows of one prompt, in the trainer's layout (paper Figure 2, SPEC §4.2–§4.5).
+    """The training rows of one prompt, in the trainer's layout (paper Figure 2, docs/srpo.md#algorithm).
 
     ``base`` rollouts first (mask 1 everywhere), then for every reset slot either its ``num_suffixes``
     shared-prefix rows (:func:`suffix_row`; the slot is ``(prefix_ids, prefix_logprobs, suffixes)``) or, when the

@@ -1,4 +1,4 @@
-"""Thought segmentation on token ids (SPEC §4.1, paper §4.1 "Thought MDP").
+"""Thought segmentation on token ids (docs/srpo.md#thoughts, paper §4.1 "Thought MDP").
 
 A response is a sequence of thoughts, each ended by a delimiter (``</thought>`` in the paper). Reset states are
 thought-level prefixes of a response, and they must be *exact* token prefixes of what the policy sampled: we cut
@@ -45,7 +45,7 @@ def _first_boundary_covering(tokenizer, ids: list[int], text: str, end_char: int
 
 
 def split_thoughts(token_ids: Sequence[int], tokenizer, delimiter: str) -> list[int]:
-    """Thought boundaries of a response, as token indices (SPEC §4.1; rule in the module docstring).
+    """Thought boundaries of a response, as token indices (docs/srpo.md#thoughts; rule in the module docstring).
 
     Returns the exclusive end index of every thought, strictly increasing, the last one ``len(token_ids)``:
     thought ``k`` (1-indexed) is ``token_ids[ends[k-2]:ends[k-1]]`` with ``ends[-1] = 0`` for ``k = 1``. An empty

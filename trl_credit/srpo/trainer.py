@@ -1,4 +1,4 @@
-"""SRPOTrainer: GRPOTrainer with SRPO / RRPO reset-and-resample rollouts (SPEC §4, paper §4, Algorithm 2).
+"""SRPOTrainer: GRPOTrainer with SRPO / RRPO reset-and-resample rollouts (docs/srpo.md, paper §4, Algorithm 2).
 
 How it hooks into TRL 1.16.0's GRPOTrainer (everything else - tokenizing, reward calls, log-prob passes, loss,
 vLLM / DeepSpeed / PEFT handling - is TRL's):
@@ -14,7 +14,7 @@ vLLM / DeepSpeed / PEFT handling - is TRL's):
   through TRL's ``_calculate_rewards`` too (padded to the same row count on every process, because it ends with a
   ``gather``), with reward-function side logs discarded.
 - Advantages: ``_generate_and_score_completions`` is wrapped: after ``super()``, ``output["advantages"]`` is
-  replaced by group-relative advantages within each sub-group (base group, each shared-prefix group; SPEC §4.6).
+  replaced by group-relative advantages within each sub-group (base group, each shared-prefix group; docs/srpo.md#advantages).
 - Evaluation (``model.eval()``): plain iid generation from the wrapped prompts and TRL's GRPO advantages.
 """
 
@@ -36,15 +36,18 @@ from trl_credit._trl import (
     log_metric,
     resolve_method_args,
     rewards_of_extra_rows,
+    rollout_success,
+    warn_once,
 )
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.srpo.advantages import grouped_advantages, srpo_group_ids
+from trl_credit.srpo.advantages import grouped_advantages, normalize_then_sum_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.prompts import (
     localization_prompt,
     parse_reset_step,
     question_of,
     resolve_rollout_template,
+    stop_strings,
     wrap_prompt,
 )
 from trl_credit.srpo.resets import (
@@ -57,6 +60,7 @@ from trl_credit.srpo.resets import (
     random_reset_step,
 )
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
+from trl_credit.success import total_rewards, unscorable_rows
 
 __all__ = ["SRPOTrainer"]
 
@@ -71,11 +75,22 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     1..h*-1``, trained with the prefix masked out. Without an incorrect seed the reset group falls back to GRPO on
     the base group (its rows get zero advantage and zero loss mask).
 
-    Metrics (``srpo/``): ``fallback_rate``, ``reset_position`` (mean h*/H_s), ``localization_parse_rate``,
-    ``correction_rate`` (shared-prefix pass rate), ``base_pass_rate``, ``tokens_vs_base`` (all generated tokens:
-    base + seed candidates + localization + suffixes, over the base group's), ``tokens_vs_grpo`` (the same total
-    over ``num_generations`` iid rollouts of mean iid length, i.e. a GRPO step of the same budget),
-    ``seed_rounds``, ``thoughts_per_seed``.
+    Metrics (``srpo/``, every step; pass rates leave out unscorable rows):
+
+    - ``fallback_rate``: reset groups without an incorrect seed (trained as GRPO on the base group).
+    - ``reset_position``: mean ``(h* - 1) / H_s``, the fraction of the seed's thoughts kept as the reset prefix: 0 is
+      a reset at the question (h* = 1, no prefix), ``(H_s - 1) / H_s`` a reset at the last thought.
+    - ``reset_at_question_rate``: resets with h* = 1 (no prefix: the suffixes are iid rollouts of the question).
+    - ``single_thought_rate``: seeds with one thought (H_s = 1), which can only reset at the question; with a model
+      that never writes ``thought_delimiter`` it is 1 and SRPO degenerates to GRPO on two groups (warned once).
+    - ``localization_parse_rate``: SRPO localization answers that named a step as ``\\boxed{N}`` (or a bare
+      integer ending with EOS); the rest reset uniformly at random (warned once when under half parse).
+    - ``correction_rate`` (shared-prefix rows the verifier calls correct), ``base_pass_rate`` (base rows).
+    - ``tokens_vs_grpo``: every generated token (base + seed candidates + localization + suffixes) over a GRPO
+      step of the same budget (``num_generations`` iid rollouts of this step's mean iid rollout length);
+      ``paper_tokens_vs_grpo``: base + suffix tokens only, over the same (the paper's accounting);
+      ``tokens_vs_base``: every generated token over the base group's.
+    - ``seed_rounds``, ``thoughts_per_seed``.
 
     Note: TRL's own ``reward``/``completions/*`` metrics average over all rows, shared-prefix rows included
     (their completion length counts suffix tokens only; fallback rows count 0).
@@ -111,8 +126,14 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         **kwargs,
     ):
         args = resolve_method_args(args, SRPOConfig, model, "SRPOTrainer", "SRPO")
+        if kwargs.get("environment_factory") is not None:
+            raise ValueError("SRPOTrainer does not support `environment_factory`.")
         if reward_funcs is None:
-            raise ValueError("SRPOTrainer needs `reward_funcs`: seeds are the rollouts they score as incorrect.")
+            # TRL's wording, so scripts and tests that match it keep working.
+            raise ValueError(
+                "No reward source provided. Pass `reward_funcs`: SRPOTrainer's seeds are the rollouts the "
+                "`success_reward` function scores as incorrect."
+            )
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -160,6 +181,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if self._srpo_row_kinds is not None:  # training step with SRPO rollouts
             output["advantages"] = self._srpo_advantages(output["advantages"])
         self._srpo_inputs = None
+        self._log_credit(output)  # suffix rows show their shared prefix struck (tool_mask 0)
         return output
 
     # ------------------------------------------------------------------ rollouts
@@ -177,7 +199,8 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         args: SRPOConfig = self.args
         size = self.num_generations
         base_size, num_resets, num_suffixes = args.num_base_generations, args.reset_groups, args.suffixes_per_reset
-        per_round = args.seed_candidates_per_round
+        from_base = args.seed_source == "base"
+        per_round = 0 if from_base else args.seed_candidates_per_round
         if len(prompts) % size != 0:
             raise RuntimeError(f"SRPOTrainer got {len(prompts)} prompt rows, not a multiple of num_generations={size}.")
         num_groups = len(prompts) // size
@@ -209,14 +232,16 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             ]
             base.append(rollouts[:base_size])
             candidates.append(rollouts[base_size:])
-        self._srpo_dummy = (0, candidates[0][0][0])  # a real row for padding collective reward calls
+        # A real row for padding collective reward calls.
+        self._srpo_dummy = (0, (base[0] if from_base else candidates[0])[0][0])
 
-        # Seeds: the first `num_resets` incorrect candidates per prompt, in sampling order (SPEC §4.3).
+        # Seeds: the first `num_resets` incorrect rollouts per prompt, in sampling order (paper §4.2): fresh
+        # candidates, or (seed_source="base", Appendix D) the base group's own rollouts, with no extra generation.
         seeds: list[list[tuple[list[int], list[float] | None]]] = [[] for _ in range(num_groups)]
-        first_round = [(g, c) for g in range(num_groups) for c in candidates[g]]
+        first_round = [(g, c) for g in range(num_groups) for c in (base[g] if from_base else candidates[g])]
         self._collect_seeds(first_round, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
-        rounds = 1
-        while rounds < args.max_seed_rounds:
+        rounds = 0 if from_base else 1
+        while not from_base and rounds < args.max_seed_rounds:
             needy = [g for g in range(num_groups) if len(seeds[g]) < num_resets]
             if sum(gather_counts(self, len(needy))) == 0:
                 break  # every process is done: all stop together
@@ -239,6 +264,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 ends = split_thoughts(seed_ids, tokenizer, args.thought_delimiter)
                 resets.append([g, seed_ids, seed_logprobs, ends, None])
         localization_tokens = localization_attempts = localization_parsed = 0
+        single_thought = sum(len(ends) == 1 for _, _, _, ends, _ in resets)
         if args.reset == "self":
             for index, (g, seed_ids, _, ends, _) in enumerate(resets):
                 if len(ends) == 1:
@@ -252,13 +278,22 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             localization_ids = []
             if localization_rows:
                 localization_ids = [list(map(int, ids)) for ids in self._tokenize_prompts(localization_rows)[0]]
+            # Stop right after "\boxed{N}" (the answer the prompt asks for); the same strings on every process.
+            most_steps = max(gather_counts(self, max((len(resets[i][3]) for i in localization_owner), default=0)))
             answers, _ = generate_from_prefixes(
-                self, localization_ids, greedy=True, max_new_tokens=args.localization_max_tokens
+                self,
+                localization_ids,
+                greedy=True,
+                max_new_tokens=args.localization_max_tokens,
+                stop_strings=stop_strings(most_steps) if most_steps else None,
             )
+            eos_ids = set(self.eos_token_ids)
             for index, answer_ids in zip(localization_owner, answers):
                 num_steps = len(resets[index][3])
                 answer = tokenizer.decode(answer_ids, skip_special_tokens=True)
-                step, localized = choose_reset_step(parse_reset_step(answer, num_steps), num_steps, self._reset_rng)
+                ended_with_eos = bool(answer_ids) and int(answer_ids[-1]) in eos_ids
+                parsed_step = parse_reset_step(answer, num_steps, ended_with_eos=ended_with_eos)
+                step, localized = choose_reset_step(parsed_step, num_steps, self._reset_rng)
                 resets[index][4] = step
                 localization_tokens += len(answer_ids)
                 localization_attempts += 1
@@ -268,12 +303,17 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 reset[4] = random_reset_step(len(reset[3]), self._reset_rng)
 
         # Suffixes: `num_suffixes` iid continuations of every reset state x* = question + thoughts 1..h*-1.
-        suffix_rows, prefixes = [], []
+        # Each suffix gets the budget max_completion_length minus its prefix, so prefix + suffix fits the row.
+        suffix_rows, suffix_budgets, prefixes = [], [], []
+        max_length = args.max_completion_length
         for g, seed_ids, seed_logprobs, ends, step in resets:
             keep = reset_prefix_length(ends, step)
             prefixes.append((seed_ids[:keep], seed_logprobs[:keep] if seed_logprobs is not None else None))
             suffix_rows += [prompt_ids[g] + seed_ids[:keep]] * num_suffixes
-        suffixes, suffix_logprobs = generate_from_prefixes(self, suffix_rows)
+            suffix_budgets += [max(1, max_length - keep) if max_length is not None else None] * num_suffixes
+        suffixes, suffix_logprobs = generate_from_prefixes(
+            self, suffix_rows, max_new_tokens=suffix_budgets if max_length is not None else None
+        )
 
         # Assemble the rows TRL trains on: per prompt, base rows then each reset group's rows.
         out_prompt_ids, out_completions, out_masks, out_logprobs, kinds = [], [], [], [], []
@@ -291,10 +331,9 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 ]
                 slots.append((*prefixes[reset_cursor], suffix_rollouts))
                 reset_cursor += 1
-            # The fallback filler is the last candidate: a rollout already sampled with no incorrect verdict.
-            for completion, mask, lps, kind in prompt_rows(
-                base[g], slots, num_suffixes, candidates[g][-1], args.max_completion_length
-            ):
+            # The fallback filler is a rollout already sampled with no incorrect verdict (the last candidate).
+            filler = candidates[g][-1] if candidates[g] else base[g][-1]
+            for completion, mask, lps, kind in prompt_rows(base[g], slots, num_suffixes, filler, max_length):
                 out_prompt_ids.append(prompt_ids[g])
                 out_completions.append(completion)
                 out_masks.append(mask)
@@ -303,38 +342,88 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._srpo_row_kinds = kinds
 
         # Metrics, summed over processes (one gather, made by every process).
-        norm_positions = [step / len(ends) for _, _, _, ends, step in resets]
+        base_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in base[g])
+        suffix_tokens = sum(len(ids) for ids in suffixes)
         stats = [
             num_groups * num_resets,  # reset groups
             num_groups * num_resets - len(resets),  # fallbacks
-            len(resets),
-            sum(norm_positions),
+            len(resets),  # seeds
+            sum((step - 1) / len(ends) for _, _, _, ends, step in resets),  # kept fraction of the seed's thoughts
+            sum(step == 1 for _, _, _, _, step in resets),  # resets at the question
+            single_thought,
             sum(len(ends) for _, _, _, ends, _ in resets),
             localization_attempts,
             localization_parsed,
-            sum(len(ids) for g in range(num_groups) for ids, _ in base[g]),  # base tokens
+            base_tokens,
             sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g]),  # seed-candidate tokens
             localization_tokens,
-            sum(len(ids) for ids in suffixes),  # suffix tokens generated (before any cut to max length)
+            suffix_tokens,
             sum(len(base[g]) + len(candidates[g]) for g in range(num_groups)),  # iid rollouts
             num_groups,
         ]
         totals = self.accelerator.gather(torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device))
-        (reset_groups, fallbacks, num_seeds, position_sum, thoughts_sum, attempts, parsed, base_tokens, seed_tokens,
-         loc_tokens, suffix_tokens, iid_rollouts, prompts_total) = totals.view(-1, len(stats)).sum(dim=0).tolist()
+        (reset_groups, fallbacks, num_seeds, position_sum, at_question, single, thoughts_sum, attempts, parsed,
+         base_tokens, seed_tokens, loc_tokens, suffix_tokens, iid_rollouts, prompts_total) = (
+            totals.view(-1, len(stats)).sum(dim=0).tolist()
+        )
         log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
         log_metric(self, "srpo/seed_rounds", rounds)
+        if fallbacks == reset_groups:
+            trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
+            warn_once(
+                self,
+                "srpo/no_seed",
+                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained {trained_as} "
+                f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
+                f"function {self.reward_func_names[self._success_index]!r}) scores below success_threshold="
+                f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
+            )
+        if fallbacks and not base_size:
+            # No base group to fall back to: a prompt without an incorrect seed has only masked rows.
+            warn_once(
+                self,
+                "srpo/no_base_group_fallback",
+                f"SRPOTrainer: {fallbacks:.0f} of {reset_groups:.0f} reset groups found no incorrect seed "
+                f"(srpo/fallback_rate), and the split num_generations={size} = reset_groups x suffixes_per_reset "
+                f"({num_resets} x {num_suffixes}) has no base group to fall back to, so those prompts add nothing to "
+                "the loss (their rows are masked). Fix: num_generations >= 4 (the default split then keeps a base "
+                "group of ceil(num_generations / 2)) or an explicit split with a base group; or more seed rounds "
+                "(max_seed_rounds) if the verifier does fail sometimes.",
+            )
         if num_seeds:
             log_metric(self, "srpo/reset_position", position_sum / num_seeds)
+            log_metric(self, "srpo/reset_at_question_rate", at_question / num_seeds)
+            log_metric(self, "srpo/single_thought_rate", single / num_seeds)
             log_metric(self, "srpo/thoughts_per_seed", thoughts_sum / num_seeds)
+            if single / num_seeds > 0.5:
+                warn_once(
+                    self,
+                    "srpo/single_thought",
+                    f"SRPOTrainer: {single:.0f} of {num_seeds:.0f} seeds have a single thought "
+                    f"(srpo/single_thought_rate), so they can only reset at the question and SRPO degenerates to "
+                    f"GRPO on two groups. Cause: the model does not write thought_delimiter={args.thought_delimiter!r}. "
+                    "Fix: set `thought_delimiter` to what the model writes between steps (e.g. '\\n' with "
+                    "rollout_template='lines' for small models), or a `rollout_template` the model follows.",
+                )
         if attempts:
             log_metric(self, "srpo/localization_parse_rate", parsed / attempts)
+            if parsed / attempts < 0.5:
+                warn_once(
+                    self,
+                    "srpo/localization_unparsed",
+                    f"SRPOTrainer: {attempts - parsed:.0f} of {attempts:.0f} localization answers did not name a "
+                    "step as \\boxed{N} (srpo/localization_parse_rate), so those resets were drawn uniformly at "
+                    "random (RRPO). Fix: a `localization_template` the model follows, a larger "
+                    "`localization_max_tokens`, or reset='random' if the model cannot localize.",
+                )
         generated = base_tokens + seed_tokens + loc_tokens + suffix_tokens
         if base_tokens:
             log_metric(self, "srpo/tokens_vs_base", generated / base_tokens)
         iid_tokens = base_tokens + seed_tokens
         if iid_tokens:
-            log_metric(self, "srpo/tokens_vs_grpo", generated / (prompts_total * size * iid_tokens / iid_rollouts))
+            grpo_tokens = prompts_total * size * iid_tokens / iid_rollouts  # a GRPO step with the same budget
+            log_metric(self, "srpo/tokens_vs_grpo", generated / grpo_tokens)
+            log_metric(self, "srpo/paper_tokens_vs_grpo", (base_tokens + suffix_tokens) / grpo_tokens)
 
         return {
             "prompt_ids": out_prompt_ids,
@@ -346,7 +435,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> None:
         """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
         ones to ``seeds[group]`` until it holds ``num_resets``. Collective (reward call)."""
-        rewards = self._score_rollouts(
+        verifier = self._verifier_rewards(
             [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
         )
         by_group: dict[int, list[int]] = defaultdict(list)
@@ -356,12 +445,13 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             room = num_resets - len(seeds[g])
             if room <= 0:
                 continue
-            for position in incorrect_indices([rewards[i] for i in indices], self.args.success_threshold, room):
+            for position in incorrect_indices([verifier[i] for i in indices], self.args.success_threshold, room):
                 seeds[g].append(rollouts[indices[position]][1])
 
-    def _score_rollouts(self, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids) -> list[float]:
-        """Rewards (TRL's weighted sum, NaN when unscorable) of this process's extra rollouts (seed candidates),
-        through TRL's reward path (``rewards_of_extra_rows``, a collective call padded with a real rollout)."""
+    def _verifier_rewards(self, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids) -> list[float]:
+        """Raw reward of the ``success_reward`` function (NaN when it returned None) for this process's seed
+        candidates, through TRL's reward path (``rewards_of_extra_rows``, a collective call padded with a real
+        rollout), so every reward function runs with its kwargs as for the batch."""
         dummy_group, dummy_ids = self._srpo_dummy
         per_process = rewards_of_extra_rows(
             self,
@@ -372,20 +462,18 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             filler=(group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids),
         )
         mine = per_process[self.accelerator.process_index]
-        weights = self.reward_weights.to(mine.device)
-        rewards = (mine * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(mine).all(dim=1)] = torch.nan
-        return rewards.tolist()
+        return mine[:, self._success_index].tolist()
 
     # ------------------------------------------------------------------ advantages
 
     def _srpo_advantages(self, trl_advantages: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages within each sub-group (SPEC §4.6) from the captured global rewards; fallback
-        rows get 0 (SPEC §4.3). Also logs the correction rate and fixes TRL's logged advantages."""
+        """Group-relative advantages within each sub-group (paper §4.3) from the captured global rewards: of TRL's
+        weighted total reward (``sum_then_normalize``), or of each reward function, then summed
+        (``normalize_then_sum``); fallback and unscorable rows get 0 and stay out of every statistic. Also logs the
+        verifier's pass rates and fixes TRL's logged advantages."""
         device = trl_advantages.device
         rewards_per_func = self._srpo_rewards_per_func
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = total_rewards(rewards_per_func, self.reward_weights)  # NaN when unscorable
         local_kinds = torch.tensor(self._srpo_row_kinds, dtype=torch.long, device=device)
         kinds = self.accelerator.gather(local_kinds)
         if kinds.numel() != rewards.numel():
@@ -394,15 +482,21 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
-        advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            # Each reward function z-scored within each sub-group, weighted sum, one batch-wide rescale (TRL's GDPO).
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, self.reward_weights, valid=valid)
+        else:
+            advantages = grouped_advantages(rewards, group_ids, scale=self.scale_rewards, valid=valid)
         advantages = advantages.to(device)
 
-        rewards_cpu, kinds_cpu = rewards.detach().cpu(), kinds.cpu()
-        correct = rewards_cpu >= args.success_threshold
-        suffix_rows = kinds_cpu == ROW_SUFFIX
+        # Pass rates: what the verifier says (success_reward), over the scorable rows of each kind.
+        kinds_cpu = kinds.cpu()
+        correct = rollout_success(self, rewards_per_func).cpu()
+        scorable = ~unscorable_rows(rewards_per_func).cpu()
+        suffix_rows = (kinds_cpu == ROW_SUFFIX) & scorable
         if suffix_rows.any():
             log_metric(self, "srpo/correction_rate", correct[suffix_rows].float().mean().item())
-        base_rows = kinds_cpu == ROW_BASE
+        base_rows = (kinds_cpu == ROW_BASE) & scorable
         if base_rows.any():
             log_metric(self, "srpo/base_pass_rate", correct[base_rows].float().mean().item())
 
@@ -425,6 +519,13 @@ def _check_prompt_format(dataset, template: str | None) -> None:
         return
     if "prompt" not in dataset.column_names:
         raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    images = [name for name in ("image", "images") if name in dataset.column_names]
+    if images:
+        raise ValueError(
+            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
+            "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
+            "the column or train this dataset with GRPOTrainer."
+        )
     if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
         return
     first = dataset[0]
