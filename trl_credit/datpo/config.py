@@ -42,8 +42,8 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
     `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
     recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one
-    extra no-grad forward pass over the base rollouts (`datpo/entropy_from_sampler` says which ran). Evaluation (`eval_strategy`) runs plain GRPO scoring on
-    base rollouts; the tree is a training-time construct.
+    extra no-grad forward pass over the base rollouts (`datpo/entropy_from_sampler` says which ran). Evaluation
+    (`eval_strategy`) runs plain GRPO scoring on base rollouts; the tree is a training-time construct.
 
     Loss normalization: micro-batches hold a variable number of rows (trees differ in size) and processes pad to
     equal row counts with empty filler rows, so every loss type is normalized against the whole generation batch on

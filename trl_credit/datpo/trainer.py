@@ -8,8 +8,9 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
   2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
      >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
-     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
-     by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
+     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``;
+     one-sentence rollouts fall back to token entropy by default, ``datpo/no_fork_rate`` reports rollouts left
+     without a fork). Unscorable rollouts do not fork.
   3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
      ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
      rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks, each branch within its fork's
