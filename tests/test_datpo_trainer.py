@@ -404,6 +404,25 @@ def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
     assert logprobs is None
 
 
+
+def test_branch_calls_split_where_the_budget_halves(tiny_model_path, tmp_path):
+    # one B̂ = 1, budgets 10, 6, 4 and no chunk size: 6 >= 10/2 shares the 10-token call, 4 < 10/2 gets its own call
+    args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                       use_cpu=True, use_diversity=False)
+    trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                           train_dataset=two_prompt_dataset())
+    calls = []
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        budget = trainer.generation_config.max_new_tokens
+        calls.append(([list(p) for p in prompt_ids], budget))
+        return [[p[-1]] * budget for p in prompt_ids], None
+
+    trainer._generate_single_turn = fake_generate
+    ids, _ = trainer._generate_branches([([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
+    assert calls == [([[10], [6]], 10), ([[4]], 4)]
+    assert ids == [[4] * 4, [10] * 10, [6] * 6]
+
 @pytest.mark.parametrize("branch_budget", ["remaining", "full"])
 def test_branch_budget_bounds_the_leaf_length(tiny_model_path, tmp_path, branch_budget):
     # reward 0 everywhere: every prompt branches (K̂ = 3, B̂ = 4) from tok_entropy forks. The tiny model rarely ends

@@ -491,9 +491,10 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         padding with one-token filler forks.
 
         Budgets: one generation call takes one ``max_new_tokens``. The forks of each B̂ are sorted by budget and dealt
-        out round-robin, so the forks of one call (on every process) have neighbouring budgets; the call runs with
-        the largest of them (the same on every process, as vLLM server mode needs one sampling setting per call) and
-        each branch is cut to its own fork's budget afterwards.
+        out round-robin, in bands where the budget at most halves (one or more calls per band), so the forks of one
+        call (on every process) have neighbouring budgets; the call runs with the largest of them (the same on every
+        process, as vLLM server mode needs one sampling setting per call) and each branch is cut to its own fork's
+        budget afterwards.
         """
         num_processes, process = self.accelerator.num_processes, self.accelerator.process_index
         counts = gather_counts(self, len(fork_requests))
@@ -506,9 +507,21 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
         any_logprobs = True
         generated = kept = 0  # tokens this process generated for real forks, and kept after the cut to their budget
+        groups = []  # (B̂, forks of one budget band, longest budget first)
         for b_hat in sorted({b for _, b, _ in all_forks}):
             # longest budget first; ties keep fork order
-            forks = sorted((k for k, (_, b, _) in enumerate(all_forks) if b == b_hat), key=lambda k: -all_forks[k][2])
+            ordered = sorted((k for k, (_, b, _) in enumerate(all_forks) if b == b_hat), key=lambda k: -all_forks[k][2])
+            # bands where the budget at most halves: a call runs as many steps as its longest budget, so forks of
+            # very different budgets in one call would generate (and, with HF generate, compute) far past the short
+            # ones' budgets; at most log2(max_completion_length) bands
+            band = [ordered[0]]
+            for k in ordered[1:]:
+                if 2 * all_forks[k][2] < all_forks[band[0]][2]:
+                    groups.append((b_hat, band))
+                    band = []
+                band.append(k)
+            groups.append((b_hat, band))
+        for b_hat, forks in groups:
             mine = forks[process::num_processes]
             most = math.ceil(len(forks) / num_processes)
             per_call = most if not chunk else max(1, min(most, chunk // b_hat))
