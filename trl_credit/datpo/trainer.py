@@ -521,15 +521,18 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                     band = []
                 band.append(k)
             groups.append((b_hat, band))
+        dealt = 0  # forks dealt so far: each group's deal starts at the next process, so the odd ones even out
         for b_hat, forks in groups:
-            mine = forks[process::num_processes]
+            mine = forks[(process - dealt) % num_processes :: num_processes]
+            dealt += len(forks)
             most = math.ceil(len(forks) / num_processes)
             per_call = most if not chunk else max(1, min(most, chunk // b_hat))
             filler = all_forks[forks[0]][0][:1]
             for call in range(math.ceil(most / per_call)):
                 call_forks = mine[call * per_call : (call + 1) * per_call]
-                # the call's forks on all processes are forks[call·per_call·P : (call+1)·per_call·P]; the first has
-                # the largest budget
+                # the call's forks on all processes are forks[call·per_call·P : (call+1)·per_call·P] (the first
+                # exists: it is the call's first fork on the process the deal started at) and the first has the
+                # largest budget
                 call_budget = all_forks[forks[call * per_call * num_processes]][2]
                 rows = [all_forks[k][0] for k in call_forks for _ in range(b_hat)]
                 rows += [filler] * ((per_call - len(call_forks)) * b_hat)
