@@ -59,7 +59,7 @@ def main():
     keys = ["reward", "datpo/v_root", "datpo/k_hat", "datpo/b_hat", "datpo/leaves_per_prompt", "datpo/pass_rate",
             "datpo/base_pass_rate", "datpo/sibling_diversity", "datpo/tokens_per_leaf", "datpo/leaf_length",
             "datpo/blocks_per_prompt", "datpo/forks_per_rollout", "datpo/no_fork_rate", "datpo/fork_fallback_rate",
-            "datpo/branch_reward", "datpo/alpha"]
+            "datpo/branch_reward", "datpo/alpha", "datpo/entropy_from_sampler", "datpo/branch_tokens_past_budget"]
     for step, log in enumerate(logs, 1):
         print(f"step {step}: " + ", ".join(f"{k}={log[k]:.3f}" for k in keys if k in log))
     if not cli.no_grpo:

@@ -153,13 +153,13 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
     elif method == "oppo":
         profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
-        import trl_credit.datpo.trainer as datpo_module
-
         profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)", optional=True)
         profiler.wrap_method(trainer, "_sibling_diversity", "datpo: sibling diversity (embedder)", optional=True)
         profiler.wrap_method(trainer, "_branch_rewards", "datpo: branch rewards", optional=True)
-        profiler.wrap_module_function(datpo_module, "generate_from_prefixes", "datpo: branch generation",
-                                      count_tokens=True)
+        # branches go through `_generate_single_turn` (counted under "generation" too, tokens before the cut to
+        # each fork's budget); this counter holds the branch calls alone (tokens after the cut)
+        profiler.wrap_method(trainer, "_generate_branches", "datpo: branch generation", optional=True,
+                             count_tokens=True)
     elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.trainer as srpo_module
 

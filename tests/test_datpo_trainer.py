@@ -384,8 +384,9 @@ def test_sorting_rows_by_length_cuts_padding_of_forward_pieces():
 
 
 def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
-    # forks (prefix, B̂): B̂ = 2, 3, 2 with branch_chunk_size = 4 -> one call for the two B̂ = 2 forks (4 rows,
-    # num_generations = 2) and one for the B̂ = 3 fork (3 rows, num_generations = 3); results in fork order
+    # forks (prefix, B̂, budget): B̂ = 2, 3, 2 with branch_chunk_size = 4 -> one call for the two B̂ = 2 forks (4 rows,
+    # num_generations = 2; the larger budget first, the call runs with it: 3 new tokens) and one for the B̂ = 3 fork
+    # (3 rows, num_generations = 3, 10 new tokens); results in fork order, each cut to its own fork's budget
     args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
                        use_cpu=True, use_diversity=False, branch_chunk_size=4)
     trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
@@ -393,11 +394,137 @@ def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
     calls = []
 
     def fake_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        calls.append(([list(p) for p in prompt_ids], num_generations))
+        calls.append(([list(p) for p in prompt_ids], num_generations, trainer.generation_config.max_new_tokens))
         return [[p[-1], len(calls), k] for k, p in enumerate(prompt_ids)], None
 
     trainer._generate_single_turn = fake_generate
-    ids, logprobs = trainer._generate_branches([([5, 6, 7], 2), ([5, 8], 3), ([9], 2)])
-    assert calls == [([[5, 6, 7], [5, 6, 7], [9], [9]], 2), ([[5, 8]] * 3, 3)]
-    assert ids == [[7, 1, 0], [7, 1, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 2], [9, 1, 3]]
+    ids, logprobs = trainer._generate_branches([([5, 6, 7], 2, 2), ([5, 8], 3, 10), ([9], 2, 3)])
+    assert calls == [([[9], [9], [5, 6, 7], [5, 6, 7]], 2, 3), ([[5, 8]] * 3, 3, 10)]
+    assert ids == [[7, 1], [7, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 0], [9, 1, 1]]
     assert logprobs is None
+
+
+
+def test_branch_calls_split_where_the_budget_halves(tiny_model_path, tmp_path):
+    # one B̂ = 1, budgets 10, 6, 4 and no chunk size: 6 >= 10/2 shares the 10-token call, 4 < 10/2 gets its own call
+    args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                       use_cpu=True, use_diversity=False)
+    trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                           train_dataset=two_prompt_dataset())
+    calls = []
+
+    def fake_generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        budget = trainer.generation_config.max_new_tokens
+        calls.append(([list(p) for p in prompt_ids], budget))
+        return [[p[-1]] * budget for p in prompt_ids], None
+
+    trainer._generate_single_turn = fake_generate
+    ids, _ = trainer._generate_branches([([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
+    assert calls == [([[10], [6]], 10), ([[4]], 4)]
+    assert ids == [[4] * 4, [10] * 10, [6] * 6]
+
+@pytest.mark.parametrize("branch_budget", ["remaining", "full"])
+def test_branch_budget_bounds_the_leaf_length(tiny_model_path, tmp_path, branch_budget):
+    # reward 0 everywhere: every prompt branches (K̂ = 3, B̂ = 4) from tok_entropy forks. The tiny model rarely ends
+    # early, so its branches run to their budget: "remaining" keeps every leaf (prefix + branch) within
+    # max_completion_length = 8 and some reach it; "full" gives branches 8 new tokens, so leaves exceed it.
+    args = DATPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+        max_steps=1, report_to="none", use_cpu=True, save_strategy="no", use_diversity=False,
+        fork_method="tok_entropy", branch_budget=branch_budget,
+    )
+    trainer = BatchKeepingDATPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                                    args=args, train_dataset=two_prompt_dataset())
+    trainer.train()
+    output, n_base = trainer.batches[0]
+    prompt_len = int(output["prompt_mask"][0].sum())
+    leaves = [
+        int(output["prompt_mask"][r].sum()) - prompt_len + int(output["completion_mask"][r].sum())
+        for r in range(n_base, output["prompt_ids"].size(0))
+    ]
+    branches = [int(output["completion_mask"][r].sum()) for r in range(n_base, output["prompt_ids"].size(0))]
+    assert leaves
+    if branch_budget == "remaining":
+        assert max(leaves) == 8
+    else:
+        assert max(leaves) > 8 and max(branches) == 8
+
+
+class BatchKeepingDATPOTrainer(DATPOTrainer):
+    def __init__(self, *args, **kwargs):
+        self.batches = []
+        super().__init__(*args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.batches.append((output, len(inputs)))
+        return output
+
+
+class EntropySpyDATPOTrainer(DATPOTrainer):
+    """Keeps the entropies recorded during generation and those of the extra forward pass over the same rollouts."""
+
+    def __init__(self, *args, **kwargs):
+        self.entropy_pairs = []
+        super().__init__(*args, **kwargs)
+
+    def _grow_trees(self, inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func):
+        from trl_credit._trl import pad_rows, score_completions
+
+        sampled = self._datpo_sampled_entropies
+        p_ids, p_mask, c_ids, c_mask = pad_rows(
+            prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, self.accelerator.device
+        )
+        _, forward = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+        self.entropy_pairs.append((sampled, [forward[i, : len(c)].tolist() for i, c in enumerate(completion_ids_list)]))
+        return super()._grow_trees(inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func)
+
+
+def _entropy_run(tmp_path, tiny_model_path, lora=False):
+    peft_config = None
+    if lora:  # generate runs through the PEFT wrapper; the recorder hooks the base causal LM, adapters included
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    args = DATPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+        max_steps=1, report_to="none", use_cpu=True, save_strategy="no", use_diversity=False, temperature=0.7,
+        fork_method="tok_entropy", logging_steps=1,
+    )
+    trainer = EntropySpyDATPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                                     args=args, train_dataset=two_prompt_dataset(), peft_config=peft_config)
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_fork_entropies_recorded_by_the_sampler_equal_the_extra_forward(tiny_model_path, tmp_path, lora):
+    trainer = _entropy_run(tmp_path, tiny_model_path, lora=lora)
+    (sampled, forward), = trainer.entropy_pairs
+    assert sampled is not None and [len(r) for r in sampled] == [len(r) for r in forward]
+    # same distributions up to float32 accumulation order (cached decoding vs one full forward): entropies ~6 nats
+    # agree to ~1e-6 relative without adapters, ~6e-6 with random LoRA adapters
+    for got, want in zip(sampled, forward):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
+    log = next(log for log in trainer.state.log_history if "datpo/entropy_from_sampler" in log)
+    assert log["datpo/entropy_from_sampler"] == 1.0
+
+
+def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_up(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    from trl_credit import _trl
+
+    monkeypatch.setattr(_trl.GenerationRecorder, "entropies", lambda self, completion_ids: None)
+    passes = []
+    original = _trl.score_completions
+
+    def counting(trainer, *args, **kwargs):
+        passes.append(kwargs.get("compute_entropy", False))
+        return original(trainer, *args, **kwargs)
+
+    monkeypatch.setattr("trl_credit.datpo.trainer.score_completions", counting)
+    trainer = _entropy_run(tmp_path, tiny_model_path)
+    assert True in passes  # the trainer's own entropy pass ran
+    log = next(log for log in trainer.state.log_history if "datpo/entropy_from_sampler" in log)
+    assert log["datpo/entropy_from_sampler"] == 0.0

@@ -13,6 +13,8 @@
 - :func:`warn_once`: a method that cannot do its job on some input says so once (plus a rate metric each step).
 - :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
   however many generation calls a method makes in it.
+- :class:`GenerationRecorder`: log-probs and entropies of the sampled tokens, recorded during HF ``generate``, so
+  no extra forward pass is needed for them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ __all__ = [
     "warn_once",
     "one_weight_push",
     "OneWeightPushMixin",
+    "GenerationRecorder",
 ]
 
 
@@ -561,3 +564,95 @@ class OneWeightPushMixin:
     @_with_one_weight_push
     def _generate_and_score_completions(self, inputs):
         return super()._generate_and_score_completions(inputs)
+
+
+class GenerationRecorder:
+    """Records, during HF ``generate``, the log-prob of each sampled token and/or the entropy of the distribution it
+    was sampled from: what TRL's ``_get_per_token_logps_and_entropies`` computes in a separate forward pass, i.e.
+    ``log_softmax(logits / temperature)`` at the sampled token and ``-(p · log p).sum()`` over that
+    temperature-scaled distribution (top-p/top-k/min-p and repetition penalties are sampling rules, not part of the
+    policy's distribution).
+
+    A forward hook (``register_forward_hook(..., with_kwargs=True)``) on the causal LM that ``generate`` calls; use
+    :meth:`attached`. Each generation step's forward returns the next position's logits. Entropies are taken at
+    once; a log-prob needs the token sampled there, which is the next step's input, so the previous step's
+    distribution is kept (one (B, V) tensor at a time) and the last token is read in :meth:`logps`. Only HF
+    ``generate`` runs the model this way: vLLM and continuous batching do not (see :meth:`available`).
+    """
+
+    def __init__(self, temperature: float, *, logps: bool = True, entropies: bool = False):
+        self.temperature = float(temperature)
+        self.record_logps = bool(logps)
+        self.record_entropies = bool(entropies)
+        self.previous: torch.Tensor | None = None  # log-probs of the last step's distribution (B, V)
+        self.logp_steps: list[torch.Tensor] = []
+        self.entropy_steps: list[torch.Tensor] = []
+        self.num_steps = 0
+        self.failed = False
+
+    @staticmethod
+    def available(trainer) -> bool:
+        """Whether the trainer's generation runs HF ``generate`` (the only path a forward hook sees step by step)."""
+        return not getattr(trainer, "use_vllm", False) and not getattr(
+            trainer, "use_transformers_continuous_batching", False
+        )
+
+    @contextlib.contextmanager
+    def attached(self, trainer) -> Iterator["GenerationRecorder"]:
+        """The hook on the trainer's causal LM (the PEFT base model, whose forward ``generate`` calls) while inside."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        handle = model.register_forward_hook(self, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def __call__(self, module, args, kwargs, output):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        logits = getattr(output, "logits", None)
+        if self.failed or input_ids is None or logits is None:
+            self.failed = True
+            return None
+        if self.previous is not None and input_ids.size(0) != self.previous.size(0):
+            self.failed = True  # rows changed between steps (not one generate call)
+            return None
+        logp = torch.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
+        if self.record_logps:
+            if self.previous is not None:
+                self.logp_steps.append(self.previous.gather(1, input_ids[:, -1:].to(self.previous.device)).squeeze(1))
+        if self.record_entropies:
+            self.entropy_steps.append(-(logp.exp() * logp).sum(dim=-1))
+        self.previous = logp if self.record_logps else logp[:, :0]
+        self.num_steps += 1
+        return None
+
+    def _lines_up(self, completion_ids: Sequence[Sequence[int]]) -> bool:
+        # one forward per generated position of the longest row, one row per completion
+        return (
+            not self.failed
+            and self.previous is not None
+            and bool(completion_ids)
+            and self.num_steps == max(len(ids) for ids in completion_ids)
+            and self.previous.size(0) == len(completion_ids)
+        )
+
+    def logps(self, completion_ids: Sequence[Sequence[int]]) -> list[list[float]] | None:
+        """Log-prob of each row's sampled tokens (rows as generated), or None when not recorded or the record does
+        not line up with the completions (the caller then scores them in a forward pass)."""
+        if not self.record_logps or not self._lines_up(completion_ids):
+            return None
+        length = self.num_steps
+        last = torch.tensor(
+            [ids[-1] if len(ids) == length else 0 for ids in completion_ids], device=self.previous.device
+        )
+        table = torch.stack(self.logp_steps + [self.previous.gather(1, last[:, None]).squeeze(1)], dim=1).cpu()
+        return [table[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]
+
+    def entropies(self, completion_ids: Sequence[Sequence[int]]) -> list[list[float]] | None:
+        """Entropy of the distribution each row's tokens were sampled from, or None (as :meth:`logps`)."""
+        if not self.record_entropies or not self._lines_up(completion_ids):
+            return None
+        table = torch.stack(self.entropy_steps, dim=1).cpu()
+        return [table[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]

@@ -638,9 +638,9 @@ def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tin
 def test_plain_logps_record_that_does_not_line_up_falls_back_to_scoring_with_a_warning(
     tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch
 ):
-    from trl_credit.oppo.oracle import SampledTokenLogps
+    from trl_credit._trl import GenerationRecorder
 
-    monkeypatch.setattr(SampledTokenLogps, "rows", lambda self, completion_ids: None)
+    monkeypatch.setattr(GenerationRecorder, "logps", lambda self, completion_ids: None)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
                           args=make_args(tmp_path, max_steps=1, max_completion_length=4), train_dataset=tiny_dataset)
     with pytest.warns(UserWarning, match="extra pass also scores the B plain rows"):
@@ -650,14 +650,14 @@ def test_plain_logps_record_that_does_not_line_up_falls_back_to_scoring_with_a_w
     assert log["oppo/extra_pass_rows"] == 2.0
 
 
-def test_sampled_token_logps_by_hand():
+def test_generation_recorder_logps_and_entropies_by_hand():
     # Two rows, vocabulary 3, temperature 2. Step 0 (prefill) logits -> distribution d0; step 1's input is the
     # token sampled from d0; row 1 ended with EOS (id 2) after one token, row 0 generated two tokens.
     from types import SimpleNamespace
 
-    from trl_credit.oppo.oracle import SampledTokenLogps
+    from trl_credit._trl import GenerationRecorder
 
-    recorder = SampledTokenLogps(temperature=2.0)
+    recorder = GenerationRecorder(temperature=2.0, logps=True, entropies=True)
     logits0 = torch.tensor([[[0.0, 2.0, 4.0]], [[4.0, 0.0, 2.0]]])
     logits1 = torch.tensor([[[2.0, 2.0, 0.0]], [[0.0, 0.0, 0.0]]])
     recorder(None, (), {"input_ids": torch.tensor([[5, 6], [7, 8]])}, SimpleNamespace(logits=logits0))
@@ -669,7 +669,16 @@ def test_sampled_token_logps_by_hand():
 
     d0 = [log_softmax([0.0, 1.0, 2.0]), log_softmax([2.0, 0.0, 1.0])]  # logits / T
     d1 = log_softmax([1.0, 1.0, 0.0])
-    rows = recorder.rows([[1, 0], [2]])
+    rows = recorder.logps([[1, 0], [2]])
     assert rows[0] == pytest.approx([d0[0][1], d1[0]], abs=1e-6)
     assert rows[1] == pytest.approx([d0[1][2]], abs=1e-6)
-    assert recorder.rows([[1, 0, 1], [2]]) is None  # three tokens but two steps recorded: does not line up
+    assert recorder.logps([[1, 0, 1], [2]]) is None  # three tokens but two steps recorded: does not line up
+
+    def entropy(logps):
+        return -sum(math.exp(v) * v for v in logps)
+
+    # entropy of the distribution each token was drawn from (the same temperature-scaled distributions)
+    entropies = recorder.entropies([[1, 0], [2]])
+    assert entropies[0] == pytest.approx([entropy(d0[0]), entropy(d1)], abs=1e-6)
+    assert entropies[1] == pytest.approx([entropy(d0[1])], abs=1e-6)
+    assert recorder.entropies([[1, 0, 1], [2]]) is None

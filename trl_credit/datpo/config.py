@@ -12,9 +12,10 @@ from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS
 from .tree import VALUE_ESTIMATES
 
-__all__ = ["DATPOConfig", "FORK_FALLBACKS"]
+__all__ = ["DATPOConfig", "FORK_FALLBACKS", "BRANCH_BUDGETS"]
 
 FORK_FALLBACKS = ("tok_entropy", "none")
+BRANCH_BUDGETS = ("remaining", "full")
 
 
 @dataclass
@@ -35,11 +36,14 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     shapes learning but cannot make a wrong answer count as solved. A rollout every reward function scored `None`
     (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
 
-    Branches continue from prompt + base prefix with up to `max_completion_length` new tokens (as the authors'
-    code), so a branch row can reach prompt + 2·`max_completion_length` - 1 tokens; with vLLM, make
-    `vllm_max_model_length` (or the server's context) at least that. Token entropies for forking come from one
-    extra no-grad forward pass over the base rollouts. Evaluation (`eval_strategy`) runs plain GRPO scoring on
-    base rollouts; the tree is a training-time construct.
+    Branches continue from prompt + base prefix. With `branch_budget="remaining"` (default) a branch gets
+    `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix + branch) is a response that
+    respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
+    new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
+    `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
+    recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one
+    extra no-grad forward pass over the base rollouts (`datpo/entropy_from_sampler` says which ran). Evaluation
+    (`eval_strategy`) runs plain GRPO scoring on base rollouts; the tree is a training-time construct.
 
     Loss normalization: micro-batches hold a variable number of rows (trees differ in size) and processes pad to
     equal row counts with empty filler rows, so every loss type is normalized against the whole generation batch on
@@ -150,6 +154,15 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
                           "this many rows, with the loss normalized so the result is unchanged. None: "
                           "per_device_train_batch_size (a GRPO micro-batch). Not applied under DeepSpeed."},
     )
+    branch_budget: str = field(
+        default="remaining",
+        metadata={"help": "New tokens a branch may generate after its prefix. 'remaining' (default): "
+                          "max_completion_length minus the prefix length, so a leaf (prefix + branch) respects "
+                          "max_completion_length like every GRPO rollout. 'full': max_completion_length new tokens "
+                          "per branch, as the authors' code does (a leaf can reach 2*max_completion_length - 1 "
+                          "tokens and a branch costs as much as a rollout).",
+                  "choices": list(BRANCH_BUDGETS)},
+    )
     branch_chunk_size: int | None = field(
         default=None,
         metadata={"help": "Branch rollouts per generation call and process (phase 2), to bound memory (paper: 384 "
@@ -186,5 +199,7 @@ class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
             isinstance(self.rows_per_forward, bool) or not isinstance(self.rows_per_forward, int) or self.rows_per_forward < 1
         ):
             raise ValueError(f"`rows_per_forward` must be None or an integer >= 1, got {self.rows_per_forward!r}")
+        if self.branch_budget not in BRANCH_BUDGETS:
+            raise ValueError(f"`branch_budget` must be one of {BRANCH_BUDGETS}, got {self.branch_budget!r}")
         if self.branch_chunk_size is not None and self.branch_chunk_size < 1:
             raise ValueError(f"`branch_chunk_size` must be None or >= 1, got {self.branch_chunk_size!r}")

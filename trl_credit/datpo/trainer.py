@@ -8,12 +8,13 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
   2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
      >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
-     rollouts (one no-grad pass), forks (``forks.select_forks``; one-sentence rollouts fall back to token entropy
-     by default, ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
+     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``;
+     one-sentence rollouts fall back to token entropy by default, ``datpo/no_fork_rate`` reports rollouts left
+     without a fork). Unscorable rollouts do not fork.
   3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
      ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
-     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks; branch rewards through TRL's
-     ``_calculate_rewards`` on prefix + branch.
+     rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks, each branch within its fork's
+     ``branch_budget``; branch rewards through TRL's ``_calculate_rewards`` on prefix + branch.
   4. the tree of every prompt is gathered on every process and its block advantages computed by the pure
      functions of ``tree`` and ``diversity``; each process keeps its own rows: one per base rollout (advantage per
      token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no token is
@@ -43,6 +44,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, use_adapter
 
 from .._trl import (
+    GenerationRecorder,
     bind_success,
     check_single_turn,
     gather_counts,
@@ -53,6 +55,7 @@ from .._trl import (
     rewards_of_extra_rows,
     resolve_method_args,
     rollout_success,
+    sampling_overrides,
     score_completions,
     warn_once,
 )
@@ -126,6 +129,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._datpo_branching = False  # True while the branches of phase 2 are generated
         self._datpo_phase1 = None
         self._datpo_rewards_per_func = None
+        self._datpo_sampled_entropies = None  # entropies recorded while HF generate sampled the base rollouts
         self.embedder = None
         if args.use_diversity:
             self.embedder = embedder if embedder is not None else self._load_embedder(args)
@@ -153,6 +157,20 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if self._datpo_recording:
             self._datpo_phase1 = result
         return result
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
+        the tokens were sampled from are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`), so
+        forking needs no extra forward pass."""
+        if not self._datpo_recording or self._datpo_branching or not GenerationRecorder.available(self):
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        recorder = GenerationRecorder(self.temperature, logps=False, entropies=True)
+        with recorder.attached(self):
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        self._datpo_sampled_entropies = recorder.entropies(completion_ids)
+        return completion_ids, logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -246,6 +264,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if "image" in inputs[0] or "images" in inputs[0]:
             raise ValueError("DATPOTrainer does not support image inputs.")
         self._datpo_recording = True
+        self._datpo_sampled_entropies = None
         try:
             base = super()._generate_and_score_completions(inputs)
         finally:
@@ -280,15 +299,26 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         else:
             budgets = [(0, 0) if math.isnan(v) else (args.max_forks, args.max_branches) for v in v_root]
 
-        # Entropies of the base rollouts (one no-grad pass; same row count on every process).
+        # Entropies of the base rollouts: recorded by the sampler (HF generate), else one no-grad forward pass. The
+        # pass is collective (ZeRO-3 gathers parameters in it), so all processes take the same path.
         need_entropy = args.fork_method in ("sent_entropy", "tok_entropy") and any(k > 0 for k, _ in budgets)
         entropies = None
         if need_entropy:
-            p_ids, p_mask, c_ids, c_mask = pad_rows(
-                prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, device
-            )
-            _, entropies = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
-            entropies = entropies.float().cpu()
+            sampled = self._datpo_sampled_entropies
+            lines_up = sampled is not None and [len(e) for e in sampled] == [len(c) for c in completion_ids_list]
+            from_sampler = all(gather_rows(self, [lines_up]))
+            log_metric(self, "datpo/entropy_from_sampler", float(from_sampler))
+            if from_sampler:
+                entropies = torch.zeros(n_local, max([1] + [len(e) for e in sampled]))
+                for i, row in enumerate(sampled):
+                    entropies[i, : len(row)] = torch.tensor(row)
+            else:
+                p_ids, p_mask, c_ids, c_mask = pad_rows(
+                    prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, device
+                )
+                _, entropies = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+                entropies = entropies.float().cpu()
+        self._datpo_sampled_entropies = None
 
         # Forks per local base rollout. An unscorable rollout does not fork: its tokens keep advantage 0.
         local_forks: list[list[int]] = []
@@ -325,12 +355,15 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         # Phase 2: B̂ branches from every fork (`_generate_branches`: the forks of all processes, shared out evenly).
         branch_meta: list[tuple[int, int]] = []  # (local base row, fork index)
         branch_prefixes: list[list[int]] = []
-        fork_requests: list[tuple[list[int], int]] = []  # (prompt + prefix, B̂) per local fork
+        fork_requests: list[tuple[list[int], int, int]] = []  # (prompt + prefix, B̂, new-token budget) per fork
+        max_length = self.max_completion_length
         for i, forks in enumerate(local_forks):
             _, b_hat = budgets[(first_row + i) // N]
             for j, fork in enumerate(forks):
                 prefix = prompt_ids_list[i] + completion_ids_list[i][:fork]
-                fork_requests.append((prefix, b_hat))
+                # "remaining": the leaf (prefix + branch) is a response of at most max_completion_length tokens
+                new_tokens = max(1, max_length - fork) if args.branch_budget == "remaining" else max_length
+                fork_requests.append((prefix, b_hat, new_tokens))
                 for _ in range(b_hat):
                     branch_meta.append((i, j))
                     branch_prefixes.append(prefix)
@@ -444,47 +477,80 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             )
 
     # ------------------------------------------------------------------ branch generation
-    def _generate_branches(self, fork_requests: list[tuple[list[int], int]]):
-        """B̂ continuations of every local fork ``(prompt + prefix ids, B̂)``, in fork order; returns
-        ``(completion ids, sampling log-probs or None)`` with B̂ consecutive rows per fork.
+    def _generate_branches(self, fork_requests: list[tuple[list[int], int, int]]):
+        """B̂ continuations of every local fork ``(prompt + prefix ids, B̂, new-token budget)``, in fork order; returns
+        ``(completion ids, sampling log-probs or None)`` with B̂ consecutive rows per fork, each at most its fork's
+        budget long.
 
-        A collective call. The forks of all processes are gathered and shared out evenly (per B̂ value, in
-        contiguous runs), so the process that holds an unsolved prompt's tree does not generate all of it while
-        the others wait; the results go back to the process that owns the fork (it trains those rows). The B̂
-        branches of one fork are consecutive rows of one ``_generate_single_turn(..., num_generations=B̂)`` call,
-        as TRL lays out its N rollouts per prompt: vLLM server mode then samples them as ``n = B̂`` of one prompt
-        and vLLM's prefix cache reuses the fork's prefill. Every process makes the same calls with the same row
-        count (vLLM server mode slices its answer by process), padding with one-token filler forks.
+        A collective call. The forks of all processes are gathered and shared out across processes, so the process
+        that holds an unsolved prompt's tree does not generate all of it while the others wait; the results go back
+        to the process that owns the fork (it trains those rows). The B̂ branches of one fork are consecutive rows of
+        one ``_generate_single_turn(..., num_generations=B̂)`` call, as TRL lays out its N rollouts per prompt: vLLM
+        server mode then samples them as ``n = B̂`` of one prompt and vLLM's prefix cache reuses the fork's prefill.
+        Every process makes the same calls with the same row count (vLLM server mode slices its answer by process),
+        padding with one-token filler forks.
+
+        Budgets: one generation call takes one ``max_new_tokens``. The forks of each B̂ are sorted by budget and dealt
+        out round-robin, in bands where the budget at most halves (one or more calls per band), so the forks of one
+        call (on every process) have neighbouring budgets; the call runs with the largest of them (the same on every
+        process, as vLLM server mode needs one sampling setting per call) and each branch is cut to its own fork's
+        budget afterwards.
         """
         num_processes, process = self.accelerator.num_processes, self.accelerator.process_index
         counts = gather_counts(self, len(fork_requests))
         if sum(counts) == 0:
             return [], None
-        all_forks = gather_rows(self, [(list(map(int, prefix)), int(b_hat)) for prefix, b_hat in fork_requests])
+        all_forks = gather_rows(
+            self, [(list(map(int, prefix)), int(b_hat), int(budget)) for prefix, b_hat, budget in fork_requests]
+        )
         chunk = self.args.branch_chunk_size
         done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
         any_logprobs = True
-        for b_hat in sorted({b for _, b in all_forks}):
-            forks = [k for k, (_, b) in enumerate(all_forks) if b == b_hat]
-            share = [forks[q * len(forks) // num_processes : (q + 1) * len(forks) // num_processes]
-                     for q in range(num_processes)]
-            most = max(len(part) for part in share)
+        generated = kept = 0  # tokens this process generated for real forks, and kept after the cut to their budget
+        groups = []  # (B̂, forks of one budget band, longest budget first)
+        for b_hat in sorted({b for _, b, _ in all_forks}):
+            # longest budget first; ties keep fork order
+            ordered = sorted((k for k, (_, b, _) in enumerate(all_forks) if b == b_hat), key=lambda k: -all_forks[k][2])
+            # bands where the budget at most halves: a call runs as many steps as its longest budget, so forks of
+            # very different budgets in one call would generate (and, with HF generate, compute) far past the short
+            # ones' budgets; at most log2(max_completion_length) bands
+            band = [ordered[0]]
+            for k in ordered[1:]:
+                if 2 * all_forks[k][2] < all_forks[band[0]][2]:
+                    groups.append((b_hat, band))
+                    band = []
+                band.append(k)
+            groups.append((b_hat, band))
+        dealt = 0  # forks dealt so far: each group's deal starts at the next process, so the odd ones even out
+        for b_hat, forks in groups:
+            mine = forks[(process - dealt) % num_processes :: num_processes]
+            dealt += len(forks)
+            most = math.ceil(len(forks) / num_processes)
             per_call = most if not chunk else max(1, min(most, chunk // b_hat))
             filler = all_forks[forks[0]][0][:1]
-            mine = share[process]
             for call in range(math.ceil(most / per_call)):
                 call_forks = mine[call * per_call : (call + 1) * per_call]
+                # the call's forks on all processes are forks[call·per_call·P : (call+1)·per_call·P] (the first
+                # exists: it is the call's first fork on the process the deal started at) and the first has the
+                # largest budget
+                call_budget = all_forks[forks[call * per_call * num_processes]][2]
                 rows = [all_forks[k][0] for k in call_forks for _ in range(b_hat)]
                 rows += [filler] * ((per_call - len(call_forks)) * b_hat)
-                completion_ids, logprobs = self._generate_single_turn(rows, None, {}, b_hat)
+                with sampling_overrides(self, max_new_tokens=call_budget):
+                    completion_ids, logprobs = self._generate_single_turn(rows, None, {}, b_hat)
                 any_logprobs = any_logprobs and logprobs is not None
                 for n, k in enumerate(call_forks):
                     piece = slice(n * b_hat, (n + 1) * b_hat)
+                    budget = all_forks[k][2]
+                    generated += sum(len(ids) for ids in completion_ids[piece])
+                    kept += sum(min(len(ids), budget) for ids in completion_ids[piece])
                     done.append((
                         k,
-                        [list(map(int, ids)) for ids in completion_ids[piece]],
-                        [list(lp) for lp in logprobs[piece]] if logprobs is not None else None,
+                        [list(map(int, ids))[:budget] for ids in completion_ids[piece]],
+                        [list(lp)[:budget] for lp in logprobs[piece]] if logprobs is not None else None,
                     ))
+        # generated past a fork's budget because a call runs with the largest budget of its forks (waste)
+        log_metric(self, "datpo/branch_tokens_past_budget", (generated - kept) / max(generated, 1))
         results = {k: (ids, lps) for k, ids, lps in gather_rows(self, done)}
         first = sum(counts[:process])
         branch_ids: list[list[int]] = []

@@ -18,7 +18,6 @@ __all__ = [
     "build_oracle_prompt",
     "build_oracle_prompts",
     "score_evidence",
-    "SampledTokenLogps",
 ]
 
 #: docs/oppo.md#oracle-prompt: appended to the last user message (to the text, for plain-text prompts).
@@ -115,51 +114,3 @@ def score_evidence(
     if student_logps is None:
         student_logps = logps[num_rows:]
     return oracle_logps, student_logps
-
-
-class SampledTokenLogps:
-    """Forward hook (``register_forward_hook(..., with_kwargs=True)`` on the causal LM that HF ``generate`` calls)
-    recording the plain log-probs s_t of the sampled tokens *during* generation, so OPPO's extra pass needs to score
-    only the oracle rows.
-
-    Each generation step's forward returns the logits of the next position; s_t is
-    ``log_softmax(logits / temperature)`` at the token sampled there, which is what TRL's
-    ``_get_per_token_logps_and_entropies`` computes (the logits divided by the temperature; top-p/top-k/min-p and
-    repetition penalties are sampling rules, not part of the policy's log-prob). The sampled token is the input of
-    the next step, so each step reads the previous step's distribution; the last token is read in :meth:`rows`.
-    Only one (B, V) distribution is kept at a time.
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = float(temperature)
-        self.previous: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-        self.failed = False
-
-    def __call__(self, module, args, kwargs, output):
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        logits = getattr(output, "logits", None)
-        if input_ids is None or logits is None:
-            self.failed = True
-            return None
-        if self.previous is not None:
-            if input_ids.size(0) != self.previous.size(0):
-                self.failed = True
-                return None
-            self.steps.append(self.previous.gather(1, input_ids[:, -1:].to(self.previous.device)).squeeze(1))
-        self.previous = torch.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
-        return None
-
-    def rows(self, completion_ids: Sequence[Sequence[int]]) -> list[list[float]] | None:
-        """s_t of each row's completion tokens (rows as generated), or None when the record does not line up with
-        the completions (then the caller scores the plain rows instead)."""
-        if self.failed or self.previous is None or not completion_ids:
-            return None
-        length = max(len(ids) for ids in completion_ids)
-        if len(self.steps) + 1 != length or self.previous.size(0) != len(completion_ids):
-            return None
-        last = torch.tensor(
-            [ids[-1] if len(ids) == length else 0 for ids in completion_ids], device=self.previous.device
-        )
-        table = torch.stack(self.steps + [self.previous.gather(1, last[:, None]).squeeze(1)], dim=1).cpu()
-        return [table[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]

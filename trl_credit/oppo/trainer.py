@@ -31,11 +31,19 @@ from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
-from trl_credit._trl import bind_success, check_single_turn, log_metric, resolve_method_args, rollout_success, warn_once
+from trl_credit._trl import (
+    GenerationRecorder,
+    bind_success,
+    check_single_turn,
+    log_metric,
+    resolve_method_args,
+    rollout_success,
+    warn_once,
+)
 from trl_credit.success import groups_with_reward_variance, unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import SampledTokenLogps, build_oracle_prompts, score_evidence
+from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
@@ -280,23 +288,17 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
-        are recorded on the way (:class:`~trl_credit.oppo.oracle.SampledTokenLogps`)."""
+        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`)."""
         if not self._records_generation_logps():
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        model = self.accelerator.unwrap_model(self.model)
-        if hasattr(model, "get_base_model"):  # PEFT: generate runs the base causal LM's forward
-            model = model.get_base_model()
-        recorder = SampledTokenLogps(self.temperature)
-        handle = model.register_forward_hook(recorder, with_kwargs=True)
-        try:
+        recorder = GenerationRecorder(self.temperature, logps=True)
+        with recorder.attached(self):
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        finally:
-            handle.remove()
-        self._oppo_generation_logps = recorder.rows(completion_ids)
+        self._oppo_generation_logps = recorder.logps(completion_ids)
         return completion_ids, logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
