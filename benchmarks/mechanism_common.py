@@ -108,7 +108,8 @@ class Recorder:
     def wrap(self, module, name: str):
         original = getattr(module, name, None)
         if original is None:
-            raise SystemExit(f"{module.__name__}.{name} is gone: this script records its calls; update the script.")
+            where = getattr(module, "__name__", type(module).__name__)
+            raise SystemExit(f"{where}.{name} is gone: this script records its calls; update the script.")
         self.calls[name] = []
 
         @functools.wraps(original)

@@ -133,8 +133,12 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         result["generated_tokens_per_leaf"] = sum(meth_tokens) / max(sum(leaves), 1)
         result["tokens_per_leaf_over_rollout"] = (
             result["generated_tokens_per_leaf"] / max(result["grpo_tokens_per_rollout"], 1e-9))
-        base_generation = [s["seconds"].get("generation", 0.0) for s in meth]
-        # seconds spent generating the whole tree (base rollouts + branches) per leaf, over GRPO's per rollout
+        # "generation" times every _generate_single_turn call, the branch calls included; the base rollouts' share is
+        # the rest
+        base_generation = [s["seconds"].get("generation", 0.0) - s["seconds"].get("datpo: branch generation", 0.0)
+                           for s in meth]
+        # seconds spent on the whole tree (base rollouts + forks + branches + their scoring) per leaf, over GRPO's
+        # generation seconds per rollout
         result["tree_seconds_per_leaf_over_rollout"] = spread(
             [(g + t) / max(leaf, 1) / max(result["grpo_generation_seconds_per_rollout"], 1e-9)
              for g, t, leaf in zip(base_generation, tree_seconds, leaves)])
