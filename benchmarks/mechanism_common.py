@@ -184,3 +184,13 @@ def settings_of(args, trainer) -> dict:
     return dict(vars(args), model="SmolLM2-135M-Instruct + LoRA r=64 (all linear layers)",
                 task=f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, +), reward final_number",
                 trainer=type(trainer).__name__, threads=torch.get_num_threads())
+
+
+def save_figure(fig, path: str, title: str) -> None:
+    """Every mechanism figure: the run's settings as the title, saved as PNG next to its JSON, then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

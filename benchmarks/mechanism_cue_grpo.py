@@ -120,10 +120,7 @@ def plot(groups: list[dict], summary: dict, path: str, title: str) -> None:
     slope = summary["mass_slope"]
     ax.set_title(f"Mass slope (paper Fig. 2c): {slope:.3f}" if slope == slope else "Mass slope: undefined")
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main(argv=None):

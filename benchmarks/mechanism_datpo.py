@@ -130,10 +130,7 @@ def plot(prompts: list[dict], summary: dict, path: str, title: str) -> None:
     ax.set_ylabel("generated tokens per leaf")
     ax.set_title(f"Cost per leaf (mean ratio {summary['tokens_per_leaf_over_answer_length']:.2f})")
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def summarize(prompts: list[dict]) -> dict:

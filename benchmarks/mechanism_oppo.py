@@ -160,10 +160,7 @@ def plot(rows: list[dict], summary: dict, path: str, title: str) -> None:
     ax.set_ylabel("share of |·| mass on the top 20% tokens")
     ax.set_title(f"Concentration; evidence clip rate {summary['evidence_clip_rate']:.3f}")
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main(argv=None):

@@ -140,10 +140,7 @@ def plot(steps: list[dict], resets: list[dict], summary: dict, path: str, title:
     ax.set_xlabel("h* / H (reset thought / thoughts in the seed)")
     ax.set_ylabel("resets")
     ax.set_title(f"Where resets land; localization parse rate {parse_text}")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path, title)
 
 
 def main(argv=None):

@@ -62,22 +62,6 @@ def _dataset_columns(dataset) -> list[str] | None:
     return list(columns) if columns is not None else None
 
 
-def _check_answer_column(dataset, column: str, argument: str) -> None:
-    if dataset is None:
-        return
-    if isinstance(dataset, dict):
-        for name, split in dataset.items():
-            _check_answer_column(split, column, f"{argument}[{name!r}]")
-        return
-    columns = _dataset_columns(dataset)
-    if columns is not None and column not in columns:
-        raise ValueError(
-            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
-            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
-            f"`answer_column` to the column holding the answers."
-        )
-
-
 def answer_problem(answer) -> str | None:
     """Why ``answer`` cannot condition the oracle (None when it can): y* is appended to the prompt as text, so it
     must be a non-empty string or a finite number."""
@@ -103,14 +87,22 @@ def _refuse_answer(column: str, where: str, answer, problem: str) -> None:
 
 
 def _check_answers(dataset, column: str, argument: str) -> None:
-    """Refuse empty/None/NaN/non-scalar answers of a map-style dataset at construction, naming the row. Iterable
-    datasets cannot be read ahead: their rows are checked batch by batch, before the first step uses them."""
+    """Refuse a dataset without the answer column, and empty/None/NaN/non-scalar answers of a map-style dataset, at
+    construction, naming the row. Iterable datasets cannot be read ahead: their rows are checked batch by batch,
+    before the first step uses them."""
     if dataset is None:
         return
     if isinstance(dataset, dict):
         for name, split in dataset.items():
             _check_answers(split, column, f"{argument}[{name!r}]")
         return
+    columns = _dataset_columns(dataset)
+    if columns is not None and column not in columns:
+        raise ValueError(
+            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
+            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
+            f"`answer_column` to the column holding the answers."
+        )
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         return
     try:
@@ -179,8 +171,6 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     ):
         args = resolve_method_args(args, OPPOConfig, model, "OPPOTrainer", "OPPO")
         # Fail before loading any model.
-        _check_answer_column(train_dataset, args.answer_column, "train_dataset")
-        _check_answer_column(eval_dataset, args.answer_column, "eval_dataset")
         _check_answers(train_dataset, args.answer_column, "train_dataset")
         _check_answers(eval_dataset, args.answer_column, "eval_dataset")
         teacher = teacher_model if teacher_model is not None else args.teacher_model_name_or_path
