@@ -136,15 +136,20 @@ def markdown_tables(learning: dict | None, overhead: dict | None) -> str:
     lines = []
     if overhead:
         lines += ["| method | rollouts/prompt | GRPO s/step | method s/step | step time x (median paired) | "
-                  "step x from own work | generated tokens x | method components (median s/step) |",
+                  "step x from own work | generated tokens x [per-step range] | method components (median s/step) |",
                   "|---|---|---|---|---|---|---|---|"]
         for m, r in overhead["methods"].items():
             ratio = own_work_ratio(m, r)
             own = "-" if ratio is None else f"{ratio:.3f}"
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["components"][m].items() if v >= 0.05)
+            time_x, token_x = f"{r['step_time_ratio']:.2f}", f"{r['token_ratio']:.2f}"
+            if "step_time_ratios" in r:  # median [min, max] of the paired steps
+                spread = r["step_time_ratios"]
+                time_x += f" [{spread['min']:.2f}, {spread['max']:.2f}]"
+                spread = r["token_ratios"]
+                token_x += f" [{spread['min']:.2f}, {spread['max']:.2f}]"
             lines.append(f"| {LABELS.get(m, m)} | {r['settings']['num_generations']} | {r['grpo_median_seconds']:.1f} | "
-                         f"{r['method_median_seconds']:.1f} | {r['step_time_ratio']:.2f} | {own} | {r['token_ratio']:.2f} | "
-                         f"{parts} |")
+                         f"{r['method_median_seconds']:.1f} | {time_x} | {own} | {token_x} | {parts} |")
         lines.append("")
     if learning:
         base = learning["base"]
