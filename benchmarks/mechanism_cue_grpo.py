@@ -139,9 +139,9 @@ def main(argv=None):
     redistribute = trainer._redistribute_advantages
 
     @functools.wraps(redistribute)
-    def recording_redistribute(inputs, local_advantages):
+    def recording_redistribute(inputs, local_advantages, *args, **kwargs):
         grpo_advantages.append(local_advantages.detach().cpu().tolist())
-        return redistribute(inputs, local_advantages)
+        return redistribute(inputs, local_advantages, *args, **kwargs)
 
     trainer._redistribute_advantages = recording_redistribute
 
