@@ -146,3 +146,60 @@ def test_outside_zero3_init_unregisters_and_restores_the_deepspeed_config():
         hf_deepspeed.unset_hf_deepspeed_config()
     with outside_zero3_init():  # no DeepSpeed config registered: a no-op
         assert not hf_deepspeed.is_deepspeed_zero3_enabled()
+
+
+def _prefill_spy(trainer):
+    """Batch shapes of every forward of the trainer's causal LM (the shared prefill's included)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    shapes = []
+    handle = model.register_forward_hook(
+        lambda module, args, kwargs, output: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    return shapes, handle
+
+
+def test_shared_prefill_prefills_each_distinct_prompt_once_and_generates_the_same_tokens(
+    tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path
+):
+    # The B̂ branches of a fork (or the suffixes of a reset state) are repeated rows: HF generate would prefill each
+    # copy. With the shared prefill, the distinct rows are prefilled once (all but their last token) and every copy
+    # continues from that cache; greedy tokens equal plain transformers decoding each prefix alone (no padding).
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    a = tiny_tokenizer("What is 3 + 4? First, we add the numbers.")["input_ids"]
+    b = tiny_tokenizer("Step 1:")["input_ids"]
+    c = a[:1]  # a one-token prefix: all of its prefill is padding
+    prefixes = [a, a, a, b, b, c, c]
+    shapes, handle = _prefill_spy(trainer)
+    completions, _ = generate_from_prefixes(trainer, prefixes, greedy=True, max_new_tokens=7)
+    handle.remove()
+    # first forward: the 3 distinct rows, all but the last column of the left-padded batch; then one row-count of 7
+    assert shapes[0] == (3, len(a) - 1)
+    assert all(rows == 7 for rows, _ in shapes[1:]) and all(length == 1 for _, length in shapes[1:])
+    reference_model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    for prefix, completion in zip(prefixes, completions):
+        out = reference_model.generate(
+            torch.tensor([prefix]), max_new_tokens=7, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id
+        )[0, len(prefix) :].tolist()
+        if tiny_tokenizer.eos_token_id in out:
+            out = out[: out.index(tiny_tokenizer.eos_token_id) + 1]
+        assert completion == out
+
+
+def test_shared_prefill_samples_the_same_tokens_as_separate_prefills(tiny_model_path, tiny_dataset, tiny_tokenizer,
+                                                                     tmp_path):
+    # Sampling draws happen after the prefill, so with the same seed the shared and unshared calls sample the same
+    # tokens (the cache differs only by float rounding).
+    from trl_credit._trl import hf_generate_hooks
+
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    a = tiny_tokenizer("Consider the equation 2x + 3 = 11.")["input_ids"]
+    b = tiny_tokenizer("Let x = 2.")["input_ids"]
+    rows = [a] * 4 + [b] * 4
+    results = []
+    for share in (False, True):
+        torch.manual_seed(11)
+        with hf_generate_hooks(trainer, share_prefill=share), sampling_overrides(trainer, max_new_tokens=8):
+            completions, _ = trainer._generate_single_turn(rows, None, {}, 4)
+        results.append(completions)
+    assert results[0] == results[1]
+    assert len({tuple(c) for c in results[1][:4]}) > 1  # the copies are sampled independently, not copied

@@ -55,6 +55,7 @@ __all__ = [
     "one_weight_push",
     "OneWeightPushMixin",
     "GenerationRecorder",
+    "hf_generate_hooks",
 ]
 
 
@@ -142,7 +143,7 @@ def sampling_overrides(
 
     ``stop_strings``: a row stops right after the first occurrence of any of them, kept in the output (vLLM: its
     ``stop`` / ``include_stop_str_in_output`` sampling parameters through ``vllm_generation.generation_kwargs``;
-    HF ``generate``: a stopping criterion, see :func:`_hf_stopping`; continuous batching: not stopped early, the
+    HF ``generate``: a stopping criterion, see :func:`hf_generate_hooks`; continuous batching: not stopped early, the
     caller's cut applies). Per-row token budgets are applied the same way by :func:`generate_from_prefixes`.
     """
     hf_changes: dict = {}
@@ -260,7 +261,7 @@ def generate_from_prefixes(
             trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
             stop_strings=stops or None,
         ),
-        _hf_stopping(trainer, row_budgets, stops) if (budgets is not None or stops) else contextlib.nullcontext(),
+        hf_generate_hooks(trainer, row_budgets if budgets is not None else None, stops),
     ):
         for call in range(num_calls):
             chunk = rows[call * per_call : (call + 1) * per_call]
@@ -294,22 +295,34 @@ def _kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[
 
 
 @contextlib.contextmanager
-def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[None]:
-    """HF ``generate`` only: stop each row at its own token budget (``row_budgets[i]``, None = the call's cap) or
-    right after a stop string, through a stopping criterion added to TRL's ``generate`` call (TRL passes no
-    ``stopping_criteria`` of its own; the model's ``generate`` is wrapped on the instance for the duration).
-    Finished rows are padded by ``generate``; the caller cuts them. vLLM and continuous batching: nothing here."""
+def hf_generate_hooks(
+    trainer, row_budgets: list | None = None, stops: Sequence[str] = (), share_prefill: bool = True
+) -> Iterator[None]:
+    """HF ``generate`` only (vLLM and continuous batching: nothing here), for the generation calls made inside:
+
+    - ``row_budgets``: stop each row at its own token budget (``row_budgets[i]``, None = the call's cap; the list
+      is read at each call, so the caller can refill it between calls), and ``stops``: right after a stop string.
+      A stopping criterion is added to TRL's ``generate`` call (TRL passes no ``stopping_criteria`` of its own).
+      Finished rows are padded by ``generate``; the caller cuts them.
+    - ``share_prefill``: rows with the same (left-padded) prompt are prefilled once (:func:`_shared_prefill`): the
+      B̂ branches of a DATPO fork or the suffixes of an SRPO reset state read their common prefix in one forward,
+      and ``generate`` continues every row from a copy of that cache, as vLLM's prefix cache does.
+
+    The model's ``generate`` is wrapped on the instance for the duration.
+    """
     if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
         yield
         return
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     tokenizer = trainer._tokenizer
+    stops = [s for s in (stops or []) if s]
 
     class RowStop(StoppingCriteria):
         def __init__(self, start: int, num_rows: int, device):
             self.start = start
-            budgets = [row_budgets[row] if row < len(row_budgets) else None for row in range(num_rows)]
+            known = row_budgets or []
+            budgets = [known[row] if row < len(known) else None for row in range(num_rows)]
             self.budgets = torch.tensor([math.inf if b is None else b for b in budgets], device=device)
 
         def __call__(self, input_ids, scores, **kwargs):
@@ -332,9 +345,13 @@ def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[N
 
     def generate(*args, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        criteria = StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
-        criteria.append(RowStop(input_ids.size(1), input_ids.size(0), input_ids.device))
-        return bound(*args, stopping_criteria=criteria, **kwargs)
+        if row_budgets is not None or stops:
+            criteria = StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
+            criteria.append(RowStop(input_ids.size(1), input_ids.size(0), input_ids.device))
+            kwargs["stopping_criteria"] = criteria
+        if share_prefill and not args:
+            kwargs = _shared_prefill(model, kwargs)
+        return bound(*args, **kwargs)
 
     model.generate = generate
     try:
@@ -344,6 +361,81 @@ def _hf_stopping(trainer, row_budgets: list, stops: Sequence[str]) -> Iterator[N
             model.generate = saved
         else:
             del model.generate
+
+
+# generate() arguments a shared prefill leaves as they are; any other (images, a cache, an assistant model...) means
+# a call it does not handle, which then runs unchanged.
+_PREFILL_SAFE_KWARGS = {"input_ids", "attention_mask", "generation_config", "stopping_criteria", "logits_processor"}
+_IN_SHARED_PREFILL = False  # GenerationRecorder ignores the prefill forward (it is not a generation step)
+
+
+@functools.cache
+def _generate_cache_kwarg() -> str:
+    """The name ``generate`` takes a ready cache under: ``cache`` in recent transformers (``past_key_values`` is
+    deprecated there), ``past_key_values`` before."""
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    source = inspect.getsource(GenerationMixin.generate)  # with its decorators
+    return "cache" if 'new_name="cache"' in source else "past_key_values"
+
+
+def _shared_prefill(model, kwargs: dict) -> dict:
+    """``generate`` kwargs in which rows with the same prompt share one prefill.
+
+    The distinct rows (prompt ids and attention mask, as left-padded by TRL) are run through the model once, all
+    but their last token, with the position ids ``generate`` gives them; the cache is copied to every row
+    (``batch_select_indices``) and handed to ``generate``, which then reads only each row's last prompt token
+    before sampling. Sampling, logits processors and stopping are ``generate``'s own, so the rows are generated
+    exactly as without sharing, up to float rounding in the prefill. Calls this does not handle (beam search, a
+    static cache, multimodal inputs, no repeated rows) are returned unchanged.
+    """
+    global _IN_SHARED_PREFILL
+    input_ids, attention_mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+    config = kwargs.get("generation_config")
+    if (
+        input_ids is None
+        or attention_mask is None
+        or set(kwargs) - _PREFILL_SAFE_KWARGS
+        or input_ids.dim() != 2
+        or input_ids.size(1) < 2
+        or config is None
+        or getattr(config, "num_beams", 1) not in (None, 1)
+        or getattr(config, "cache_implementation", None) not in (None, "dynamic")
+        or getattr(config, "use_cache", True) is False
+        or getattr(config, "prompt_lookup_num_tokens", None)
+    ):
+        return kwargs
+    rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    distinct, owner = torch.unique(rows, dim=0, return_inverse=True)
+    if distinct.size(0) == rows.size(0):
+        return kwargs  # nothing repeated: nothing to share
+    length = input_ids.size(1)
+    prefix_ids, prefix_mask = distinct[:, : length - 1], distinct[:, length : 2 * length - 1]
+    # position ids as generate derives them from a left-padded attention mask
+    position_ids = prefix_mask.long().cumsum(-1) - 1
+    position_ids.masked_fill_(prefix_mask == 0, 1)
+    _IN_SHARED_PREFILL = True
+    try:
+        output = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids, use_cache=True,
+                       **({"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}))
+    finally:
+        _IN_SHARED_PREFILL = False
+    cache = getattr(output, "cache", None)
+    if cache is None:
+        cache = getattr(output, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return kwargs
+    cache.batch_select_indices(owner.to(prefix_ids.device))
+    return {**kwargs, _generate_cache_kwarg(): cache}
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    import inspect
+
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(causal_lm.forward).parameters
 
 
 def _filler_row(trainer, rows: list[list[int]]) -> list[int]:
@@ -610,6 +702,8 @@ class GenerationRecorder:
             handle.remove()
 
     def __call__(self, module, args, kwargs, output):
+        if _IN_SHARED_PREFILL:
+            return None  # a shared prefill's forward (hf_generate_hooks), not a generation step
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         logits = getattr(output, "logits", None)
         if self.failed or input_ids is None or logits is None:
