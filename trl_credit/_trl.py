@@ -418,8 +418,9 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     position_ids.masked_fill_(prefix_mask == 0, 1)
     _IN_SHARED_PREFILL = True
     try:
-        output = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids, use_cache=True,
-                       **({"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}))
+        with torch.no_grad():  # generate's own prefill runs without grad too
+            output = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=position_ids,
+                           use_cache=True, **({"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}))
     finally:
         _IN_SHARED_PREFILL = False
     cache = getattr(output, "cache", None)
