@@ -203,3 +203,30 @@ def test_shared_prefill_samples_the_same_tokens_as_separate_prefills(tiny_model_
         results.append(completions)
     assert results[0] == results[1]
     assert len({tuple(c) for c in results[1][:4]}) > 1  # the copies are sampled independently, not copied
+
+
+def test_shared_prefill_is_off_where_a_forward_may_be_collective(tiny_model_path, tiny_dataset, tiny_tokenizer,
+                                                                   tmp_path, monkeypatch):
+    # ZeRO-3 / FSDP with several processes: a forward can all-gather parameters, and only processes with repeated
+    # rows would make the prefill forward, so sharing is off there. Simulated while the hooks are installed (where
+    # the decision is made): 2 processes, ZeRO stage 3; then generation runs on the real single process.
+    from types import SimpleNamespace
+
+    from trl_credit._trl import hf_generate_hooks
+
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    a = tiny_tokenizer("Step 1:")["input_ids"]
+    shapes, handle = _prefill_spy(trainer)
+    accelerator_class = type(trainer.accelerator)
+    with monkeypatch.context() as patch:
+        patch.setattr(accelerator_class, "num_processes", property(lambda self: 2))
+        patch.setattr(trainer.accelerator, "state", SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3)))
+        hooks = hf_generate_hooks(trainer)
+        hooks.__enter__()
+    try:
+        with sampling_overrides(trainer, max_new_tokens=3):
+            trainer._generate_single_turn([a, a], None, {}, 2)
+    finally:
+        hooks.__exit__(None, None, None)
+        handle.remove()
+    assert shapes[0] == (2, len(a))  # generate's own prefill of both rows, no shared one

@@ -342,6 +342,13 @@ def hf_generate_hooks(
     had_own = "generate" in model.__dict__
     saved = model.__dict__.get("generate")
     bound = model.generate
+    # Under FSDP or ZeRO-3 with several processes a forward can be a collective call (parameter all-gathers), and
+    # the prefill forward is made only where rows repeat: not shared there, so every process runs the same forwards.
+    sharded = trainer.accelerator.num_processes > 1 and (
+        getattr(trainer, "is_fsdp_enabled", False)
+        or getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
+    )
+    share_prefill = share_prefill and not sharded
 
     def generate(*args, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
@@ -388,8 +395,8 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     but their last token, with the position ids ``generate`` gives them; the cache is copied to every row
     (``batch_select_indices``) and handed to ``generate``, which then reads only each row's last prompt token
     before sampling. Sampling, logits processors and stopping are ``generate``'s own, so the rows are generated
-    exactly as without sharing, up to float rounding in the prefill. Calls this does not handle (beam search, a
-    static cache, multimodal inputs, no repeated rows) are returned unchanged.
+    exactly as without sharing, up to float rounding in the prefill. Calls this does not handle (beam search,
+    several return sequences, a static cache, multimodal inputs, no repeated rows) are returned unchanged.
     """
     global _IN_SHARED_PREFILL
     input_ids, attention_mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
@@ -402,6 +409,7 @@ def _shared_prefill(model, kwargs: dict) -> dict:
         or input_ids.size(1) < 2
         or config is None
         or getattr(config, "num_beams", 1) not in (None, 1)
+        or getattr(config, "num_return_sequences", 1) not in (None, 1)
         or getattr(config, "cache_implementation", None) not in (None, "dynamic")
         or getattr(config, "use_cache", True) is False
         or getattr(config, "prompt_lookup_num_tokens", None)
