@@ -1,5 +1,6 @@
 """The shared TRL helpers: generation through TRL's path with per-call overrides, scoring, padding."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -230,3 +231,40 @@ def test_shared_prefill_is_off_where_a_forward_may_be_collective(tiny_model_path
         hooks.__exit__(None, None, None)
         handle.remove()
     assert shapes[0] == (2, len(a))  # generate's own prefill of both rows, no shared one
+
+
+def _enable_dropout(trainer):
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.train()
+    model.lm_head = torch.nn.Sequential(torch.nn.Dropout(0.1), model.lm_head)
+
+
+def _model_cache_implementation(trainer):
+    trainer.accelerator.unwrap_model(trainer.model).generation_config.cache_implementation = "dynamic"
+
+
+def _chunked_prefill(trainer):
+    trainer.generation_config.prefill_chunk_size = 4
+
+
+@pytest.mark.parametrize("setup", [_enable_dropout, _model_cache_implementation, _chunked_prefill],
+                         ids=["dropout-in-train-mode", "model-cache-implementation", "chunked-prefill"])
+def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation(
+    tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path, setup
+):
+    # Dropout active: the copies would share one dropout draw for their prompt. A cache implementation: generate
+    # refuses a cache next to one. Chunked prefill: some transformers versions restart it at position 0. In each
+    # case generate runs its own prefill of every row (and does not raise).
+    from trl_credit._trl import hf_generate_hooks
+
+    trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
+    setup(trainer)
+    a = tiny_tokenizer("Step 1:")["input_ids"]
+    shapes, handle = _prefill_spy(trainer)
+    try:
+        with hf_generate_hooks(trainer), sampling_overrides(trainer, max_new_tokens=3):
+            completions, _ = trainer._generate_single_turn([a, a], None, {}, 2)
+    finally:
+        handle.remove()
+    assert len(completions) == 2
+    assert shapes[0][0] == 2  # both rows prefilled by generate itself

@@ -410,9 +410,7 @@ def _shared_prefill(model, kwargs: dict) -> dict:
         or config is None
         or getattr(config, "num_beams", 1) not in (None, 1)
         or getattr(config, "num_return_sequences", 1) not in (None, 1)
-        or getattr(config, "cache_implementation", None) not in (None, "dynamic")
-        or getattr(config, "use_cache", True) is False
-        or getattr(config, "prompt_lookup_num_tokens", None)
+        or not _prefill_can_be_shared(model, config)
     ):
         return kwargs
     rows = torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
@@ -421,9 +419,9 @@ def _shared_prefill(model, kwargs: dict) -> dict:
         return kwargs  # nothing repeated: nothing to share
     length = input_ids.size(1)
     prefix_ids, prefix_mask = distinct[:, : length - 1], distinct[:, length : 2 * length - 1]
-    # position ids as generate derives them from a left-padded attention mask
+    # position ids as generate derives them from a left-padded attention mask (padding: 0, masked anyway)
     position_ids = prefix_mask.long().cumsum(-1) - 1
-    position_ids.masked_fill_(prefix_mask == 0, 1)
+    position_ids.masked_fill_(prefix_mask == 0, 0)
     _IN_SHARED_PREFILL = True
     try:
         with torch.no_grad():  # generate's own prefill runs without grad too
@@ -434,10 +432,35 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     cache = getattr(output, "cache", None)
     if cache is None:
         cache = getattr(output, "past_key_values", None)
-    if cache is None or not hasattr(cache, "batch_select_indices"):
-        return kwargs
+    if not isinstance(cache, transformers.DynamicCache):
+        return kwargs  # only the plain growing cache is known to continue correctly from a copy
     cache.batch_select_indices(owner.to(prefix_ids.device))
     return {**kwargs, _generate_cache_kwarg(): cache}
+
+
+def _prefill_can_be_shared(model, config) -> bool:
+    """Whether ``generate`` would continue from a ready cache exactly as from its own prefill: no cache
+    implementation or chunked prefill requested (by the call's or the model's generation config: ``generate``
+    refuses a cache next to a ``cache_implementation`` and chunked prefill restarts at position 0 in some
+    versions), no prompt-lookup decoding, no prompt-learning adapter (it prepends its own cache), and no dropout
+    active (the copies would share one dropout draw for their prompt, where separate prefills draw one each)."""
+    own = getattr(model, "generation_config", None)
+    for source in (config, own):
+        if source is None:
+            continue
+        if getattr(source, "cache_implementation", None) is not None or getattr(source, "prefill_chunk_size", None):
+            return False
+        if getattr(source, "use_cache", True) is False or getattr(source, "prompt_lookup_num_tokens", None):
+            return False
+    if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
+        return False
+    if model.training and any(
+        isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
+    ):
+        return False
+    if model.training and getattr(getattr(model, "config", None), "attention_dropout", 0.0):
+        return False
+    return True
 
 
 def _accepts_logits_to_keep(model) -> bool:
