@@ -3,9 +3,11 @@
 For every method, a GRPOTrainer baseline gets the same model (offline SmolLM2-135M-Instruct + LoRA), data, seed
 and shared settings (rollouts per prompt, temperature, loss type, lengths: harness.METHODS, i.e. the offline
 settings of examples/train_<method>.py). Steps are interleaved (GRPO, method, GRPO, method, ...) so machine load
-hits both alike; after warm-up steps the median step time, the median of the paired per-step ratios and the
-generated tokens are reported, with a per-component profile (generation, no-grad log-prob passes, rewards, and the
-method's own work: cue processing, OPPO oracle pass, DATPO tree/branches, SRPO seeds + localization + suffixes).
+hits both alike, and both steps of a pair start from the same sampling seed (so they sample the same base rollouts
+while the policies are still nearly the same); after warm-up steps the median step time, the median of the paired
+per-step ratios and the generated tokens are reported, with a per-component profile (generation, no-grad log-prob
+passes, rewards, and the method's own work: cue processing, OPPO oracle pass, DATPO tree/branches, SRPO seeds +
+localization + suffixes).
 
     python benchmarks/overhead.py                           # all methods; writes benchmarks/results/overhead.json
     python benchmarks/overhead.py --methods oppo,srpo --steps 8
@@ -26,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
 import torch  # noqa: E402
+from transformers import set_seed  # noqa: E402
 
 from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.models import default_model_path  # noqa: E402
@@ -87,6 +90,10 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
     for step in range(args.warmup + args.steps):
         for name, run in runs.items():  # interleaved
             run["profiler"].reset()
+            # the same sampling seed for both steps of a pair: while the two policies are still (nearly) the same
+            # (learning rate 1e-6), GRPO and the method sample the same base rollouts, so a ratio measures the
+            # method rather than two different draws of completion lengths
+            set_seed(args.seed * 100_003 + step)
             seconds = harness.run_step(run["trainer"], run["batches"])
             record = dict(step_seconds=seconds, **run["profiler"].snapshot(),
                           metrics=harness.last_metrics(run["trainer"], prefix=prefix))
