@@ -46,6 +46,8 @@ METHODS = {
 # RRPO: SRPO's rollout with the reset drawn uniformly instead of localized by the policy (no localization call).
 METHODS["rrpo"] = dict(METHODS["srpo"], trainer="SRPOTrainer", config="SRPOConfig",
                        own=dict(METHODS["srpo"]["own"], reset="random"))
+# SRPO with its seeds drawn from the failed base rollouts (paper App. D) instead of fresh rollouts: the option's cost.
+METHODS["srpo_base"] = dict(METHODS["srpo"], own=dict(METHODS["srpo"]["own"], seed_source="base"))
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -42,6 +42,7 @@ TARGETS = {
     "oppo": ("step_time_ratio", 1.25),
     "srpo": ("token_ratio", 1.08),
     "rrpo": ("token_ratio", 1.08),
+    "srpo_base": ("token_ratio", 1.08),
     "datpo": ("tokens_per_leaf_over_rollout", 0.6),
 }
 # DATPO's saving needs long answers (a fork then leaves a long shared prefix): its run uses a step-by-step
@@ -68,7 +69,7 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
     dataset = datasets["long" if method == "datpo" else "short"]
     settings = harness.common_settings(args.prompts, tokens, args.warmup + args.steps, args.seed, 1e-6)
     baseline_dataset = dataset
-    if method in ("srpo", "rrpo"):
+    if method in ("srpo", "rrpo", "srpo_base"):
         # SRPO rolls out from its thought template ("lines" here): its GRPO baseline gets the same wrapped prompts,
         # so the token ratio measures the method, not what the template does to the answers' length.
         from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt
@@ -86,7 +87,7 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         harness.instrument(trainer, "grpo" if grpo_like else method, profiler)
         runs[name] = dict(trainer=trainer, batches=harness.prepare_manual_stepping(trainer), profiler=profiler,
                           steps=[])
-    prefix = {"cue_grpo": "cue/", "rrpo": "srpo/"}.get(method, method + "/")
+    prefix = {"cue_grpo": "cue/", "rrpo": "srpo/", "srpo_base": "srpo/"}.get(method, method + "/")
     for step in range(args.warmup + args.steps):
         for name, run in runs.items():  # interleaved
             run["profiler"].reset()
@@ -156,7 +157,8 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="cue_grpo,oppo,srpo,rrpo,datpo")
+    parser.add_argument("--methods", default="cue_grpo,oppo,srpo,rrpo,datpo,srpo_base",
+                        help="srpo_base: SRPO with seed_source='base' (seeds from the failed base rollouts)")
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=None,
                         help="max completion tokens of every method but DATPO (default: each example's own, "

@@ -20,9 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red",
-          "rrpo": "tab:purple"}
+          "rrpo": "tab:purple", "srpo_base": "tab:brown"}
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO",
-          "rrpo": "RRPO"}
+          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)"}
 METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo"]
 
 
