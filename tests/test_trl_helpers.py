@@ -26,20 +26,27 @@ def _trainer(tiny_model_path, tiny_dataset, tmp_path, **overrides):
     return GRPOTrainer(model=tiny_model_path, reward_funcs=_zero_reward, args=args, train_dataset=tiny_dataset)
 
 
+def _greedy_reference(model_path, tokenizer, prefixes, max_new_tokens):
+    """Independent reference: greedy decoding with plain transformers, one row at a time (no padding), cut after
+    the first EOS as TRL cuts completions."""
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    outputs = []
+    for prefix in prefixes:
+        out = model.generate(
+            torch.tensor([prefix]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tokenizer.eos_token_id
+        )[0, len(prefix) :].tolist()
+        if tokenizer.eos_token_id in out:
+            out = out[: out.index(tokenizer.eos_token_id) + 1]
+        outputs.append(out)
+    return outputs
+
+
 def test_greedy_override_matches_model_generate_and_is_restored(tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path):
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     prefixes = [tiny_tokenizer("What is 3 + 4?")["input_ids"], tiny_tokenizer("Step 1:")["input_ids"]]
     completions, logprobs = generate_from_prefixes(trainer, prefixes, greedy=True, max_new_tokens=9)
     assert logprobs is None  # HF generate path returns no sampling log-probs
-    # Independent reference: greedy decoding with plain transformers, one row at a time (no padding).
-    reference_model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
-    for prefix, completion in zip(prefixes, completions):
-        out = reference_model.generate(
-            torch.tensor([prefix]), max_new_tokens=9, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id
-        )[0, len(prefix) :].tolist()
-        if tiny_tokenizer.eos_token_id in out:
-            out = out[: out.index(tiny_tokenizer.eos_token_id) + 1]
-        assert completion == out
+    assert completions == _greedy_reference(tiny_model_path, tiny_tokenizer, prefixes, max_new_tokens=9)
     # The override is gone afterwards: sampling is back on, with the configured length.
     assert trainer.generation_config.do_sample is True
     assert trainer.generation_config.max_new_tokens == 6
@@ -176,14 +183,7 @@ def test_shared_prefill_prefills_each_distinct_prompt_once_and_generates_the_sam
     # first forward: the 3 distinct rows, all but the last column of the left-padded batch; then one row-count of 7
     assert shapes[0] == (3, len(a) - 1)
     assert all(rows == 7 for rows, _ in shapes[1:]) and all(length == 1 for _, length in shapes[1:])
-    reference_model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
-    for prefix, completion in zip(prefixes, completions):
-        out = reference_model.generate(
-            torch.tensor([prefix]), max_new_tokens=7, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id
-        )[0, len(prefix) :].tolist()
-        if tiny_tokenizer.eos_token_id in out:
-            out = out[: out.index(tiny_tokenizer.eos_token_id) + 1]
-        assert completion == out
+    assert completions == _greedy_reference(tiny_model_path, tiny_tokenizer, prefixes, max_new_tokens=7)
 
 
 def test_shared_prefill_samples_the_same_tokens_as_separate_prefills(tiny_model_path, tiny_dataset, tiny_tokenizer,
