@@ -110,7 +110,24 @@ def lora_config():
     return LoraConfig(r=64, lora_alpha=64, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
 
 
-class Profiler:
+class ModulePatches:
+    """Functions replaced for the duration of a measurement (module-level ones the trainers look up at call time,
+    or methods on an object), restored in reverse order by ``unpatch``."""
+
+    def __init__(self):
+        self._unpatch = []
+
+    def replace(self, module, attr: str, replacement) -> None:
+        self._unpatch.append((module, attr, getattr(module, attr)))
+        setattr(module, attr, replacement)
+
+    def unpatch(self):
+        for module, attr, original in reversed(self._unpatch):
+            setattr(module, attr, original)
+        self._unpatch.clear()
+
+
+class Profiler(ModulePatches):
     """Seconds, calls and generated tokens per component, for the step in progress (``reset`` between steps)."""
 
     def __init__(self):
@@ -119,7 +136,7 @@ class Profiler:
         self.tokens = defaultdict(int)
         self.rows = defaultdict(int)  # rows scored per no-grad pass component (OPPO's extra pass: B rows)
         self.events = []  # (component, rows, tokens per row) of every generation call of the step
-        self._unpatch = []
+        super().__init__()
 
     def reset(self):
         self.seconds.clear(), self.calls.clear(), self.tokens.clear(), self.rows.clear(), self.events.clear()
@@ -154,14 +171,7 @@ class Profiler:
         setattr(obj, attr, self.timed(name, getattr(obj, attr), **kw))
 
     def wrap_module_function(self, module, attr: str, name: str, **kw):
-        original = getattr(module, attr)
-        setattr(module, attr, self.timed(name, original, **kw))
-        self._unpatch.append((module, attr, original))
-
-    def unpatch(self):
-        for module, attr, original in reversed(self._unpatch):
-            setattr(module, attr, original)
-        self._unpatch.clear()
+        self.replace(module, attr, self.timed(name, getattr(module, attr), **kw))
 
 
 def instrument(trainer, method: str, profiler: Profiler) -> None:

@@ -71,7 +71,7 @@ def build_trainer(method: str, args, own: dict | None = None, lora: bool = True)
     return trainer
 
 
-class Recorder:
+class Recorder(harness.ModulePatches):
     """Records the inputs/outputs of a trainer's ``_generate_and_score_completions`` and every
     ``_calculate_rewards`` call (instance-level wraps), and the calls of module-level functions."""
 
@@ -79,7 +79,7 @@ class Recorder:
         self.batches = []  # dicts: inputs, output (cpu tensors), rewards (list of reward-call results)
         self.calls = {}  # name -> list of (args, kwargs, result)
         self._rewards = []
-        self._unpatch = []
+        super().__init__()
 
     def attach(self, trainer, on_output=None):
         generate = trainer._generate_and_score_completions
@@ -118,13 +118,7 @@ class Recorder:
             self.calls[name].append((a, k, result))
             return result
 
-        setattr(module, name, wrapper)
-        self._unpatch.append((module, name, original))
-
-    def unpatch(self):
-        for module, name, original in reversed(self._unpatch):
-            setattr(module, name, original)
-        self._unpatch.clear()
+        self.replace(module, name, wrapper)
 
 
 def collect(trainer, steps: int, train: bool) -> float:
