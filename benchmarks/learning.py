@@ -57,11 +57,20 @@ def dataset_of(args):
 def evaluate_model(model, tokenizer, test, args) -> dict:
     model.eval()
     start = time.perf_counter()
-    samples = sample_completions(
-        model, tokenizer, list(test["prompt"]), args.samples, batch_size=args.eval_batch_size,
-        temperature=args.eval_temperature, top_p=args.eval_top_p, max_new_tokens=args.tokens,
-        seed=args.eval_seed, progress=False,
-    )
+    # A trained LoRA model is evaluated with its adapter merged into the base weights: the same function (to fp32
+    # rounding) at the base model's cost; unmerged, the 7 x 30 adapter matmuls made evaluation ~1.7x slower.
+    merged = hasattr(model, "merge_adapter")
+    if merged:
+        model.merge_adapter()
+    try:
+        samples = sample_completions(
+            model, tokenizer, list(test["prompt"]), args.samples, batch_size=args.eval_batch_size,
+            temperature=args.eval_temperature, top_p=args.eval_top_p, max_new_tokens=args.tokens,
+            seed=args.eval_seed, progress=False,
+        )
+    finally:
+        if merged:
+            model.unmerge_adapter()
     texts = [[s["text"] for s in per_problem] for per_problem in samples]
     scored = score_completions(texts, list(test["answer"]), reward="final_number")
     for entry, question, answer in zip(scored, test["question"], test["answer"]):
