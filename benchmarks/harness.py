@@ -24,12 +24,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _fixed_mmap_threshold(threshold: int = 65536) -> bool:
+def fix_mmap_threshold(threshold: int = 65536) -> bool:
     """glibc only: serve every allocation of ``threshold`` bytes or more with its own mmap, returned to the system
-    when freed (the ``MALLOC_MMAP_THRESHOLD_`` environment variable, set here before torch allocates anything).
-    glibc's default threshold grows with the largest freed block (up to 32 MB), after which the KV caches HF
-    ``generate`` grows token by token come from the heap and fragment it: a DATPO step at 192 tokens reached 15 GB of
-    resident memory on the CPU (killed for memory twice on a 24 GB machine) and stays near 5 GB with this."""
+    when freed (what the ``MALLOC_MMAP_THRESHOLD_`` environment variable does at start-up). glibc's default threshold
+    grows with the largest freed block (up to 32 MB), after which the KV caches HF ``generate`` grows token by token
+    come from the heap and fragment it: a DATPO step at 192 tokens reached 15 GB of resident memory on the CPU
+    (killed for memory twice on a 24 GB machine) and stays near 5-10 GB with this.
+
+    Not free: each KV-cache tensor a decode step re-allocates is then a fresh mmap, page-faulted and zeroed, which
+    made a SmolLM2 decode step ~1.5x slower on this machine (8 rows x 300 cached tokens: 29 -> 48 ms per row-step;
+    48 rows: 15 -> 23 ms). So only ``overhead.py`` sets it (``--mmap-threshold``, for its long DATPO trees); the
+    short-answer scripts keep glibc's default."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return True
     try:
@@ -40,8 +45,6 @@ def _fixed_mmap_threshold(threshold: int = 65536) -> bool:
     except (OSError, AttributeError):
         return False
 
-
-_fixed_mmap_threshold()
 
 import torch  # noqa: E402
 

@@ -170,7 +170,12 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadier on a busy machine)")
     parser.add_argument("--output", default=os.path.join(RESULTS, "overhead.json"))
+    parser.add_argument("--mmap-threshold", type=int, default=65536,
+                        help="glibc mmap threshold in bytes (harness.fix_mmap_threshold: bounds the memory of DATPO's "
+                             "long trees, slows decoding of both trainers of a pair alike); 0: glibc's default")
     args = parser.parse_args()
+    if args.mmap_threshold:
+        harness.fix_mmap_threshold(args.mmap_threshold)
     torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for method in methods:
