@@ -294,9 +294,66 @@ def _kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[
     return keep
 
 
+class _RowStop(transformers.StoppingCriteria):
+    """Stops each row of a ``generate`` call at its own token budget (tokens generated since column ``start``;
+    ``budgets[i]`` may be ``math.inf``) and right after a stop string.
+
+    With ``compact_below`` (a row count) it also follows which rows have finished (budget, stop string or one of
+    ``eos_ids``) and, once fewer than ``compact_below`` rows are still running and they have at least
+    ``_COMPACT_MIN_TAIL`` tokens of budget left, ends the whole call (``compacted``): :func:`_generate_compacting`
+    continues the running rows (``running``) in a smaller call."""
+
+    def __init__(self, start: int, budgets: torch.Tensor, tokenizer, stops: Sequence[str], *,
+                 eos_ids: torch.Tensor | None = None, compact_below: int = 0, cap: int | None = None):
+        self.start, self.budgets, self.tokenizer, self.stops = start, budgets, tokenizer, list(stops)
+        self.eos_ids, self.compact_below, self.cap = eos_ids, compact_below, cap
+        self.finished: torch.Tensor | None = None
+        self.compacted = False
+
+    def __call__(self, input_ids, scores, **kwargs):
+        generated = input_ids[:, self.start :]
+        budgets = self.budgets
+        if generated.size(0) != budgets.numel() and generated.size(0) % budgets.numel() == 0:
+            # Beam search (generation_kwargs num_beams > 1): generate expands each row in place into its beams.
+            budgets = budgets.repeat_interleave(generated.size(0) // budgets.numel())
+        done = budgets <= generated.size(1)
+        if self.eos_ids is not None and generated.size(1):
+            done |= torch.isin(generated[:, -1], self.eos_ids)
+        if self.finished is not None:
+            done |= self.finished  # a finished row's later tokens are padding
+        if self.stops:
+            for row in (~done).nonzero().flatten().tolist():
+                text = self.tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
+                done[row] = any(stop in text for stop in self.stops)
+        if not self.compact_below:
+            return done
+        self.finished = done
+        running = ~done
+        if 0 < int(running.sum()) < self.compact_below:
+            tail = budgets[running].max().clamp(max=self.cap) - generated.size(1)
+            if tail >= _COMPACT_MIN_TAIL:
+                self.compacted = True
+                return torch.ones_like(done)
+        return done
+
+    @property
+    def running(self) -> torch.Tensor:
+        return (~self.finished).nonzero().flatten()
+
+
+# Row compaction (hf_generate_hooks(compact_rows=True)): HF generate computes every row of its batch at every step
+# until the longest row ends, so a call whose rows end at very different lengths (DATPO's branches: EOS anywhere in
+# a long budget) spends most of its tail on finished rows. Once fewer than this share of a call's rows is running,
+# the running rows continue in a new call from their cache rows; a shorter tail than _COMPACT_MIN_TAIL tokens is not
+# worth the cache copy.
+_COMPACT_WHEN_RUNNING = 0.5
+_COMPACT_MIN_TAIL = 4
+
+
 @contextlib.contextmanager
 def hf_generate_hooks(
-    trainer, row_budgets: list | None = None, stops: Sequence[str] = (), share_prefill: bool = True
+    trainer, row_budgets: list | None = None, stops: Sequence[str] = (), share_prefill: bool = True,
+    compact_rows: bool = False,
 ) -> Iterator[None]:
     """HF ``generate`` only (vLLM and continuous batching: nothing here), for the generation calls made inside:
 
@@ -307,57 +364,49 @@ def hf_generate_hooks(
     - ``share_prefill``: rows with the same (left-padded) prompt are prefilled once (:func:`_shared_prefill`): the
       B̂ branches of a DATPO fork or the suffixes of an SRPO reset state read their common prefix in one forward,
       and ``generate`` continues every row from a copy of that cache, as vLLM's prefix cache does.
+    - ``compact_rows``: once fewer than half of a call's rows are still running, the running ones continue in a
+      smaller ``generate`` call from their rows of the cache (:func:`_generate_compacting`), so finished rows stop
+      costing compute; what is sampled is unchanged (the same distributions at every step, tested greedily).
 
     The model's ``generate`` is wrapped on the instance for the duration.
     """
     if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
         yield
         return
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
     tokenizer = trainer._tokenizer
     stops = [s for s in (stops or []) if s]
-
-    class RowStop(StoppingCriteria):
-        def __init__(self, start: int, num_rows: int, device):
-            self.start = start
-            known = row_budgets or []
-            budgets = [known[row] if row < len(known) else None for row in range(num_rows)]
-            self.budgets = torch.tensor([math.inf if b is None else b for b in budgets], device=device)
-
-        def __call__(self, input_ids, scores, **kwargs):
-            generated = input_ids[:, self.start :]
-            budgets = self.budgets
-            if generated.size(0) != budgets.numel() and generated.size(0) % budgets.numel() == 0:
-                # Beam search (generation_kwargs num_beams > 1): generate expands each row in place into its beams.
-                budgets = budgets.repeat_interleave(generated.size(0) // budgets.numel())
-            done = budgets <= generated.size(1)
-            if stops:
-                for row in (~done).nonzero().flatten().tolist():
-                    text = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
-                    done[row] = any(stop in text for stop in stops)
-            return done
+    eos_ids = list(getattr(trainer, "eos_token_ids", None) or [tokenizer.eos_token_id])
 
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     had_own = "generate" in model.__dict__
     saved = model.__dict__.get("generate")
     bound = model.generate
     # Under FSDP or ZeRO-3 with several processes a forward can be a collective call (parameter all-gathers), and
-    # the prefill forward is made only where rows repeat: not shared there, so every process runs the same forwards.
+    # the prefill forward is made only where rows repeat: not shared there, so every process runs the same forwards
+    # (and no process ends a call early by compacting while another still runs its rows).
     sharded = trainer.accelerator.num_processes > 1 and (
         getattr(trainer, "is_fsdp_enabled", False)
         or getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
     )
     share_prefill = share_prefill and not sharded
+    compact_rows = compact_rows and not sharded
 
     def generate(*args, **kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if row_budgets is not None or stops:
-            criteria = StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
-            criteria.append(RowStop(input_ids.size(1), input_ids.size(0), input_ids.device))
-            kwargs["stopping_criteria"] = criteria
+        known = row_budgets or []
+        budgets = torch.tensor(
+            [known[row] if row < len(known) and known[row] is not None else math.inf
+             for row in range(input_ids.size(0))],
+            device=input_ids.device,
+        )
         if share_prefill and not args:
             kwargs = _shared_prefill(model, kwargs)
+        if compact_rows and not args and _can_compact(model, kwargs):
+            return _generate_compacting(bound, kwargs, budgets, tokenizer, stops, eos_ids)
+        if row_budgets is not None or stops:
+            criteria = transformers.StoppingCriteriaList(list(kwargs.pop("stopping_criteria", None) or []))
+            criteria.append(_RowStop(input_ids.size(1), budgets, tokenizer, stops))
+            kwargs["stopping_criteria"] = criteria
         return bound(*args, **kwargs)
 
     model.generate = generate
@@ -368,6 +417,82 @@ def hf_generate_hooks(
             model.generate = saved
         else:
             del model.generate
+
+
+def _can_compact(model, kwargs: dict) -> bool:
+    """Whether :func:`_generate_compacting` handles this ``generate`` call: plain sampling or greedy decoding of
+    one sequence per row with a ``max_new_tokens`` cap, a growing (dynamic) cache, nothing that counts tokens from
+    the call's own start (``min_new_tokens``) and no extra inputs."""
+    config = kwargs.get("generation_config")
+    cache = kwargs.get(_generate_cache_kwarg())
+    return (
+        config is not None
+        and kwargs.get("input_ids") is not None
+        and kwargs.get("attention_mask") is not None
+        and not set(kwargs) - _PREFILL_SAFE_KWARGS - {_generate_cache_kwarg()}
+        and kwargs["input_ids"].dim() == 2
+        and getattr(config, "max_new_tokens", None)
+        and getattr(config, "num_beams", 1) in (None, 1)
+        and getattr(config, "num_return_sequences", 1) in (None, 1)
+        and not getattr(config, "min_new_tokens", None)
+        and not getattr(config, "return_dict_in_generate", False)
+        and (cache is None or isinstance(cache, transformers.DynamicCache))
+        and _cache_can_be_continued(model, config)
+    )
+
+
+def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, stops, eos_ids) -> torch.Tensor:
+    """``generate(**kwargs)`` (HF, one sequence per row) in segments: whenever fewer than half of the segment's rows
+    are still running, the segment ends (:class:`_RowStop`), and the running rows continue in the next segment
+    from their sequences so far and their rows of the segment's cache (``batch_select_indices``), where ``generate``
+    reads only the last sampled token before sampling on. Each step's distribution is the one a single call
+    computes (same context, positions from the extended attention mask, logits processors that read the whole
+    sequence), so sampling is unchanged. Returns what ``generate`` returns: prompt + new tokens per row, finished
+    rows padded, as long as the longest row."""
+    config = kwargs["generation_config"]
+    input_ids, attention_mask = kwargs["input_ids"], kwargs["attention_mask"]
+    cache_key = _generate_cache_kwarg()
+    cache = kwargs.get(cache_key)
+    cap, start = int(config.max_new_tokens), input_ids.size(1)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else eos_ids[0]
+    eos = torch.tensor([int(e) for e in eos_ids if e is not None], device=input_ids.device)
+    others = [c for c in (kwargs.get("stopping_criteria") or [])]
+    output = torch.full((input_ids.size(0), start + cap), int(pad_id), dtype=input_ids.dtype, device=input_ids.device)
+    output[:, :start] = input_ids
+    rows = torch.arange(input_ids.size(0), device=input_ids.device)  # original row of each running row
+    sequences, longest = input_ids, start
+    while True:
+        produced = sequences.size(1) - start
+        segment_config = copy.deepcopy(config)
+        segment_config.max_new_tokens = cap - produced
+        segment_config.return_dict_in_generate = True
+        stop = _RowStop(start, budgets[rows], tokenizer, stops, eos_ids=eos, cap=cap,
+                        compact_below=math.ceil(_COMPACT_WHEN_RUNNING * rows.numel()))
+        call = {**kwargs, "input_ids": sequences, "attention_mask": attention_mask, "generation_config": segment_config,
+                "stopping_criteria": transformers.StoppingCriteriaList(others + [stop])}
+        if cache is not None:
+            call[cache_key] = cache
+        else:
+            call.pop(cache_key, None)
+        result = bound(**call)
+        new = result.sequences
+        output[rows, : new.size(1)] = new
+        longest = max(longest, new.size(1))
+        cache = getattr(result, "cache", None)
+        if cache is None:
+            cache = getattr(result, "past_key_values", None)
+        if not stop.compacted or not isinstance(cache, transformers.DynamicCache):
+            if stop.compacted:  # no cache to continue from: cannot happen with _can_compact's checks
+                raise RuntimeError("row compaction: generate returned no dynamic cache to continue from")
+            break
+        running = stop.running
+        cache.batch_select_indices(running)
+        attention_mask = torch.cat(
+            [attention_mask, attention_mask.new_ones(attention_mask.size(0), new.size(1) - attention_mask.size(1))],
+            dim=1,
+        )[running]
+        sequences, rows = new[running], rows[running]
+    return output[:, :longest]
 
 
 # generate() arguments a shared prefill leaves as they are; any other (images, a cache, an assistant model...) means
@@ -439,11 +564,25 @@ def _shared_prefill(model, kwargs: dict) -> dict:
 
 
 def _prefill_can_be_shared(model, config) -> bool:
-    """Whether ``generate`` would continue from a ready cache exactly as from its own prefill: no cache
-    implementation or chunked prefill requested (by the call's or the model's generation config: ``generate``
-    refuses a cache next to a ``cache_implementation`` and chunked prefill restarts at position 0 in some
-    versions), no prompt-lookup decoding, no prompt-learning adapter (it prepends its own cache), and no dropout
-    active (the copies would share one dropout draw for their prompt, where separate prefills draw one each)."""
+    """Whether ``generate`` would continue from a ready cache exactly as from its own prefill
+    (:func:`_cache_can_be_continued`) and no dropout is active (the copies would share one dropout draw for their
+    prompt, where separate prefills draw one each)."""
+    if not _cache_can_be_continued(model, config):
+        return False
+    if model.training and any(
+        isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
+    ):
+        return False
+    if model.training and getattr(getattr(model, "config", None), "attention_dropout", 0.0):
+        return False
+    return True
+
+
+def _cache_can_be_continued(model, config) -> bool:
+    """Whether ``generate`` continues from a ready cache exactly as it would from its own: no cache implementation
+    or chunked prefill requested (by the call's or the model's generation config: ``generate`` refuses a cache
+    next to a ``cache_implementation`` and chunked prefill restarts at position 0 in some versions), no
+    prompt-lookup decoding, no prompt-learning adapter (it prepends its own cache)."""
     own = getattr(model, "generation_config", None)
     for source in (config, own):
         if source is None:
@@ -453,12 +592,6 @@ def _prefill_can_be_shared(model, config) -> bool:
         if getattr(source, "use_cache", True) is False or getattr(source, "prompt_lookup_num_tokens", None):
             return False
     if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
-        return False
-    if model.training and any(
-        isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
-    ):
-        return False
-    if model.training and getattr(getattr(model, "config", None), "attention_dropout", 0.0):
         return False
     return True
 

@@ -495,9 +495,11 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         out round-robin, in bands where the budget at most halves (one or more calls per band), so the forks of one
         call (on every process) have neighbouring budgets; the call runs with the largest of them (the same on every
         process, as vLLM server mode needs one sampling setting per call) and each branch is cut to its own fork's
-        budget afterwards. With HF ``generate`` each row also stops at its own budget and the B̂ copies of a fork are
-        prefilled once (``hf_generate_hooks``), so nothing is generated past a budget and a fork's prefix is read
-        once, as vLLM's prefix cache reads it.
+        budget afterwards. With HF ``generate`` each row also stops at its own budget, the B̂ copies of a fork are
+        prefilled once and finished rows are dropped from the call once fewer than half are running
+        (``hf_generate_hooks``), so nothing is generated past a budget, a fork's prefix is read once, as vLLM's
+        prefix cache reads it, and a call's tail does not compute rows that ended long before, as vLLM's scheduler
+        does not.
         """
         num_processes, process = self.accelerator.num_processes, self.accelerator.process_index
         counts = gather_counts(self, len(fork_requests))
@@ -539,11 +541,15 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 call_budget = all_forks[forks[call * per_call * num_processes]][2]
                 rows = [all_forks[k][0] for k in call_forks for _ in range(b_hat)]
                 rows += [filler] * ((per_call - len(call_forks)) * b_hat)
-                # HF generate: each row stops at its own fork's budget (filler rows after one token), and the B̂
-                # copies of a fork share one prefill
+                # HF generate: each row stops at its own fork's budget (filler rows after one token), the B̂
+                # copies of a fork share one prefill, and once fewer than half of the rows are running the call goes
+                # on with those alone (branches end with EOS anywhere in their budget)
                 row_budgets = [all_forks[k][2] for k in call_forks for _ in range(b_hat)]
                 row_budgets += [1] * (len(rows) - len(row_budgets))
-                with sampling_overrides(self, max_new_tokens=call_budget), hf_generate_hooks(self, row_budgets):
+                with (
+                    sampling_overrides(self, max_new_tokens=call_budget),
+                    hf_generate_hooks(self, row_budgets, compact_rows=True),
+                ):
                     completion_ids, logprobs = self._generate_single_turn(rows, None, {}, b_hat)
                 any_logprobs = any_logprobs and logprobs is not None
                 for n, k in enumerate(call_forks):
