@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,8 +96,11 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
             # (learning rate 1e-6), GRPO and the method sample the same base rollouts, so a ratio measures the
             # method rather than two different draws of completion lengths
             set_seed(args.seed * 100_003 + step)
+            cpu_start = time.process_time()
             seconds = harness.run_step(run["trainer"], run["batches"])
-            record = dict(step_seconds=seconds, **run["profiler"].snapshot(),
+            # this process's CPU seconds (all its threads): unlike wall time, not stretched by other processes
+            record = dict(step_seconds=seconds, step_cpu_seconds=time.process_time() - cpu_start,
+                          **run["profiler"].snapshot(),
                           metrics=harness.last_metrics(run["trainer"], prefix=prefix))
             if step >= args.warmup:
                 run["steps"].append(record)
@@ -115,6 +119,7 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         grpo_median_seconds=median([s["step_seconds"] for s in base]),
         method_median_seconds=median([s["step_seconds"] for s in meth]),
         step_time_ratios=spread([m["step_seconds"] / g["step_seconds"] for m, g in zip(meth, base)]),
+        cpu_time_ratios=spread([m["step_cpu_seconds"] / g["step_cpu_seconds"] for m, g in zip(meth, base)]),
         grpo_tokens=base_tokens, method_tokens=meth_tokens,
         token_ratios=spread([m / g for m, g in zip(meth_tokens, base_tokens) if g]),
         token_ratio=sum(meth_tokens) / max(sum(base_tokens), 1),
@@ -213,7 +218,9 @@ def print_summary(results: dict, output: str) -> None:
         times, toks = r["step_time_ratios"], r["token_ratios"]
         print(f"{method:<9} G={r['settings']['num_generations']} T={r['settings']['max_completion_length']}  "
               f"step time x {times['median']:.3f} [{times['min']:.3f}, {times['max']:.3f}]  "
-              f"tokens x {r['token_ratio']:.3f} (per step {toks['median']:.3f} [{toks['min']:.3f}, {toks['max']:.3f}])  "
+              + (f"CPU time x {r['cpu_time_ratios']['median']:.3f} [{r['cpu_time_ratios']['min']:.3f}, "
+                 f"{r['cpu_time_ratios']['max']:.3f}]  " if "cpu_time_ratios" in r else "")
+              + f"tokens x {r['token_ratio']:.3f} (per step {toks['median']:.3f} [{toks['min']:.3f}, {toks['max']:.3f}])  "
               f"no-grad rows/step {r['method_no_grad_rows']['median']:.0f} vs GRPO {r['grpo_no_grad_rows']['median']:.0f}"
               f" ({r['rows_per_step']} rollouts)  target {key} <= {limit}: {value:.3f} "
               f"{'met' if value <= limit else 'NOT met'}")
