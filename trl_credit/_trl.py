@@ -455,7 +455,9 @@ def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, 
     cache = kwargs.get(cache_key)
     cap, start = int(config.max_new_tokens), input_ids.size(1)
     pad_id = config.pad_token_id if config.pad_token_id is not None else eos_ids[0]
-    eos = torch.tensor([int(e) for e in eos_ids if e is not None], device=input_ids.device)
+    # a row is finished at any EOS generate stops on (its config's) or TRL cuts at (the trainer's)
+    config_eos = config.eos_token_id if isinstance(config.eos_token_id, (list, tuple)) else [config.eos_token_id]
+    eos = torch.tensor(sorted({int(e) for e in [*eos_ids, *config_eos] if e is not None}), device=input_ids.device)
     others = [c for c in (kwargs.get("stopping_criteria") or [])]
     output = torch.full((input_ids.size(0), start + cap), int(pad_id), dtype=input_ids.dtype, device=input_ids.device)
     output[:, :start] = input_ids
