@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -57,18 +58,33 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
+# two-sided 95% Student t quantiles by degrees of freedom (scipy is not a dependency)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+       25: 2.060, 30: 2.042}
+
+
 def spread(values) -> dict:
-    """Median and range of per-step values: what a ratio from a handful of paired steps can claim."""
+    """Median and range of per-step values: what a ratio from a handful of paired steps can claim; for positive
+    values (ratios) also their geometric mean with a 95% t-interval over steps (``geomean``, ``ci95``)."""
     values = [v for v in values if v == v]
     if not values:
         return dict(median=float("nan"), min=float("nan"), max=float("nan"), n=0)
-    return dict(median=statistics.median(values), min=min(values), max=max(values), n=len(values))
+    result = dict(median=statistics.median(values), min=min(values), max=max(values), n=len(values))
+    if len(values) >= 2 and min(values) > 0:
+        logs = [math.log(v) for v in values]
+        mean, sd = statistics.mean(logs), statistics.stdev(logs)
+        t = T95[min((k for k in T95 if k >= len(values) - 1), default=30)]
+        half = t * sd / math.sqrt(len(values))
+        result.update(geomean=math.exp(mean), ci95=[math.exp(mean - half), math.exp(mean + half)])
+    return result
 
 
 def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) -> dict:
     tokens = args.datpo_tokens if method == "datpo" else (args.tokens or harness.METHODS[method]["tokens"])
     dataset = datasets["long" if method == "datpo" else "short"]
-    settings = harness.common_settings(args.prompts, tokens, args.warmup + args.steps, args.seed, 1e-6)
+    steps = args.method_steps.get(method, args.steps)
+    settings = harness.common_settings(args.prompts, tokens, args.warmup + steps, args.seed, 1e-6)
     baseline_dataset = dataset
     if method in ("srpo", "rrpo", "srpo_base"):
         # SRPO rolls out from its thought template ("lines" here): its GRPO baseline gets the same wrapped prompts,
@@ -89,8 +105,10 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         runs[name] = dict(trainer=trainer, batches=harness.prepare_manual_stepping(trainer), profiler=profiler,
                           steps=[])
     prefix = {"cue_grpo": "cue/", "rrpo": "srpo/", "srpo_base": "srpo/"}.get(method, method + "/")
-    for step in range(args.warmup + args.steps):
-        for name, run in runs.items():  # interleaved
+    for step in range(args.warmup + steps):
+        # interleaved, the method first on odd steps: whatever running second costs (or saves) hits both alike
+        order = list(runs.items()) if step % 2 == 0 else list(runs.items())[::-1]
+        for name, run in order:
             run["profiler"].reset()
             # the same sampling seed for both steps of a pair: while the two policies are still (nearly) the same
             # (learning rate 1e-6), GRPO and the method sample the same base rollouts, so a ratio measures the
@@ -171,6 +189,9 @@ def main():
     parser.add_argument("--datpo-tokens", type=int, default=192,
                         help="DATPO's completion budget (long step-by-step answers; its GRPO baseline gets the same)")
     parser.add_argument("--steps", type=int, default=5, help="timed (paired) steps per trainer")
+    parser.add_argument("--method-steps", default="",
+                        help="timed steps for some methods instead of --steps, e.g. cue_grpo=15,oppo=15 (cheap pairs "
+                             "whose ratio is close to 1 need more pairs to resolve a few percent)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadier on a busy machine)")
@@ -179,6 +200,11 @@ def main():
                         help="glibc mmap threshold in bytes (harness.fix_mmap_threshold: bounds the memory of DATPO's "
                              "long trees, slows decoding of both trainers of a pair alike); 0: glibc's default")
     args = parser.parse_args()
+    try:
+        args.method_steps = {k.strip(): int(v) for k, v in
+                             (item.split("=") for item in args.method_steps.split(",") if item.strip())}
+    except ValueError:
+        raise SystemExit(f"--method-steps: expected method=steps[,method=steps], got {args.method_steps!r}")
     if args.mmap_threshold:
         harness.fix_mmap_threshold(args.mmap_threshold)
     torch.set_num_threads(args.threads)
@@ -217,7 +243,9 @@ def print_summary(results: dict, output: str) -> None:
         value = r.get(key, float("nan"))
         times, toks = r["step_time_ratios"], r["token_ratios"]
         print(f"{method:<9} G={r['settings']['num_generations']} T={r['settings']['max_completion_length']}  "
-              f"step time x {times['median']:.3f} [{times['min']:.3f}, {times['max']:.3f}]  "
+              f"step time x {times['median']:.3f} [{times['min']:.3f}, {times['max']:.3f}] over {times['n']} pairs"
+              + (f" (geometric mean {times['geomean']:.3f}, 95% CI [{times['ci95'][0]:.3f}, {times['ci95'][1]:.3f}])"
+                 if "ci95" in times else "") + "  "
               + (f"CPU time x {r['cpu_time_ratios']['median']:.3f} [{r['cpu_time_ratios']['min']:.3f}, "
                  f"{r['cpu_time_ratios']['max']:.3f}]  " if "cpu_time_ratios" in r else "")
               + f"tokens x {r['token_ratio']:.3f} (per step {toks['median']:.3f} [{toks['min']:.3f}, {toks['max']:.3f}])  "

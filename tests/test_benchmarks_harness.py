@@ -3,6 +3,7 @@
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -58,3 +59,15 @@ def test_profiler_counts_tokens_and_skips_grad_calls():
     assert profiler.rows["rows"] == 8
     profiler.reset()
     assert profiler.snapshot() == {"seconds": {}, "calls": {}, "tokens": {}, "rows": {}}
+
+
+def test_overhead_spread_gives_median_range_and_geometric_mean_interval():
+    import overhead
+
+    # hand-worked: ratios 1.1 and 1/1.1 -> logs +-0.09531, mean 0, sd 0.13479, t(1 df) 12.706,
+    # half-width 12.706 * 0.13479 / sqrt(2) = 1.21103 -> CI exp(+-1.21103) = [0.29790, 3.35689]
+    result = overhead.spread([1.1, 1 / 1.1, float("nan")])
+    assert result["n"] == 2 and result["median"] == pytest.approx((1.1 + 1 / 1.1) / 2) and result["max"] == 1.1
+    assert result["geomean"] == pytest.approx(1.0)
+    assert result["ci95"] == pytest.approx([0.29790, 3.35689], rel=1e-4)
+    assert "ci95" not in overhead.spread([1.05])  # one pair: no interval
