@@ -270,6 +270,22 @@ def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation
     assert shapes[0][0] == 2  # both rows prefilled by generate itself
 
 
+def _compacting_greedy(trainer, prefixes, budgets, max_new_tokens):
+    """Greedy generation through TRL's path with per-row budgets and row compaction; the completions and the batch
+    shapes of every forward."""
+    from trl_credit._trl import hf_generate_hooks
+
+    shapes, handle = _prefill_spy(trainer)
+    try:
+        with hf_generate_hooks(trainer, budgets, compact_rows=True), sampling_overrides(
+            trainer, max_new_tokens=max_new_tokens, greedy=True
+        ):
+            completions, _ = trainer._generate_single_turn(prefixes, None, {}, 1)
+    finally:
+        handle.remove()
+    return completions, shapes
+
+
 def test_row_compaction_continues_the_running_rows_and_generates_the_same_tokens(
     tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path
 ):
@@ -277,20 +293,11 @@ def test_row_compaction_continues_the_running_rows_and_generates_the_same_tokens
     # rows of the cache. Rows here stop at their own budgets (2, 3, 3, 12, 12 new tokens): after the 3rd token 2 of
     # 5 rows are running, so the call goes on with 2 rows. Greedy tokens equal plain transformers decoding each
     # prefix alone (no padding, no cache copying), each cut to its budget.
-    from trl_credit._trl import hf_generate_hooks
-
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     prefixes = [tiny_tokenizer(text)["input_ids"] for text in
                 ("What is 3 + 4?", "Step 1:", "Let x = 2. Then", "Consider 2x + 3 = 11.", "Add 5 and 6.")]
     budgets = [2, 3, 3, 12, 12]
-    shapes, handle = _prefill_spy(trainer)
-    try:
-        with hf_generate_hooks(trainer, budgets, compact_rows=True), sampling_overrides(
-            trainer, max_new_tokens=12, greedy=True
-        ):
-            completions, _ = trainer._generate_single_turn(prefixes, None, {}, 1)
-    finally:
-        handle.remove()
+    completions, shapes = _compacting_greedy(trainer, prefixes, budgets, max_new_tokens=12)
     reference = _greedy_reference(tiny_model_path, tiny_tokenizer, prefixes, max_new_tokens=12)
     assert [c[:b] for c, b in zip(completions, budgets)] == [r[:b] for r, b in zip(reference, budgets)]
     assert all(len(c) >= min(b, len(r)) for c, b, r in zip(completions, budgets, reference))
@@ -304,8 +311,6 @@ def test_row_compaction_counts_rows_ended_by_eos_as_finished(tiny_model_path, ti
     # of these 5 rows (asserted below from the independent reference), 2 rows run on after the first token and the
     # call continues with those 2; every row equals its independent greedy decoding, cut after its first EOS as TRL
     # cuts completions.
-    from trl_credit._trl import hf_generate_hooks
-
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     texts = ["Step 1:", "Consider 2x + 3 = 11.", "Add 5 and 6.", "Compute 7 - 2.", "What is 3 + 4?"]
     prefixes = [tiny_tokenizer(text)["input_ids"] for text in texts]
@@ -315,14 +320,7 @@ def test_row_compaction_counts_rows_ended_by_eos_as_finished(tiny_model_path, ti
     assert ends[1:4] == [0, 0, 0] and ends[0] not in (None, 0) and ends[4] is None, (eos, free)  # the premise
     trainer.eos_token_ids = [eos]
     trainer.generation_config.eos_token_id = eos
-    shapes, handle = _prefill_spy(trainer)
-    try:
-        with hf_generate_hooks(trainer, [None] * 5, compact_rows=True), sampling_overrides(
-            trainer, max_new_tokens=10, greedy=True
-        ):
-            completions, _ = trainer._generate_single_turn(prefixes, None, {}, 1)
-    finally:
-        handle.remove()
+    completions, shapes = _compacting_greedy(trainer, prefixes, [None] * 5, max_new_tokens=10)
     assert completions == [row if end is None else row[: end + 1] for row, end in zip(free, ends)]
     assert [rows for rows, _ in shapes] == [5] + [2] * 9
 
@@ -330,20 +328,11 @@ def test_row_compaction_counts_rows_ended_by_eos_as_finished(tiny_model_path, ti
 def test_row_compaction_after_a_shared_prefill(tiny_model_path, tiny_dataset, tiny_tokenizer, tmp_path):
     # DATPO's branch calls: the B̂ copies of a fork share one prefill, then rows of different budgets finish at
     # different steps and the call goes on with the running ones (from the shared prefill's copied cache rows).
-    from trl_credit._trl import hf_generate_hooks
-
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     a = tiny_tokenizer("What is 3 + 4? First, we add the numbers.")["input_ids"]
     b = tiny_tokenizer("Step 1:")["input_ids"]
     prefixes, budgets = [a, a, a, b, b], [2, 2, 2, 11, 11]
-    shapes, handle = _prefill_spy(trainer)
-    try:
-        with hf_generate_hooks(trainer, budgets, compact_rows=True), sampling_overrides(
-            trainer, max_new_tokens=11, greedy=True
-        ):
-            completions, _ = trainer._generate_single_turn(prefixes, None, {}, 1)
-    finally:
-        handle.remove()
+    completions, shapes = _compacting_greedy(trainer, prefixes, budgets, max_new_tokens=11)
     reference = _greedy_reference(tiny_model_path, tiny_tokenizer, prefixes, max_new_tokens=11)
     assert [c[:n] for c, n in zip(completions, budgets)] == [r[:n] for r, n in zip(reference, budgets)]
     # the shared prefill (2 distinct rows, all but the last column), 2 steps of 5 rows, then 2 rows to the 11th token
