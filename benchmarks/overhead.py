@@ -74,7 +74,7 @@ def spread(values) -> dict:
     if len(values) >= 2 and min(values) > 0:
         logs = [math.log(v) for v in values]
         mean, sd = statistics.mean(logs), statistics.stdev(logs)
-        t = T95[min((k for k in T95 if k >= len(values) - 1), default=30)]
+        t = T95[max(k for k in T95 if k <= len(values) - 1)]  # between table rows: the fewer df (wider)
         half = t * sd / math.sqrt(len(values))
         result.update(geomean=math.exp(mean), ci95=[math.exp(mean - half), math.exp(mean + half)])
     return result
@@ -205,6 +205,9 @@ def main():
                              (item.split("=") for item in args.method_steps.split(",") if item.strip())}
     except ValueError:
         raise SystemExit(f"--method-steps: expected method=steps[,method=steps], got {args.method_steps!r}")
+    if set(args.method_steps) - set(harness.METHODS) or any(n < 1 for n in args.method_steps.values()):
+        raise SystemExit(f"--method-steps: methods from {sorted(set(harness.METHODS) - {'grpo'})} and steps >= 1, "
+                         f"got {args.method_steps}")
     if args.mmap_threshold:
         harness.fix_mmap_threshold(args.mmap_threshold)
     torch.set_num_threads(args.threads)
