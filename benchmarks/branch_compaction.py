@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402  (offline environment variables before torch/transformers)
 import torch  # noqa: E402
-from overhead import LONG_ANSWER_INSTRUCTION  # noqa: E402
+from overhead import LONG_ANSWER_INSTRUCTION, spread  # noqa: E402
 from transformers import set_seed  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
@@ -94,17 +94,15 @@ def main():
                                                              row_steps=sum(row_steps))
             print(f"pair {pair} {'compact' if compact else 'plain  '}: {seconds:7.2f} s, {kept} tokens kept, "
                   f"{sum(row_steps)} row-steps", flush=True)
-        plain, compact = record["plain"], record["compact"]
-        record["seconds_per_token_ratio"] = (compact["seconds"] / compact["kept_tokens"]) / (
-            plain["seconds"] / plain["kept_tokens"])
-        record["row_steps_per_token_ratio"] = (compact["row_steps"] / compact["kept_tokens"]) / (
-            plain["row_steps"] / plain["kept_tokens"])
+        for cost in ("seconds", "row_steps"):  # per kept token: the modes keep different (equally likely) branches
+            per_token = {mode: record[mode][cost] / record[mode]["kept_tokens"] for mode in ("plain", "compact")}
+            record[f"{cost}_per_token_ratio"] = per_token["compact"] / per_token["plain"]
         pairs.append(record)
     handle.remove()
     for key in ("seconds_per_token_ratio", "row_steps_per_token_ratio"):
-        values = [p[key] for p in pairs]
-        print(f"compact / plain, {key}: median {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
-              f" over {len(values)} pairs")
+        ratios = spread([p[key] for p in pairs])
+        print(f"compact / plain, {key}: median {ratios['median']:.3f} [{ratios['min']:.3f}, {ratios['max']:.3f}]"
+              f" over {ratios['n']} pairs")
     for mode in ("plain", "compact"):
         share = statistics.median(p[mode]["kept_tokens"] / p[mode]["row_steps"] for p in pairs)
         print(f"{mode}: kept tokens / row-steps computed {share:.3f}")

@@ -205,16 +205,16 @@ def main():
                              (item.split("=") for item in args.method_steps.split(",") if item.strip())}
     except ValueError:
         raise SystemExit(f"--method-steps: expected method=steps[,method=steps], got {args.method_steps!r}")
-    if set(args.method_steps) - set(harness.METHODS) or any(n < 1 for n in args.method_steps.values()):
-        raise SystemExit(f"--method-steps: methods from {sorted(set(harness.METHODS) - {'grpo'})} and steps >= 1, "
-                         f"got {args.method_steps}")
+    measurable = sorted(set(harness.METHODS) - {"grpo"})
+    if set(args.method_steps) - set(measurable) or any(n < 1 for n in args.method_steps.values()):
+        raise SystemExit(f"--method-steps: methods from {measurable} and steps >= 1, got {args.method_steps}")
     if args.mmap_threshold:
         harness.fix_mmap_threshold(args.mmap_threshold)
     torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for method in methods:
-        if method not in harness.METHODS or method == "grpo":
-            raise SystemExit(f"--methods: unknown method {method!r}; choose from {sorted(set(harness.METHODS) - {'grpo'})}")
+        if method not in measurable:
+            raise SystemExit(f"--methods: unknown method {method!r}; choose from {measurable}")
     model_path = default_model_path()
     datasets = dict(
         short=make_arithmetic_dataset(num_train=64, num_test=4, seed=0)["train"],

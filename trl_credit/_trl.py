@@ -458,7 +458,7 @@ def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, 
     # a row is finished at any EOS generate stops on (its config's) or TRL cuts at (the trainer's)
     config_eos = config.eos_token_id if isinstance(config.eos_token_id, (list, tuple)) else [config.eos_token_id]
     eos = torch.tensor(sorted({int(e) for e in [*eos_ids, *config_eos] if e is not None}), device=input_ids.device)
-    others = [c for c in (kwargs.get("stopping_criteria") or [])]
+    others = list(kwargs.get("stopping_criteria") or [])
     output = torch.full((input_ids.size(0), start + cap), int(pad_id), dtype=input_ids.dtype, device=input_ids.device)
     output[:, :start] = input_ids
     rows = torch.arange(input_ids.size(0), device=input_ids.device)  # original row of each running row
@@ -483,10 +483,10 @@ def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, 
         cache = getattr(result, "cache", None)
         if cache is None:
             cache = getattr(result, "past_key_values", None)
-        if not stop.compacted or not isinstance(cache, transformers.DynamicCache):
-            if stop.compacted:  # no cache to continue from: cannot happen with _can_compact's checks
-                raise RuntimeError("row compaction: generate returned no dynamic cache to continue from")
+        if not stop.compacted:
             break
+        if not isinstance(cache, transformers.DynamicCache):  # cannot happen with _can_compact's checks
+            raise RuntimeError("row compaction: generate returned no dynamic cache to continue from")
         running = stop.running
         cache.batch_select_indices(running)
         attention_mask = torch.cat(
