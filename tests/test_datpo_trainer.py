@@ -419,9 +419,28 @@ def test_branch_calls_split_where_the_budget_halves(tiny_model_path, tmp_path):
         return [[p[-1]] * budget for p in prompt_ids], None
 
     trainer._generate_single_turn = fake_generate
+    trainer.model.train()  # metrics of a training step
     ids, _ = trainer._generate_branches([([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
     assert calls == [([[10], [6]], 10), ([[4]], 4)]
     assert ids == [[4] * 4, [10] * 10, [6] * 6]
+    # the sampler really generated 4 tokens past the 6-token fork's budget (as vLLM does): 4 of 10 + 10 + 4
+    assert trainer._metrics["train"]["datpo/branch_tokens_past_budget"] == [pytest.approx(4 / 24)]
+
+
+def test_hf_padding_is_not_counted_as_tokens_past_budget(tiny_model_path, tiny_tokenizer, tmp_path):
+    # HF generate: two forks of budgets 8 and 5 share one 8-token call; each row stops at its own budget and
+    # generate pads the 5-token rows to the call's length. Those pads were never generated: nothing ran past a
+    # budget, so the metric is 0 (EOS suppressed, so every row runs to its budget).
+    args = DATPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                       use_cpu=True, use_diversity=False,
+                       generation_kwargs={"suppress_tokens": [tiny_tokenizer.eos_token_id]})
+    trainer = DATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=args,
+                           train_dataset=two_prompt_dataset())
+    prefix = tiny_tokenizer("What is 3 + 4?", add_special_tokens=False)["input_ids"]
+    trainer.model.train()  # metrics of a training step
+    ids, _ = trainer._generate_branches([(prefix, 2, 8), (prefix[:-1], 2, 5)])
+    assert [len(row) for row in ids] == [8, 8, 5, 5]  # every row cut to (and reaching) its own budget
+    assert trainer._metrics["train"]["datpo/branch_tokens_past_budget"] == [0.0]
 
 @pytest.mark.parametrize("branch_budget", ["remaining", "full"])
 def test_branch_budget_bounds_the_leaf_length(tiny_model_path, tmp_path, branch_budget):

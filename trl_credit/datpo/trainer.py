@@ -527,6 +527,10 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 band.append(k)
             groups.append((b_hat, band))
         dealt = 0  # forks dealt so far: each group's deal starts at the next process, so the odd ones even out
+        # HF generate pads the rows that stopped at their own budget to the call's length (TRL cuts only after an
+        # EOS): that padding was never generated. vLLM and continuous batching return only sampled tokens.
+        pads_rows = not (self.use_vllm or getattr(self, "use_transformers_continuous_batching", False))
+        pad_id = self._tokenizer.pad_token_id
         for b_hat, forks in groups:
             mine = forks[(process - dealt) % num_processes :: num_processes]
             dealt += len(forks)
@@ -555,7 +559,8 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 for n, k in enumerate(call_forks):
                     piece = slice(n * b_hat, (n + 1) * b_hat)
                     budget = all_forks[k][2]
-                    generated += sum(len(ids) for ids in completion_ids[piece])
+                    generated += sum(_sampled_length(ids, budget, pad_id if pads_rows else None)
+                                     for ids in completion_ids[piece])
                     kept += sum(min(len(ids), budget) for ids in completion_ids[piece])
                     done.append((
                         k,
@@ -855,6 +860,16 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             log_metric(self, "datpo/branch_reward", sum(scored_branches) / len(scored_branches))
         if args.use_diversity and bool(has_siblings.any()):
             log_metric(self, "datpo/sibling_diversity", float(diversity[has_siblings].mean()))
+
+
+def _sampled_length(ids, budget: int, pad_id: int | None) -> int:
+    """Tokens of a generated branch row that the sampler produced: ``ids`` less the padding (``pad_id``; None: the
+    sampler does not pad) that ``generate`` appended past the row's ``budget`` after it stopped there."""
+    length = len(ids)
+    if pad_id is not None:
+        while length > budget and ids[length - 1] == pad_id:
+            length -= 1
+    return length
 
 
 def _build_blocks(records, branch_counts, branch_lengths, budgets, base_rewards, branch_rewards, num_generations):
