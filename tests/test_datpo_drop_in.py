@@ -167,28 +167,92 @@ def test_one_sentence_rollouts_fall_back_to_token_entropy(tiny_model_path, tmp_p
         assert len(no_fork_warnings) == 1 and "fork_fallback='tok_entropy'" in str(no_fork_warnings[0].message)
 
 
-def test_truncation_masks_only_the_final_block_of_a_base_rollout(tiny_model_path, tmp_path):
-    OneSentenceDATPOTrainer.text, OneSentenceDATPOTrainer.eos = SENTENCES, False  # no EOS: truncated
-    try:
-        args = _config(tmp_path, fork_method="fixed_seg", max_steps=1, per_device_train_batch_size=4,
-                       mask_truncated_completions=True, max_forks=1, max_branches=1)
-        trainer = OneSentenceDATPOTrainer(model=tiny_model_path, reward_funcs=_zero_reward, args=args,
-                                          train_dataset=two_prompt_dataset())
-        trainer.train()
-    finally:
-        OneSentenceDATPOTrainer.text, OneSentenceDATPOTrainer.eos = ONE_SENTENCE, True
+def parity(completions, completion_ids, **kwargs):
+    return [float(sum(ids) % 2) for ids in completion_ids]
+
+
+class TruncatedTreeDATPOTrainer(DATPOTrainer):
+    """Base rollouts: ``SENTENCES`` without EOS (truncated; token sum even, so ``parity`` gives 0 and every prompt
+    branches). Branch k of a call: one token of the base text, then EOS when its fork is not in ``truncated_forks``
+    (finished), else a second text token (truncated). Keeps each generation batch."""
+
+    truncated_forks = ()
+
+    def __init__(self, *args, **kwargs):
+        self.batches = []
+        super().__init__(*args, **kwargs)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        text = self._tokenizer(SENTENCES, add_special_tokens=False)["input_ids"]
+        if not self._datpo_branching:
+            return [list(text) for _ in prompt_ids], None
+        rows = []
+        for k, prompt in enumerate(prompt_ids):
+            prompt = list(prompt)
+            fork = max(f for f in range(1, len(text)) if prompt[-f:] == text[:f])  # the prefix is text[:fork]
+            last = text[5] if fork in self.truncated_forks else self._tokenizer.eos_token_id
+            rows.append([text[k % 3], last])
+        return rows, None
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.batches.append(({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in output.items()},
+                             len(inputs)))
+        return output
+
+
+def _truncated_tree_trainer(tiny_model_path, tmp_path, truncated_forks=(), **overrides):
+    # fixed_seg with K̂ = 3 on the 31-token text: forks at 7, 15, 23; max_completion_length leaves every branch
+    # room for its two tokens; one prompt (4 base rollouts) per step
+    settings = dict(fork_method="fixed_seg", max_steps=1, per_device_train_batch_size=4, max_completion_length=40,
+                    mask_truncated_completions=True, max_branches=2)
+    args = _config(tmp_path, **{**settings, **overrides})
+    trainer = TruncatedTreeDATPOTrainer(model=tiny_model_path, reward_funcs=parity, args=args,
+                                        train_dataset=two_prompt_dataset())
+    trainer.truncated_forks = truncated_forks
+    return trainer
+
+
+@pytest.mark.parametrize(
+    "value_estimate, truncated_forks, kept",
+    [
+        ("subtree", (), 23),  # every fork's value rests on finished branches: all blocks but the last
+        ("subtree", (23,), 15),  # under fork 23 only truncated leaves: its incoming block 15→23 is masked too
+        ("subtree", (7,), 23),  # under fork 7 lie the finished branches of forks 15 and 23
+        ("own_branches", (7,), 0),  # V(7) = its own (truncated) branches: root→7 masked, and what follows it
+    ],
+)
+def test_truncated_base_rollout_keeps_the_blocks_valued_by_finished_leaves(
+    tiny_model_path, tmp_path, value_estimate, truncated_forks, kept
+):
+    trainer = _truncated_tree_trainer(tiny_model_path, tmp_path, truncated_forks, value_estimate=value_estimate)
+    trainer.train()
     output, n_base = trainer.batches[0]
     length = len(trainer._tokenizer(SENTENCES, add_special_tokens=False)["input_ids"])
-    fork = length // 2  # fixed_seg with K̂ = 1: ⌊L/2⌋
+    assert n_base == 4 and output["completion_ids"].size(0) == n_base + 4 * 3 * 2  # K̂ = 3 forks, B̂ = 2 branches
     for r in range(n_base):
         mask = output["completion_mask"][r].tolist()
-        # tokens before the fork (block valued by the branch) keep their loss; the truncated tail is masked
-        assert mask[:fork] == [1] * fork and mask[fork:length] == [0] * (length - fork)
+        # the leading blocks whose end value rests on a finished leaf keep their loss; the truncated tail is masked
+        assert mask[:length] == [1] * kept + [0] * (length - kept)
     eos = trainer._tokenizer.eos_token_id
     for r in range(n_base, output["completion_ids"].size(0)):  # a truncated branch is masked whole
-        ids = output["completion_ids"][r].tolist()
-        finished = eos in ids
-        assert bool(output["completion_mask"][r].any()) == finished
+        ids = output["completion_ids"][r][output["completion_ids"][r] != trainer._tokenizer.pad_token_id].tolist()
+        assert output["completion_mask"][r].tolist()[: len(ids)] == [int(ids[-1] == eos)] * len(ids)
+
+
+def test_no_training_when_every_completion_is_truncated(tiny_model_path, tmp_path):
+    # TRL's test_training_with_mask_truncated_completions_all_masked, for trees: no leaf finished, so no block value
+    # rests on a finished rollout and nothing is trained (the parameters do not move)
+    trainer = _truncated_tree_trainer(tiny_model_path, tmp_path, truncated_forks=(7, 15, 23))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    output, n_base = trainer.batches[0]
+    assert output["completion_ids"].size(0) > n_base  # the trees were grown
+    assert bool(output["datpo_base_advantages"].abs().sum() > 0)  # and their blocks have advantages
+    assert int(output["completion_mask"].sum()) == 0 and int(output["num_items_in_batch"]) == 0
+    assert next(x for x in trainer.state.log_history if "loss" in x)["loss"] == 0.0
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param, before[name]), name
 
 
 def test_rows_per_forward_bounds_forwards_and_keeps_the_loss(tiny_model_path, tmp_path):

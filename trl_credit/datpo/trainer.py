@@ -66,7 +66,7 @@ from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
 from .diversity import POSITIVE_TOLERANCE, annealed_alpha, bonus_gate, sibling_diversity
 from .forks import select_forks, sentence_spans, token_char_offsets
-from .tree import ROOT, block_advantages, leaf_rewards
+from .tree import ROOT, block_advantages, leaf_rewards, node_values
 
 __all__ = ["DATPOTrainer"]
 
@@ -427,10 +427,14 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         alpha = self._diversity_alpha()
         advantages = base_adv + alpha * bonus
 
+        grounded = None
+        if self.mask_truncated_completions:
+            grounded = self._grounded_forks(blocks, completion_ids_list, branch_ids, branch_counts)
+
         self._log_table_advantages(blocks, advantages, records)
         batch = self._training_rows(
             base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
-            base_adv, bonus, alpha, process, local_forks,
+            base_adv, bonus, alpha, process, local_forks, grounded,
         )
         self._log_tree_metrics(
             budgets, v_root, blocks, base_unscorable, base_success, branch_success, records, branch_lengths,
@@ -442,6 +446,38 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in local_forks]
         self._log_credit(batch, block_ids=block_ids)
         return batch
+
+    def _grounded_forks(self, blocks, completion_ids_list, branch_ids, branch_counts) -> set:
+        """With ``mask_truncated_completions``: the forks whose value V (``value_estimate``) averages over at least
+        one finished (not truncated) scorable leaf. A block ending at any other fork would learn only from
+        truncated leaves. A collective call (the truncation flags of every process's leaves are gathered)."""
+        eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        base_truncated = gather_rows(self, [_truncated(ids, eos_and_pad) for ids in completion_ids_list])
+        branch_truncated = gather_rows(self, [_truncated(ids, eos_and_pad) for ids in branch_ids])
+        offsets = [sum(branch_counts[:q]) for q in range(len(branch_counts))]
+        # V of these leaf values is the share of finished leaves among those V averages over (unscorable leaves
+        # stay NaN: they count in no value), so a fork is grounded when it is > 0
+        finished = []
+        for reward, rollout in zip(blocks["reward"], blocks["rollout"]):
+            if reward is None or math.isnan(reward):
+                finished.append(reward)
+                continue
+            if rollout[0] == "base":
+                truncated = base_truncated[rollout[1]]
+            else:
+                truncated = branch_truncated[offsets[rollout[1]] + rollout[2]]
+            finished.append(0.0 if truncated else 1.0)
+        grounded = set()
+        for members in blocks["by_group"].values():
+            share = node_values(
+                [blocks["start"][b] for b in members],
+                [blocks["end"][b] for b in members],
+                [finished[b] for b in members],
+                value_estimate=self.args.value_estimate,
+                block_rollout=[blocks["rollout"][b] for b in members],
+            )
+            grounded.update(node for node, value in share.items() if node != ROOT and value > 0)
+        return grounded
 
     def _diversity_alpha(self) -> float:
         """α_t at the current optimizer step (0-based ``global_step`` of a ``max_steps`` run)."""
@@ -657,7 +693,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ training rows
     def _training_rows(
         self, base, prompt_ids_list, completion_ids_list, branch_prefixes, branch_ids, branch_logprobs, blocks,
-        base_advantages, bonus, alpha, process, local_forks,
+        base_advantages, bonus, alpha, process, local_forks, grounded,
     ):
         device = self.accelerator.device
         n_base, n_branch = len(completion_ids_list), len(branch_ids)
@@ -684,14 +720,23 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             token_base[r, start:end] = float(base_advantages[b])
             token_bonus[r, start:end] = float(bonus[b])
         if self.mask_truncated_completions:
-            # A truncated leaf has no final answer of its own. Mask only its last block: on a base rollout the
-            # blocks before its last fork are valued by the branches (which may have finished), so they keep
-            # their loss; a branch is a single block and is masked whole.
+            # A truncated leaf has no final answer of its own: its last block is masked, and a branch (one block)
+            # whole. The earlier blocks of a truncated base rollout are valued by the leaves under their end fork;
+            # they keep their loss while those values rest on a finished leaf (`grounded`), as a run from the start
+            # of the row (a masked block in the middle would also hide its tokens from the attention of the later
+            # ones). With every leaf truncated nothing is trained, as in GRPO.
             eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            first_row = process * n_base
             for r, ids in enumerate(completion_rows[: n_base + n_branch]):
-                if len(ids) > 0 and ids[-1] not in eos_and_pad:
-                    last_block_start = local_forks[r][-1] if r < n_base and local_forks[r] else 0
-                    c_mask[r, last_block_start:] = 0
+                if not _truncated(ids, eos_and_pad):
+                    continue
+                keep = 0
+                if r < n_base:
+                    for j, fork in enumerate(local_forks[r]):
+                        if (first_row + r, j) not in grounded:
+                            break
+                        keep = fork
+                c_mask[r, keep:] = 0
         output = {
             "prompt_ids": p_ids,
             "prompt_mask": p_mask,
@@ -860,6 +905,11 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             log_metric(self, "datpo/branch_reward", sum(scored_branches) / len(scored_branches))
         if args.use_diversity and bool(has_siblings.any()):
             log_metric(self, "datpo/sibling_diversity", float(diversity[has_siblings].mean()))
+
+
+def _truncated(ids, eos_and_pad) -> bool:
+    """TRL's test for ``mask_truncated_completions``: a completion that does not end with EOS (or padding)."""
+    return len(ids) > 0 and ids[-1] not in eos_and_pad
 
 
 def _sampled_length(ids, budget: int, pad_id: int | None) -> int:
