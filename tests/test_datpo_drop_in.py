@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from tests.test_datpo_trainer import SENTENCES, RecordingDATPOTrainer, ScriptedDATPOTrainer, two_prompt_dataset
 from trl_credit import DATPOConfig, DATPOTrainer
@@ -174,7 +175,8 @@ def parity(completions, completion_ids, **kwargs):
 class TruncatedTreeDATPOTrainer(DATPOTrainer):
     """Base rollouts: ``SENTENCES`` without EOS (truncated; token sum even, so ``parity`` gives 0 and every prompt
     branches). Branch k of a call: one token of the base text, then EOS when its fork is not in ``truncated_forks``
-    (finished), else a second text token (truncated). Keeps each generation batch."""
+    (finished), else a second text token (truncated). Keeps each generation batch and the policy's weights it was
+    generated with."""
 
     truncated_forks = ()
 
@@ -198,6 +200,7 @@ class TruncatedTreeDATPOTrainer(DATPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         self.batches.append(({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in output.items()},
                              len(inputs)))
+        self.weights_at_generation = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return output
 
 
@@ -253,6 +256,40 @@ def test_no_training_when_every_completion_is_truncated(tiny_model_path, tmp_pat
     assert next(x for x in trainer.state.log_history if "loss" in x)["loss"] == 0.0
     for name, param in trainer.model.named_parameters():
         assert torch.equal(param, before[name]), name
+
+
+@torch.no_grad()
+def _row_logps(model, prompt, completion, temperature):
+    """Log-probs of ``completion`` after ``prompt`` under ``model``: one unpadded row, all of it attended."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt):, None]).squeeze(1)
+
+
+def test_kept_blocks_of_truncated_rollouts_get_their_own_old_and_ref_logps(tiny_model_path, tmp_path):
+    # num_iterations = 2 makes TRL keep old log-probs, beta > 0 reference log-probs. TRL computes both with a
+    # truncated completion masked out of attention; the blocks DATPO keeps must be scored with their real context.
+    trainer = _truncated_tree_trainer(tiny_model_path, tmp_path, num_iterations=2, beta=0.1, max_steps=2)
+    trainer.train()
+    assert len(trainer.batches) == 1  # generated once, before any optimizer step
+    output, n_base = trainer.batches[0]
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    policy.load_state_dict(trainer.weights_at_generation)
+    reference = trainer.ref_model
+    restored = 0
+    for r in range(output["completion_ids"].size(0)):
+        mask = output["completion_mask"][r].bool()
+        if not mask.any():
+            continue
+        prompt = output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist()
+        completion = output["completion_ids"][r][mask].tolist()
+        want_old = _row_logps(policy, prompt, completion, trainer.temperature)
+        want_ref = _row_logps(reference, prompt, completion, trainer.temperature)
+        # float noise of TRL's batched, fused log-prob pass is up to ~1e-3 here; the masked context was off by ~6
+        torch.testing.assert_close(output["old_per_token_logps"][r][mask], want_old, atol=5e-3, rtol=1e-3)
+        torch.testing.assert_close(output["ref_per_token_logps"][r][mask], want_ref, atol=5e-3, rtol=1e-3)
+        restored += int(r < n_base) * len(completion)
+    assert restored == n_base * 23  # the kept blocks of the truncated base rollouts were compared
 
 
 def test_rows_per_forward_bounds_forwards_and_keeps_the_loss(tiny_model_path, tmp_path):

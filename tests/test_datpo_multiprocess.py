@@ -12,13 +12,14 @@ def _reports(out_dir):
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
-def _rows_by_key(reports, run, step):
+def _rows_by_key(reports, run, step, field=0):
+    """(prompt, loss tokens) -> the row's advantages (``field`` 0), or old (1) / reference (2) log-probs."""
     table = {}
     for report in reports:
-        for prompt, completion, advantages in report[run]["rows"][step]:
+        for prompt, completion, *values in report[run]["rows"][step]:
             key = (tuple(prompt), tuple(completion))
             assert key not in table, "a row appears twice across processes"
-            table[key] = advantages
+            table[key] = values[field]
     return table
 
 
@@ -86,3 +87,26 @@ def test_two_processes_weigh_rows_as_one_process_for_every_loss_type(tiny_model_
             assert got["loss"] == pytest.approx(one[loss_type]["loss"], rel=1e-3, abs=1e-6), loss_type
             assert got["grad_norm"] == pytest.approx(one[loss_type]["grad_norm"], rel=1e-3), loss_type
         assert one[loss_type]["grad_norm"] > 0
+
+
+@pytest.mark.multiprocess
+def test_two_processes_mask_truncated_completions_as_one_process(
+    tiny_model_path, tiny_tokenizer, tmp_path, two_process_reports
+):
+    # A group spanning both processes, with truncated base rollouts and branches: which blocks keep their loss
+    # depends on leaves of the other process, and the kept blocks' old/reference log-probs are rescored in
+    # collective passes. Rows (their loss tokens), advantages and log-probs must equal the 1-process run's.
+    from tests.mp_scripts.datpo_two_processes import run_truncated
+
+    one = [{"truncated": run_truncated(tiny_model_path, str(tmp_path / "one"), 1)}]
+    two = two_process_reports
+    assert all(r["truncated"]["branch_counts"][0] > 0 for r in two)
+    for field in (0, 1, 2):
+        expected = _rows_by_key(one, "truncated", 0, field)
+        got = _rows_by_key(two, "truncated", 0, field)
+        assert got.keys() == expected.keys()
+        for key, values in expected.items():
+            assert got[key] == pytest.approx(values, abs=1e-4)
+    # some truncated base rollout (prompt = the bare question) kept its leading blocks: loss tokens without EOS
+    question = min(len(prompt) for prompt, _ in expected)
+    assert any(len(p) == question and c[-1] != tiny_tokenizer.eos_token_id for p, c in expected)

@@ -12,6 +12,9 @@ Two runs in one launch:
   rows per process (the process with the tree trains ~7x more rows than its per-device size, the other pads with
   empty filler rows, and forwards hold at most ``rows_per_forward`` rows). Records the logged loss and gradient
   norm, which must equal the 1-process run's.
+- ``truncated``: the ``spanning`` setting with ``mask_truncated_completions=True``, ``num_iterations=2`` and
+  ``beta=0.1``; every other rollout (base or branch) ends without EOS, so truncated base rollouts keep the blocks
+  valued by finished leaves (decided from the gathered tree) and get their old/reference log-probs rescored.
 
 Writes one ``rank<N>.json`` file per process with every training row of every step.
 """
@@ -42,7 +45,10 @@ class DeterministicDATPOTrainer(DATPOTrainer):
     def _fake_completion(self, seed: int) -> list[int]:
         vocab = len(self._tokenizer)
         length = 6 + seed % 5
-        return [3 + (seed * 31 + k * 17) % (vocab - 3) for k in range(length)] + [self._tokenizer.eos_token_id]
+        ids = [3 + (seed * 31 + k * 17) % (vocab - 3) for k in range(length)]
+        if self.args.mask_truncated_completions and seed % 2:
+            return ids  # truncated: no EOS
+        return ids + [self._tokenizer.eos_token_id]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         completions = []
@@ -74,6 +80,8 @@ class DeterministicDATPOTrainer(DATPOTrainer):
                 output["prompt_ids"][r][output["prompt_mask"][r].bool()].tolist(),
                 output["completion_ids"][r][mask].tolist(),
                 output["advantages"][r][mask].tolist(),
+                *[output[key][r][mask].tolist() for key in ("old_per_token_logps", "ref_per_token_logps")
+                  if key in output],
             ])
         self.rows.append(step_rows)
         self.branch_counts.append(len(step_rows) - len(inputs))
@@ -94,6 +102,11 @@ def run_loss_types(model_dir, out_dir, world):
         log = next(x for x in trainer.state.log_history if "loss" in x)
         results[name] = {"loss": log["loss"], "grad_norm": log["grad_norm"]}
     return results
+
+
+def run_truncated(model_dir, out_dir, world):
+    return run("truncated", model_dir, out_dir, 4 // world, 1, 1, world, use_diversity=False,
+               mask_truncated_completions=True, num_iterations=2, beta=0.1)
 
 
 def run(name, model_dir, out_dir, per_device, prompts, steps, world, return_trainer=False, use_diversity=True, **extra):
@@ -127,6 +140,7 @@ def main(model_dir: str, out_dir: str):
         "one_sided": run("one_sided", model_dir, out_dir, 8 // world, 2, 2, world),
         "spanning": run("spanning", model_dir, out_dir, 4 // world, 1, 1, world),
         "loss_types": run_loss_types(model_dir, out_dir, world),
+        "truncated": run_truncated(model_dir, out_dir, world),
     }
     # One file per rank: the two processes' stdout lines can interleave.
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as report:

@@ -719,6 +719,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             r = row if kind == "base" else n_base + row
             token_base[r, start:end] = float(base_advantages[b])
             token_bonus[r, start:end] = float(bonus[b])
+        restored = []  # (base row, tokens): leading blocks of a truncated base rollout that keep their loss
         if self.mask_truncated_completions:
             # A truncated leaf has no final answer of its own: its last block is masked, and a branch (one block)
             # whole. The earlier blocks of a truncated base rollout are valued by the leaves under their end fork;
@@ -737,6 +738,8 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                             break
                         keep = fork
                 c_mask[r, keep:] = 0
+                if keep:
+                    restored.append((r, keep))
         output = {
             "prompt_ids": p_ids,
             "prompt_mask": p_mask,
@@ -762,19 +765,31 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 merged[n_base : n_base + n_branch, :take] = branch_values[:, :take].to(base_values.dtype)
             return merged
 
+        # Rows scored here: the branches, and the kept blocks of truncated base rollouts, for which TRL's old/ref
+        # log-probs were computed with the whole completion masked out of attention. Each is scored on prompt +
+        # its kept tokens, the context the loss sees them in.
+        scored_prompts = branch_prefixes + [prompt_ids_list[r] for r, _ in restored]
+        scored_completions = branch_ids + [completion_ids_list[r][:keep] for r, keep in restored]
+
+        def merge_scored(base_values: torch.Tensor, scored: torch.Tensor | None):
+            merged = merge(base_values, None if scored is None else scored[:n_branch])
+            for k, (r, keep) in enumerate(restored):
+                merged[r, :keep] = scored[n_branch + k, :keep].to(merged.dtype)
+            return merged
+
         branch_mask = c_mask[n_base : n_base + n_branch]
         need_old = "old_per_token_logps" in base
         if need_old:
-            old = self._score_collectively(self.model, branch_prefixes, branch_ids)
-            output["old_per_token_logps"] = merge(base["old_per_token_logps"], old)
+            old = self._score_collectively(self.model, scored_prompts, scored_completions)
+            output["old_per_token_logps"] = merge_scored(base["old_per_token_logps"], old)
         if "ref_per_token_logps" in base:
             if self.ref_model is not None:
-                ref = self._score_collectively(self.ref_model, branch_prefixes, branch_ids)
+                ref = self._score_collectively(self.ref_model, scored_prompts, scored_completions)
             else:
                 unwrapped = self.accelerator.unwrap_model(self.model)
                 with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                    ref = self._score_collectively(self.model, branch_prefixes, branch_ids)
-            output["ref_per_token_logps"] = merge(base["ref_per_token_logps"], ref)
+                    ref = self._score_collectively(self.model, scored_prompts, scored_completions)
+            output["ref_per_token_logps"] = merge_scored(base["ref_per_token_logps"], ref)
         sampling = None
         if "sampling_per_token_logps" in base:
             if branch_logprobs is not None and n_branch:
@@ -793,7 +808,13 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 branch_ratio = self._importance_sampling_ratio(
                     output["old_per_token_logps"][n_base : n_base + n_branch], sampling, branch_mask
                 )
-            output["importance_sampling_ratio"] = merge(base["importance_sampling_ratio"], branch_ratio, fill=1.0)
+            ratio = merge(base["importance_sampling_ratio"], branch_ratio, fill=1.0)
+            if restored:  # TRL's ratio of a masked row is 1; the kept blocks get theirs from the new old log-probs
+                rows = torch.tensor([r for r, _ in restored], device=device)
+                ratio[rows] = self._importance_sampling_ratio(
+                    output["old_per_token_logps"][rows], output["sampling_per_token_logps"][rows], c_mask[rows]
+                )[:, : ratio.size(1)].to(ratio.dtype)
+            output["importance_sampling_ratio"] = ratio
         output["num_items_in_batch"] = self.accelerator.gather(c_mask.sum()).sum()
         return output
 
