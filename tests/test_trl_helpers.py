@@ -338,3 +338,41 @@ def test_row_compaction_after_a_shared_prefill(tiny_model_path, tiny_dataset, ti
     # the shared prefill (2 distinct rows, all but the last column), 2 steps of 5 rows, then 2 rows to the 11th token
     assert shapes[0] == (2, len(a) - 1)
     assert [rows for rows, _ in shapes[1:]] == [5, 5] + [2] * 9
+
+
+def test_method_rng_state_round_trips_per_process_and_warns_when_missing(tmp_path):
+    from types import SimpleNamespace
+
+    from trl_credit._trl import MethodRNGStateMixin
+
+    class FakeTrainer:  # the Trainer's own generators: record the calls
+        def __init__(self, process_index):
+            self.args = SimpleNamespace(process_index=process_index)
+            self.accelerator = SimpleNamespace(is_main_process=process_index == 0)
+            self.calls, self.counter = [], 0
+
+        def _save_rng_state(self, output_dir):
+            self.calls.append(("save", output_dir))
+
+        def _load_rng_state(self, checkpoint):
+            self.calls.append(("load", checkpoint))
+
+    class Counting(MethodRNGStateMixin, FakeTrainer):
+        def _method_rng_state(self):
+            return {"counter": self.counter}
+
+        def _set_method_rng_state(self, state):
+            self.counter = state["counter"]
+
+    for index in (0, 1):
+        saved = Counting(index)
+        saved.counter = 7 + index
+        saved._save_rng_state(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trl_credit_rng_state_0.json", "trl_credit_rng_state_1.json"]
+    restored = Counting(1)
+    restored._load_rng_state(str(tmp_path))
+    assert restored.counter == 8 and restored.calls == [("load", str(tmp_path))]
+    restored._load_rng_state(None)  # a fresh run: nothing to restore
+    assert restored.counter == 8
+    with pytest.warns(UserWarning, match="trl_credit_rng_state_0.json"):
+        Counting(0)._load_rng_state(str(tmp_path / "missing"))

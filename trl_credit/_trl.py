@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
 import math
+import os
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -54,6 +56,7 @@ __all__ = [
     "warn_once",
     "one_weight_push",
     "OneWeightPushMixin",
+    "MethodRNGStateMixin",
     "GenerationRecorder",
     "hf_generate_hooks",
 ]
@@ -823,6 +826,51 @@ class OneWeightPushMixin:
     @_with_one_weight_push
     def _generate_and_score_completions(self, inputs):
         return super()._generate_and_score_completions(inputs)
+
+
+class MethodRNGStateMixin:
+    """Trainer mixin: random state a method owns is checkpointed and restored with the Trainer's own generators.
+
+    transformers' ``Trainer`` saves python/numpy/torch generator states per process in each checkpoint (private
+    ``_save_rng_state``) and restores them when training resumes at the step it stopped (``_load_rng_state``). A
+    trainer with more state that decides its draws (SRPO's reset generator, Cue-GRPO's round counter that seeds the
+    random partition) returns it as a JSON-able dict from ``_method_rng_state`` and takes it back in
+    ``_set_method_rng_state``. It is written to ``trl_credit_rng_state_{process_index}.json`` next to the Trainer's
+    file and read at the same moment, so a resumed run repeats the draws of a run that never stopped.
+    """
+
+    def _method_rng_state(self) -> dict:
+        return {}
+
+    def _set_method_rng_state(self, state: dict) -> None:
+        pass
+
+    def _method_rng_file(self, folder: str) -> str:
+        return os.path.join(folder, f"trl_credit_rng_state_{self.args.process_index}.json")
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        state = self._method_rng_state()
+        if state:
+            with open(self._method_rng_file(output_dir), "w", encoding="utf-8") as f:
+                json.dump(state, f)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None or not self._method_rng_state():
+            return
+        path = self._method_rng_file(checkpoint)
+        if not os.path.isfile(path):
+            warn_once(
+                self,
+                "method_rng_state",
+                f"{type(self).__name__}: the checkpoint has no {os.path.basename(path)} (saved by an older trl_credit "
+                "or with fewer processes): the method's random state starts afresh, so the resumed run does not "
+                "repeat the draws of an uninterrupted one.",
+            )
+            return
+        with open(path, encoding="utf-8") as f:
+            self._set_method_rng_state(json.load(f))
 
 
 class GenerationRecorder:

@@ -2,6 +2,8 @@
 through TRL's logging (what wandb/trackio receive), save an adapter that reloads to the same outputs, and write a
 model card naming the method, its hyperparameters and the base model."""
 
+import dataclasses
+
 import pytest
 import torch
 from peft import LoraConfig, PeftModel
@@ -91,3 +93,42 @@ def test_lora_training_metrics_adapter_roundtrip_and_card(method, tiny_model_pat
     assert f"## {trainer_class._name} hyperparameters" in card
     assert f"trl_credit.{trainer_name}" in card and tiny_model_path in card
     assert "| `num_generations` | `" + str(settings["num_generations"]) + "` |" in card
+
+
+def minimal_call(method, model_path, tmp_path, monkeypatch):
+    """TRL's quick start, ``GRPOTrainer(model=..., reward_funcs=..., train_dataset=...)``, with the method's trainer:
+    no `args`, so every config field keeps its default, bf16 included (the check that refuses bf16 without a GPU is
+    bypassed so the call runs on the CPU). Returns the trainer and a config built with the defaults."""
+    from trl_credit.data import make_arithmetic_dataset
+
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.chdir(tmp_path)  # the default output dir is relative
+    trainer_class, config_class = getattr(trl_credit, CASES[method][0]), getattr(trl_credit, CASES[method][1])
+    defaults = config_class("reference")  # built first: a new config resets the accelerator state of a trainer
+    dataset = make_arithmetic_dataset(num_train=4, num_test=1, seed=0)["train"]
+    return trainer_class(model=model_path, reward_funcs=parity_reward, train_dataset=dataset), defaults
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_minimal_call_without_args_builds_the_method_config(method, tiny_model_path, tmp_path, monkeypatch):
+    trainer, defaults = minimal_call(method, tiny_model_path, tmp_path, monkeypatch)
+    args = trainer.args
+    assert type(args) is type(defaults)
+    # named after the model like GRPOTrainer's "<model>-GRPO"
+    assert args.output_dir == f"{tiny_model_path.rstrip('/').split('/')[-1]}-{type(trainer)._name}"
+    names = [f.name for f in dataclasses.fields(args) if f.name != "output_dir"]
+    assert {name: getattr(args, name) for name in names} == {name: getattr(defaults, name) for name in names}
+    assert args.per_device_train_batch_size == 8 and args.num_generations == (4 if method == "datpo" else 8)
+
+
+# One default step (256-token completions) takes 7 s (OPPO) to 50 s (DATPO) on a CPU: OPPO runs by default.
+@pytest.mark.parametrize(
+    "method", [m if m == "oppo" else pytest.param(m, marks=pytest.mark.slow) for m in sorted(CASES)]
+)
+def test_minimal_call_without_args_trains_one_step(method, tiny_model_path, tmp_path, monkeypatch):
+    trainer, _ = minimal_call(method, tiny_model_path, tmp_path, monkeypatch)
+    trainer.args.max_steps, trainer.args.logging_steps = 1, 1  # read by train(): one logged step of the default run
+    trainer.train()
+    assert trainer.state.global_step == 1
+    logged = {key for log in trainer.state.log_history for key in log}
+    assert any(key.startswith(CASES[method][3]) for key in logged), sorted(logged)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+import trl_credit.cue_grpo.trainer as cue_trainer_module
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
 from trl_credit.cue_grpo import extract_cues
 from trl_credit.rewards import completion_text
@@ -401,3 +402,27 @@ def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tin
                              eval_dataset=tiny_dataset.select(range(4)))
     trainer.train()
     assert any("eval_loss" in log for log in trainer.state.log_history)
+
+
+def test_random_partition_resumes_from_a_checkpoint_as_the_straight_run(tiny_model_path, tiny_dataset, tmp_path,
+                                                                        monkeypatch):
+    # The random partition is seeded by the generation round; the round count travels with the checkpoint, so a run
+    # resumed at step 2 draws the straight run's partitions and ends with its weights. Random text has no cues (one
+    # cluster, nothing to draw): here every positive is its own cue cluster, so m = |P| labels are drawn.
+    monkeypatch.setattr(cue_trainer_module, "partition_skeletons",
+                        lambda skeletons, rho, epsilon: (list(range(len(skeletons))), [10] * len(skeletons)))
+
+    def run(folder, resume=None, **kwargs):
+        args = _config(tmp_path / folder, cue_partition="random", max_steps=4, num_generations=8,
+                       per_device_train_batch_size=8, max_completion_length=16, seed=0, **kwargs)
+        trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args,
+                                 train_dataset=tiny_dataset)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    straight = run("a", save_strategy="steps", save_steps=2)
+    logs = [log for log in straight.state.log_history if "cue/frac_groups_redistributed" in log]
+    assert all(log.get("cue/clusters_per_group", 0) > 1 for log in logs[2:])
+    resumed = run("b", resume=str(tmp_path / "a" / "checkpoint-2"))
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name} differs by {(a - b).abs().max().item():.3g} after resuming"

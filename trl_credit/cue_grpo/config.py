@@ -16,8 +16,10 @@ __all__ = ["CueGRPOConfig", "PARTITION_SOURCES"]
 PARTITION_SOURCES = ("cue", "random", "judge", "callable")
 
 
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`CueGRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class CueGRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
+class CueGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
 
     Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single

@@ -130,6 +130,14 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._cue_rewards_per_func: torch.Tensor | None = None
         self.cue_overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
+    # ------------------------------------------------------------------ checkpoints (MethodRNGStateMixin)
+
+    def _method_rng_state(self) -> dict:
+        return {"cue_round": self._cue_round}  # seeds the random partition: a resumed run continues the count
+
+    def _set_method_rng_state(self, state: dict) -> None:
+        self._cue_round = int(state["cue_round"])
+
     # ------------------------------------------------------------------ judge loading
 
     def _load_judge(self, judge_model, judge_tokenizer):

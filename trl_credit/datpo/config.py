@@ -18,8 +18,10 @@ FORK_FALLBACKS = ("tok_entropy", "none")
 BRANCH_BUDGETS = ("remaining", "full")
 
 
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`DATPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class DATPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
+class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""
     Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
     advantages and an annealed sibling-diversity bonus (Yu et al., 2026). Defaults are the paper's

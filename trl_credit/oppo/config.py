@@ -18,8 +18,10 @@ ORACLE_MODES = ("self", "teacher")
 PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`OPPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class OPPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
+class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""
     Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
     paper's (Eq. 20, Table 13: C = 3.0, α = 1).

@@ -14,8 +14,10 @@ from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, re
 __all__ = ["SRPOConfig", "default_suffixes"]
 
 
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`SRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class SRPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
+class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""
     Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
 

@@ -166,6 +166,16 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         # TRL's custom-rollout hook: GRPOTrainer._generate calls it and handles everything downstream.
         self.rollout_func = self._srpo_rollout
 
+    # ------------------------------------------------------------------ checkpoints (MethodRNGStateMixin)
+
+    def _method_rng_state(self) -> dict:
+        version, internal, gauss_next = self._reset_rng.getstate()
+        return {"reset_rng": [version, list(internal), gauss_next]}
+
+    def _set_method_rng_state(self, state: dict) -> None:
+        version, internal, gauss_next = state["reset_rng"]
+        self._reset_rng.setstate((version, tuple(internal), gauss_next))
+
     # ------------------------------------------------------------------ TRL hooks
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
