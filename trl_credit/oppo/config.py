@@ -58,9 +58,10 @@ class OPPOConfig(GRPOConfig, SuccessArguments, CreditLoggingArguments):
     k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
     number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
     `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
-    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor A^seq is TRL's
-    advantage (under either `multi_objective_aggregation`). Unscorable completions get advantage 0 on every token
-    and are left out of the group's token statistics. With `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's
+    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor sign(A^seq) is the
+    sign of TRL's advantage (under either `multi_objective_aggregation`), taken from the rewards so that a row tying
+    its group's mean gets 0; a row whose verifier returned `None` counts as verifier reward 0 (not correct) there.
+    Unscorable completions get advantage 0 on every token and are left out of the group's token statistics. With `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's
     per-sequence decisions (drop a negative sequence; pick the gamma weighting) use the sign of A^seq.
 
     > Ablations (paper Table 2)

@@ -2,13 +2,13 @@
 
 What changes relative to GRPOTrainer, and nothing else:
 - ``_calculate_rewards`` is wrapped to keep the global reward matrix (all processes), from which each group's k
-  (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and its
-  zero-variance flag come.
+  (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and each
+  row's anchoring sign sign(A^seq) come (from the rewards, so that a row tying its group's mean gets 0).
 - Unscorable completions (every reward function returned None) get advantage exactly 0 on every token and are left
   out of the group's token statistics, as TRL leaves them out of its baseline.
 - ``get_off_policy_mask`` / ``get_gamma_weights`` (``off_policy_mask_threshold``, ``loss_type="vespo"``) make their
-  per-sequence decision from the sequence's sign anchor A^seq (carried to the loss as ``oppo_sequence_advantages``),
-  not from the signs of the per-token advantages.
+  per-sequence decision from the sequence's sign anchor sign(A^seq) (carried to the loss as
+  ``oppo_sequence_advantages``), not from the signs of the per-token advantages.
 - ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
   old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
   B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
@@ -40,7 +40,7 @@ from trl_credit._trl import (
     rollout_success,
     warn_once,
 )
-from trl_credit.success import groups_with_reward_variance, unscorable_rows
+from trl_credit.success import unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
@@ -50,6 +50,7 @@ from trl_credit.oppo.recursion import (
     group_success_counts,
     normalize_with_group_moments,
     row_token_moments,
+    sequence_anchor_signs,
 )
 
 __all__ = ["OPPOTrainer"]
@@ -339,16 +340,20 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------ OPPO
     def _group_statistics(self, num_generations: int):
-        """Per global row: correct (the verifier) and scorable; per global group: k, the number of scorable
-        completions G, and whether TRL's advantages of the group carry no signal (zero reward variance)."""
+        """Per global row: scorable and sign(A^seq) (from the rewards, ties exact); per global group: k (correct
+        completions, by the verifier) and the number of scorable completions G."""
         rewards_per_func = self._oppo_rewards_per_func
         if rewards_per_func is None:
             raise RuntimeError("OPPOTrainer: the rewards of this batch were not captured from `_calculate_rewards`.")
         scorable = ~unscorable_rows(rewards_per_func)
         correct = rollout_success(self, rewards_per_func)
         num_correct, num_scorable = group_success_counts(correct, scorable, num_generations)
-        varied = groups_with_reward_variance(
-            rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
+        anchor_signs = sequence_anchor_signs(
+            rewards_per_func,
+            self.reward_weights,
+            num_generations,
+            self._success_index,
+            self.args.multi_objective_aggregation,
         )
         # Global rows, so every process logs the same rate: k / G of the whole batch.
         num_scorable_rows = int(scorable.sum())
@@ -364,7 +369,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
                 "k/G.",
             )
-        return scorable, num_correct, num_scorable, ~varied
+        return scorable, num_correct, num_scorable, anchor_signs
 
     def _existing_plain_logps(self, output) -> torch.Tensor | None:
         """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows)."""
@@ -421,11 +426,11 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         local_rows = first_row + torch.arange(num_rows, device=device)
         group_ids = local_rows // num_generations
         statistics = self._group_statistics(num_generations)
-        scorable, num_correct, num_scorable, zero_variance = (t.to(device) for t in statistics)
+        scorable, num_correct, num_scorable, anchor_signs = (t.to(device) for t in statistics)
         row_scorable = scorable[local_rows]
-        # A^seq: TRL's advantage; exactly 0 in zero-variance groups (float round-off in TRL's mean could otherwise
-        # leave a ±tiny value whose sign anchoring would amplify) and on unscorable rows (TRL already gives 0).
-        seq_advantages = output["advantages"].masked_fill(zero_variance[group_ids] | ~row_scorable, 0.0)
+        # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
+        # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
+        seq_advantages = anchor_signs[local_rows].to(output["advantages"].dtype)
         # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows. Unscorable rows keep TRL's loss mask
         # but get advantage 0 and stay out of the group's token moments.
         credit_mask = completion_mask * row_scorable.unsqueeze(1).to(completion_mask.dtype)
