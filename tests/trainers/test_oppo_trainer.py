@@ -611,6 +611,56 @@ def test_off_policy_mask_and_vespo_decide_per_sequence_from_the_sign_anchor(
     assert (loss_type == "vespo") == any(kind == "gamma" for kind, _, _ in decisions)
 
 
+def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL declares both as @staticmethod and calls them with keywords (GRPOTrainer._compute_loss); code that calls
+    # them on the class (as TRL's own static API allows) got a TypeError from OPPO's instance methods.
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from trl_credit.oppo.trainer import loss_sequence_anchors
+
+    for name in ("get_off_policy_mask", "get_gamma_weights"):
+        assert isinstance(inspect.getattr_static(OPPOTrainer, name), staticmethod)
+        assert inspect.signature(getattr(OPPOTrainer, name)) == inspect.signature(getattr(GRPOTrainer, name))
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                          args=make_args(tmp_path, max_steps=1), train_dataset=tiny_dataset)
+    torch.manual_seed(0)
+    B, T = 4, 5
+    mask = torch.ones(B, T)
+    logps = -torch.rand(B, T)
+    sampled = logps + 0.5 + 0.5 * torch.rand(B, T)  # mean KL log(π_old/π_θ) > 0.5 on every row
+    ratio = 0.3 * torch.randn(B, T)
+    anchors = torch.tensor([1.0, -1.0, 0.0, -1.0])  # sign(A^seq)
+    # OPPO's (B, T) advantages after the group normalization: tokens of one completion take both signs
+    tokens = torch.tensor([[0.5, -0.2, 0.1, -0.9, 0.3]] * B) * torch.tensor([[1.0], [-1.0], [1.0], [1.0]])
+
+    def mask_call(owner, advantages):
+        return owner.get_off_policy_mask(advantages=advantages, per_token_logps=logps, sampling_per_token_logps=sampled,
+                                         mask=mask, off_policy_threshold=0.1)
+
+    def gamma_call(owner, advantages):
+        return owner.get_gamma_weights(advantages=advantages, log_ratio_per_token=ratio, mask=mask,
+                                       importance_sampling_ratio=None, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+                                       lambda_neg=2.0)
+
+    expected_mask = mask_call(GRPOTrainer, anchors.unsqueeze(1))
+    expected_gamma = gamma_call(GRPOTrainer, anchors.unsqueeze(1))
+    assert expected_mask.squeeze(1).tolist() == [1.0, 0.0, 1.0, 0.0]  # high KL: kept iff A >= 0
+    assert not torch.equal(gamma_call(GRPOTrainer, -anchors.unsqueeze(1)), expected_gamma)  # the sign matters
+    for owner in (OPPOTrainer, trainer):
+        # sequence-level advantages (B, 1): TRL's results
+        assert torch.equal(mask_call(owner, anchors.unsqueeze(1)), expected_mask)
+        assert torch.equal(gamma_call(owner, anchors.unsqueeze(1)), expected_gamma)
+        # in OPPO's loss, (B, T) advantages are decided per sequence by their anchors, not per token
+        with loss_sequence_anchors(anchors):
+            assert torch.equal(mask_call(owner, tokens), expected_mask)
+            assert torch.equal(gamma_call(owner, tokens), expected_gamma)
+        # (B, T) advantages without anchors cannot be decided per sequence: said, not guessed
+        with pytest.raises(RuntimeError, match="oppo_sequence_advantages"):
+            mask_call(owner, tokens)
+
+
 # ------------------------------------------------------------------------------------------- normalize_then_sum
 def parity_alternating_row(text, index):
     return [float(len(text) % 2), float(index % 2)]

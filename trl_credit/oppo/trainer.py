@@ -22,6 +22,10 @@ What changes relative to GRPOTrainer, and nothing else:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+import inspect
 import math
 import numbers
 import textwrap
@@ -121,6 +125,47 @@ def _check_answers(dataset, column: str, argument: str) -> None:
         problem = answer_problem(answer)
         if problem is not None:
             _refuse_answer(column, f"row {row} of `{argument}`", answer, problem)
+
+
+_LOSS_ANCHORS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("oppo_loss_anchors", default=None)
+
+
+@contextlib.contextmanager
+def loss_sequence_anchors(anchors: torch.Tensor | None):
+    """While inside, (B, T) advantages given to ``OPPOTrainer.get_off_policy_mask`` / ``get_gamma_weights`` are
+    decided per sequence by ``anchors`` (B,), sign(A^seq) of the batch in the loss (``_compute_loss`` sets it)."""
+    token = _LOSS_ANCHORS.set(anchors)
+    try:
+        yield
+    finally:
+        _LOSS_ANCHORS.reset(token)
+
+
+def _sequence_level(advantages: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() < 2 or advantages.size(1) == 1:
+        return advantages  # already one advantage per sequence: TRL's own case
+    anchors = _LOSS_ANCHORS.get()
+    if anchors is None or anchors.numel() != advantages.size(0):
+        raise RuntimeError(
+            "OPPOTrainer: per-token advantages reached a per-sequence decision (off_policy_mask_threshold / "
+            "loss_type='vespo') without their sequences' anchors sign(A^seq) (`oppo_sequence_advantages` of the batch, "
+            "set by OPPOTrainer._compute_loss through `loss_sequence_anchors`)."
+        )
+    return anchors.to(device=advantages.device, dtype=advantages.dtype).view(-1, 1)
+
+
+def _decided_per_sequence(name: str) -> staticmethod:
+    """GRPOTrainer's static method ``name``, same signature, with OPPO's (B, T) advantages replaced by their sequences'
+    anchors. TRL's method is looked up at each call, so a patched or subclassed GRPOTrainer is honoured."""
+    signature = inspect.signature(getattr(GRPOTrainer, name))
+
+    @functools.wraps(getattr(GRPOTrainer, name))
+    def decide(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["advantages"] = _sequence_level(bound.arguments["advantages"])
+        return getattr(GRPOTrainer, name)(**bound.arguments)  # by keyword, as TRL's _compute_loss calls it
+
+    return staticmethod(decide)
 
 
 class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -308,35 +353,16 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
     # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
     # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
-    # can have both signs. OPPO's sequence-level direction is the sign anchor A^seq (paper Eq. 21), so both decide
-    # from it: a completion the verifier ranks above its group's mean is kept / weighted as positive as a whole.
+    # can have both signs. OPPO's sequence-level direction is the sign anchor sign(A^seq) (paper Eq. 21), so both
+    # decide from it: a completion the verifier ranks above its group's mean is kept / weighted as positive as a whole.
+    # TRL declares both methods static, so they stay static with TRL's signatures; the anchors of the batch in the loss
+    # reach them through `loss_sequence_anchors`.
     def _compute_loss(self, model, inputs):
-        self._oppo_loss_anchor = inputs.get("oppo_sequence_advantages")
-        try:
+        with loss_sequence_anchors(inputs.get("oppo_sequence_advantages")):
             return super()._compute_loss(model, inputs)
-        finally:
-            self._oppo_loss_anchor = None
 
-    def _sequence_anchor(self, advantages: torch.Tensor) -> torch.Tensor:
-        anchor = getattr(self, "_oppo_loss_anchor", None)
-        if anchor is None:
-            if advantages.dim() == 2 and advantages.size(1) > 1:
-                raise RuntimeError(
-                    "OPPOTrainer: the loss got per-token advantages without their sequence anchors "
-                    "(`oppo_sequence_advantages`), needed by off_policy_mask_threshold / loss_type='vespo'."
-                )
-            return advantages
-        return anchor.to(advantages.dtype).view(-1, 1)
-
-    def get_off_policy_mask(self, advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
-        return GRPOTrainer.get_off_policy_mask(
-            self._sequence_anchor(advantages), per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
-        )
-
-    def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kwargs):
-        return GRPOTrainer.get_gamma_weights(
-            self._sequence_anchor(advantages), log_ratio_per_token, mask, importance_sampling_ratio, **kwargs
-        )
+    get_off_policy_mask = _decided_per_sequence("get_off_policy_mask")
+    get_gamma_weights = _decided_per_sequence("get_gamma_weights")
 
     # ------------------------------------------------------------------------------------------------ OPPO
     def _group_statistics(self, num_generations: int):
