@@ -680,6 +680,84 @@ def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dat
                for output, _ in trainer.generations)
 
 
+# ------------------------------------------------------------------------------------------- precision (bf16)
+@pytest.fixture(scope="module")
+def peaked_model_path(tiny_model_path, tmp_path_factory):
+    """The tiny model with its LM head scaled by 30: logits of a real model's size (|logit| up to ~20, where bf16
+    rounds by ~0.1), and evidence |o_t - s_t| ~ 0.5 like SmolLM2's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(tmp_path_factory.mktemp("tiny_peaked"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(path)
+    return path
+
+
+TRL_OLD_LOGPS = dict(plain_logps="auto", per_device_train_batch_size=4, steps_per_generation=2)
+
+
+@pytest.mark.parametrize("settings", [dict(plain_logps="auto"), dict(plain_logps="recompute"), TRL_OLD_LOGPS,
+                                      dict(TRL_OLD_LOGPS, cast_lm_head_to_fp32=True)],
+                         ids=["generation-record", "extra-pass", "trl-old-logps", "trl-old-logps-float32-head"])
+def test_evidence_under_bf16_autocast_is_float32_accurate(peaked_model_path, tiny_dataset, tmp_path, monkeypatch,
+                                                          settings):
+    # TRL's default bf16=True runs every forward under bf16 autocast (CPU autocast here). Before, the LM head's
+    # logits were bf16 in the extra pass (o_t) and in the generation record / TRL's old log-probs (s_t): max error of
+    # log λ against a float64 copy of the same weights 0.053-0.056 (mean 0.015; mean |log λ| 0.14). Now both come
+    # from a float32 head (the transformer body stays bf16): max 0.0075 (mean 0.0018).
+    from transformers import AutoModelForCausalLM
+
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    batches = []
+    original = oppo_trainer.bayesian_value_recursion
+
+    def spy(oracle_logps, student_logps, mask, *args, **kwargs):
+        batches.append((oracle_logps.clone(), student_logps.clone(), mask.clone()))
+        return original(oracle_logps, student_logps, mask, *args, **kwargs)
+
+    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    outputs = []
+    original_advantages = OPPOTrainer._oppo_advantages
+
+    def record(self, inputs, output):
+        outputs.append((inputs, {k: v.clone() for k, v in output.items() if torch.is_tensor(v)}))
+        return original_advantages(self, inputs, output)
+
+    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record)
+    args = make_args(tmp_path, **{**dict(max_steps=1, max_completion_length=12, bf16=True), **settings})
+    trainer = OPPOTrainer(model=peaked_model_path, reward_funcs=length_parity_reward, args=args,
+                          train_dataset=tiny_dataset)
+    trainer.train()  # one optimizer step, after the only generation batch: the weights scored are the saved ones
+    assert trainer.accelerator.mixed_precision == "bf16"
+    reference = AutoModelForCausalLM.from_pretrained(peaked_model_path, dtype=torch.float64).eval()
+    (inputs, output), = outputs
+    (oracle_logps, plain_logps, mask), = batches
+    errors, sizes = [], []
+    for i in range(len(inputs)):
+        prompt_ids = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+        completion = output["completion_ids"][i][mask[i].bool()].tolist()
+        messages = [dict(m) for m in inputs[i]["prompt"]]
+        messages[-1]["content"] += f"\n\nThe correct final answer is {inputs[i]['answer']}."
+        oracle_ids = trainer._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        oracle_ids = oracle_ids["input_ids"] if hasattr(oracle_ids, "keys") else oracle_ids
+        o, s = _row_logps(reference, oracle_ids, completion), _row_logps(reference, prompt_ids, completion)
+        n = len(completion)
+        log_lambda = (oracle_logps[i, :n] - plain_logps[i, :n]).double()
+        errors += (log_lambda - torch.tensor(o) + torch.tensor(s)).abs().tolist()
+        sizes += [abs(a - b) for a, b in zip(o, s)]
+    print(f"{settings}: mean |log λ| {sum(sizes) / len(sizes):.3f}, error of log λ: max {max(errors):.4f}, "
+          f"mean {sum(errors) / len(errors):.4f}")
+    assert sum(sizes) / len(sizes) > 0.1  # evidence of a real size (SmolLM2: 0.15): the check is not vacuous
+    assert max(errors) < 0.02
+    # the cost stays: "auto" still scores only the B oracle rows (s_t from the float32-head generation record)
+    log = next(log for log in trainer.state.log_history if "oppo/extra_pass_rows" in log)
+    assert log["oppo/extra_pass_rows"] == (2.0 if settings["plain_logps"] == "recompute" else 1.0)
+
+
 # ------------------------------------------------------------------------------------------- ties and round-off
 TIED = [0.7, 1.0, 0.4, 0.7]  # rows 0 and 3 sit exactly at the group mean 0.7; TRL's float32 mean is 0.70000005
 

@@ -111,9 +111,10 @@ def sequence_anchor_signs(
     ±1e-7 instead of 0, and the anchoring would turn that into full-size credit. Here a deviation within ``rtol`` of
     the group's reward scale (its largest |reward|, per summed column; 1e-6 is about 8 float32 ulps, the rewards' own
     precision) is round-off and counts as 0; so is a weighted sum of z-scores within ``rtol`` of the sum of their
-    magnitudes. Unscorable rows (every function returned None) get 0. A scorable row whose verifier (column ``success_index``) returned None is not correct
-    (docs/design.md#success-and-unscorable-rows): its verifier reward counts as 0, as TRL's weighted sum counts it
-    under ``"sum_then_normalize"`` (under ``"normalize_then_sum"`` TRL would put it at the group's mean verifier score).
+    magnitudes. Unscorable rows (every function returned None) get 0. A scorable row whose verifier (column
+    ``success_index``) returned None is not correct (docs/design.md#success-and-unscorable-rows): its verifier reward
+    counts as 0, as TRL's weighted sum counts it under ``"sum_then_normalize"`` (under ``"normalize_then_sum"`` TRL
+    would put it at the group's mean verifier score).
     """
     rewards = rewards_per_func.to(torch.float64).clone()
     unscorable = unscorable_rows(rewards)

@@ -11,9 +11,10 @@ What changes relative to GRPOTrainer, and nothing else:
   ``oppo_sequence_advantages``), not from the signs of the per-token advantages.
 - ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
   old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
-  B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
-  the wrapped ``_generate_single_turn``, or from vLLM's sampler; only where none exists, or with
-  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of
+  B rows with a float32 LM head: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded
+  during HF generation by the wrapped ``_generate_single_turn`` (head in float32 too), or from vLLM's sampler, each
+  only when computed with a float32 head; only where none exists, or with ``plain_logps="recompute"`` or a teacher,
+  are the B plain rows scored in the same pass), the recursion of
   :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the valid tokens of all
   processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
   ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
@@ -47,7 +48,7 @@ from trl_credit._trl import (
 from trl_credit.success import unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
+from trl_credit.oppo.oracle import add_float32_head, build_oracle_prompts, float32_head, score_evidence
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
@@ -256,6 +257,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self.teacher_model = None
         if args.oracle == "teacher":
             self.teacher_model = self._load_teacher(teacher, teacher_processing_class)
+        else:  # the policy scores the evidence: its extra pass runs a float32 LM head (docs/oppo.md#evidence)
+            add_float32_head(self._causal_lm(), self.temperature)
 
     # ------------------------------------------------------------------------------------------------ teacher
     def _load_teacher(self, teacher, teacher_processing_class):
@@ -304,9 +307,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         teacher.requires_grad_(False)
         if args.disable_dropout:
             disable_dropout_in_model(teacher)
-        # Same fused log-prob head (and temperature) as the policy and TRL's reference model, so o_t and s_t come
-        # from `_get_per_token_logps_and_entropies` exactly as TRL's own log-probs do.
-        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+        # TRL's fused log-prob head (and temperature), so o_t and s_t come from `_get_per_token_logps_and_entropies` as
+        # TRL's own log-probs do; in float32 (docs/oppo.md#evidence): the teacher only scores the evidence.
+        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=True)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(teacher, self.accelerator)
         if self.is_fsdp_enabled:
@@ -314,6 +317,19 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     # ------------------------------------------------------------------------------------------------ hooks
+    def _causal_lm(self):
+        """The causal LM whose forward TRL patched (the PEFT base model), which ``generate`` and the log-prob passes
+        run."""
+        model = self.accelerator.unwrap_model(self.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def _reduced_precision(self) -> bool:
+        """Whether the policy's LM head computes below float32 unless OPPO makes it float32 (bf16/fp16 autocast or
+        weights): then log-probs computed outside OPPO's float32 head cannot serve as s_t."""
+        head = self._causal_lm().get_output_embeddings()
+        reduced = (torch.bfloat16, torch.float16)
+        return self.accelerator.mixed_precision in ("bf16", "fp16") or head.weight.dtype in reduced
+
     def _records_generation_logps(self) -> bool:
         return (
             self.args.oracle == "self"
@@ -324,17 +340,20 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
-        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`)."""
+        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`), with the LM head in float32 like the
+        extra pass's (so the tokens are sampled from float32 logits, as with TRL's ``cast_lm_head_to_fp32``)."""
         if not self._records_generation_logps():
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         recorder = GenerationRecorder(self.temperature, logps=True)
-        with recorder.attached(self):
+        with recorder.attached(self), float32_head(self._causal_lm()) as head_in_float32:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        self._oppo_generation_logps = recorder.logps(completion_ids)
+        # A head that could not run in float32 (e.g. with a LoRA adapter) under reduced precision: not s_t.
+        usable = head_in_float32 or not self._reduced_precision()
+        self._oppo_generation_logps = recorder.logps(completion_ids) if usable else None
         return completion_ids, logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -398,12 +417,15 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return scorable, num_correct, num_scorable, anchor_signs
 
     def _existing_plain_logps(self, output) -> torch.Tensor | None:
-        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows)."""
+        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows). Like
+        o_t, s_t must come from a float32 LM head (docs/oppo.md#evidence)."""
         args = self.args
         if args.oracle != "self" or args.plain_logps == "recompute":
             return None
-        if output.get("old_per_token_logps") is not None:  # TRL's own pass: exactly s_t
-            return output["old_per_token_logps"]
+        reduced = self._reduced_precision()
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is not None and (args.cast_lm_head_to_fp32 or not reduced):  # TRL's own pass: exactly s_t
+            return old_logps
         completion_ids = output["completion_ids"]
         recorded = self._oppo_generation_logps
         if recorded is not None and len(recorded) == completion_ids.size(0):
@@ -415,7 +437,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             return table
         sampled = output.get("sampling_per_token_logps")
         plain_sampling = (
-            self.use_vllm
+            not reduced  # vLLM's log-probs come from its own (serving dtype) head
+            and self.use_vllm
             and (self.top_p is None or self.top_p >= 1.0)
             and (self.top_k is None or self.top_k <= 0)
             and not self.min_p
@@ -473,22 +496,25 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 self,
                 "oppo_plain_logps",
                 "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
-                "the completions, e.g. beam search or a custom generate), so its extra pass also scores the B plain "
-                "rows (2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
+                "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
+                "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
+                "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
             )
         scorer = self.model if args.oracle == "self" else self.teacher_model
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-        oracle_logps, student_logps = score_evidence(
-            self,
-            scorer,
-            oracle_prompt_ids,
-            output["prompt_ids"],
-            output["prompt_mask"],
-            output["completion_ids"],
-            completion_mask,
-            student_logps=student_logps,
-            batch_size=batch_size,
-        )
+        # float32 LM head for o_t (and s_t when scored here); the teacher's head is float32 from loading
+        with float32_head(self._causal_lm()) if args.oracle == "self" else contextlib.nullcontext():
+            oracle_logps, student_logps = score_evidence(
+                self,
+                scorer,
+                oracle_prompt_ids,
+                output["prompt_ids"],
+                output["prompt_mask"],
+                output["completion_ids"],
+                completion_mask,
+                student_logps=student_logps,
+                batch_size=batch_size,
+            )
         # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
         log_metric(self, "oppo/extra_pass_rows", extra_pass_rows)
 
