@@ -13,6 +13,7 @@ from trl_credit.oppo.recursion import (
     normalize_with_group_moments,
     prior_log_odds,
     row_token_moments,
+    sequence_anchor_signs,
 )
 
 LN3 = math.log(3.0)
@@ -255,3 +256,55 @@ def test_all_zero_group_stays_zero_next_to_a_live_group():
     normalized = normalize_per_group(adv, mask, torch.tensor([0, 0, 1, 1]))
     assert torch.equal(normalized[:2], torch.zeros(2, 2))
     assert normalized[2:].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------------------- sign(A^seq) from the rewards
+NAN = float("nan")
+
+
+def _signs(rows, aggregation="sum_then_normalize", weights=None):
+    rewards = torch.tensor(rows, dtype=torch.float32)  # TRL's rewards_per_func is float32
+    weights = torch.ones(rewards.size(1)) if weights is None else torch.tensor(weights)
+    return sequence_anchor_signs(rewards, weights, 4, 0, aggregation).tolist()
+
+
+def test_rows_tying_the_group_mean_get_sign_zero_and_no_credit():
+    # Rewards [0.7, 1.0, 0.4, 0.7]: mean 0.7, so rows 0 and 3 tie it (TRL's float32 advantage: -2.4e-7 each).
+    assert _signs([[0.7], [1.0], [0.4], [0.7]]) == [0.0, 1.0, -1.0, 0.0]
+    assert _signs([[0.7]] * 4) == [0.0] * 4  # zero variance
+    # The whole chain by hand, one token per row with log λ = ln 2: k = 1 (only 1.0 >= 1), G = 4, so
+    # ℓ_0 = ln(2/4) = -ln 2, V_0 = 1/3 and A^raw = σ(0) - 1/3 = 1/6 on every row; Â = sign · 1/6 = [0, 1/6, -1/6, 0];
+    # the group's mean is 0 and its population std sqrt(2 · (1/6)² / 4) = 1/(6√2), so Ã = [0, √2, -√2, 0].
+    # With sign -1 on the tied rows (the round-off) Â was [-1/6, 1/6, -1/6, -1/6] and Ã ≈ [-0.58, 1.73, -0.58, -0.58].
+    signs = torch.tensor(_signs([[0.7], [1.0], [0.4], [0.7]]), dtype=torch.float64)
+    plain = torch.zeros(4, 1, dtype=torch.float64)
+    mask = torch.ones(4, 1)
+    anchored = bayesian_token_advantages(plain + math.log(2.0), plain, mask, signs, torch.tensor([1, 1, 1, 1]), 4)
+    torch.testing.assert_close(anchored[:, 0], torch.tensor([0.0, 1 / 6, -1 / 6, 0.0], dtype=torch.float64))
+    normalized = normalize_per_group(anchored, mask, torch.zeros(4, dtype=torch.long), eps=0.0)
+    root2 = math.sqrt(2.0)
+    torch.testing.assert_close(normalized[:, 0], torch.tensor([0.0, root2, -root2, 0.0], dtype=torch.float64))
+
+
+def test_round_off_tolerance_is_relative_to_the_group_scale():
+    # Ties at 1000.7 in float32 (1000.70001); a real difference of 1e-4 of the scale still counts.
+    assert _signs([[1000.7], [1000.7], [1000.8], [1000.6]]) == [0.0, 0.0, 1.0, -1.0]
+    assert _signs([[1e-6], [2e-6], [1e-6], [2e-6]]) == [-1.0, 1.0, -1.0, 1.0]  # small rewards, real differences
+
+
+def test_unscorable_rows_and_a_verifier_none_under_both_aggregations():
+    # Column 0 is the verifier. Row 3 is unscorable (0); row 2's verifier returned None: not correct, reward 0.
+    rows = [[1.0, 1.0], [0.0, 1.0], [NAN, 1.0], [NAN, NAN]]
+    # sum_then_normalize: totals [2, 1, 1] over the scorable rows, mean 4/3.
+    assert _signs(rows) == [1.0, -1.0, -1.0, 0.0]
+    # normalize_then_sum: verifier [1, 0, 0] z-scores +, -, -; the format column has no variance (z = 0).
+    assert _signs(rows, "normalize_then_sum") == [1.0, -1.0, -1.0, 0.0]
+    # normalize_then_sum, verifier [1, 0, None, 0] and format [1, 0, 1, 1]: verifier [1, 0, 0, 0] has deviations
+    # [3/4, -1/4, -1/4, -1/4], format [1/4, -3/4, 1/4, 1/4], both with (sample) std 1/2, so the z-score sums are
+    # [2, -2, 0, 0] / (1/2 + 1e-4): rows 2 and 3 tie their group. (TRL put row 2 at +0.32 of the batch std.)
+    rows = [[1.0, 1.0], [0.0, 0.0], [NAN, 1.0], [0.0, 1.0]]
+    assert _signs(rows, "normalize_then_sum") == [1.0, -1.0, 0.0, 0.0]
+    # weights: [2, 1] makes the verifier dominate.
+    assert _signs(rows, "normalize_then_sum", weights=[2.0, 1.0]) == [1.0, -1.0, -1.0, -1.0]
+    with pytest.raises(ValueError, match="multi_objective_aggregation"):
+        _signs(rows, "mean")

@@ -3,6 +3,7 @@ plain-text prompts, refusals, and the advantages reaching the loss against an in
 
 import math
 import shutil
+from fractions import Fraction
 
 import pytest
 import torch
@@ -61,13 +62,17 @@ def parity_row(text, index):
     return [float(len(text) % 2)]
 
 
-def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0, eps=1e-6, reward_row=parity_row):
+def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0, eps=1e-6, reward_row=parity_row,
+                         aggregation="sum_then_normalize"):
     """docs/oppo.md#algorithm with Python floats, one row and one token at a time; nothing from trl_credit.oppo.
 
     ``reward_row(text, index) -> [r_1, r_2, ...]`` gives each reward function's raw value (None = not scored), with
     weights 1. Correct = r_1 >= 1 (the first reward is the verifier). A row is unscorable when every r is None: it
     is no trial of the prior (k and G count scorable rows), its advantage is 0 and its tokens stay out of the group's
-    statistics. A^seq's sign: total minus the mean total of the group's scorable rows (0 with < 2 distinct totals).
+    statistics. A scorable row whose verifier returned None is not correct: its verifier reward counts as 0 (docs/
+    design.md#success-and-unscorable-rows). A^seq's sign, with the rewards as the exact decimals the reward functions
+    return (so a tie is a tie): "sum_then_normalize": total minus the mean total of the group's scorable rows;
+    "normalize_then_sum": the sum of each reward function's z-score in the group (TRL's formula, its 1e-4 included).
     """
     B = len(inputs)
     contexts, completions, rows = [], [], []
@@ -82,8 +87,10 @@ def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0,
         completions.append(completion)
         rows.append(reward_row(tokenizer.decode(completion, skip_special_tokens=True), i))
     scorable = [any(r is not None for r in row) for row in rows]
-    totals = [sum(r for r in row if r is not None) for row in rows]
     correct = [row[0] is not None and row[0] >= 1.0 for row in rows]
+    # exact decimals; the verifier's None on a scorable row is 0, the other functions' None are left out
+    exact = [[Fraction(repr(0.0 if r is None and f == 0 else r)) if r is not None or f == 0 else None
+              for f, r in enumerate(row)] for row in rows]
     raw_rows = []
     for i in range(B):
         if not scorable[i]:
@@ -91,9 +98,19 @@ def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0,
             continue
         group = [j for j in range((i // G) * G, (i // G + 1) * G) if scorable[j]]
         k = sum(1 for j in group if correct[j])
-        mean_r = sum(totals[j] for j in group) / len(group)
-        flat = len(group) < 2 or all(totals[j] == totals[group[0]] for j in group)
-        sign = 0.0 if flat else math.copysign(1.0, totals[i] - mean_r)
+        if aggregation == "sum_then_normalize":
+            totals = {j: sum(r for r in exact[j] if r is not None) for j in group}
+            direction = totals[i] - sum(totals.values()) / len(group)
+        else:
+            direction = Fraction(0)
+            for f in range(len(exact[i])):
+                scored = [exact[j][f] for j in group if exact[j][f] is not None]
+                if exact[i][f] is None or len(scored) < 2:
+                    continue
+                mean_f = sum(scored) / len(scored)
+                std_f = math.sqrt(float(sum((r - mean_f) ** 2 for r in scored) / (len(scored) - 1)))
+                direction += (exact[i][f] - mean_f) / Fraction(std_f + 1e-4)
+        sign = float((direction > 0) - (direction < 0))
         o = _row_logps(scorer, contexts[i][0], completions[i])
         s = _row_logps(scorer, contexts[i][1], completions[i])
         ell = math.log((k + alpha) / (len(group) - k + alpha))
@@ -130,7 +147,8 @@ class CapturingOPPOTrainer(OPPOTrainer):
             return output
         scorer = self.reference_scorer or self.accelerator.unwrap_model(self.model)
         expected = reference_advantages(
-            scorer, self._tokenizer, inputs, output, self.num_generations, reward_row=self.reward_row
+            scorer, self._tokenizer, inputs, output, self.num_generations, reward_row=self.reward_row,
+            aggregation=self.args.multi_objective_aggregation,
         )
         self.generations = getattr(self, "generations", []) + [(output, expected)]
         return output
@@ -593,20 +611,211 @@ def test_off_policy_mask_and_vespo_decide_per_sequence_from_the_sign_anchor(
     assert (loss_type == "vespo") == any(kind == "gamma" for kind, _, _ in decisions)
 
 
+def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny_dataset, tmp_path):
+    # TRL declares both as @staticmethod and calls them with keywords (GRPOTrainer._compute_loss); code that calls
+    # them on the class (as TRL's own static API allows) got a TypeError from OPPO's instance methods.
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from trl_credit.oppo.trainer import loss_sequence_anchors
+
+    for name in ("get_off_policy_mask", "get_gamma_weights"):
+        assert isinstance(inspect.getattr_static(OPPOTrainer, name), staticmethod)
+        assert inspect.signature(getattr(OPPOTrainer, name)) == inspect.signature(getattr(GRPOTrainer, name))
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
+                          args=make_args(tmp_path, max_steps=1), train_dataset=tiny_dataset)
+    torch.manual_seed(0)
+    B, T = 4, 5
+    mask = torch.ones(B, T)
+    logps = -torch.rand(B, T)
+    sampled = logps + 0.5 + 0.5 * torch.rand(B, T)  # mean KL log(π_old/π_θ) > 0.5 on every row
+    ratio = 0.3 * torch.randn(B, T)
+    anchors = torch.tensor([1.0, -1.0, 0.0, -1.0])  # sign(A^seq)
+    # OPPO's (B, T) advantages after the group normalization: tokens of one completion take both signs
+    tokens = torch.tensor([[0.5, -0.2, 0.1, -0.9, 0.3]] * B) * torch.tensor([[1.0], [-1.0], [1.0], [1.0]])
+
+    def mask_call(owner, advantages):
+        return owner.get_off_policy_mask(advantages=advantages, per_token_logps=logps, sampling_per_token_logps=sampled,
+                                         mask=mask, off_policy_threshold=0.1)
+
+    def gamma_call(owner, advantages):
+        return owner.get_gamma_weights(advantages=advantages, log_ratio_per_token=ratio, mask=mask,
+                                       importance_sampling_ratio=None, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+                                       lambda_neg=2.0)
+
+    expected_mask = mask_call(GRPOTrainer, anchors.unsqueeze(1))
+    expected_gamma = gamma_call(GRPOTrainer, anchors.unsqueeze(1))
+    assert expected_mask.squeeze(1).tolist() == [1.0, 0.0, 1.0, 0.0]  # high KL: kept iff A >= 0
+    assert not torch.equal(gamma_call(GRPOTrainer, -anchors.unsqueeze(1)), expected_gamma)  # the sign matters
+    for owner in (OPPOTrainer, trainer):
+        # sequence-level advantages (B, 1): TRL's results
+        assert torch.equal(mask_call(owner, anchors.unsqueeze(1)), expected_mask)
+        assert torch.equal(gamma_call(owner, anchors.unsqueeze(1)), expected_gamma)
+        # in OPPO's loss, (B, T) advantages are decided per sequence by their anchors, not per token
+        with loss_sequence_anchors(anchors):
+            assert torch.equal(mask_call(owner, tokens), expected_mask)
+            assert torch.equal(gamma_call(owner, tokens), expected_gamma)
+        # (B, T) advantages without anchors cannot be decided per sequence: said, not guessed
+        with pytest.raises(RuntimeError, match="oppo_sequence_advantages"):
+            mask_call(owner, tokens)
+
+
 # ------------------------------------------------------------------------------------------- normalize_then_sum
-def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dataset, tmp_path):
+def parity_alternating_row(text, index):
+    return [float(len(text) % 2), float(index % 2)]
+
+
+def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
     # TRL z-scores each reward function per group, sums, and divides by the batch std: the sum has zero mean in
-    # every group, so sign(A^seq) still ranks a completion within its group; k still comes from the verifier.
+    # every group, so sign(A^seq) (the sum of z-scores) ranks a completion within its group; k comes from the verifier.
+    monkeypatch.setattr(CapturingOPPOTrainer, "reward_row", staticmethod(parity_alternating_row))
     args = make_args(tmp_path, multi_objective_aggregation="normalize_then_sum")
     trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=[length_parity_reward, alternating_reward],
                                    args=args, train_dataset=tiny_dataset)
-    trainer.train()  # (the captured single-reward reference is not used here)
+    trainer.train()
     assert trainer.state.global_step == 2
-    for output, _ in trainer.generations:
-        anchor = output["oppo_sequence_advantages"]
-        # within each group the anchors sum to ~0 (zero-mean z-scores), so both signs occur where rewards vary
-        assert anchor.view(-1, 4).sum(1).abs().max().item() < 1e-4
-        assert (anchor > 0).any() and (anchor < 0).any()
+    _assert_matches_reference(trainer)
+    assert any((output["oppo_sequence_advantages"] > 0).any() and (output["oppo_sequence_advantages"] < 0).any()
+               for output, _ in trainer.generations)
+
+
+# ------------------------------------------------------------------------------------------- precision (bf16)
+@pytest.fixture(scope="module")
+def peaked_model_path(tiny_model_path, tmp_path_factory):
+    """The tiny model with its LM head scaled by 30: logits of a real model's size (|logit| up to ~20, where bf16
+    rounds by ~0.1), and evidence |o_t - s_t| ~ 0.5 like SmolLM2's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(tmp_path_factory.mktemp("tiny_peaked"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(path)
+    return path
+
+
+TRL_OLD_LOGPS = dict(plain_logps="auto", per_device_train_batch_size=4, steps_per_generation=2)
+
+
+@pytest.mark.parametrize("settings", [dict(plain_logps="auto"), dict(plain_logps="recompute"), TRL_OLD_LOGPS,
+                                      dict(TRL_OLD_LOGPS, cast_lm_head_to_fp32=True)],
+                         ids=["generation-record", "extra-pass", "trl-old-logps", "trl-old-logps-float32-head"])
+def test_evidence_under_bf16_autocast_is_float32_accurate(peaked_model_path, tiny_dataset, tmp_path, monkeypatch,
+                                                          settings):
+    # TRL's default bf16=True runs every forward under bf16 autocast (CPU autocast here). Before, the LM head's
+    # logits were bf16 in the extra pass (o_t) and in the generation record / TRL's old log-probs (s_t): max error of
+    # log λ against a float64 copy of the same weights 0.053-0.056 (mean 0.015; mean |log λ| 0.14). Now both come
+    # from a float32 head (the transformer body stays bf16): max 0.0075 (mean 0.0018).
+    from transformers import AutoModelForCausalLM
+
+    import trl_credit.oppo.trainer as oppo_trainer
+
+    batches = []
+    original = oppo_trainer.bayesian_value_recursion
+
+    def spy(oracle_logps, student_logps, mask, *args, **kwargs):
+        batches.append((oracle_logps.clone(), student_logps.clone(), mask.clone()))
+        return original(oracle_logps, student_logps, mask, *args, **kwargs)
+
+    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    outputs = []
+    original_advantages = OPPOTrainer._oppo_advantages
+
+    def record(self, inputs, output):
+        outputs.append((inputs, {k: v.clone() for k, v in output.items() if torch.is_tensor(v)}))
+        return original_advantages(self, inputs, output)
+
+    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record)
+    args = make_args(tmp_path, **{**dict(max_steps=1, max_completion_length=12, bf16=True), **settings})
+    trainer = OPPOTrainer(model=peaked_model_path, reward_funcs=length_parity_reward, args=args,
+                          train_dataset=tiny_dataset)
+    trainer.train()  # one optimizer step, after the only generation batch: the weights scored are the saved ones
+    assert trainer.accelerator.mixed_precision == "bf16"
+    reference = AutoModelForCausalLM.from_pretrained(peaked_model_path, dtype=torch.float64).eval()
+    (inputs, output), = outputs
+    (oracle_logps, plain_logps, mask), = batches
+    errors, sizes = [], []
+    for i in range(len(inputs)):
+        prompt_ids = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+        completion = output["completion_ids"][i][mask[i].bool()].tolist()
+        messages = [dict(m) for m in inputs[i]["prompt"]]
+        messages[-1]["content"] += f"\n\nThe correct final answer is {inputs[i]['answer']}."
+        oracle_ids = trainer._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        oracle_ids = oracle_ids["input_ids"] if hasattr(oracle_ids, "keys") else oracle_ids
+        o, s = _row_logps(reference, oracle_ids, completion), _row_logps(reference, prompt_ids, completion)
+        n = len(completion)
+        log_lambda = (oracle_logps[i, :n] - plain_logps[i, :n]).double()
+        errors += (log_lambda - torch.tensor(o) + torch.tensor(s)).abs().tolist()
+        sizes += [abs(a - b) for a, b in zip(o, s)]
+    print(f"{settings}: mean |log λ| {sum(sizes) / len(sizes):.3f}, error of log λ: max {max(errors):.4f}, "
+          f"mean {sum(errors) / len(errors):.4f}")
+    assert sum(sizes) / len(sizes) > 0.1  # evidence of a real size (SmolLM2: 0.15): the check is not vacuous
+    assert max(errors) < 0.02
+    # the cost stays: "auto" still scores only the B oracle rows (s_t from the float32-head generation record)
+    log = next(log for log in trainer.state.log_history if "oppo/extra_pass_rows" in log)
+    assert log["oppo/extra_pass_rows"] == (2.0 if settings["plain_logps"] == "recompute" else 1.0)
+
+
+# ------------------------------------------------------------------------------------------- ties and round-off
+TIED = [0.7, 1.0, 0.4, 0.7]  # rows 0 and 3 sit exactly at the group mean 0.7; TRL's float32 mean is 0.70000005
+
+
+def tied_reward(completions, **kwargs):
+    return [TIED[i % 4] for i in range(len(completions))]
+
+
+def test_rows_at_the_group_mean_get_no_direction_despite_round_off(tiny_model_path, tiny_dataset, tmp_path):
+    # Eq. 21's anchor sign(A^seq) of a row that ties the group mean is 0, so its Â_t is 0 and its normalized tokens are
+    # (0 - mean_g)/std_g. TRL's float32 advantage of rows 0 and 3 is -2.4e-7: before, their sign was -1 and they got
+    # full-size negative credit (Â_t = -|A_t^raw|), as large as the truly worse row 2's.
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(CapturingOPPOTrainer, "reward_row", staticmethod(lambda text, i: [TIED[i % 4]]))
+    try:
+        trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=tied_reward,
+                                       args=make_args(tmp_path, max_steps=1), train_dataset=tiny_dataset)
+        trainer.train()
+    finally:
+        monkeypatch.undo()
+    _assert_matches_reference(trainer)
+    (output, expected), = trainer.generations
+    assert output["oppo_sequence_advantages"].tolist() == [0.0, 1.0, -1.0, 0.0] * 2
+    for i in (0, 3, 4, 7):  # the tied rows: Â_t = 0, so one value on every token, (0 - mean_g)/std_g
+        n = int(output["completion_mask"][i].sum())
+        assert len(set(output["advantages"][i, :n].tolist())) == 1
+        assert expected[i] == pytest.approx([expected[i][0]] * n)
+
+
+def verifier_none_row(text, index):
+    return [[1.0, 0.0, None, 0.0][index % 4], 1.0]
+
+
+def verifier_with_a_none(completions, **kwargs):
+    return [[1.0, 0.0, None, 0.0][i % 4] for i in range(len(completions))]
+
+
+def format_always(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def test_normalize_then_sum_row_without_a_verifier_score_is_not_correct(tiny_model_path, tiny_dataset, tmp_path):
+    # docs/design.md: a row whose verifier returned None while another function scored it is "not correct". With
+    # normalize_then_sum TRL's nansum of z-scores put it at the group's mean verifier score (A^seq = round-off, e.g.
+    # +3.7e-8), so it got the correct rows' positive sign. Not correct = verifier reward 0, as TRL's sum counts it
+    # under sum_then_normalize: z = [+1.5, -0.5, -0.5, -0.5] / (std + 1e-4), so row 2 ranks with the incorrect rows.
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(CapturingOPPOTrainer, "reward_row", staticmethod(verifier_none_row))
+    try:
+        args = make_args(tmp_path, max_steps=1, multi_objective_aggregation="normalize_then_sum")
+        trainer = CapturingOPPOTrainer(model=tiny_model_path, reward_funcs=[verifier_with_a_none, format_always],
+                                       args=args, train_dataset=tiny_dataset)
+        trainer.train()
+    finally:
+        monkeypatch.undo()
+    _assert_matches_reference(trainer)
+    (output, _), = trainer.generations
+    assert output["oppo_sequence_advantages"].tolist() == [1.0, -1.0, -1.0, -1.0] * 2
 
 
 # ------------------------------------------------------------------------------------------- drop-in (TRL's GRPO configs)

@@ -37,12 +37,13 @@ class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
     oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
     plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
-        what already exists, so the extra no-grad pass scores only the B oracle rows (the paper's one extra pass):
-        TRL's old log-probs when TRL computes them, else the log-probs recorded during HF generation (log-softmax of
-        the temperature-scaled logits at the sampled token, what TRL's own log-prob code computes), else vLLM's
-        sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty); otherwise the plain rows
-        are scored too. `"recompute"`: always score the plain rows next to the oracle rows (2B rows, the checking
-        path). A teacher oracle always scores both (s_t is the teacher's).
+        what already exists with a float32 LM head, like o_t's (docs/oppo.md#evidence), so the extra no-grad pass
+        scores only the B oracle rows (the paper's one extra pass): TRL's old log-probs when TRL computes them
+        without bf16/fp16 (or with `cast_lm_head_to_fp32`), else the log-probs recorded during HF generation
+        (log-softmax of the temperature-scaled logits at the sampled token, with the head in float32), else, without
+        bf16/fp16, vLLM's sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty);
+        otherwise the plain rows are scored too. `"recompute"`: always score the plain rows next to the oracle rows
+        (2B rows, the checking path). A teacher oracle always scores both (s_t is the teacher's).
 
     > Recursion
 
@@ -60,10 +61,12 @@ class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
     number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
     `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
-    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor A^seq is TRL's
-    advantage (under either `multi_objective_aggregation`). Unscorable completions get advantage 0 on every token
-    and are left out of the group's token statistics. With `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's
-    per-sequence decisions (drop a negative sequence; pick the gamma weighting) use the sign of A^seq.
+    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor sign(A^seq) is the sign
+    of TRL's advantage (under either `multi_objective_aggregation`), taken from the rewards so that a row tying its
+    group's mean gets 0; a row whose verifier returned `None` counts as verifier reward 0 (not correct) there.
+    Unscorable completions get advantage 0 on every token and are left out of the group's token statistics. With
+    `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's per-sequence decisions (drop a negative sequence; pick the
+    gamma weighting) use the sign of A^seq.
 
     > Ablations (paper Table 2)
 

@@ -2,13 +2,17 @@
 
 :func:`build_oracle_prompt` is pure: it appends the ground-truth answer y* to a prompt. :func:`score_evidence`
 is trainer glue: it scores the sampled completion tokens under the oracle prompts (o_t) and, when needed, under the
-plain prompts (s_t), in one batched no-grad pass through TRL's own log-prob code.
+plain prompts (s_t), in one batched no-grad pass through TRL's own log-prob code. :func:`add_float32_head` and
+:func:`float32_head` run the LM head of those log-probs in float32 (docs/oppo.md#evidence).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+import functools
+import types
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +22,11 @@ __all__ = [
     "build_oracle_prompt",
     "build_oracle_prompts",
     "score_evidence",
+    "add_float32_head",
+    "float32_head",
 ]
+
+_FLOAT32_HEAD = "_oppo_float32_head"  # flag on the causal LM while `float32_head` is active
 
 #: docs/oppo.md#oracle-prompt: appended to the last user message (to the text, for plain-text prompts).
 DEFAULT_ORACLE_TEMPLATE = "\n\nThe correct final answer is {answer}."
@@ -114,3 +122,56 @@ def score_evidence(
     if student_logps is None:
         student_logps = logps[num_rows:]
     return oracle_logps, student_logps
+
+
+# The evidence log λ_t = o_t − s_t is a small difference of two log-probs (|log λ| ~ 0.15 on SmolLM2). Under TRL's
+# bf16 autocast the LM head's logits are rounded to bf16 (~0.1 at |logit| ~ 20), an error as large as the evidence.
+# Both log-prob sets therefore come from a float32 head: logits and log-softmax in float32, outside autocast. The
+# transformer body keeps the training precision (a float32 body would make the extra pass several times slower).
+def add_float32_head(model, temperature: float) -> None:
+    """Give ``model``, already patched by TRL's ``add_fused_lm_head``, a second fused log-prob forward with TRL's
+    float32 head (``cast_lm_head_to_fp32=True``), taken by fused calls (``fused_lm_head=True``) while
+    :func:`float32_head` is active; otherwise TRL's own forward runs unchanged. Call before the model is wrapped."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    trl_forward = model.forward
+    add_fused_lm_head(model, temperature=temperature, cast_lm_head_to_fp32=True)
+    float32_forward = model.forward
+
+    @functools.wraps(type(model).forward)
+    def forward(self, *args, **kwargs):
+        use_float32 = getattr(self, _FLOAT32_HEAD, False) and kwargs.get("fused_lm_head", False)
+        return (float32_forward if use_float32 else trl_forward)(*args, **kwargs)
+
+    model.forward = types.MethodType(forward, model)
+
+
+@contextlib.contextmanager
+def float32_head(model) -> Iterator[bool]:
+    """While inside, ``model``'s LM head computes in float32 outside autocast: its fused log-prob forward (see
+    :func:`add_float32_head`) and its plain forward, as ``generate`` calls it, when the head is a plain ``nn.Linear``.
+    Yields whether the plain forward is float32 (False for a head wrapped by e.g. a PEFT adapter)."""
+    head = model.get_output_embeddings()
+    plain = type(head) is torch.nn.Linear
+    previous = head.__dict__.get("forward") if plain else None  # e.g. TRL's cast_lm_head_to_fp32 forward
+
+    def forward(hidden):
+        weight, bias = head.weight, head.bias
+        if hasattr(weight, "full_tensor"):  # an FSDP2-sharded DTensor, gathered as TRL's fused head does
+            weight, bias = weight.full_tensor(), None if bias is None else bias.full_tensor()
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if bias is None else bias.float()
+            return torch.nn.functional.linear(hidden.float(), weight.float(), bias)
+
+    setattr(model, _FLOAT32_HEAD, True)
+    if plain:
+        head.forward = forward
+    try:
+        yield plain
+    finally:
+        setattr(model, _FLOAT32_HEAD, False)
+        if plain:
+            if previous is None:
+                del head.forward
+            else:
+                head.forward = previous

@@ -12,7 +12,7 @@ Notation (paper Eq. 20 and docs/oppo.md):
     ℓ_1 = ℓ_0,  ℓ_{t+1} = ℓ_t + log λ_t       log-odds of success before token t
     V_t = σ(ℓ_t)                             running value
     A_t^raw = σ(ℓ_t + log λ_t) − σ(ℓ_t)      = V_{t+1} − V_t
-    Â_t = sign(A^seq) · |A_t^raw|            direction anchoring
+    Â_t = sign(A^seq) · |A_t^raw|            direction anchoring (sign(A^seq) from the rewards: sequence_anchor_signs)
     Ã_t = (Â_t − mean_g) / (std_g + ε)       over the valid tokens of the group g (prompt)
 """
 
@@ -22,8 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from trl_credit.success import total_rewards, unscorable_rows
+
 __all__ = [
     "TokenCredit",
+    "sequence_anchor_signs",
     "evidence_log_ratio",
     "prior_log_odds",
     "group_success_counts",
@@ -88,6 +91,55 @@ def group_success_counts(
     num_correct = correct.view(-1, group_size).sum(dim=1)
     num_scorable = scorable.to(torch.bool).view(-1, group_size).sum(dim=1)
     return num_correct, num_scorable
+
+
+def sequence_anchor_signs(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    group_size: int,
+    success_index: int,
+    aggregation: str = "sum_then_normalize",
+    rtol: float = 1e-6,
+) -> torch.Tensor:
+    """sign(A^seq) of every row, (N,) float64 in {−1, 0, +1} (docs/oppo.md#direction-anchoring, paper Eq. 21): where
+    TRL's group-normalized advantage of the row points, computed from the raw rewards (rows grouped contiguously by
+    ``group_size``) so that a tie is a tie.
+
+    TRL's advantage is the reward minus the group mean (``"sum_then_normalize"``: of the weighted total; or
+    ``"normalize_then_sum"``: the weighted sum of each reward function's z-score in the group), times a positive
+    scale, so its sign is that of the deviation. TRL computes it in float32, where a row that ties the group mean gets
+    ±1e-7 instead of 0, and the anchoring would turn that into full-size credit. Here a deviation within ``rtol`` of
+    the group's reward scale (its largest |reward|, per summed column; 1e-6 is about 8 float32 ulps, the rewards' own
+    precision) is round-off and counts as 0; so is a weighted sum of z-scores within ``rtol`` of the sum of their
+    magnitudes. Unscorable rows (every function returned None) get 0. A scorable row whose verifier (column
+    ``success_index``) returned None is not correct (docs/design.md#success-and-unscorable-rows): its verifier reward
+    counts as 0, as TRL's weighted sum counts it under ``"sum_then_normalize"`` (under ``"normalize_then_sum"`` TRL
+    would put it at the group's mean verifier score).
+    """
+    rewards = rewards_per_func.to(torch.float64).clone()
+    unscorable = unscorable_rows(rewards)
+    verifier = rewards[:, success_index]
+    rewards[:, success_index] = torch.where(torch.isnan(verifier) & ~unscorable, 0.0, verifier)
+    weights = reward_weights.to(device=rewards.device, dtype=torch.float64)
+    if aggregation == "sum_then_normalize":
+        columns, weights = total_rewards(rewards, weights).unsqueeze(1), weights.new_ones(1)
+    elif aggregation == "normalize_then_sum":
+        columns = rewards
+    else:
+        raise ValueError(f"Unknown multi_objective_aggregation {aggregation!r}.")
+    grouped = columns.view(-1, group_size, columns.size(1))  # (groups, G, columns); NaN = not scored
+    valid = ~torch.isnan(grouped)
+    values = grouped.nan_to_num(0.0)
+    count = valid.sum(dim=1, keepdim=True)
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    deviation = torch.where(valid, values - mean, 0.0)
+    scale = values.abs().amax(dim=1, keepdim=True)
+    deviation = deviation.masked_fill(deviation.abs() <= rtol * scale, 0.0)
+    std = (deviation.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    terms = deviation / (std + 1e-4) * weights  # TRL's z-scores (a positive per-group factor for a single column)
+    direction = terms.sum(dim=2)
+    direction = direction.masked_fill(direction.abs() <= rtol * terms.abs().sum(dim=2), 0.0)
+    return torch.sign(direction).reshape(-1).masked_fill(unscorable, 0.0)
 
 
 def value_recursion(

@@ -2,18 +2,19 @@
 
 What changes relative to GRPOTrainer, and nothing else:
 - ``_calculate_rewards`` is wrapped to keep the global reward matrix (all processes), from which each group's k
-  (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and its
-  zero-variance flag come.
+  (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and each
+  row's anchoring sign sign(A^seq) come (from the rewards, so that a row tying its group's mean gets 0).
 - Unscorable completions (every reward function returned None) get advantage exactly 0 on every token and are left
   out of the group's token statistics, as TRL leaves them out of its baseline.
 - ``get_off_policy_mask`` / ``get_gamma_weights`` (``off_policy_mask_threshold``, ``loss_type="vespo"``) make their
-  per-sequence decision from the sequence's sign anchor A^seq (carried to the loss as ``oppo_sequence_advantages``),
-  not from the signs of the per-token advantages.
+  per-sequence decision from the sequence's sign anchor sign(A^seq) (carried to the loss as
+  ``oppo_sequence_advantages``), not from the signs of the per-token advantages.
 - ``_generate_and_score_completions`` is wrapped: after TRL's own version (generation, rewards, GRPO advantages,
   old/ref log-probs), this process's completions are scored under the oracle prompts (one batched no-grad pass of
-  B rows: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation by
-  the wrapped ``_generate_single_turn``, or from vLLM's sampler; only where none exists, or with
-  ``plain_logps="recompute"`` or a teacher, are the B plain rows scored in the same pass), the recursion of
+  B rows with a float32 LM head: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded
+  during HF generation by the wrapped ``_generate_single_turn`` (head in float32 too), or from vLLM's sampler, each
+  only when computed with a float32 head; only where none exists, or with ``plain_logps="recompute"`` or a teacher,
+  are the B plain rows scored in the same pass), the recursion of
   :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is normalized per group over the valid tokens of all
   processes (per-row sums/sums of squares/counts are gathered), and the (B, T) tensor replaces
   ``output["advantages"]``. TRL's ``_compute_loss`` takes (B, T) advantages as they are, for every ``loss_type``.
@@ -22,6 +23,10 @@ What changes relative to GRPOTrainer, and nothing else:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+import inspect
 import math
 import numbers
 import textwrap
@@ -40,16 +45,17 @@ from trl_credit._trl import (
     rollout_success,
     warn_once,
 )
-from trl_credit.success import groups_with_reward_variance, unscorable_rows
+from trl_credit.success import unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import build_oracle_prompts, score_evidence
+from trl_credit.oppo.oracle import add_float32_head, build_oracle_prompts, float32_head, score_evidence
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
     group_success_counts,
     normalize_with_group_moments,
     row_token_moments,
+    sequence_anchor_signs,
 )
 
 __all__ = ["OPPOTrainer"]
@@ -120,6 +126,47 @@ def _check_answers(dataset, column: str, argument: str) -> None:
         problem = answer_problem(answer)
         if problem is not None:
             _refuse_answer(column, f"row {row} of `{argument}`", answer, problem)
+
+
+_LOSS_ANCHORS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("oppo_loss_anchors", default=None)
+
+
+@contextlib.contextmanager
+def loss_sequence_anchors(anchors: torch.Tensor | None):
+    """While inside, (B, T) advantages given to ``OPPOTrainer.get_off_policy_mask`` / ``get_gamma_weights`` are
+    decided per sequence by ``anchors`` (B,), sign(A^seq) of the batch in the loss (``_compute_loss`` sets it)."""
+    token = _LOSS_ANCHORS.set(anchors)
+    try:
+        yield
+    finally:
+        _LOSS_ANCHORS.reset(token)
+
+
+def _sequence_level(advantages: torch.Tensor) -> torch.Tensor:
+    if advantages.dim() < 2 or advantages.size(1) == 1:
+        return advantages  # already one advantage per sequence: TRL's own case
+    anchors = _LOSS_ANCHORS.get()
+    if anchors is None or anchors.numel() != advantages.size(0):
+        raise RuntimeError(
+            "OPPOTrainer: per-token advantages reached a per-sequence decision (off_policy_mask_threshold / "
+            "loss_type='vespo') without their sequences' anchors sign(A^seq) (`oppo_sequence_advantages` of the batch, "
+            "set by OPPOTrainer._compute_loss through `loss_sequence_anchors`)."
+        )
+    return anchors.to(device=advantages.device, dtype=advantages.dtype).view(-1, 1)
+
+
+def _decided_per_sequence(name: str) -> staticmethod:
+    """GRPOTrainer's static method ``name``, same signature, with OPPO's (B, T) advantages replaced by their sequences'
+    anchors. TRL's method is looked up at each call, so a patched or subclassed GRPOTrainer is honoured."""
+    signature = inspect.signature(getattr(GRPOTrainer, name))
+
+    @functools.wraps(getattr(GRPOTrainer, name))
+    def decide(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["advantages"] = _sequence_level(bound.arguments["advantages"])
+        return getattr(GRPOTrainer, name)(**bound.arguments)  # by keyword, as TRL's _compute_loss calls it
+
+    return staticmethod(decide)
 
 
 class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -210,6 +257,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self.teacher_model = None
         if args.oracle == "teacher":
             self.teacher_model = self._load_teacher(teacher, teacher_processing_class)
+        else:  # the policy scores the evidence: its extra pass runs a float32 LM head (docs/oppo.md#evidence)
+            add_float32_head(self._causal_lm(), self.temperature)
 
     # ------------------------------------------------------------------------------------------------ teacher
     def _load_teacher(self, teacher, teacher_processing_class):
@@ -258,9 +307,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         teacher.requires_grad_(False)
         if args.disable_dropout:
             disable_dropout_in_model(teacher)
-        # Same fused log-prob head (and temperature) as the policy and TRL's reference model, so o_t and s_t come
-        # from `_get_per_token_logps_and_entropies` exactly as TRL's own log-probs do.
-        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+        # TRL's fused log-prob head (and temperature), so o_t and s_t come from `_get_per_token_logps_and_entropies` as
+        # TRL's own log-probs do; in float32 (docs/oppo.md#evidence): the teacher only scores the evidence.
+        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=True)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(teacher, self.accelerator)
         if self.is_fsdp_enabled:
@@ -268,6 +317,19 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return self.accelerator.prepare_model(teacher, evaluation_mode=True)
 
     # ------------------------------------------------------------------------------------------------ hooks
+    def _causal_lm(self):
+        """The causal LM whose forward TRL patched (the PEFT base model), which ``generate`` and the log-prob passes
+        run."""
+        model = self.accelerator.unwrap_model(self.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def _reduced_precision(self) -> bool:
+        """Whether the policy's LM head computes below float32 unless OPPO makes it float32 (bf16/fp16 autocast or
+        weights): then log-probs computed outside OPPO's float32 head cannot serve as s_t."""
+        head = self._causal_lm().get_output_embeddings()
+        reduced = (torch.bfloat16, torch.float16)
+        return self.accelerator.mixed_precision in ("bf16", "fp16") or head.weight.dtype in reduced
+
     def _records_generation_logps(self) -> bool:
         return (
             self.args.oracle == "self"
@@ -278,17 +340,20 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
-        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`)."""
+        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`), with the LM head in float32 like the
+        extra pass's (so the tokens are sampled from float32 logits, as with TRL's ``cast_lm_head_to_fp32``)."""
         if not self._records_generation_logps():
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
         recorder = GenerationRecorder(self.temperature, logps=True)
-        with recorder.attached(self):
+        with recorder.attached(self), float32_head(self._causal_lm()) as head_in_float32:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        self._oppo_generation_logps = recorder.logps(completion_ids)
+        # A head that could not run in float32 (e.g. with a LoRA adapter) under reduced precision: not s_t.
+        usable = head_in_float32 or not self._reduced_precision()
+        self._oppo_generation_logps = recorder.logps(completion_ids) if usable else None
         return completion_ids, logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -307,48 +372,33 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
     # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
     # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
-    # can have both signs. OPPO's sequence-level direction is the sign anchor A^seq (paper Eq. 21), so both decide
-    # from it: a completion the verifier ranks above its group's mean is kept / weighted as positive as a whole.
+    # can have both signs. OPPO's sequence-level direction is the sign anchor sign(A^seq) (paper Eq. 21), so both
+    # decide from it: a completion the verifier ranks above its group's mean is kept / weighted as positive as a whole.
+    # TRL declares both methods static, so they stay static with TRL's signatures; the anchors of the batch in the loss
+    # reach them through `loss_sequence_anchors`.
     def _compute_loss(self, model, inputs):
-        self._oppo_loss_anchor = inputs.get("oppo_sequence_advantages")
-        try:
+        with loss_sequence_anchors(inputs.get("oppo_sequence_advantages")):
             return super()._compute_loss(model, inputs)
-        finally:
-            self._oppo_loss_anchor = None
 
-    def _sequence_anchor(self, advantages: torch.Tensor) -> torch.Tensor:
-        anchor = getattr(self, "_oppo_loss_anchor", None)
-        if anchor is None:
-            if advantages.dim() == 2 and advantages.size(1) > 1:
-                raise RuntimeError(
-                    "OPPOTrainer: the loss got per-token advantages without their sequence anchors "
-                    "(`oppo_sequence_advantages`), needed by off_policy_mask_threshold / loss_type='vespo'."
-                )
-            return advantages
-        return anchor.to(advantages.dtype).view(-1, 1)
-
-    def get_off_policy_mask(self, advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
-        return GRPOTrainer.get_off_policy_mask(
-            self._sequence_anchor(advantages), per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
-        )
-
-    def get_gamma_weights(self, advantages, log_ratio_per_token, mask, importance_sampling_ratio, **kwargs):
-        return GRPOTrainer.get_gamma_weights(
-            self._sequence_anchor(advantages), log_ratio_per_token, mask, importance_sampling_ratio, **kwargs
-        )
+    get_off_policy_mask = _decided_per_sequence("get_off_policy_mask")
+    get_gamma_weights = _decided_per_sequence("get_gamma_weights")
 
     # ------------------------------------------------------------------------------------------------ OPPO
     def _group_statistics(self, num_generations: int):
-        """Per global row: correct (the verifier) and scorable; per global group: k, the number of scorable
-        completions G, and whether TRL's advantages of the group carry no signal (zero reward variance)."""
+        """Per global row: scorable and sign(A^seq) (from the rewards, ties exact); per global group: k (correct
+        completions, by the verifier) and the number of scorable completions G."""
         rewards_per_func = self._oppo_rewards_per_func
         if rewards_per_func is None:
             raise RuntimeError("OPPOTrainer: the rewards of this batch were not captured from `_calculate_rewards`.")
         scorable = ~unscorable_rows(rewards_per_func)
         correct = rollout_success(self, rewards_per_func)
         num_correct, num_scorable = group_success_counts(correct, scorable, num_generations)
-        varied = groups_with_reward_variance(
-            rewards_per_func, self.reward_weights, num_generations, self.args.multi_objective_aggregation
+        anchor_signs = sequence_anchor_signs(
+            rewards_per_func,
+            self.reward_weights,
+            num_generations,
+            self._success_index,
+            self.args.multi_objective_aggregation,
         )
         # Global rows, so every process logs the same rate: k / G of the whole batch.
         num_scorable_rows = int(scorable.sum())
@@ -364,15 +414,18 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
                 "k/G.",
             )
-        return scorable, num_correct, num_scorable, ~varied
+        return scorable, num_correct, num_scorable, anchor_signs
 
     def _existing_plain_logps(self, output) -> torch.Tensor | None:
-        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows)."""
+        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows). Like
+        o_t, s_t must come from a float32 LM head (docs/oppo.md#evidence)."""
         args = self.args
         if args.oracle != "self" or args.plain_logps == "recompute":
             return None
-        if output.get("old_per_token_logps") is not None:  # TRL's own pass: exactly s_t
-            return output["old_per_token_logps"]
+        reduced = self._reduced_precision()
+        old_logps = output.get("old_per_token_logps")
+        if old_logps is not None and (args.cast_lm_head_to_fp32 or not reduced):  # TRL's own pass: exactly s_t
+            return old_logps
         completion_ids = output["completion_ids"]
         recorded = self._oppo_generation_logps
         if recorded is not None and len(recorded) == completion_ids.size(0):
@@ -384,7 +437,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             return table
         sampled = output.get("sampling_per_token_logps")
         plain_sampling = (
-            self.use_vllm
+            not reduced  # vLLM's log-probs come from its own (serving dtype) head
+            and self.use_vllm
             and (self.top_p is None or self.top_p >= 1.0)
             and (self.top_k is None or self.top_k <= 0)
             and not self.min_p
@@ -421,11 +475,11 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         local_rows = first_row + torch.arange(num_rows, device=device)
         group_ids = local_rows // num_generations
         statistics = self._group_statistics(num_generations)
-        scorable, num_correct, num_scorable, zero_variance = (t.to(device) for t in statistics)
+        scorable, num_correct, num_scorable, anchor_signs = (t.to(device) for t in statistics)
         row_scorable = scorable[local_rows]
-        # A^seq: TRL's advantage; exactly 0 in zero-variance groups (float round-off in TRL's mean could otherwise
-        # leave a ±tiny value whose sign anchoring would amplify) and on unscorable rows (TRL already gives 0).
-        seq_advantages = output["advantages"].masked_fill(zero_variance[group_ids] | ~row_scorable, 0.0)
+        # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
+        # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
+        seq_advantages = anchor_signs[local_rows].to(output["advantages"].dtype)
         # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows. Unscorable rows keep TRL's loss mask
         # but get advantage 0 and stay out of the group's token moments.
         credit_mask = completion_mask * row_scorable.unsqueeze(1).to(completion_mask.dtype)
@@ -442,22 +496,25 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 self,
                 "oppo_plain_logps",
                 "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
-                "the completions, e.g. beam search or a custom generate), so its extra pass also scores the B plain "
-                "rows (2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
+                "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
+                "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
+                "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
             )
         scorer = self.model if args.oracle == "self" else self.teacher_model
         batch_size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
-        oracle_logps, student_logps = score_evidence(
-            self,
-            scorer,
-            oracle_prompt_ids,
-            output["prompt_ids"],
-            output["prompt_mask"],
-            output["completion_ids"],
-            completion_mask,
-            student_logps=student_logps,
-            batch_size=batch_size,
-        )
+        # float32 LM head for o_t (and s_t when scored here); the teacher's head is float32 from loading
+        with float32_head(self._causal_lm()) if args.oracle == "self" else contextlib.nullcontext():
+            oracle_logps, student_logps = score_evidence(
+                self,
+                scorer,
+                oracle_prompt_ids,
+                output["prompt_ids"],
+                output["prompt_mask"],
+                output["completion_ids"],
+                completion_mask,
+                student_logps=student_logps,
+                batch_size=batch_size,
+            )
         # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
         log_metric(self, "oppo/extra_pass_rows", extra_pass_rows)
 
