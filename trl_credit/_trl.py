@@ -11,6 +11,7 @@
 - :func:`bind_success` / :func:`rollout_success`: the verifier column that decides correct/incorrect
   (:mod:`trl_credit.success`), resolved once at construction.
 - :func:`warn_once`: a method that cannot do its job on some input says so once (plus a rate metric each step).
+- :func:`nonfinite_reward_groups`: groups with a ±inf reward (no step, as TRL's GRPO), warned about and counted.
 - :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
   however many generation calls a method makes in it.
 - :class:`GenerationRecorder`: log-probs and entropies of the sampled tokens, recorded during HF ``generate``, so
@@ -52,6 +53,8 @@ __all__ = [
     "bind_success",
     "rollout_success",
     "warn_once",
+    "nonfinite_reward_groups",
+    "zero_nonfinite_groups",
     "one_weight_push",
     "OneWeightPushMixin",
     "GenerationRecorder",
@@ -95,6 +98,50 @@ def warn_once(trainer, key: str, message: str) -> None:
     seen.add(key)
     if trainer.accelerator.is_main_process:
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def nonfinite_reward_groups(trainer, rewards_per_func: torch.Tensor, group_ids, metric: str) -> torch.Tensor:
+    """(N,) bool: the rows (of the global ``rewards_per_func``) whose group (``group_ids``, one per row) holds a
+    reward of ±inf from a reward function of non-zero weight.
+
+    TRL 1.16 has no rule for them; its arithmetic decides. With ``sum_then_normalize`` the group's mean and std
+    become non-finite, every advantage of the group NaN, and GRPOTrainer's ``nan_to_num(advantages, nan=0.0)`` sets
+    them to 0: the group takes no step (``scale_rewards="batch"``: no group does, the batch std being inf;
+    ``"none"``: the other rows get ±3.4e38 and the model turns NaN, which our trainers avoid by giving the group 0).
+    With ``normalize_then_sum`` only that reward function drops out of the group. The caller applies this; here the
+    reward function is named in a warning (once) and ``metric``, the share of groups with such a reward, is logged.
+    """
+    weights = trainer.reward_weights.to(rewards_per_func.device) != 0
+    infinite = torch.isinf(rewards_per_func) & weights.unsqueeze(0)
+    groups = torch.as_tensor(group_ids, device=rewards_per_func.device).flatten()
+    _, owner = torch.unique(groups, return_inverse=True)
+    counts = torch.zeros(int(owner.max()) + 1 if owner.numel() else 0, device=groups.device)
+    bad_groups = counts.index_add_(0, owner, infinite.any(dim=1).float()) > 0
+    log_metric(trainer, metric, bad_groups.float().mean().item() if bad_groups.numel() else 0.0)
+    if bad_groups.any():
+        names = [name for k, name in enumerate(trainer.reward_func_names) if infinite[:, k].any()]
+        warn_once(
+            trainer,
+            "nonfinite_reward",
+            f"{type(trainer).__name__}: reward function(s) {', '.join(map(repr, names))} returned ±inf. As in TRL's "
+            "GRPO, a group holding such a reward gets advantage 0 (with multi_objective_aggregation="
+            f"'normalize_then_sum': that function counts 0 in the group). `{metric}` logs the share of such groups.",
+        )
+    return bad_groups[owner]
+
+
+def zero_nonfinite_groups(trainer, advantages: torch.Tensor, rewards_per_func: torch.Tensor, metric: str):
+    """TRL's advantages of this process's rows (TRL's layout: groups of ``num_generations`` consecutive global rows),
+    0 on every row of a group with a ±inf reward under ``sum_then_normalize`` (:func:`nonfinite_reward_groups`): what
+    TRL gives them with its default scaling, also with ``scale_rewards="none"``, where TRL's own are ±3.4e38."""
+    size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
+    group_ids = torch.arange(rewards_per_func.size(0)) // size
+    bad = nonfinite_reward_groups(trainer, rewards_per_func, group_ids, metric)
+    if trainer.multi_objective_aggregation == "normalize_then_sum":
+        return advantages  # TRL's are finite: the function only drops out of the group
+    start = trainer.accelerator.process_index * advantages.size(0)
+    local = bad[start : start + advantages.size(0)].to(advantages.device)
+    return advantages.masked_fill(local.view(-1, *([1] * (advantages.dim() - 1))), 0.0)
 
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):

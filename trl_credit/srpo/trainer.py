@@ -34,6 +34,7 @@ from trl_credit._trl import (
     gather_counts,
     generate_from_prefixes,
     log_metric,
+    nonfinite_reward_groups,
     resolve_method_args,
     rewards_of_extra_rows,
     rollout_success,
@@ -482,6 +483,9 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
+        # a sub-group with a ±inf reward gets 0 (as TRL's GRPO; grouped_advantages): say so
+        nonfinite_reward_groups(self, rewards_per_func[valid.to(rewards_per_func.device)],
+                                torch.tensor(group_ids)[valid], "srpo/nonfinite_reward_rate")
         if args.multi_objective_aggregation == "normalize_then_sum":
             # Each reward function z-scored within each sub-group, weighted sum, one batch-wide rescale (TRL's GDPO).
             advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, self.reward_weights, valid=valid)

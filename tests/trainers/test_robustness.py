@@ -1,0 +1,182 @@
+"""Inputs every trainer must survive like GRPOTrainer (docs/design.md#robustness): a non-finite reward, an empty
+completion, a hybrid (attention + linear-attention) model."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+import trl_credit
+from trl_credit.rewards import completion_text
+
+# method -> (trainer, config, method-specific settings, metric prefix), as tests/trainers/test_all_trainers.py
+CASES = {
+    "cue_grpo": ("CueGRPOTrainer", "CueGRPOConfig", dict(num_generations=4), "cue/"),
+    "oppo": ("OPPOTrainer", "OPPOConfig", dict(num_generations=4), "oppo/"),
+    "datpo": ("DATPOTrainer", "DATPOConfig", dict(num_generations=4), "datpo/"),
+    "srpo": ("SRPOTrainer", "SRPOConfig", dict(num_generations=8, rollout_template="lines", thought_delimiter="\n",
+                                              localization_max_tokens=4), "srpo/"),
+}
+
+
+class CaptureLogs(TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def _trainer(method, model, reward_funcs, dataset, tmp_path, **overrides):
+    trainer_name, config_name, settings, _ = CASES[method]
+    config_class = getattr(trl_credit, config_name)
+    args = config_class(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+        max_steps=1,
+        learning_rate=5e-2,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        **{**settings, **overrides},
+    )
+    capture = CaptureLogs()
+    trainer = getattr(trl_credit, trainer_name)(
+        model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset, callbacks=[capture]
+    )
+    return trainer, capture
+
+
+def _all_finite(trainer) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------- non-finite rewards
+
+
+def _first_row_reward(value):
+    def exploding_reward(completions, **kwargs):
+        # parity of the text length (variance in every group), and `value` for the batch's second row
+        rewards = [float(len(completion_text(c)) % 2) for c in completions]
+        rewards[min(1, len(rewards) - 1)] = value
+        return rewards
+
+    return exploding_reward
+
+
+@pytest.mark.parametrize(
+    "value, overrides",
+    [
+        pytest.param(math.inf, {}, id="+inf"),
+        pytest.param(-math.inf, {}, id="-inf"),
+        pytest.param(math.inf, dict(scale_rewards="none"), id="+inf-scale_none"),
+    ],
+)
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_a_nonfinite_reward_leaves_the_model_finite_and_is_named(
+    method, value, overrides, tiny_model_path, tiny_dataset, tmp_path
+):
+    trainer, capture = _trainer(method, tiny_model_path, [_first_row_reward(value)], tiny_dataset, tmp_path, **overrides)
+    outputs = []
+    generate_and_score = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: outputs.append(generate_and_score(inputs)) or outputs[-1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert _all_finite(trainer), "a ±inf reward turned the model into NaN"
+    named = [str(w.message) for w in caught if "'exploding_reward' returned ±inf" in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in caught]
+    rate = CASES[method][3] + "nonfinite_reward_rate"
+    logged = [logs[rate] for logs in capture.logs if rate in logs]
+    assert logged and 0 < logged[0] <= 1, capture.logs
+    if method in ("cue_grpo", "oppo"):  # TRL's layout: the first group (rows 0-3) holds the ±inf reward
+        advantages = outputs[0]["advantages"]
+        assert (advantages[:4] == 0).all() and (advantages[4:] != 0).any(), advantages
+
+
+def _trl_advantages(rewards_per_func, weights, group_size, scale="group", aggregation="sum_then_normalize"):
+    """GRPOTrainer._generate_and_score_completions (trl 1.16.0), restated: TRL's advantages of one batch."""
+    from trl.trainer.utils import nanstd
+
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        mean = torch.nanmean(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size)
+        if scale == "batch":
+            std = nanstd(rewards).expand_as(rewards)
+        else:
+            std = nanstd(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size)
+        advantages = rewards - mean
+        if scale != "none":
+            advantages = advantages / (std + 1e-4)
+    else:
+        grouped = rewards_per_func.view(-1, group_size, rewards_per_func.size(1))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True)
+        reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.size(1))
+        rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        advantages = (rewards - torch.nanmean(rewards)) / (nanstd(rewards) + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_srpo_group_advantages_treat_an_infinite_reward_as_trl(value, scale):
+    from trl_credit.srpo.advantages import grouped_advantages
+
+    rewards = torch.tensor([[value], [0.0], [1.0], [1.0], [0.0], [1.0], [1.0], [0.0]], dtype=torch.float64)
+    expected = _trl_advantages(rewards, torch.ones(1, dtype=torch.float64), 4, scale)
+    assert (expected[:4] == 0).all()  # TRL: the group with the ±inf reward takes no step
+    actual = grouped_advantages(rewards[:, 0], [0] * 4 + [1] * 4, scale=scale)
+    torch.testing.assert_close(actual.double(), expected, atol=1e-6, rtol=0)
+
+
+def test_srpo_group_advantages_without_scaling_zero_an_infinite_group():
+    # TRL gives the other rows of the group -3.4e38 here (and a NaN model); SRPO gives the group 0.
+    from trl_credit.srpo.advantages import grouped_advantages
+
+    rewards = torch.tensor([math.inf, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    actual = grouped_advantages(rewards, [0] * 4 + [1] * 4, scale="none")
+    torch.testing.assert_close(actual, torch.tensor([0.0, 0.0, 0.0, 0.0, -0.5, 0.5, 0.5, -0.5]))
+
+
+def test_srpo_normalize_then_sum_drops_an_infinite_function_from_its_group_as_trl():
+    from trl_credit.srpo.advantages import normalize_then_sum_advantages
+
+    # function 0 returns +inf once in group 0: TRL drops it there; function 1 still counts
+    rewards = torch.tensor(
+        [[math.inf, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]],
+        dtype=torch.float64,
+    )
+    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    expected = _trl_advantages(rewards, weights, 4, aggregation="normalize_then_sum")
+    assert torch.isfinite(expected).all() and (expected[:4] != 0).all()
+    actual = normalize_then_sum_advantages(rewards, [0] * 4 + [1] * 4, weights)
+    torch.testing.assert_close(actual.double(), expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+def test_datpo_tree_with_an_infinite_leaf_gets_zero_advantage(value):
+    from trl_credit.datpo.tree import block_advantages
+
+    # Two base rollouts; rollout 0 forks at node "f" (blocks root→f, f→leaf) and one branch from f.
+    start = [0, "f", 0, "f"]
+    end = ["f", None, None, None]
+    for leaf in (1, 2, 3):
+        reward = [None, 1.0, 0.0, 1.0]
+        reward[leaf] = value
+        advantages = block_advantages(start, end, reward)
+        assert advantages.tolist() == [0.0, 0.0, 0.0, 0.0], (leaf, advantages)
+    # the same tree with finite rewards: V(root) = 2/3, V(f) = 1 (subtree values, docs/datpo.md)
+    torch.testing.assert_close(
+        block_advantages(start, end, [None, 1.0, 0.0, 1.0]),
+        torch.tensor([1 / 3, 0.0, -2 / 3, 0.0], dtype=torch.float64),
+    )
