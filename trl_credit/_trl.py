@@ -14,6 +14,7 @@
 - :func:`nonfinite_reward_groups`: groups with a ±inf reward (no step, as TRL's GRPO), warned about and counted.
 - :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
   however many generation calls a method makes in it.
+- :class:`EmptyCompletionCheckMixin`: a clear error instead of TRL's IndexError on an empty (0-token) completion.
 - :class:`GenerationRecorder`: log-probs and entropies of the sampled tokens, recorded during HF ``generate``, so
   no extra forward pass is needed for them.
 """
@@ -57,6 +58,8 @@ __all__ = [
     "zero_nonfinite_groups",
     "one_weight_push",
     "OneWeightPushMixin",
+    "EmptyCompletionCheckMixin",
+    "refuse_empty_completions",
     "GenerationRecorder",
     "hf_generate_hooks",
 ]
@@ -304,6 +307,7 @@ def generate_from_prefixes(
     logprobs: list[list[float]] | None = []
     row_budgets: list[int | None] = []  # budgets of the chunk being generated, read by the HF stopping criterion
     with (
+        _extra_generation(trainer),
         sampling_overrides(
             trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
             stop_strings=stops or None,
@@ -326,6 +330,17 @@ def generate_from_prefixes(
                 if logprobs is not None:
                     logprobs.append(list(chunk_logprobs[index])[:keep])
     return completions, logprobs
+
+
+@contextlib.contextmanager
+def _extra_generation(trainer) -> Iterator[None]:
+    """Marks generation calls a method makes itself: it handles their empty rows (EmptyCompletionCheckMixin)."""
+    outer = getattr(trainer, "_in_extra_generation", False)
+    trainer._in_extra_generation = True
+    try:
+        yield
+    finally:
+        trainer._in_extra_generation = outer
 
 
 def _kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[str]) -> int:
@@ -870,6 +885,53 @@ class OneWeightPushMixin:
     @_with_one_weight_push
     def _generate_and_score_completions(self, inputs):
         return super()._generate_and_score_completions(inputs)
+
+
+def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], source: str) -> None:
+    """Raise a clear error for completions of 0 tokens, which TRL 1.16's GRPOTrainer cannot train on: its
+    ``_generate`` reads the last token of every completion (an IndexError on an empty one)."""
+    empty = [row for row, ids in enumerate(completion_ids) if len(ids) == 0]
+    if empty:
+        raise ValueError(
+            f"{type(trainer).__name__}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
+            f"{len(completion_ids)} rows (first: row {empty[0]}). GRPOTrainer cannot train on one either (TRL reads "
+            "each completion's last token). HF generate, continuous batching and vLLM return the EOS token when the "
+            "model stops at once; a custom generation or rollout_func must return it too."
+        )
+
+
+class EmptyCompletionCheckMixin:
+    """Trainer mixin: the completions TRL's ``_generate`` receives (from ``_generate_single_turn``, a subclass's
+    included, or from a ``rollout_func``) are checked by :func:`refuse_empty_completions` before TRL reads them.
+    Generation calls made through :func:`generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
+    are not: a method handles those itself."""
+
+    def _generate(self, prompts):
+        own = {name: self.__dict__[name] for name in ("_generate_single_turn", "rollout_func") if name in self.__dict__}
+        generate_single_turn, rollout_func = self._generate_single_turn, self.rollout_func
+
+        def checked_generate_single_turn(*args, **kwargs):
+            completion_ids, logprobs = generate_single_turn(*args, **kwargs)
+            if not getattr(self, "_in_extra_generation", False):
+                refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
+            return completion_ids, logprobs
+
+        def checked_rollout_func(prompts, trainer):
+            output = rollout_func(prompts, trainer)
+            refuse_empty_completions(self, output["completion_ids"], "the rollout_func")
+            return output
+
+        self._generate_single_turn = checked_generate_single_turn
+        if rollout_func is not None:
+            self.rollout_func = checked_rollout_func
+        try:
+            return super()._generate(prompts)
+        finally:
+            for name in ("_generate_single_turn", "rollout_func"):
+                if name in own:
+                    setattr(self, name, own[name])
+                else:
+                    self.__dict__.pop(name, None)
 
 
 class GenerationRecorder:

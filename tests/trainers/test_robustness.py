@@ -180,3 +180,85 @@ def test_datpo_tree_with_an_infinite_leaf_gets_zero_advantage(value):
         block_advantages(start, end, [None, 1.0, 0.0, 1.0]),
         torch.tensor([1 / 3, 0.0, -2 / 3, 0.0], dtype=torch.float64),
     )
+
+
+# ---------------------------------------------------------------------------------------------- empty completions
+
+
+def parity_reward(completions, **kwargs):
+    return [float(len(completion_text(c)) % 2) for c in completions]
+
+
+def _empty_row_in_first_call(monkeypatch, row):
+    """A generation backend (GRPOTrainer._generate_single_turn, under every trainer's own code) whose first call
+    returns 0 tokens for ``row``: what a custom backend may do where HF generate and vLLM return the EOS token."""
+    from trl import GRPOTrainer
+
+    real, calls = GRPOTrainer._generate_single_turn, []
+
+    def generate(self, prompt_ids, *args, **kwargs):
+        completion_ids, logprobs = real(self, prompt_ids, *args, **kwargs)
+        calls.append(len(completion_ids))
+        if len(calls) == 1:
+            completion_ids = [list(ids) for ids in completion_ids]
+            completion_ids[row] = []
+            if logprobs is not None:
+                logprobs = [list(lp) for lp in logprobs]
+                logprobs[row] = []
+        return completion_ids, logprobs
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", generate)
+    return calls
+
+
+def test_trl_grpo_cannot_train_on_an_empty_completion(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    # What the trainers below match: TRL 1.16 reads each completion's last token (GRPOTrainer._generate).
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=8, max_steps=1, report_to="none", save_strategy="no", use_cpu=True)
+    trainer = GRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset)
+    _empty_row_in_first_call(monkeypatch, 1)
+    with pytest.raises(IndexError):
+        trainer.train()
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_an_empty_training_completion_is_refused_by_name(method, tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    trainer, _ = _trainer(method, tiny_model_path, [parity_reward], tiny_dataset, tmp_path)
+    _empty_row_in_first_call(monkeypatch, 1)  # SRPO: a base rollout (its first call: base rows, then candidates)
+    with pytest.raises(ValueError, match=r"empty completion \(0 tokens\) for 1 of 8 rows \(first: row 1\)"):
+        trainer.train()
+
+
+def test_cue_grpo_refuses_an_empty_completion_from_a_rollout_func(tiny_model_path, tiny_dataset, tmp_path):
+    def rollout_func(prompts, trainer):
+        eos = trainer.processing_class.eos_token_id
+        completions = [[5, 6, eos]] * len(prompts)
+        completions[2] = []
+        return {"prompt_ids": [[5, 6, 7]] * len(prompts), "completion_ids": completions, "logprobs": None}
+
+    args = trl_credit.CueGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                                    max_completion_length=8, max_steps=1, report_to="none", save_strategy="no",
+                                    use_cpu=True)
+    trainer = trl_credit.CueGRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args,
+                                        train_dataset=tiny_dataset, rollout_func=rollout_func)
+    with pytest.raises(ValueError, match=r"the rollout_func returned an empty completion .* \(first: row 2\)"):
+        trainer.train()
+
+
+def test_srpo_skips_an_empty_seed_candidate_by_name(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    trainer, capture = _trainer("srpo", tiny_model_path, [parity_reward], tiny_dataset, tmp_path)
+    # SRPO's first call: 4 base rows, then the first seed candidate (row 4), empty: incorrect by the parity
+    # reward (length 0), but with no thought to reset from
+    assert trainer.args.num_base_generations == 4 and trainer.args.seed_candidates_per_round == 1
+    calls = _empty_row_in_first_call(monkeypatch, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert calls[0] == 5
+    assert any("seed candidates were empty (0 tokens)" in str(w.message) for w in caught)
+    logs = next(logs for logs in capture.logs if "srpo/seed_rounds" in logs)
+    # one prompt, one candidate per round: as many candidates scored as rounds, the first of them empty
+    assert logs["srpo/empty_candidate_rate"] == pytest.approx(1 / logs["srpo/seed_rounds"])
+    assert _all_finite(trainer)
