@@ -483,8 +483,9 @@ def hf_generate_hooks(
 
 def _can_compact(model, kwargs: dict) -> bool:
     """Whether :func:`_generate_compacting` handles this ``generate`` call: plain sampling or greedy decoding of
-    one sequence per row with a ``max_new_tokens`` cap, a growing (dynamic) cache, nothing that counts tokens from
-    the call's own start (``min_new_tokens``) and no extra inputs."""
+    one sequence per row with a ``max_new_tokens`` cap, a growing (dynamic) cache whose rows can be selected
+    (:func:`_cache_rows_selectable`), nothing that counts tokens from the call's own start (``min_new_tokens``) and
+    no extra inputs."""
     config = kwargs.get("generation_config")
     cache = kwargs.get(_generate_cache_kwarg())
     return (
@@ -500,6 +501,7 @@ def _can_compact(model, kwargs: dict) -> bool:
         and not getattr(config, "return_dict_in_generate", False)
         and (cache is None or isinstance(cache, transformers.DynamicCache))
         and _cache_can_be_continued(model, config)
+        and _cache_rows_selectable(model, cache)
     )
 
 
@@ -547,8 +549,9 @@ def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, 
             cache = getattr(result, "past_key_values", None)
         if not stop.compacted:
             break
-        if not isinstance(cache, transformers.DynamicCache):  # cannot happen with _can_compact's checks
-            raise RuntimeError("row compaction: generate returned no dynamic cache to continue from")
+        if not isinstance(cache, transformers.DynamicCache) or not _layers_rows_selectable(cache.layers):
+            # cannot happen with _can_compact's checks
+            raise RuntimeError("row compaction: generate returned no dynamic cache whose rows can be selected")
         running = stop.running
         cache.batch_select_indices(running)
         attention_mask = torch.cat(
@@ -585,7 +588,8 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     (``batch_select_indices``) and handed to ``generate``, which then reads only each row's last prompt token
     before sampling. Sampling, logits processors and stopping are ``generate``'s own, so the rows are generated
     exactly as without sharing, up to float rounding in the prefill. Calls this does not handle (beam search,
-    several return sequences, a static cache, multimodal inputs, no repeated rows) are returned unchanged.
+    several return sequences, a static cache, multimodal inputs, no repeated rows, a cache whose rows cannot be
+    selected, as the linear-attention layers of hybrid models) are returned unchanged.
     """
     global _IN_SHARED_PREFILL
     input_ids, attention_mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
@@ -621,8 +625,8 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     cache = getattr(output, "cache", None)
     if cache is None:
         cache = getattr(output, "past_key_values", None)
-    if not isinstance(cache, transformers.DynamicCache):
-        return kwargs  # only the plain growing cache is known to continue correctly from a copy
+    if not isinstance(cache, transformers.DynamicCache) or not _layers_rows_selectable(cache.layers):
+        return kwargs  # only the plain growing cache is known to continue correctly from a copy of its rows
     cache.batch_select_indices(owner.to(prefix_ids.device))
     return {**kwargs, _generate_cache_kwarg(): cache}
 
@@ -631,7 +635,7 @@ def _prefill_can_be_shared(model, config) -> bool:
     """Whether ``generate`` would continue from a ready cache exactly as from its own prefill
     (:func:`_cache_can_be_continued`) and no dropout is active (the copies would share one dropout draw for their
     prompt, where separate prefills draw one each)."""
-    if not _cache_can_be_continued(model, config):
+    if not _cache_can_be_continued(model, config) or not _cache_rows_selectable(model):
         return False
     if model.training and any(
         isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
@@ -657,6 +661,31 @@ def _cache_can_be_continued(model, config) -> bool:
             return False
     if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
         return False
+    return True
+
+
+def _cache_rows_selectable(model, cache=None) -> bool:
+    """Whether the rows of ``model``'s generation cache (``cache``, else the one its config describes) can be
+    selected: :func:`_layers_rows_selectable`."""
+    if cache is None:
+        try:
+            cache = transformers.DynamicCache(config=model.config)
+        except Exception:  # a config DynamicCache cannot read: do not guess
+            return False
+    return _layers_rows_selectable(getattr(cache, "layers", []))
+
+
+def _layers_rows_selectable(layers) -> bool:
+    """Whether ``batch_select_indices`` selects rows of every state these cache layers hold. A capability check,
+    not a list of models: a layer needs the method, and a linear-attention layer (hybrid models: Mamba, gated
+    DeltaNet, short convolutions) one written for its conv and recurrent states. transformers 5.24 has none:
+    ``LinearAttentionLayer`` lacks the method and the hybrid layers inherit ``DynamicLayer``'s, which selects the
+    keys and values only."""
+    linear = getattr(transformers.cache_utils, "LinearAttentionCacheLayerMixin", None)
+    for layer in layers:
+        owner = next((k for k in type(layer).__mro__ if "batch_select_indices" in vars(k)), None)
+        if owner is None or (linear is not None and isinstance(layer, linear) and not issubclass(owner, linear)):
+            return False
     return True
 
 

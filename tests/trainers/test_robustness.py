@@ -262,3 +262,78 @@ def test_srpo_skips_an_empty_seed_candidate_by_name(tiny_model_path, tiny_datase
     # one prompt, one candidate per round: as many candidates scored as rounds, the first of them empty
     assert logs["srpo/empty_candidate_rate"] == pytest.approx(1 / logs["srpo/seed_rounds"])
     assert _all_finite(trainer)
+
+
+# ---------------------------------------------------------------------------------------------- hybrid models
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid_model_path(tmp_path_factory):
+    from tests.tiny import build_tiny_hybrid_model
+
+    return build_tiny_hybrid_model(str(tmp_path_factory.mktemp("tiny_hybrid_model")))
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_every_trainer_trains_a_hybrid_attention_and_ssm_model(method, tiny_hybrid_model_path, tiny_dataset, tmp_path):
+    # NemotronH's cache holds a linear-attention (Mamba) layer, whose rows cannot be selected in this transformers:
+    # DATPO's and SRPO's shared prefill and DATPO's row compaction must stand aside, as HF generate does not need them.
+    trainer, _ = _trainer(method, tiny_hybrid_model_path, [parity_reward], tiny_dataset, tmp_path)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 1 and _all_finite(trainer)
+    assert any(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize("repeated", [True, False], ids=["shared-prefill-and-compaction", "compaction"])
+def test_shared_prefill_and_row_compaction_stand_aside_for_a_hybrid_cache(
+    repeated, tiny_hybrid_model_path, tiny_tokenizer, tiny_dataset, tmp_path
+):
+    # Repeated rows (shared prefill) or not, with budgets that leave 2 of 5 rows running after 3 tokens (row
+    # compaction): with a Mamba layer in the cache neither applies, so generate runs its own prefill of all 5 rows
+    # and keeps them to the end, and the tokens are those of the same call without the hooks.
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_credit._trl import hf_generate_hooks, sampling_overrides
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
+                      use_cpu=True)
+    trainer = GRPOTrainer(model=tiny_hybrid_model_path, reward_funcs=parity_reward, args=args,
+                          train_dataset=tiny_dataset)
+    texts = ["What is 3 + 4? First, we add", "Step 1:", "Let x = 2. Then", "Consider 2x + 3 = 11.", "Add 5 and 6."]
+    a, b = (tiny_tokenizer(text)["input_ids"] for text in texts[:2])
+    rows = [a, a, a, b, b] if repeated else [tiny_tokenizer(text)["input_ids"] for text in texts]
+    budgets = [2, 3, 3, 12, 12]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    shapes = []
+    handle = model.register_forward_hook(
+        lambda module, args, kwargs, output: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        with sampling_overrides(trainer, max_new_tokens=12, greedy=True):
+            plain, _ = trainer._generate_single_turn(rows, None, {}, 1)
+            shapes.clear()
+            with hf_generate_hooks(trainer, budgets, compact_rows=True):
+                hooked, _ = trainer._generate_single_turn(rows, None, {}, 1)
+    finally:
+        handle.remove()
+    assert [c[:n] for c, n in zip(hooked, budgets)] == [c[:n] for c, n in zip(plain, budgets)]
+    assert shapes[0] == (5, max(map(len, rows))) and all(batch == 5 for batch, _ in shapes)
+
+
+def test_rows_are_selectable_only_where_every_layer_selects_all_its_state():
+    from transformers.cache_utils import (
+        DummyLayer,
+        DynamicLayer,
+        DynamicSlidingWindowLayer,
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionLayer,
+    )
+
+    from trl_credit._trl import _layers_rows_selectable
+
+    assert _layers_rows_selectable([DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=4), DummyLayer()])
+    assert not _layers_rows_selectable([DynamicLayer(), LinearAttentionLayer()])  # no batch_select_indices
+    # has DynamicLayer's batch_select_indices, which would leave its conv/recurrent states unselected
+    assert hasattr(LinearAttentionAndFullAttentionLayer, "batch_select_indices")
+    assert not _layers_rows_selectable([LinearAttentionAndFullAttentionLayer()])
