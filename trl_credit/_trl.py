@@ -11,8 +11,10 @@
 - :func:`bind_success` / :func:`rollout_success`: the verifier column that decides correct/incorrect
   (:mod:`trl_credit.success`), resolved once at construction.
 - :func:`warn_once`: a method that cannot do its job on some input says so once (plus a rate metric each step).
+- :func:`nonfinite_reward_groups`: groups with a ±inf reward (no step, as TRL's GRPO), warned about and counted.
 - :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
   however many generation calls a method makes in it.
+- :class:`EmptyCompletionCheckMixin`: a clear error instead of TRL's IndexError on an empty (0-token) completion.
 - :class:`GenerationRecorder`: log-probs and entropies of the sampled tokens, recorded during HF ``generate``, so
   no extra forward pass is needed for them.
 """
@@ -54,9 +56,13 @@ __all__ = [
     "bind_success",
     "rollout_success",
     "warn_once",
+    "nonfinite_reward_groups",
+    "zero_nonfinite_groups",
     "one_weight_push",
     "OneWeightPushMixin",
     "MethodRNGStateMixin",
+    "EmptyCompletionCheckMixin",
+    "refuse_empty_completions",
     "GenerationRecorder",
     "hf_generate_hooks",
 ]
@@ -98,6 +104,50 @@ def warn_once(trainer, key: str, message: str) -> None:
     seen.add(key)
     if trainer.accelerator.is_main_process:
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def nonfinite_reward_groups(trainer, rewards_per_func: torch.Tensor, group_ids, metric: str) -> torch.Tensor:
+    """(N,) bool: the rows (of the global ``rewards_per_func``) whose group (``group_ids``, one per row) holds a
+    reward of ±inf from a reward function of non-zero weight.
+
+    TRL 1.16 has no rule for them; its arithmetic decides. With ``sum_then_normalize`` the group's mean and std
+    become non-finite, every advantage of the group NaN, and GRPOTrainer's ``nan_to_num(advantages, nan=0.0)`` sets
+    them to 0: the group takes no step (``scale_rewards="batch"``: no group does, the batch std being inf;
+    ``"none"``: the other rows get ±3.4e38 and the model turns NaN, which our trainers avoid by giving the group 0).
+    With ``normalize_then_sum`` only that reward function drops out of the group. The caller applies this; here the
+    reward function is named in a warning (once) and ``metric``, the share of groups with such a reward, is logged.
+    """
+    weights = trainer.reward_weights.to(rewards_per_func.device) != 0
+    infinite = torch.isinf(rewards_per_func) & weights.unsqueeze(0)
+    groups = torch.as_tensor(group_ids, device=rewards_per_func.device).flatten()
+    _, owner = torch.unique(groups, return_inverse=True)
+    counts = torch.zeros(int(owner.max()) + 1 if owner.numel() else 0, device=groups.device)
+    bad_groups = counts.index_add_(0, owner, infinite.any(dim=1).float()) > 0
+    log_metric(trainer, metric, bad_groups.float().mean().item() if bad_groups.numel() else 0.0)
+    if bad_groups.any():
+        names = [name for k, name in enumerate(trainer.reward_func_names) if infinite[:, k].any()]
+        warn_once(
+            trainer,
+            "nonfinite_reward",
+            f"{type(trainer).__name__}: reward function(s) {', '.join(map(repr, names))} returned ±inf. As in TRL's "
+            "GRPO, a group holding such a reward gets advantage 0 (with multi_objective_aggregation="
+            f"'normalize_then_sum': that function counts 0 in the group). `{metric}` logs the share of such groups.",
+        )
+    return bad_groups[owner]
+
+
+def zero_nonfinite_groups(trainer, advantages: torch.Tensor, rewards_per_func: torch.Tensor, metric: str):
+    """TRL's advantages of this process's rows (TRL's layout: groups of ``num_generations`` consecutive global rows),
+    0 on every row of a group with a ±inf reward under ``sum_then_normalize`` (:func:`nonfinite_reward_groups`): what
+    TRL gives them with its default scaling, also with ``scale_rewards="none"``, where TRL's own are ±3.4e38."""
+    size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
+    group_ids = torch.arange(rewards_per_func.size(0)) // size
+    bad = nonfinite_reward_groups(trainer, rewards_per_func, group_ids, metric)
+    if trainer.multi_objective_aggregation == "normalize_then_sum":
+        return advantages  # TRL's are finite: the function only drops out of the group
+    start = trainer.accelerator.process_index * advantages.size(0)
+    local = bad[start : start + advantages.size(0)].to(advantages.device)
+    return advantages.masked_fill(local.view(-1, *([1] * (advantages.dim() - 1))), 0.0)
 
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
@@ -260,6 +310,7 @@ def generate_from_prefixes(
     logprobs: list[list[float]] | None = []
     row_budgets: list[int | None] = []  # budgets of the chunk being generated, read by the HF stopping criterion
     with (
+        _extra_generation(trainer),
         sampling_overrides(
             trainer, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
             stop_strings=stops or None,
@@ -282,6 +333,17 @@ def generate_from_prefixes(
                 if logprobs is not None:
                     logprobs.append(list(chunk_logprobs[index])[:keep])
     return completions, logprobs
+
+
+@contextlib.contextmanager
+def _extra_generation(trainer) -> Iterator[None]:
+    """Marks generation calls a method makes itself: it handles their empty rows (EmptyCompletionCheckMixin)."""
+    outer = getattr(trainer, "_in_extra_generation", False)
+    trainer._in_extra_generation = True
+    try:
+        yield
+    finally:
+        trainer._in_extra_generation = outer
 
 
 def _kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[str]) -> int:
@@ -424,8 +486,9 @@ def hf_generate_hooks(
 
 def _can_compact(model, kwargs: dict) -> bool:
     """Whether :func:`_generate_compacting` handles this ``generate`` call: plain sampling or greedy decoding of
-    one sequence per row with a ``max_new_tokens`` cap, a growing (dynamic) cache, nothing that counts tokens from
-    the call's own start (``min_new_tokens``) and no extra inputs."""
+    one sequence per row with a ``max_new_tokens`` cap, a growing (dynamic) cache whose rows can be selected
+    (:func:`_cache_rows_selectable`), nothing that counts tokens from the call's own start (``min_new_tokens``) and
+    no extra inputs."""
     config = kwargs.get("generation_config")
     cache = kwargs.get(_generate_cache_kwarg())
     return (
@@ -441,6 +504,7 @@ def _can_compact(model, kwargs: dict) -> bool:
         and not getattr(config, "return_dict_in_generate", False)
         and (cache is None or isinstance(cache, transformers.DynamicCache))
         and _cache_can_be_continued(model, config)
+        and _cache_rows_selectable(model, cache)
     )
 
 
@@ -488,8 +552,9 @@ def _generate_compacting(bound, kwargs: dict, budgets: torch.Tensor, tokenizer, 
             cache = getattr(result, "past_key_values", None)
         if not stop.compacted:
             break
-        if not isinstance(cache, transformers.DynamicCache):  # cannot happen with _can_compact's checks
-            raise RuntimeError("row compaction: generate returned no dynamic cache to continue from")
+        if not isinstance(cache, transformers.DynamicCache) or not _layers_rows_selectable(cache.layers):
+            # cannot happen with _can_compact's checks
+            raise RuntimeError("row compaction: generate returned no dynamic cache whose rows can be selected")
         running = stop.running
         cache.batch_select_indices(running)
         attention_mask = torch.cat(
@@ -526,7 +591,8 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     (``batch_select_indices``) and handed to ``generate``, which then reads only each row's last prompt token
     before sampling. Sampling, logits processors and stopping are ``generate``'s own, so the rows are generated
     exactly as without sharing, up to float rounding in the prefill. Calls this does not handle (beam search,
-    several return sequences, a static cache, multimodal inputs, no repeated rows) are returned unchanged.
+    several return sequences, a static cache, multimodal inputs, no repeated rows, a cache whose rows cannot be
+    selected, as the linear-attention layers of hybrid models) are returned unchanged.
     """
     global _IN_SHARED_PREFILL
     input_ids, attention_mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
@@ -562,8 +628,8 @@ def _shared_prefill(model, kwargs: dict) -> dict:
     cache = getattr(output, "cache", None)
     if cache is None:
         cache = getattr(output, "past_key_values", None)
-    if not isinstance(cache, transformers.DynamicCache):
-        return kwargs  # only the plain growing cache is known to continue correctly from a copy
+    if not isinstance(cache, transformers.DynamicCache) or not _layers_rows_selectable(cache.layers):
+        return kwargs  # only the plain growing cache is known to continue correctly from a copy of its rows
     cache.batch_select_indices(owner.to(prefix_ids.device))
     return {**kwargs, _generate_cache_kwarg(): cache}
 
@@ -572,7 +638,7 @@ def _prefill_can_be_shared(model, config) -> bool:
     """Whether ``generate`` would continue from a ready cache exactly as from its own prefill
     (:func:`_cache_can_be_continued`) and no dropout is active (the copies would share one dropout draw for their
     prompt, where separate prefills draw one each)."""
-    if not _cache_can_be_continued(model, config):
+    if not _cache_can_be_continued(model, config) or not _cache_rows_selectable(model):
         return False
     if model.training and any(
         isinstance(module, torch.nn.Dropout) and module.p > 0 for module in model.modules()
@@ -598,6 +664,31 @@ def _cache_can_be_continued(model, config) -> bool:
             return False
     if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
         return False
+    return True
+
+
+def _cache_rows_selectable(model, cache=None) -> bool:
+    """Whether the rows of ``model``'s generation cache (``cache``, else the one its config describes) can be
+    selected: :func:`_layers_rows_selectable`."""
+    if cache is None:
+        try:
+            cache = transformers.DynamicCache(config=model.config)
+        except Exception:  # a config DynamicCache cannot read: do not guess
+            return False
+    return _layers_rows_selectable(getattr(cache, "layers", []))
+
+
+def _layers_rows_selectable(layers) -> bool:
+    """Whether ``batch_select_indices`` selects rows of every state these cache layers hold. A capability check,
+    not a list of models: a layer needs the method, and a linear-attention layer (hybrid models: Mamba, gated
+    DeltaNet, short convolutions) one written for its conv and recurrent states. transformers 5.24 has none:
+    ``LinearAttentionLayer`` lacks the method and the hybrid layers inherit ``DynamicLayer``'s, which selects the
+    keys and values only."""
+    linear = getattr(transformers.cache_utils, "LinearAttentionCacheLayerMixin", None)
+    for layer in layers:
+        owner = next((k for k in type(layer).__mro__ if "batch_select_indices" in vars(k)), None)
+        if owner is None or (linear is not None and isinstance(layer, linear) and not issubclass(owner, linear)):
+            return False
     return True
 
 
@@ -871,6 +962,51 @@ class MethodRNGStateMixin:
             return
         with open(path, encoding="utf-8") as f:
             self._set_method_rng_state(json.load(f))
+def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], source: str) -> None:
+    """Raise a clear error for completions of 0 tokens, which TRL 1.16's GRPOTrainer cannot train on: its
+    ``_generate`` reads the last token of every completion (an IndexError on an empty one)."""
+    empty = [row for row, ids in enumerate(completion_ids) if len(ids) == 0]
+    if empty:
+        raise ValueError(
+            f"{type(trainer).__name__}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
+            f"{len(completion_ids)} rows (first: row {empty[0]}). GRPOTrainer cannot train on one either (TRL reads "
+            "each completion's last token). HF generate, continuous batching and vLLM return the EOS token when the "
+            "model stops at once; a custom generation or rollout_func must return it too."
+        )
+
+
+class EmptyCompletionCheckMixin:
+    """Trainer mixin: the completions TRL's ``_generate`` receives (from ``_generate_single_turn``, a subclass's
+    included, or from a ``rollout_func``) are checked by :func:`refuse_empty_completions` before TRL reads them.
+    Generation calls made through :func:`generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
+    are not: a method handles those itself."""
+
+    def _generate(self, prompts):
+        own = {name: self.__dict__[name] for name in ("_generate_single_turn", "rollout_func") if name in self.__dict__}
+        generate_single_turn, rollout_func = self._generate_single_turn, self.rollout_func
+
+        def checked_generate_single_turn(*args, **kwargs):
+            completion_ids, logprobs = generate_single_turn(*args, **kwargs)
+            if not getattr(self, "_in_extra_generation", False):
+                refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
+            return completion_ids, logprobs
+
+        def checked_rollout_func(prompts, trainer):
+            output = rollout_func(prompts, trainer)
+            refuse_empty_completions(self, output["completion_ids"], "the rollout_func")
+            return output
+
+        self._generate_single_turn = checked_generate_single_turn
+        if rollout_func is not None:
+            self.rollout_func = checked_rollout_func
+        try:
+            return super()._generate(prompts)
+        finally:
+            for name in ("_generate_single_turn", "rollout_func"):
+                if name in own:
+                    setattr(self, name, own[name])
+                else:
+                    self.__dict__.pop(name, None)
 
 
 class GenerationRecorder:

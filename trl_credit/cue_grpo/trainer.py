@@ -29,6 +29,7 @@ from .._trl import (
     resolve_method_args,
     rollout_success,
     warn_once,
+    zero_nonfinite_groups,
 )
 from ..success import groups_with_reward_variance
 from ..model_card import MethodModelCardMixin
@@ -177,6 +178,9 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         self._cue_completions, self._cue_rewards_per_func = None, None
         output = super()._generate_and_score_completions(inputs)
+        output["advantages"] = zero_nonfinite_groups(
+            self, output["advantages"], self._cue_rewards_per_func, "cue/nonfinite_reward_rate"
+        )
         start = time.perf_counter()
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
         in_loss = output["completion_mask"].sum(dim=1) > 0

@@ -51,6 +51,7 @@ from .._trl import (
     gather_rows,
     hf_generate_hooks,
     log_metric,
+    nonfinite_reward_groups,
     outside_zero3_init,
     pad_rows,
     rewards_of_extra_rows,
@@ -184,6 +185,7 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         N = self.num_generations
         trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
         matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
+        nonfinite_reward_groups(self, matrix, trees, "datpo/nonfinite_reward_rate")  # block_advantages gives them 0
         rewards = leaf_rewards(matrix.cpu(), trees, self.reward_weights.cpu(), self.args.multi_objective_aggregation)
         rewards = rewards.tolist()
         return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
@@ -420,9 +422,12 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 blocks, prompt_ids_list, completion_ids_list, branch_ids, branch_meta, local_forks, process,
                 unscorable_block,
             )
-        scale = max([1.0] + [abs(r) for r in base_rewards + branch_rewards_global if not math.isnan(r)])
+        scale = max([1.0] + [abs(r) for r in base_rewards + branch_rewards_global if math.isfinite(r)])
         gate = bonus_gate(base_adv, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
-        gate[torch.tensor(unscorable_block, dtype=torch.bool)] = 0.0  # an unscorable block keeps advantage 0
+        # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
+        infinite = {g for g, r in zip(blocks["group"], blocks["reward"]) if r is not None and math.isinf(r)}
+        no_bonus = [u or g in infinite for u, g in zip(unscorable_block, blocks["group"])]
+        gate[torch.tensor(no_bonus, dtype=torch.bool)] = 0.0
         bonus = gate * diversity
         alpha = self._diversity_alpha()
         advantages = base_adv + alpha * bonus

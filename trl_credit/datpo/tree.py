@@ -22,6 +22,8 @@ the mean over the *scorable* leaves under the node, and an unscorable terminal b
 TRL gives an unscorable completion advantage 0). A node with no scorable leaf under it has no value; a block that
 starts or ends at such a node gets advantage 0 (nothing under it can be scored). With ``own_branches``, a fork
 whose own branches are all unscorable falls back to its subtree value (which includes the rollout passing through).
+A leaf reward of ±inf leaves no value finite: every block of the tree gets 0, as TRL's GRPO gives a group with a
+±inf reward (its mean and std are non-finite, its advantages NaN, which TRL sets to 0).
 """
 
 from __future__ import annotations
@@ -164,11 +166,14 @@ def block_advantages(
 
     V is :func:`node_values` with ``value_estimate``; a terminal end has V = 0 and contributes its leaf reward r(b).
     An unscorable terminal block (leaf reward NaN), and a block touching a node with no scorable leaf below it, get
-    exactly 0.
+    exactly 0. A tree with a leaf reward of ±inf gets 0 on every block, as TRL's GRPO gives such a group.
     """
     values = node_values(
         block_start, block_end, leaf_reward, value_estimate=value_estimate, block_rollout=block_rollout
     )
+    if any(r is not None and math.isinf(float(r)) for r in leaf_reward):
+        # as TRL's GRPO gives a group with a ±inf reward (non-finite mean and std, NaN advantages, then 0)
+        return torch.zeros(len(block_start), dtype=torch.float64)
     advantages = []
     for b, (start, end) in enumerate(zip(block_start, block_end)):
         if end is None:

@@ -44,6 +44,7 @@ from trl_credit._trl import (
     resolve_method_args,
     rollout_success,
     warn_once,
+    zero_nonfinite_groups,
 )
 from trl_credit.success import unscorable_rows
 from trl_credit.model_card import MethodModelCardMixin
@@ -365,6 +366,9 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._oppo_rewards_per_func = None
         self._oppo_generation_logps = None
         output = super()._generate_and_score_completions(inputs)
+        output["advantages"] = zero_nonfinite_groups(
+            self, output["advantages"], self._oppo_rewards_per_func, "oppo/nonfinite_reward_rate"
+        )
         output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
         self._log_credit(output)
         return output

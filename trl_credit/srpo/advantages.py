@@ -49,6 +49,8 @@ def grouped_advantages(
       ``scale_rewards="batch"``; the mean stays per group), ``"none"`` does not divide (Dr. GRPO).
     - A group whose std is 0 (all rewards equal) or that has fewer than two usable rows gets 0 everywhere, as do
       rows with a NaN reward (TRL's "unscorable" rows) and rows that are not ``valid`` (fallback rows, docs/srpo.md#seeds).
+    - A group with a reward of ±inf gets 0 everywhere (TRL: its mean and std are non-finite, its advantages NaN, then
+      0); with ``scale="batch"`` every group does (TRL's batch std is then inf), whatever ``scale``, never ±inf.
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}.")
@@ -66,11 +68,13 @@ def grouped_advantages(
     batch_std = None
     if scale == "batch":
         batch_values = rewards[usable]
+        if not torch.isfinite(batch_values).all():
+            return advantages.to(torch.float32)
         batch_std = batch_values.std(unbiased=True) if batch_values.numel() > 1 else rewards.new_tensor(0.0)
     for group in torch.unique(groups):
         rows = (groups == group) & usable
         values = rewards[rows]
-        if values.numel() < 2:
+        if values.numel() < 2 or not torch.isfinite(values).all():
             continue
         std = values.std(unbiased=True)
         if torch.isclose(std, std.new_tensor(0.0)):
@@ -99,7 +103,8 @@ def normalize_then_sum_advantages(
     1. per group ``g`` and reward function ``k``: ``z_ik = (r_ik - mean_gk) / (std_gk + eps)`` over the group's
        usable rows where function ``k`` returned a number (``std`` unbiased, TRL's ``nanstd``). A function whose
        values in the group are all equal (std 0), or that scored fewer than two of its rows, contributes 0 there
-       (TRL: ``0 / (0 + eps)``, and a NaN that ``nansum`` drops); so does a function that returned None for a row.
+       (TRL: ``0 / (0 + eps)``, and a NaN that ``nansum`` drops); so does a function that returned None for a row,
+       and one that returned ±inf for a row of the group (TRL: NaN for the whole group, dropped by ``nansum``).
     2. ``s_i = sum_k w_k z_ik``.
     3. batch: ``A_i = (s_i - mean(s)) / (std(s) + eps)`` over all usable rows of the batch (every prompt, every
        group). ``mean(s)`` is 0 up to rounding (each ``z_k`` is centred within its group), so this only rescales by
@@ -132,7 +137,7 @@ def normalize_then_sum_advantages(
         for k in range(num_funcs):
             rows = in_group & ~torch.isnan(values[:, k])
             scored = values[rows, k]
-            if scored.numel() < 2:
+            if scored.numel() < 2 or not torch.isfinite(scored).all():
                 continue
             std = scored.std(unbiased=True)
             if torch.isclose(std, std.new_tensor(0.0)):

@@ -20,6 +20,7 @@ vLLM / DeepSpeed / PEFT handling - is TRL's):
 
 from __future__ import annotations
 
+import math
 import random
 import textwrap
 from collections import defaultdict
@@ -34,6 +35,8 @@ from trl_credit._trl import (
     gather_counts,
     generate_from_prefixes,
     log_metric,
+    nonfinite_reward_groups,
+    refuse_empty_completions,
     resolve_method_args,
     rewards_of_extra_rows,
     rollout_success,
@@ -249,7 +252,8 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         # candidates, or (seed_source="base", Appendix D) the base group's own rollouts, with no extra generation.
         seeds: list[list[tuple[list[int], list[float] | None]]] = [[] for _ in range(num_groups)]
         first_round = [(g, c) for g in range(num_groups) for c in (base[g] if from_base else candidates[g])]
-        self._collect_seeds(first_round, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
+        empty_candidates = self._collect_seeds(first_round, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
+        scored_candidates = len(first_round)
         rounds = 0 if from_base else 1
         while not from_base and rounds < args.max_seed_rounds:
             needy = [g for g in range(num_groups) if len(seeds[g]) < num_resets]
@@ -262,7 +266,10 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 rollout = (new_completions[i], new_logprobs[i] if new_logprobs is not None else None)
                 candidates[g].append(rollout)
                 new_rollouts.append((g, rollout))
-            self._collect_seeds(new_rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
+            empty_candidates += self._collect_seeds(
+                new_rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets
+            )
+            scored_candidates += len(new_rollouts)
             rounds += 1
 
         # Reset thought per seed: SRPO asks the policy (one greedy call for every process), RRPO draws uniformly.
@@ -324,6 +331,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         suffixes, suffix_logprobs = generate_from_prefixes(
             self, suffix_rows, max_new_tokens=suffix_budgets if max_length is not None else None
         )
+        refuse_empty_completions(self, suffixes, "the generation of suffixes")  # training rows, as TRL's own
 
         # Assemble the rows TRL trains on: per prompt, base rows then each reset group's rows.
         out_prompt_ids, out_completions, out_masks, out_logprobs, kinds = [], [], [], [], []
@@ -341,8 +349,9 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 ]
                 slots.append((*prefixes[reset_cursor], suffix_rollouts))
                 reset_cursor += 1
-            # The fallback filler is a rollout already sampled with no incorrect verdict (the last candidate).
-            filler = candidates[g][-1] if candidates[g] else base[g][-1]
+            # The fallback filler is a rollout already sampled with no incorrect verdict (the last non-empty
+            # candidate).
+            filler = next((c for c in reversed(candidates[g]) if c[0]), None) or base[g][-1]
             for completion, mask, lps, kind in prompt_rows(base[g], slots, num_suffixes, filler, max_length):
                 out_prompt_ids.append(prompt_ids[g])
                 out_completions.append(completion)
@@ -370,14 +379,25 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             suffix_tokens,
             sum(len(base[g]) + len(candidates[g]) for g in range(num_groups)),  # iid rollouts
             num_groups,
+            empty_candidates,
+            scored_candidates,
         ]
         totals = self.accelerator.gather(torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device))
         (reset_groups, fallbacks, num_seeds, position_sum, at_question, single, thoughts_sum, attempts, parsed,
-         base_tokens, seed_tokens, loc_tokens, suffix_tokens, iid_rollouts, prompts_total) = (
+         base_tokens, seed_tokens, loc_tokens, suffix_tokens, iid_rollouts, prompts_total, empty, scored) = (
             totals.view(-1, len(stats)).sum(dim=0).tolist()
         )
         log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
         log_metric(self, "srpo/seed_rounds", rounds)
+        log_metric(self, "srpo/empty_candidate_rate", empty / scored if scored else 0.0)
+        if empty:
+            warn_once(
+                self,
+                "srpo/empty_candidate",
+                f"SRPOTrainer: {empty:.0f} of {scored:.0f} seed candidates were empty (0 tokens), so they have no "
+                "thought to reset from and were not taken as seeds (srpo/empty_candidate_rate). HF generate and vLLM "
+                "return the EOS token when the model stops at once; check a custom generation.",
+            )
         if fallbacks == reset_groups:
             trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
             warn_once(
@@ -442,12 +462,16 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             "env_mask": out_masks,
         }
 
-    def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> None:
+    def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> int:
         """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
-        ones to ``seeds[group]`` until it holds ``num_resets``. Collective (reward call)."""
+        ones to ``seeds[group]`` until it holds ``num_resets``. An empty rollout (0 tokens) has no thought to reset
+        from: never a seed. Returns the number of empty rollouts. Collective (reward call)."""
         verifier = self._verifier_rewards(
             [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
         )
+        empty = [index for index, (_, (ids, _)) in enumerate(rollouts) if len(ids) == 0]
+        for index in empty:
+            verifier[index] = math.nan  # neither correct nor incorrect: never a seed
         by_group: dict[int, list[int]] = defaultdict(list)
         for index, (g, _) in enumerate(rollouts):
             by_group[g].append(index)
@@ -457,6 +481,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 continue
             for position in incorrect_indices([verifier[i] for i in indices], self.args.success_threshold, room):
                 seeds[g].append(rollouts[indices[position]][1])
+        return len(empty)
 
     def _verifier_rewards(self, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids) -> list[float]:
         """Raw reward of the ``success_reward`` function (NaN when it returned None) for this process's seed
@@ -492,6 +517,9 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         num_prompts = rewards.numel() // self.num_generations
         group_ids = srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         valid = (kinds != ROW_FALLBACK).cpu()  # fallback rows: zero advantage, outside every group's statistics
+        # a sub-group with a ±inf reward gets 0 (as TRL's GRPO; grouped_advantages): say so
+        nonfinite_reward_groups(self, rewards_per_func[valid.to(rewards_per_func.device)],
+                                torch.tensor(group_ids)[valid], "srpo/nonfinite_reward_rate")
         if args.multi_objective_aggregation == "normalize_then_sum":
             # Each reward function z-scored within each sub-group, weighted sum, one batch-wide rescale (TRL's GDPO).
             advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, self.reward_weights, valid=valid)
