@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.evaluate import (  # noqa: E402
+    EVAL_MAX_NEW_TOKENS,
+    EVAL_TEMPERATURE,
     build_report,
     load_model_and_tokenizer,
     sample_completions,
@@ -31,12 +33,13 @@ from trl_credit.evaluate import (  # noqa: E402
 DEFAULT_SETTINGS = ["1,2,+", "1,2,+-", "1,3,+", "2,2,+"]
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    # trl-credit-eval's defaults are this table's setting (0.7, 64 new tokens): one constant for both
+    parser.add_argument("--temperature", type=float, default=EVAL_TEMPERATURE)
+    parser.add_argument("--max_new_tokens", type=int, default=EVAL_MAX_NEW_TOKENS)
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS,
@@ -46,7 +49,11 @@ def main(argv=None):
                         help="prompt template with {question} (default: trl_credit.data.ARITHMETIC_INSTRUCTION)")
     parser.add_argument("--num_threads", type=int, default=None,
                         help="torch CPU threads (1 is much faster than 2 when other jobs share the cores)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.num_threads:
         import torch
 

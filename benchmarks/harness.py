@@ -51,20 +51,23 @@ import torch  # noqa: E402
 # Offline settings of examples/train_<method>.py (trl_credit.scripts.offline_defaults + per-method overrides).
 # "shared" keys are GRPOConfig fields, given to the GRPO baseline as well; "own" keys only to the method; "tokens" is
 # the example's max_completion_length (offline_defaults: 48; SRPO's example: 64), the baseline's too.
+# OPPO's and SRPO's loss_type "grpo" (their papers' loss, set by their examples) is "own": the committed results
+# were measured with it when it was those configs' default, next to GRPO baselines on TRL's default "dapo".
 METHODS = {
     "grpo": dict(module="trl", trainer="GRPOTrainer", config="GRPOConfig", tokens=48,
                  shared=dict(num_generations=8, temperature=0.7, top_p=0.95), own={}),
     "cue_grpo": dict(module="trl_credit", trainer="CueGRPOTrainer", config="CueGRPOConfig", tokens=48,
                      shared=dict(num_generations=8, temperature=1.0, top_p=0.95), own={}),
     "oppo": dict(module="trl_credit", trainer="OPPOTrainer", config="OPPOConfig", tokens=48,
-                 shared=dict(num_generations=4, temperature=0.7, top_p=0.95), own={}),
+                 shared=dict(num_generations=4, temperature=0.7, top_p=0.95), own=dict(loss_type="grpo")),
     "datpo": dict(module="trl_credit", trainer="DATPOTrainer", config="DATPOConfig", tokens=48,
                   shared=dict(num_generations=4, temperature=1.0, top_p=0.95, loss_type="dapo"), own={}),
     # 8 = 4 base rollouts + 1 reset x 4 suffixes (the paper's 1x4 split); one thought per line (SmolLM2 does not
     # write </thought> reliably).
     "srpo": dict(module="trl_credit", trainer="SRPOTrainer", config="SRPOConfig", tokens=64,
                  shared=dict(num_generations=8, temperature=0.7, top_p=0.95, weight_decay=0.01),
-                 own=dict(rollout_template="lines", thought_delimiter="\n", localization_max_tokens=32)),
+                 own=dict(loss_type="grpo", rollout_template="lines", thought_delimiter="\n",
+                          localization_max_tokens=32)),
 }
 # RRPO: SRPO's rollout with the reset drawn uniformly instead of localized by the policy (no localization call).
 METHODS["rrpo"] = dict(METHODS["srpo"], trainer="SRPOTrainer", config="SRPOConfig",

@@ -98,6 +98,7 @@ def run(method: str, cli) -> dict:
             seed_candidates_per_round=cli.seed_candidates,
             max_seed_rounds=cli.seed_rounds,
             seed_source=cli.seed_source,
+            weight_decay=0.01,  # the paper's (Table 5), as measured when it was SRPOConfig's default
         )
     trainer = trainer_class(
         model=default_model_path(), reward_funcs=final_number_reward, args=args, train_dataset=dataset, peft_config=peft_config

@@ -19,7 +19,9 @@ vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`
 from trl_credit import OPPOConfig, OPPOTrainer
 from trl_credit.scripts import main, offline_defaults
 
-DEFAULTS = offline_defaults("oppo", num_generations=4, per_device_train_batch_size=8)
+# loss_type "grpo": the paper's objective (Eq. 22: each completion's token mean, then the mean over completions);
+# OPPOConfig keeps GRPOConfig's default "dapo".
+DEFAULTS = offline_defaults("oppo", num_generations=4, per_device_train_batch_size=8, loss_type="grpo")
 
 if __name__ == "__main__":
     main(OPPOTrainer, OPPOConfig, DEFAULTS)

@@ -24,6 +24,8 @@ from trl_credit.scripts import main, offline_defaults
 
 # SmolLM2-135M does not write </thought> reliably: one thought per line instead (the "lines" template).
 # num_generations 8 = 4 base rollouts + 1 reset x 4 suffixes (the paper's 1x4 split); 2 prompts per step.
+# The paper's loss and weight decay (Table 5; SRPOConfig keeps GRPOConfig's defaults, offline_defaults gives the
+# paper's temperature 0.7 / top-p 0.95).
 DEFAULTS = offline_defaults(
     "srpo",
     num_generations=8,
@@ -33,6 +35,7 @@ DEFAULTS = offline_defaults(
     rollout_template="lines",
     thought_delimiter="\n",
     localization_max_tokens=32,
+    loss_type="grpo",
     weight_decay=0.01,
 )
 

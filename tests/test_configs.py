@@ -52,3 +52,27 @@ def test_command_line_fills_the_named_fields(config_class):
     assert isinstance(config, config_class)
     assert (config.output_dir, config.success_reward, config.log_credit_rows) == ("cli_run", 1, 2)
     assert config.per_device_train_batch_size == 16
+
+
+def _default(f):
+    """A dataclass field's default value (calling its default_factory), or MISSING."""
+    from dataclasses import MISSING
+
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda c: c.__name__)
+def test_every_inherited_field_keeps_grpo_configs_default(config_class):
+    # Switching `GRPOConfig` for a method config changes nothing else: the papers' settings (SRPO's temperature
+    # 0.7, OPPO's loss_type "grpo", DATPO's N = 4...) live in examples/recipes/<method>.yaml.
+    method = {f.name: f for f in fields(config_class)}
+    changed = {
+        f.name: (_default(f), _default(method[f.name]))
+        for f in fields(GRPOConfig)
+        if _default(f) != _default(method[f.name]) or f.metadata != method[f.name].metadata
+    }
+    assert changed == {}
+    # and after __post_init__: the same values as a GRPOConfig built with the same arguments
+    grpo, config = GRPOConfig("my_run", use_cpu=True), config_class("my_run", use_cpu=True)
+    values = {f.name: getattr(grpo, f.name) for f in fields(GRPOConfig)}
+    assert {name: getattr(config, name) for name in values} == values

@@ -218,7 +218,7 @@ def test_split_rows_keeps_every_row_and_trims():
 def test_config_validation():
     common = dict(output_dir="/tmp/datpo_cfg", use_cpu=True, report_to="none")
     config = DATPOConfig(**common)
-    assert (config.num_generations, config.max_forks, config.max_branches) == (4, 3, 4)
+    assert (config.num_generations, config.max_forks, config.max_branches) == (8, 3, 4)  # N: GRPOConfig's 8
     assert (config.loss_type, config.beta, config.epsilon, config.diversity_alpha) == ("dapo", 0.0, 0.2, 0.2)
     for bad, match in [
         (dict(max_forks=0), "max_forks"),

@@ -1,6 +1,7 @@
 """Evaluation pipeline (trl_credit/evaluate.py): pure scoring/report, tiny-model sampling, CLI."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,10 +52,12 @@ def test_build_report_on_hand_made_counts():
     assert report["pass_at_k"] == pytest.approx({"1": 0.375, "4": 1.0})
     # AUC@4 = (4 - 1) * (0.375 + 1.0) / 2 / (4 - 1) = 0.6875
     assert report["auc_at_k"] == pytest.approx({"4": 0.6875})
-    # avg@1: the first sample of both problems is right -> 1.0; avg@4 = 3 correct / 8 samples
-    assert report["avg_at_k"] == pytest.approx({"1": 1.0, "4": 0.375})
-    # maj@1: "7" right, "9" right -> 1.0; maj@4: "3" wrong, "9" (tie, first) right -> 0.5
-    assert report["maj_at_k"] == pytest.approx({"1": 1.0, "4": 0.5})
+    # avg@k over random k-subsets = c/n for every k: (1/4 + 2/4) / 2 = 0.375 = pass@1 (the first samples, both
+    # right, do not make avg@1 = 1.0)
+    assert report["avg_at_k"] == pytest.approx({"1": 0.375, "4": 0.375})
+    # maj@1 = P(one random sample is right) = (1/4 + 2/4) / 2 = 0.375; maj@4 (all samples): problem 1 "3" wins
+    # 2-1-1 (wrong), problem 2 a 2-2 tie of "9" (right) and "2" broken at random -> 1/2; (0 + 1/2) / 2 = 0.25
+    assert report["maj_at_k"] == pytest.approx({"1": 0.375, "4": 0.25})
     assert report["accuracy"] == pytest.approx(0.375)
     assert report["settings"] == {"model": "m"}
     assert report["problems"] == [
@@ -225,6 +228,37 @@ def test_evaluate_writes_json_and_png(tiny_model_path, tmp_path):
     assert 0 <= saved["truncated_fraction"] <= 1 and saved["mean_completion_tokens"] <= 6
 
 
+def test_maj_at_k_needs_one_verdict_per_answer_and_score_completions_keeps_it(monkeypatch):
+    import trl_credit.evaluate as evaluate_module
+
+    with pytest.raises(ValueError, match="'7'.*same correctness"):
+        build_report([{"correct": [True, False], "answers": ["7", "7"]}])
+    # a reward that judges two samples with the same voting key differently: they vote as different answers
+    monkeypatch.setitem(evaluate_module.REWARDS, "final_number", lambda completions, answer: [1.0, 0.0, 0.0])
+    (scored,) = score_completions([["so 7", "so 7", "so 8"]], ["7"], reward="final_number")
+    assert scored == {"correct": [True, False, False], "answers": ["7 (correct)", "7 (wrong)", "8"]}
+    # maj@3: a 3-way tie, 1 of 3 right; maj@1 = 1/3
+    assert build_report([scored])["maj_at_k"] == pytest.approx({"1": 1 / 3, "3": 1 / 3})
+    # beyond the float64 range of C(n, k): maj@k is left out, with a warning, the rest is reported
+    with pytest.warns(UserWarning, match="maj@k is left out"):
+        report = build_report([{"correct": [True] * 1001, "answers": ["1"] * 1001}])
+    assert "maj_at_k" not in report and report["avg_at_k"]["1"] == 1.0
+
+
+def test_cli_defaults_are_the_base_accuracy_setting():
+    from trl_credit.evaluate import _parse_args
+
+    args = _parse_args([])
+    # README "Built-in task and base accuracy" / trl_credit.data: temperature 0.7, top-p 1 (sampling default),
+    # 64 new tokens; the table is benchmarks/base_accuracy.py with its defaults
+    assert (args.temperature, args.top_p, args.max_new_tokens) == (0.7, 1.0, 64)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import base_accuracy
+
+    table = base_accuracy.build_parser().parse_args([])
+    assert (table.temperature, table.max_new_tokens) == (args.temperature, args.max_new_tokens)
+
+
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "trl_credit.evaluate", "--help"], capture_output=True, text=True,
                             timeout=120)
@@ -232,6 +266,7 @@ def test_cli_help():
     for option in ("--model", "--adapter", "--dataset", "--reward", "--num_samples", "--temperature", "--top_p",
                    "--max_new_tokens", "--seed", "--output_dir"):
         assert option in result.stdout
+    assert "base-accuracy table" in result.stdout and "temperature 0.7" in result.stdout
     with pytest.raises(SystemExit) as exit_info:
         main(["--reward", "bleu"])
     assert exit_info.value.code == 2

@@ -11,6 +11,7 @@ from trl_credit.metrics import (
     auc_budgets,
     avg_at_k,
     maj_at_k,
+    maj_at_ks,
     majority_answer,
     mean_pass_at_k,
     pass_at_k,
@@ -219,9 +220,12 @@ def test_paper_auc_agreement_is_tight_not_just_within_tolerance():
 # ---------------------------------------------------------------------------------------------------- avg@k, maj@k
 
 
-def test_avg_at_k():
-    assert avg_at_k([True, False, True, True], 2) == 0.5  # first two samples: 1 of 2
-    assert avg_at_k([True, False, True, True]) == 0.75  # all four: 3 of 4
+def test_avg_at_k_is_the_mean_over_all_samples_for_every_k():
+    # Unbiased over random k-subsets: E[mean of k samples] = c/n for every k, not the first k samples' mean
+    # (which gave avg@1 = 0 next to pass@1 = 23.4 when the first sample happened to be wrong).
+    assert avg_at_k([False, True, True, True], 1) == 0.75  # first sample wrong; 3 of 4 correct
+    assert avg_at_k([True, False, True, True], 2) == 0.75
+    assert avg_at_k([True, False, True, True]) == 0.75  # k defaults to n
     assert avg_at_k([1.0, 0.0, 0.0], 3) == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="k must satisfy"):
         avg_at_k([True], 2)
@@ -237,16 +241,87 @@ def test_majority_answer_tie_rule_is_earliest_first_occurrence():
     assert majority_answer([None, ""]) is None
 
 
-def test_maj_at_k():
-    answers = ["3", "4", "4", "3"]
-    correct = [False, True, True, False]
-    assert maj_at_k(answers, correct, 1) == 0.0  # only "3"
-    assert maj_at_k(answers, correct, 3) == 1.0  # "4" has 2 of 3 votes
-    assert maj_at_k(answers, correct, 4) == 0.0  # 2-2 tie, "3" came first
-    assert maj_at_k(answers, correct) == 0.0  # k defaults to all samples
+def reference_maj_at_k(answers, correct, k):
+    """Slow exact reference: the mean over every k-subset of the samples of the majority vote's credit, a tie among
+    t answers giving (correct ones among them) / t; samples without an answer do not vote (none at all: 0)."""
+    from itertools import combinations
+
+    total = Fraction(0)
+    for subset in combinations(range(len(answers)), k):
+        votes = {}
+        for i in subset:
+            if answers[i] not in (None, ""):
+                votes[answers[i]] = votes.get(answers[i], 0) + 1
+        if votes:
+            best = [a for a, v in votes.items() if v == max(votes.values())]
+            verdict = {answers[i]: bool(correct[i]) for i in subset if answers[i] in best}
+            total += Fraction(sum(verdict.values()), len(best))
+    return total / comb(len(answers), k)
+
+
+def test_maj_at_k_hand_worked_over_all_subsets():
+    # n = 4: [a, a, b, c], a correct. Ties are broken uniformly at random (fractional credit).
+    # k=1: P(draw an a) = 2/4. k=2, 6 subsets: {a,a} 1, four {a,b}/{a,c} ties 1/2, {b,c} 0 -> 3/6.
+    # k=3, 4 subsets: {a,a,b} 1, {a,a,c} 1, two {a,b,c} 3-way ties 1/3 -> (2 + 2/3)/4 = 2/3. k=4: a wins 2-1-1.
+    answers, correct = ["a", "a", "b", "c"], [True, True, False, False]
+    assert [maj_at_k(answers, correct, k) for k in (1, 2, 3, 4)] == pytest.approx([1 / 2, 1 / 2, 2 / 3, 1.0])
+    # n = 5: [x, x, y, None, z], y and z both correct (two spellings of one value), x wrong, None does not vote.
+    # k=1: y or z -> 2/5. k=2, 10 subsets: {x,y} {x,z} (x2 each) 1/2 -> 2; {y,-} {y,z} {-,z} 1; {x,x} {x,-} 0
+    #   -> 5/10. k=3, complements of the 2-subsets: {y,-,z} 1; {x,-,z} {x,y,-} (x2 each) 1/2 -> 2;
+    #   {x,y,z} (x2) 2/3; {x,x,*} (x3) 0 -> (1 + 2 + 4/3)/10 = 13/30.
+    # k=4: omit an x: {x,y,-,z} 3-way tie 2/3 (x2); omit y, - or z: x wins -> (4/3)/5 = 4/15. k=5: x wins 2-1-1.
+    answers, correct = ["x", "x", "y", None, "z"], [False, False, True, False, True]
+    assert [maj_at_k(answers, correct, k) for k in range(1, 6)] == pytest.approx([2 / 5, 1 / 2, 13 / 30, 4 / 15, 0])
+    # maj@n is the plain majority vote of all n samples (a t-way tie: correct ones / t)
+    assert maj_at_k(["3", "4", "4", "3"], [False, True, True, False]) == 0.5  # k defaults to n; 2-2 tie
+    assert maj_at_k(["5", "3", "4", "4"], [False, False, True, True]) == 1.0
     assert maj_at_k([None, None, "5"], [False, False, True], 3) == 1.0  # unparseable don't outvote the one answer
-    assert maj_at_k([None, None], [False, False]) == 0.0
+    assert maj_at_k([None, None, "5"], [False, False, True], 1) == pytest.approx(1 / 3)  # a subset with no answer: 0
+    assert maj_at_k([None, ""], [False, False]) == 0.0
     with pytest.raises(ValueError, match="one entry per sample"):
         maj_at_k(["1"], [True, False])
     with pytest.raises(ValueError, match="k must satisfy"):
         maj_at_k(["1"], [True], 2)
+    with pytest.raises(ValueError, match="'7'.*same correctness"):
+        maj_at_k(["7", "7"], [True, False])
+
+
+def test_maj_at_k_matches_the_subset_enumeration():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(40):
+        n = rng.randint(1, 9)
+        values = rng.sample(["1", "2", "3", "4", None], rng.randint(1, 4))
+        answers = [rng.choice(values) for _ in range(n)]
+        right = {a: rng.random() < 0.5 for a in set(answers)}
+        correct = [a is not None and right[a] for a in answers]
+        for k in range(1, n + 1):
+            assert maj_at_k(answers, correct, k) == pytest.approx(float(reference_maj_at_k(answers, correct, k)),
+                                                                  abs=1e-12), (answers, correct, k)
+
+
+def test_maj_at_k_is_fast_and_bounded_for_many_samples():
+    import time
+
+    # n = 256 with a handful of distinct answers, every report budget
+    answers = ["1"] * 100 + ["2"] * 80 + ["3"] * 50 + [None] * 20 + ["4"] * 6
+    correct = [a == "2" for a in answers]
+    start = time.perf_counter()
+    values = [maj_at_k(answers, correct, k) for k in (1, 4, 8, 16, 32, 64, 128, 256)]
+    assert time.perf_counter() - start < 5.0
+    assert values[0] == pytest.approx(80 / 256)
+    assert values[-1] == 0.0  # "1" wins 100-80 with all samples
+    assert all(0.0 <= v <= 1.0 for v in values)
+    # k = 2 by hand: both "2" (C(80,2)) or one "2" with a None (80*20); a 1-1 tie of "2" with "1", "3" or "4"
+    # (80*156) earns 1/2
+    assert values[:1] + [maj_at_ks(answers, correct)[1]] == pytest.approx(
+        [80 / 256, (comb(80, 2) + 80 * 20 + 80 * 156 / 2) / comb(256, 2)])
+    # the largest n computed: 1000 samples, 997 without an answer (C(1000, 500) ~ 2.7e299 stays finite).
+    # k = 2 by hand: {1,1} 1 + two {1,2} ties 1/2 + 2*997 {1,-} 1 ({2,-} and {-,-}: 0) -> 1996 / C(1000, 2)
+    sparse = ["1", "1", "2"] + [None] * 997
+    curve = maj_at_ks(sparse, [a == "1" for a in sparse])
+    assert curve[:2] == pytest.approx([2 / 1000, 1996 / comb(1000, 2)])
+    assert curve[-1] == 1.0 and all(0.0 <= v <= 1.0 for v in curve)
+    with pytest.raises(ValueError, match="up to 1000 samples"):
+        maj_at_k(["1"] * 1001, [True] * 1001, 1)

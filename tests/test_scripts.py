@@ -49,3 +49,100 @@ def test_model_card_names_method_hyperparameters_and_base_model(tiny_model_path,
     assert tiny_model_path in card
     assert "| `num_generations` | `4` |" in card
     assert method_hyperparameters(args)["max_completion_length"] == 4
+
+
+# ---------------------------------------------------------------------------------- examples and recipes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHOD_CONFIGS = {"srpo": "SRPOConfig", "cue_grpo": "CueGRPOConfig", "oppo": "OPPOConfig", "datpo": "DATPOConfig"}
+
+
+def _example_config(method):
+    """The config an offline example script runs with no arguments (its DEFAULTS through the script's parser)."""
+    import importlib.util
+
+    import trl_credit
+    from trl_credit.scripts import make_parser
+
+    spec = importlib.util.spec_from_file_location(f"train_{method}", os.path.join(ROOT, "examples", f"train_{method}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config_class = getattr(trl_credit, METHOD_CONFIGS[method])
+    _, config, _ = make_parser(config_class, dict(module.DEFAULTS, use_cpu=True, bf16=False), argv=[]).parse_args_and_config(args=[])
+    return config
+
+
+@pytest.mark.parametrize(
+    "method, expected",
+    [
+        # the README's main job: the settings it ran with when they were SRPOConfig's defaults (paper Table 5)
+        ("srpo", dict(num_generations=8, temperature=0.7, top_p=0.95, loss_type="grpo", weight_decay=0.01, beta=0.0,
+                      num_iterations=1, num_base_generations=4)),
+        ("oppo", dict(num_generations=4, temperature=0.7, loss_type="grpo")),  # the paper's Eq. 22 loss
+        ("datpo", dict(num_generations=4, temperature=1.0, loss_type="dapo")),
+        ("cue_grpo", dict(num_generations=8, temperature=1.0, loss_type="dapo")),
+    ],
+)
+def test_offline_examples_keep_their_settings(method, expected):
+    config = _example_config(method)
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
+def _recipe(method):
+    import yaml
+
+    with open(os.path.join(ROOT, "examples", "recipes", f"{method}.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def test_recipes_set_what_the_configs_no_longer_default_to():
+    # The papers' values of GRPOConfig fields that the method configs used to default to.
+    assert {k: _recipe("srpo")[k] for k in ("temperature", "top_p", "loss_type", "weight_decay", "beta",
+                                            "num_iterations", "num_generations")} == dict(
+        temperature=0.7, top_p=0.95, loss_type="grpo", weight_decay=0.01, beta=0.0, num_iterations=1,
+        num_generations=8)
+    assert _recipe("oppo")["loss_type"] == "grpo"
+    assert (_recipe("datpo")["num_generations"], _recipe("datpo")["loss_type"]) == (4, "dapo")
+
+
+def test_every_recipe_key_is_an_argument_of_its_script():
+    import dataclasses
+
+    import trl_credit
+    from trl import ModelConfig
+
+    from trl_credit.scripts import CreditScriptArguments
+
+    for method, config_name in METHOD_CONFIGS.items():
+        known = {f.name for cls in (CreditScriptArguments, getattr(trl_credit, config_name), ModelConfig)
+                 for f in dataclasses.fields(cls)}
+        assert set(_recipe(method)) - known == set(), method
+
+
+def test_readme_recipe_table_matches_the_recipes():
+    import dataclasses
+
+    import yaml
+    from trl import GRPOConfig
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        lines = [line for line in f.read().splitlines() if line.startswith("| `") or line.startswith("| setting |")]
+    header = next(line for line in lines if line.startswith("| setting |"))
+    columns = [cell.strip().replace("`", "") for cell in header.strip("|").split("|")][1:]
+    assert columns == ["GRPOConfig default", "srpo.yaml", "cue_grpo.yaml", "oppo.yaml", "datpo.yaml"]
+    recipes = {column: _recipe(column[: -len(".yaml")]) for column in columns[1:]}
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    checked = 0
+    for line in lines[lines.index(header) + 1:]:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != len(columns) + 1:
+            break  # the end of the table
+        name = cells[0].split("`")[1]
+        for column, cell in zip(columns, cells[1:]):
+            value = None if cell in ("", "—") else yaml.safe_load(cell.split("`")[1])
+            if column == "GRPOConfig default":
+                assert value is None or value == defaults[name], (name, cell)
+            else:
+                assert value == recipes[column].get(name), (name, column, cell)
+        checked += 1
+    assert checked >= 15

@@ -5,8 +5,8 @@ Each row has ``prompt`` (chat format: one user message), ``answer`` (the exact r
 ``operators`` picks from ``+``/``-``/``*``. Train and test problems never overlap.
 
 Base accuracy of SmolLM2-135M-Instruct (offline default), measured by ``benchmarks/base_accuracy.py``
-(16 problems x 4 samples, temperature 0.7, 64 new tokens; lenient ``final_number_reward``; the default
-setting measured again with 32 problems x 8 samples: 44.5%, pass@8 87.5%):
+(16 problems x 4 samples, temperature 0.7, 64 new tokens, which are ``trl-credit-eval``'s sampling defaults; lenient
+``final_number_reward``; the default setting measured again with 32 problems x 8 samples: 44.5%, pass@8 87.5%):
 
     1 digit, 2 operands, ``+`` (the default)   ~47%      1 digit, 2 operands, ``+-``   ~41%
     1 digit, 3 operands, ``+``                 ~2%       2 digits, 2 operands, ``+``   ~8%

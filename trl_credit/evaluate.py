@@ -9,7 +9,12 @@ usable on their own:
    report and :func:`plot_pass_at_k` the PNG curve.
 
 Protocol as in Cue-GRPO Appendix C: n i.i.d. samples per problem, unbiased pass@k from the per-problem count of
-correct samples, AUC@K over the budgets {1,4,8,16,32,64,128,256} ∩ [1, K].
+correct samples, AUC@K over the budgets {1,4,8,16,32,64,128,256} ∩ [1, K]. avg@k and maj@k are unbiased over all
+n samples too (the expectation over random k-subsets): avg@k = c/n for every k, maj@k exact with random tie-breaking.
+
+Sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the setting of the README's base-accuracy table
+(``benchmarks/base_accuracy.py``, :mod:`trl_credit.data`), so a default evaluation of a model trained on the
+built-in task is comparable with that table. Long-form tasks need a larger ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .metrics import AUC_BUDGETS, auc_at_k, avg_at_k, maj_at_k, majority_answer, mean_pass_at_k
+from .metrics import AUC_BUDGETS, MAJ_MAX_SAMPLES, auc_at_k, maj_at_ks, majority_answer, mean_pass_at_k
 from .rewards import (
     accuracy_reward,
     completion_text,
@@ -33,6 +39,8 @@ from .rewards import (
 )
 
 __all__ = [
+    "EVAL_MAX_NEW_TOKENS",
+    "EVAL_TEMPERATURE",
     "REWARDS",
     "report_budgets",
     "answer_key",
@@ -47,6 +55,11 @@ __all__ = [
     "format_summary",
     "main",
 ]
+
+#: Default sampling of an evaluation: the setting of the README's base-accuracy table (``benchmarks/base_accuracy.py``,
+#: :mod:`trl_credit.data`: temperature 0.7, top-p 1.0, 64 new tokens), so default numbers are comparable with it.
+EVAL_TEMPERATURE = 0.7
+EVAL_MAX_NEW_TOKENS = 64
 
 #: Answer checkers selectable with ``--reward`` (TRL reward-function signature, binary 0/1 rewards).
 REWARDS: dict[str, Callable[..., list[float]]] = {
@@ -87,7 +100,9 @@ def score_completions(
 
     ``completions[p]`` holds problem p's samples (strings or chat message lists), ``answers[p]`` its reference.
     Returns one dict per problem: ``correct`` (list of bool; reward > 0.5 counts as correct) and ``answers``
-    (the voting key of each sample, see :func:`answer_key`).
+    (the voting key of each sample, see :func:`answer_key`). maj@k needs one verdict per voting key; should the
+    reward judge two samples with the same key differently (``math_verify`` parses the raw answer, the key is its
+    normalized form), the key gets the suffix " (correct)" / " (wrong)" so that they vote as different answers.
     """
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
@@ -98,12 +113,11 @@ def score_completions(
     for samples, reference in zip(completions, answers):
         samples = list(samples)
         rewards = reward_fn(samples, answer=[reference] * len(samples)) if samples else []
-        scored.append(
-            {
-                "correct": [reward_value > 0.5 for reward_value in rewards],
-                "answers": [answer_key(completion_text(sample), reward) for sample in samples],
-            }
-        )
+        correct = [reward_value > 0.5 for reward_value in rewards]
+        keys = [answer_key(completion_text(sample), reward) for sample in samples]
+        mixed = {key for key in keys if key is not None and len({c for k, c in zip(keys, correct) if k == key}) > 1}
+        keys = [f"{key} ({'correct' if c else 'wrong'})" if key in mixed else key for key, c in zip(keys, correct)]
+        scored.append({"correct": correct, "answers": keys})
     return scored
 
 
@@ -116,8 +130,11 @@ def build_report(problems: Sequence[dict], settings: dict | None = None) -> dict
 
     - ``pass_at_k``: unbiased pass@k averaged over problems (Cue-GRPO Eq. 10) for k in :func:`report_budgets`;
     - ``auc_at_k``: AUC@K (Eq. 9) for every budget K in {4,...,256} with K <= n;
-    - ``avg_at_k``: mean accuracy of the first k samples; ``maj_at_k``: majority vote of the first k samples
-      (when ``answers`` are given); ``accuracy``: mean over all samples (= avg@n);
+    - ``avg_at_k``: the expected accuracy of k samples drawn from the n, which is c/n for every k (the sampled
+      accuracy, = pass@1; :func:`~trl_credit.metrics.avg_at_k`); ``maj_at_k`` (when ``answers`` are given): the
+      probability that the majority vote of k samples drawn from the n is correct, ties broken uniformly at random
+      (:func:`~trl_credit.metrics.maj_at_k`; up to 1000 samples per problem, else left out with a warning);
+      ``accuracy``: mean over all samples;
     - ``problems``: per-problem ``num_correct``/``num_samples`` (+ metadata); ``settings`` as given.
     Keys of the per-k dicts are strings (JSON object keys).
     """
@@ -135,19 +152,23 @@ def build_report(problems: Sequence[dict], settings: dict | None = None) -> dict
 
     pass_by_k = {k: mean_pass_at_k(num_samples, num_correct, k) for k in budgets}
     auc = {K: auc_at_k(pass_by_k, K) for K in AUC_BUDGETS if 4 <= K <= num_samples}
-    avg = {k: sum(avg_at_k(p["correct"], k) for p in problems) / len(problems) for k in budgets}
+    accuracy = sum(num_correct) / (num_samples * len(problems))
+    avg = {k: accuracy for k in budgets}  # unbiased avg@k: c/n of each problem for every k, averaged
     report: dict[str, Any] = {
         "settings": dict(settings or {}),
         "num_problems": len(problems),
         "num_samples": num_samples,
-        "accuracy": sum(num_correct) / (num_samples * len(problems)),
+        "accuracy": accuracy,
         "pass_at_k": {str(k): v for k, v in pass_by_k.items()},
         "auc_at_k": {str(k): v for k, v in auc.items()},
         "avg_at_k": {str(k): v for k, v in avg.items()},
     }
-    if has_answers:
-        maj = {k: sum(maj_at_k(p["answers"], p["correct"], k) for p in problems) / len(problems) for k in budgets}
-        report["maj_at_k"] = {str(k): v for k, v in maj.items()}
+    if has_answers and num_samples > MAJ_MAX_SAMPLES:
+        warnings.warn(f"maj@k is left out of the report: it is computed for up to {MAJ_MAX_SAMPLES} samples per "
+                      f"problem, got {num_samples}", stacklevel=2)
+    elif has_answers:
+        curves = [maj_at_ks(p["answers"], p["correct"]) for p in problems]
+        report["maj_at_k"] = {str(k): sum(curve[k - 1] for curve in curves) / len(curves) for k in budgets}
     per_problem = []
     for index, (problem, count) in enumerate(zip(problems, num_correct)):
         entry = {"index": index, "num_correct": count, "num_samples": num_samples}
@@ -300,9 +321,9 @@ def sample_completions(
     num_samples: int,
     *,
     batch_size: int = 64,
-    temperature: float = 1.0,
+    temperature: float = EVAL_TEMPERATURE,
     top_p: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
     seed: int = 0,
     progress: bool = True,
 ) -> list[list[dict]]:
@@ -376,9 +397,9 @@ def evaluate(
     reward: str | None = None,
     num_samples: int = 16,
     batch_size: int = 64,
-    temperature: float = 1.0,
+    temperature: float = EVAL_TEMPERATURE,
     top_p: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
     seed: int = 0,
     dtype: str = "auto",
     device: str | None = None,
@@ -471,7 +492,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="trl-credit-eval",
         description="Repeated-sampling evaluation (pass@k, AUC@K, avg@k, maj@k) of a causal LM; writes "
-        "report.json and pass_at_k.png.",
+        "report.json and pass_at_k.png. The sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the "
+        "setting of the README's base-accuracy table (benchmarks/base_accuracy.py); raise --max_new_tokens for "
+        "long-form tasks.",
     )
     parser.add_argument("--model", default=None,
                         help="Model path or Hub id (default: the offline SmolLM2-135M-Instruct).")
@@ -492,9 +515,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="Answer checker (default: final_number for the built-in task, accuracy otherwise).")
     parser.add_argument("-n", "--num_samples", type=int, default=16, help="Samples per problem (k ranges up to n).")
     parser.add_argument("--batch_size", type=int, default=64, help="Sequences per generate call.")
-    parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (0 = greedy).")
-    parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus sampling threshold.")
-    parser.add_argument("--max_new_tokens", type=int, default=256, help="Maximum new tokens per completion.")
+    parser.add_argument("--temperature", type=float, default=EVAL_TEMPERATURE,
+                        help="Sampling temperature (0 = greedy; default %(default)s: the base-accuracy table's).")
+    parser.add_argument("--top_p", type=float, default=1.0, help="Nucleus sampling threshold (default %(default)s).")
+    parser.add_argument("--max_new_tokens", type=int, default=EVAL_MAX_NEW_TOKENS,
+                        help="Maximum new tokens per completion (default %(default)s: the base-accuracy table's).")
     parser.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="Model dtype (auto: bfloat16 on GPU, float32 on CPU).")

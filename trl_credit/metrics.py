@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from math import comb
 
 __all__ = [
     "AUC_BUDGETS",
@@ -19,7 +20,9 @@ __all__ = [
     "auc_at_k",
     "avg_at_k",
     "maj_at_k",
+    "maj_at_ks",
     "majority_answer",
+    "MAJ_MAX_SAMPLES",
 ]
 
 #: The sampling budgets of Cue-GRPO Eq. 9: AUC@K integrates pass@k over the ones in [1, K].
@@ -109,15 +112,19 @@ def auc_at_k(pass_by_k: Mapping[int, float], K: int) -> float:
 
 
 def avg_at_k(correct: Sequence[bool | float], k: int | None = None) -> float:
-    """avg@k of one problem: the mean correctness of its first ``k`` samples (all of them when k is None).
+    """avg@k of one problem: the expected mean correctness of k samples drawn without replacement from its n.
 
-    Averaged over problems this is the plain sampled accuracy (an estimate of pass@1 from k samples).
+    Over a uniformly random k-subset of the n samples this expectation is c/n for every k (c = the number of
+    correct samples, or the sum of fractional rewards), so avg@k is the plain sampled accuracy, the same for every
+    k and equal to pass@1: the unbiased estimator, as :func:`pass_at_k` is for pass@k. (The mean of the *first* k
+    samples is an estimate from k of the n samples only.) ``k`` is validated (1 <= k <= n) but does not change the
+    value.
     """
     k = len(correct) if k is None else k
     _check_int("k", k, 1)
     if k > len(correct):
         raise ValueError(f"k must satisfy 1 <= k <= number of samples, got k={k} with {len(correct)} samples")
-    return sum(float(x) for x in correct[:k]) / k
+    return sum(float(x) for x in correct) / len(correct)
 
 
 def majority_answer(answers: Sequence[str | None]) -> int | None:
@@ -141,12 +148,97 @@ def majority_answer(answers: Sequence[str | None]) -> int | None:
     return min(first_index[a] for a, count in votes.items() if count == best)
 
 
-def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool | float], k: int | None = None) -> float:
-    """maj@k of one problem: 1.0 if the majority-vote answer of the first ``k`` samples is correct, else 0.0.
+#: maj@k is computed in float64 from counts of k-subsets, which reach C(n, k) <= 2**n: exact to rounding up to
+#: this many samples per problem (C(1000, 500) ~ 2.7e299 < 1.8e308).
+MAJ_MAX_SAMPLES = 1000
 
-    ``answers[i]`` is sample i's normalized answer (None/"" when unparseable) and ``correct[i]`` its reward;
-    samples with the same answer string must have the same correctness (true when the answer string is what the
-    reward checks). Ties: see :func:`majority_answer` (earliest first occurrence wins). No answer at all -> 0.0.
+
+def _voting_classes(answers: Sequence[str | None], correct: Sequence[bool | float]) -> list[tuple[int, bool]]:
+    """(votes, is_correct) of each distinct answer; samples without an answer (None or "") do not vote."""
+    classes: dict[str, list] = {}
+    for answer, right in zip(answers, correct):
+        if answer is None or answer == "":
+            continue
+        entry = classes.setdefault(answer, [0, bool(right)])
+        if entry[1] != bool(right):
+            raise ValueError(
+                f"samples with the answer {answer!r} do not all have the same correctness: maj@k needs the voting "
+                "key to be what the reward checks (one verdict per distinct answer)"
+            )
+        entry[0] += 1
+    return [(votes, right) for votes, right in classes.values()]
+
+
+def _times(rows, poly: Sequence[int], length: int):
+    """Each row (a polynomial in z) times ``poly``, truncated to ``length`` coefficients."""
+    import numpy as np
+
+    if len(poly) <= len(rows):  # short kernel: one shifted add per term, over all rows at once
+        out = np.zeros_like(rows)
+        for shift, coefficient in enumerate(poly):
+            out[:, shift:] += float(coefficient) * rows[:, : length - shift]
+        return out
+    poly = np.asarray(poly, dtype=float)
+    return np.stack([np.convolve(row, poly)[:length] for row in rows])
+
+
+def maj_at_ks(answers: Sequence[str | None], correct: Sequence[bool | float]) -> list[float]:
+    """maj@k of one problem for every k = 1..n (element k - 1): see :func:`maj_at_k` for the definition.
+
+    Exact (to float rounding) by a dynamic programme over the distinct answers instead of the C(n, k) subsets:
+    for each value v of the winning vote count, the product over answers of their count polynomials
+    sum_x C(votes_i, x) z^x (x < v, or x = v marking a tie) is expanded, tracking the number t of answers at v and
+    the number of correct ones among them; [z^k] of the tied configurations weighted by (correct at v) / t,
+    times the non-voting samples' (1 + z)^m, counts the credit over all k-subsets, divided by C(n, k). Cost
+    about (largest vote count) x (distinct answers)^2 convolutions of length n: ~0.1 s on a CPU for n = 256 with a
+    handful of answers. Up to :data:`MAJ_MAX_SAMPLES` samples (float64 range of C(n, k)); more raise ValueError.
+    """
+    import numpy as np
+
+    if len(answers) != len(correct):
+        raise ValueError(f"answers ({len(answers)}) and correct ({len(correct)}) must have one entry per sample")
+    n = len(answers)
+    _check_int("number of samples", n, 1)
+    if n > MAJ_MAX_SAMPLES:
+        raise ValueError(
+            f"maj@k is computed exactly for up to {MAJ_MAX_SAMPLES} samples per problem (float64 range of C(n, k)), "
+            f"got {n}"
+        )
+    classes = _voting_classes(answers, correct)
+    credit = np.zeros(n + 1)  # credit[k]: sum over k-subsets of the majority vote's credit
+    for v in range(1, max((votes for votes, _ in classes), default=0) + 1):
+        ties = sum(votes >= v for votes, _ in classes)  # answers that can have exactly v votes
+        # ways[t, s]: subsets of size s of the answers so far where every answer has <= v votes and t have v;
+        # right[t, s]: the same subsets weighted by how many of the t answers at v are correct.
+        ways, right = np.zeros((ties + 1, n + 1)), np.zeros((ties + 1, n + 1))
+        ways[0, 0] = 1.0
+        for votes, is_correct in classes:
+            below = [comb(votes, x) for x in range(min(v, votes + 1))]
+            new_ways, new_right = _times(ways, below, n + 1), _times(right, below, n + 1)
+            if votes >= v:  # this answer at exactly v: one more tie, z^v
+                at = float(comb(votes, v))
+                new_ways[1:, v:] += at * ways[:-1, : n + 1 - v]
+                new_right[1:, v:] += at * (right[:-1, : n + 1 - v] + (ways[:-1, : n + 1 - v] if is_correct else 0.0))
+            ways, right = new_ways, new_right
+        for t in range(1, ties + 1):  # t tied answers: a uniformly random one of them wins
+            credit += right[t] / t
+    silent = n - sum(votes for votes, _ in classes)
+    credit = _times(credit[None], [comb(silent, x) for x in range(silent + 1)], n + 1)[0]
+    # min: float rounding can put a certain win a few ulps above 1
+    return [min(1.0, float(credit[k]) / comb(n, k)) for k in range(1, n + 1)]
+
+
+def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool | float], k: int | None = None) -> float:
+    """maj@k of one problem: the probability, over a uniformly random k-subset of its n samples (drawn without
+    replacement), that the subset's majority-vote answer is correct (all n samples when k is None).
+
+    ``answers[i]`` is sample i's normalized answer (None/"" when unparseable: it does not vote) and ``correct[i]``
+    its reward; samples with the same answer must have the same correctness (the answer string is what the reward
+    checks; otherwise ValueError). Tie rule: a tie among t answers is broken uniformly at random, i.e. the subset
+    earns (number of correct answers among the t) / t. A subset in which no sample has an answer earns 0.
+    Averaged over the subsets this is the unbiased estimator of maj@k from n >= k samples (as :func:`pass_at_k` is
+    for pass@k); maj@n is the majority vote of all n samples. Computed exactly by :func:`maj_at_ks` (up to
+    :data:`MAJ_MAX_SAMPLES` samples).
     """
     if len(answers) != len(correct):
         raise ValueError(f"answers ({len(answers)}) and correct ({len(correct)}) must have one entry per sample")
@@ -154,5 +246,4 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool | float], k: 
     _check_int("k", k, 1)
     if k > len(answers):
         raise ValueError(f"k must satisfy 1 <= k <= number of samples, got k={k} with {len(answers)} samples")
-    winner = majority_answer(answers[:k])
-    return 0.0 if winner is None else float(bool(correct[winner]))
+    return maj_at_ks(answers, correct)[k - 1]

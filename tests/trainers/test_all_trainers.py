@@ -118,7 +118,7 @@ def test_minimal_call_without_args_builds_the_method_config(method, tiny_model_p
     assert args.output_dir == f"{tiny_model_path.rstrip('/').split('/')[-1]}-{type(trainer)._name}"
     names = [f.name for f in dataclasses.fields(args) if f.name != "output_dir"]
     assert {name: getattr(args, name) for name in names} == {name: getattr(defaults, name) for name in names}
-    assert args.per_device_train_batch_size == 8 and args.num_generations == (4 if method == "datpo" else 8)
+    assert args.per_device_train_batch_size == 8 and args.num_generations == 8  # GRPOConfig's, for every method
 
 
 # One default step (256-token completions) takes 7 s (OPPO) to 50 s (DATPO) on a CPU: OPPO runs by default.

@@ -310,7 +310,8 @@ def test_config_validation(tmp_path):
     assert SRPOConfig(suffixes_per_reset=8, **common).num_base_generations == 0
     config = SRPOConfig(thought_delimiter="\\n", **common)
     assert config.thought_delimiter == "\n"
-    assert (config.temperature, config.top_p, config.beta, config.loss_type) == (0.7, 0.95, 0.0, "grpo")
+    # GRPOConfig's defaults (the paper's 0.7 / 0.95 / "grpo" are in examples/recipes/srpo.yaml)
+    assert (config.temperature, config.top_p, config.beta, config.loss_type) == (1.0, 1.0, 0.0, "dapo")
 
 
 def test_construction_errors(tiny_model_path, tiny_dataset, tmp_path):

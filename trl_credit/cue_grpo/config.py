@@ -23,8 +23,9 @@ class CueGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
 
     Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single
-    configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. The paper's training recipe
-    (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in ``examples/recipes/cue_grpo.yaml``.
+    configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. Every GRPOConfig field keeps
+    GRPOConfig's default; the paper's training recipe (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in
+    ``examples/recipes/cue_grpo.yaml``.
 
     Success (fields of :class:`~trl_credit.success.SuccessArguments`): ``success_reward`` names the reward function
     that decides whether a completion is correct (the verifier; its name or index in ``reward_funcs``, None = the

@@ -24,9 +24,11 @@ BRANCH_BUDGETS = ("remaining", "full")
 class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""
     Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
-    advantages and an annealed sibling-diversity bonus (Yu et al., 2026). Defaults are the paper's
-    ((N, K_max, B_max) = (4, 3, 4), α: 0.2 → 0, token-level loss, clip 0.2, no KL). Every [`~trl.GRPOConfig`]
-    field keeps its meaning; `num_generations` is the number N of base rollouts per prompt.
+    advantages and an annealed sibling-diversity bonus (Yu et al., 2026). The DATPO fields default to the paper's
+    values ((K_max, B_max) = (3, 4), α: 0.2 → 0). Every [`~trl.GRPOConfig`] field keeps its meaning and GRPOConfig's
+    default, so switching the config class changes nothing else; `num_generations` is the number N of base
+    rollouts per prompt (GRPOConfig's default 8; the paper's N = 4 is set by `examples/recipes/datpo.yaml`, with
+    its token-level loss `dapo` (GRPOConfig's default too), clip 0.2 and no KL).
 
     Rewards: correct/incorrect is what the verifier says. `success_reward` names the reward function that decides it
     (default: the first one, e.g. accuracy in `reward_funcs=[accuracy_reward, format_reward]`) and a rollout is
@@ -57,14 +59,6 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     The entropy bonus (`entropy_coef`) is refused (it would be rescaled with the loss).
     """
 
-    num_generations: int | None = field(
-        default=4,
-        metadata={"help": "N, the number of base rollouts per prompt (phase 1). Paper: 4."},
-    )
-    loss_type: str = field(
-        default="dapo",
-        metadata={"help": "TRL loss aggregation. DATPO uses the token-level loss over all tokens of the batch (Eq. 9)."},
-    )
     max_forks: int = field(
         default=3,
         metadata={"help": "K_max: forks per base rollout for a prompt no base rollout solved; "

@@ -23,8 +23,8 @@ PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 @dataclass
 class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     r"""
-    Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the ones below. Defaults are the
-    paper's (Eq. 20, Table 13: C = 3.0, α = 1).
+    Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument (with GRPOConfig's defaults), plus the
+    ones below, whose defaults are the paper's (Eq. 20, Table 13: C = 3.0, α = 1).
 
     > Oracle
 
@@ -73,19 +73,14 @@ class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     direction_anchoring, state_tracking, evidence_clipping, use_prior (`bool`, default `True`), log_lambda_only
         (`bool`, default `False`).
 
-    The default `loss_type` is `"grpo"`: the paper's objective (Eq. 22) averages each completion's tokens (1/T_i)
-    and then the G completions, which is TRL's `"grpo"` aggregation.
+    Every GRPOConfig field keeps GRPOConfig's default (`loss_type="dapo"` included): switching the config class
+    changes nothing else, and OPPO works with every TRL `loss_type`. The paper's objective (Eq. 22) averages each
+    completion's tokens (1/T_i) and then the G completions, which is TRL's `"grpo"` aggregation:
+    `examples/recipes/oppo.yaml` sets it, with the paper's other training settings (Table 13).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_model_init_kwargs"]
 
-    loss_type: str = field(
-        default="grpo",
-        metadata={
-            "help": "TRL loss aggregation; OPPO works with every TRL loss_type. Default 'grpo': the paper's "
-            "objective (Eq. 22) averages over each completion's tokens, then over completions."
-        },
-    )
     oracle: str = field(
         default="self",
         metadata={

@@ -42,11 +42,12 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     function is normalized within each sub-group instead, then the weighted sum is rescaled over the batch (TRL's
     formula with SRPO's sub-groups as the groups; `scale_rewards` is then unused, as in TRL).
 
-    Defaults that differ from GRPOConfig follow the paper (Appendix C Table 5): `temperature=0.7`, `top_p=0.95`,
-    `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the paper's
-    "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`. With `num_iterations=1` and
-    `steps_per_generation == gradient_accumulation_steps` (TRL's default) every update is on-policy, so PPO clipping
-    is never active, as in the paper ("no clipped surrogate").
+    Every GRPOConfig field keeps GRPOConfig's default (G = 8, temperature 1.0, `loss_type="dapo"`, ...): switching
+    the config class changes nothing else. The paper's settings (Appendix C Table 5: `temperature=0.7`,
+    `top_p=0.95`, `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the
+    paper's "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`, ...) are set by `examples/recipes/srpo.yaml`.
+    With `num_iterations=1` and `steps_per_generation == gradient_accumulation_steps` (TRL's defaults) every update
+    is on-policy, so PPO clipping is never active, as in the paper ("no clipped surrogate").
 
     Cost (generated tokens): one seed candidate per round (`seed_candidates_per_round=1`), suffixes get the budget
     `max_completion_length` minus their reset prefix, the greedy localization stops right after `\boxed{N}` (HF
@@ -77,22 +78,6 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
         reset_seed (`int` or `None`, defaults to `None`): seed of the reset-index generator (`seed` when None).
     """
-
-    # ---- paper defaults overriding GRPOConfig's ----
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (paper Table 5: 0.7)."})
-    top_p: float = field(default=0.95, metadata={"help": "Top-p of sampling (paper Table 5: 0.95)."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient (paper: no KL regularization, 0.0)."})
-    num_iterations: int = field(
-        default=1, metadata={"help": "Updates per generation batch (paper: one on-policy gradient step, 1)."}
-    )
-    loss_type: str = field(
-        default="grpo",
-        metadata={
-            "help": "TRL loss aggregation. 'grpo' (default) averages the loss over each row's unmasked tokens, then "
-            "over rows: the paper's L_SP (suffix-token mean for shared-prefix rows, full-response mean for base rows)."
-        },
-    )
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (paper Table 5: 0.01)."})
 
     # ---- SRPO / RRPO ----
     reset: str = field(
