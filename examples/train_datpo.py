@@ -7,7 +7,7 @@ diversity embeddings from the packaged all-MiniLM-L6-v2):
 
 Paper recipe on GPUs ((N, Kmax, Bmax) = (4, 3, 4), token-level loss), any Hub model/dataset:
 
-    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_datpo.py \
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_datpo.py \
         --config examples/recipes/datpo.yaml --model_name_or_path Qwen/Qwen2.5-3B --dataset_name <hub dataset> \
         --reward_funcs accuracy
 

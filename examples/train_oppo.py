@@ -8,7 +8,7 @@ task with its `answer` column, LoRA r64/α64):
 Teacher oracle (a frozen model sharing the policy's tokenizer): `--oracle teacher --teacher_model_name_or_path <id>`.
 Paper recipe on GPUs, any Hub model/dataset with an answer column (`--answer_column` if it is not `answer`):
 
-    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_oppo.py \
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_oppo.py \
         --config examples/recipes/oppo.yaml --model_name_or_path <hub id> --dataset_name <hub dataset> \
         --reward_funcs accuracy
 

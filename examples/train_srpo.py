@@ -10,7 +10,7 @@ the values no config file gave it.) The run ends with a summary: reward and SRPO
 last step, where the adapter is, and the `trl-credit-eval` command that evaluates it.
 RRPO (random resets) instead of SRPO: add `--reset random`. Paper recipe on GPUs, any Hub model/dataset:
 
-    accelerate launch --config_file examples/accelerate_configs/zero2.yaml examples/train_srpo.py \
+    accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_srpo.py \
         --config examples/recipes/srpo.yaml --model_name_or_path allenai/Olmo-3-7B-Instruct \
         --dataset_name <hub dataset> --reward_funcs accuracy [--push_to_hub --hub_model_id <user>/<repo>]
 

@@ -27,3 +27,15 @@ def test_cpu_config_is_one_full_precision_cpu_process():
     config = load_config_from_file(str(CONFIGS / "cpu.yaml"))
     assert config.use_cpu is True and config.num_processes == 1 and config.mixed_precision == "no"
     assert str(config.distributed_type).endswith("NO")
+
+
+@pytest.mark.parametrize("name", ["ddp.yaml", "zero2.yaml", "zero3.yaml"])
+def test_gpu_configs_take_the_process_count_from_the_launch(name):
+    # A hard-coded count (8) launched 8 processes on a machine with fewer GPUs. Left out, accelerate refuses to start
+    # without `--num_processes`, which the header's launch command passes.
+    import yaml
+
+    text = (CONFIGS / name).read_text()
+    assert "num_processes" not in yaml.safe_load(text)
+    launch = next(line for line in text.splitlines() if line.lstrip("# ").startswith("accelerate launch"))
+    assert "--num_processes <GPUs>" in launch
