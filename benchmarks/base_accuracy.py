@@ -34,7 +34,8 @@ DEFAULT_SETTINGS = ["1,2,+", "1,2,+-", "1,3,+", "2,2,+"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     # trl-credit-eval's defaults are this table's setting (0.7, 64 new tokens): one constant for both

@@ -38,7 +38,8 @@ from trl_credit.rewards import final_number_reward  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--branches", type=int, default=4, help="B̂: branches per fork")

@@ -116,7 +116,8 @@ def grpo_step_times(model_path, generations, completion_tokens, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--generations", type=int, default=8, help="completions per GRPO step (one group)")
     parser.add_argument("--completion-tokens", type=int, default=128, help="max_completion_length of the GRPO step")

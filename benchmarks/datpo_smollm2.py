@@ -25,7 +25,7 @@ from trl_credit.rewards import final_number_reward
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--max-completion-length", type=int, default=96)

@@ -70,7 +70,8 @@ ASSET_FILES = ["config.json", "generation_config.json", "tokenizer.json", "token
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="Results folder ($OUT).")
     parser.add_argument("--assets", default=os.path.join(ROOT, ".gpu_assets"),
                         help="Folder with SmolLM2-135M-Instruct's config.json and tokenizer (see --prepare-assets).")

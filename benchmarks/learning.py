@@ -130,7 +130,8 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (same for every method)")
     parser.add_argument("--steps", type=int, default=15)

@@ -124,7 +124,8 @@ def plot(groups: list[dict], summary: dict, path: str, title: str) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     common.add_common_arguments(parser, prompts=8, generations=8, tokens=64, temperature=1.0, steps=1)
     args = parser.parse_args(argv)
     json_path, png_path = common.output_paths(args, "cue_grpo")

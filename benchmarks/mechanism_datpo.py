@@ -174,7 +174,8 @@ def summarize(prompts: list[dict]) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     common.add_common_arguments(parser, prompts=8, generations=4, tokens=64, temperature=1.0, steps=1)
     args = parser.parse_args(argv)
     json_path, png_path = common.output_paths(args, "datpo")

@@ -164,7 +164,8 @@ def plot(rows: list[dict], summary: dict, path: str, title: str) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     common.add_common_arguments(parser)
     args = parser.parse_args(argv)
     json_path, png_path = common.output_paths(args, "oppo")

@@ -144,7 +144,8 @@ def plot(steps: list[dict], resets: list[dict], summary: dict, path: str, title:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     common.add_common_arguments(parser, prompts=4, generations=8, tokens=64, temperature=0.7, steps=3)
     # (--train is accepted for symmetry with the other scripts: SRPO's run always trains)
     parser.add_argument("--reset", choices=["self", "random"], default="self", help="SRPO (self) or RRPO (random)")

@@ -81,7 +81,8 @@ def build(trainer_class, config_class, model_path, dataset, out_dir, args, **ext
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)

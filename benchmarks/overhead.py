@@ -179,7 +179,8 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--methods", default="cue_grpo,oppo,srpo,rrpo,datpo,srpo_base",
                         help="srpo_base: SRPO with seed_source='base' (seeds from the failed base rollouts)")
     parser.add_argument("--prompts", type=int, default=2)

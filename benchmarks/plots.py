@@ -361,7 +361,8 @@ def learning_markdown(data: dict, summary: dict) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--learning-dir", default=None,
                         help="directory of learning.py's per-run JSONs (base.json, <method>_seed<k>.json)")
     parser.add_argument("--learning", default=os.path.join(RESULTS, "learning_seed0.json"))

@@ -120,7 +120,8 @@ def run(method: str, cli) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts_per_step", type=int, default=2)
     parser.add_argument("--reset", choices=["self", "random"], default="self")
