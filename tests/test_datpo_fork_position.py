@@ -96,7 +96,8 @@ def test_branches_keep_the_sentence_first_token_by_default(tiny_model_path, tiny
         assert advantages == pytest.approx(expected_base, abs=1e-6)
         # hand values: root→f1 = 6/7 − 6/7, f1→f2 = 4/5 − 6/7, f2→f3 = 2/3 − 4/5, f3→leaf = 0 − 2/3
         then_token = starts[1]
-        assert advantages[then_token] == pytest.approx(4 / 5 - 6 / 7) and advantages[then_token + 1] == pytest.approx(2 / 3 - 4 / 5)
+        assert advantages[then_token] == pytest.approx(4 / 5 - 6 / 7)
+        assert advantages[then_token + 1] == pytest.approx(2 / 3 - 4 / 5)
         assert advantages[0] == pytest.approx(0.0) and advantages[1] == pytest.approx(4 / 5 - 6 / 7)
     for prefix_len, _, completion, advantages in rows[n_base:]:
         assert advantages == pytest.approx([expected_branch[prefix_len]] * len(completion), abs=1e-6)
@@ -106,7 +107,8 @@ def test_branches_keep_the_sentence_first_token_by_default(tiny_model_path, tiny
 def test_before_token_resamples_the_sentence_first_token(tiny_model_path, tiny_tokenizer, tmp_path):
     base = _base_ids(tiny_tokenizer)
     starts = _sentence_starts(tiny_tokenizer, base)
-    _, n_base, rows = _run(tiny_model_path, tmp_path, _not_the_base_reward(tiny_tokenizer), fork_position="before_token")
+    reward = _not_the_base_reward(tiny_tokenizer)
+    _, n_base, rows = _run(tiny_model_path, tmp_path, reward, fork_position="before_token")
     # the first sentence cannot fork (its prefix would be the bare prompt): 2 forks at the later sentence starts
     cuts = starts[1:]
     assert sorted(prefix_len for prefix_len, *_ in rows[n_base:]) == sorted(cuts * 2 * n_base)

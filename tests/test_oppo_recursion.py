@@ -235,7 +235,8 @@ def test_normalization_can_make_a_wrong_answers_token_positive():
     std = math.sqrt(sum((x - mean) ** 2 for x in tokens) / 11)
     assert normalized[1, 0].item() == pytest.approx((-0.01 - mean) / std) and normalized[1, 0] > 0
     assert normalized[1, 0].item() == pytest.approx(0.322, abs=1e-3)  # the value docs/oppo.md quotes
-    assert normalized[1, 2].item() == pytest.approx(-1.520, abs=1e-3) and normalized[0, 0].item() == pytest.approx(1.314, abs=1e-3)
+    assert normalized[1, 2].item() == pytest.approx(-1.520, abs=1e-3)
+    assert normalized[0, 0].item() == pytest.approx(1.314, abs=1e-3)
     wrong = normalized[1:][mask[1:].bool()]
     assert int((wrong > 0).sum()) == 6  # 6 of the wrong answers' 9 tokens end positive
     assert wrong.max() < normalized[0, :2].min()  # the order survives: wrong tokens stay below correct ones

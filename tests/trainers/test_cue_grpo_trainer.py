@@ -315,7 +315,9 @@ def test_one_cluster_groups_warn_once_and_log_the_rate(tiny_model_path, tiny_tok
     texts = ["\\boxed{4}.", "So \\boxed{4}.", "\\boxed{5}.", "So \\boxed{6}."]
     if partition == "one_correct":
         texts[1] = "So \\boxed{7}."
-    kwargs = dict(partition_fn=lambda completions, prompt: list(range(len(completions)))) if partition == "callable" else {}
+    kwargs = {}
+    if partition == "callable":
+        kwargs["partition_fn"] = lambda completions, prompt: list(range(len(completions)))
     args = _config(tmp_path, cue_partition="callable" if partition == "callable" else "cue")
     trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=boxed_four_accuracy, args=args,
                              train_dataset=tiny_dataset, **kwargs)

@@ -277,8 +277,8 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _log_single_clusters(self, positives, partitions) -> None:
         """``cue/single_cluster_rate``: the share of groups with two or more positives whose positives all fall in
-        one cluster, so their rarity weights are uniform (GRPO; with `cr`, the positive advantages × τ). A group with one
-        positive has nothing to partition and does not count; ``uniform_boost`` does not cluster at all."""
+        one cluster, so their rarity weights are uniform (GRPO; with ``cr``, the positive advantages × τ). A group
+        with one positive has nothing to partition and does not count; ``uniform_boost`` does not cluster at all."""
         args = self.args
         multi = [group for group, members in positives.items() if len(members) > 1]
         if not multi or args.cue_weighting == "uniform_boost":

@@ -41,9 +41,9 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
 
     Branches continue from prompt + base prefix, which by default (`fork_position="after_token"`, paper Alg. 1/3)
-    ends with the fork token: the first token of a high-entropy sentence. With `branch_budget="remaining"` (default) a branch gets
-    `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix + branch) is a response that
-    respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
+    ends with the fork token: the first token of a high-entropy sentence. With `branch_budget="remaining"`
+    (default) a branch gets `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix +
+    branch) is a response that respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
     new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
     `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
     recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one

@@ -509,7 +509,8 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         log_metric(self, "datpo/no_fork_rate", no_fork)
         log_metric(self, "datpo/fork_fallback_rate", fallback)
         if no_fork > 0:
-            if args.fork_method == "sent_entropy" and args.fork_fallback == "none" and args.fork_position == "before_token":
+            one_sentence = args.fork_method == "sent_entropy" and args.fork_position == "before_token"
+            if one_sentence and args.fork_fallback == "none":
                 fix = ("with fork_position='before_token' rollouts with a single sentence have no sentence start "
                        "after token 0; set fork_position='after_token' (the paper: fork after the first token) or "
                        "fork_fallback='tok_entropy' (fork them at their highest-entropy tokens)")
