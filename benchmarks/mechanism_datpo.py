@@ -57,8 +57,10 @@ def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
             a, k, forks = fork_calls.pop(0)
             entropies = [] if a[0] is None else [float(x) for x in (a[0].tolist() if hasattr(a[0], "tolist") else a[0])]
             spans = a[1] or []
+            # a fork is a prefix length: the sentence's start + 1 when the prefix keeps its first token (default)
+            shift = 1 if k.get("position", "after_token") == "after_token" else 0
             sentences = [dict(start=s, end=e, entropy=sum(entropies[s:e]) / (e - s) if e > s and entropies else None,
-                              chosen=s in forks) for s, e in spans]
+                              chosen=s + shift in forks) for s, e in spans]
             length = k.get("num_tokens", lengths[i])
             prompt["rollouts"].append(dict(forks=list(forks), length=length, sentences=sentences))
             for fork in forks:

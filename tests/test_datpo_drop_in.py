@@ -145,9 +145,11 @@ def _zero_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-@pytest.mark.parametrize("fallback", ["tok_entropy", "none"])
-def test_one_sentence_rollouts_fall_back_to_token_entropy(tiny_model_path, tmp_path, fallback):
-    args = _config(tmp_path, fork_method="sent_entropy", fork_fallback=fallback, max_steps=1,
+@pytest.mark.parametrize("position, fallback", [
+    ("before_token", "tok_entropy"), ("before_token", "none"), ("after_token", "none"),
+])
+def test_one_sentence_rollouts_fall_back_to_token_entropy(tiny_model_path, tmp_path, position, fallback):
+    args = _config(tmp_path, fork_method="sent_entropy", fork_fallback=fallback, fork_position=position, max_steps=1,
                    per_device_train_batch_size=4)
     trainer = OneSentenceDATPOTrainer(model=tiny_model_path, reward_funcs=_zero_reward, args=args,
                                       train_dataset=two_prompt_dataset())
@@ -157,7 +159,14 @@ def test_one_sentence_rollouts_fall_back_to_token_entropy(tiny_model_path, tmp_p
     output, n_base = trainer.batches[0]
     log = next(x for x in trainer.state.log_history if "datpo/no_fork_rate" in x)
     no_fork_warnings = [w for w in caught if "datpo/no_fork_rate" in str(w.message)]
-    if fallback == "tok_entropy":
+    if position == "after_token":
+        # the paper's position: the one sentence is a fork (prefix = its first token); no fallback needed
+        assert output["completion_ids"].size(0) == n_base + n_base * 1 * 4
+        prompt_len = int(output["prompt_mask"][0].sum())
+        assert all(int(output["prompt_mask"][r].sum()) == prompt_len + 1 for r in range(n_base, n_base * 5))
+        assert log["datpo/no_fork_rate"] == 0.0 and log["datpo/fork_fallback_rate"] == 0.0
+        assert not no_fork_warnings
+    elif fallback == "tok_entropy":
         # V_root = 0: K̂ = 3, B̂ = 4 on every rollout -> 3 token forks x 4 branches each
         assert output["completion_ids"].size(0) == n_base + n_base * 3 * 4
         assert log["datpo/no_fork_rate"] == 0.0 and log["datpo/fork_fallback_rate"] == 1.0
@@ -165,7 +174,9 @@ def test_one_sentence_rollouts_fall_back_to_token_entropy(tiny_model_path, tmp_p
     else:
         assert output["completion_ids"].size(0) == n_base  # no tree at all
         assert log["datpo/no_fork_rate"] == 1.0 and log["datpo/fork_fallback_rate"] == 0.0
-        assert len(no_fork_warnings) == 1 and "fork_fallback='tok_entropy'" in str(no_fork_warnings[0].message)
+        message = str(no_fork_warnings[0].message)
+        assert len(no_fork_warnings) == 1 and "fork_fallback='tok_entropy'" in message
+        assert "fork_position='after_token'" in message
 
 
 def parity(completions, completion_ids, **kwargs):

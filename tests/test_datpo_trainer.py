@@ -230,6 +230,7 @@ def test_config_validation():
         (dict(diversity_alpha_schedule="cosine"), "diversity_alpha_schedule"),
         (dict(branch_chunk_size=0), "branch_chunk_size"),
         (dict(fork_fallback="random"), "fork_fallback"),
+        (dict(fork_position="sentence_start"), "fork_position"),
         (dict(rows_per_forward=0), "rows_per_forward"),
     ]:
         with pytest.raises(ValueError, match=match):
@@ -348,14 +349,16 @@ def test_sentence_entropy_forks_at_sentence_starts(tiny_model_path, tiny_tokeniz
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
         max_steps=1, report_to="none", use_cpu=True, save_strategy="no", use_diversity=False,
     )
-    # reward 0 everywhere: V_root = 0, K̂ = 3, B̂ = 4; only 2 sentences start after token 0, so 2 forks per rollout
+    # reward 0 everywhere: V_root = 0, K̂ = 3, B̂ = 4; 3 sentences, so 3 forks per rollout, each branching after
+    # its sentence's first token (paper Alg. 1/3: prefix τ_{1:f}; tests/test_datpo_fork_position.py has the values)
     trainer = ScriptedDATPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                                    args=args, train_dataset=two_prompt_dataset())
     trainer.train()
     output, n_base = trainer.batches[0]
     prompt_len = int(output["prompt_mask"][0].sum())
     prefix_lengths = [int(output["prompt_mask"][r].sum()) - prompt_len for r in range(n_base, output["prompt_ids"].size(0))]
-    assert sorted(prefix_lengths) == sorted(starts * 4 * n_base)  # 4 branches at each of the 2 sentence starts
+    # 4 branches after the first token of each of the 3 sentences (the first starts at token 0)
+    assert sorted(prefix_lengths) == sorted([s + 1 for s in [0, *starts]] * 4 * n_base)
 
 
 def test_sorting_rows_by_length_cuts_padding_of_forward_pieces():

@@ -224,6 +224,24 @@ def test_normalization_of_hand_example():
     torch.testing.assert_close(normalized, torch.tensor(expected, dtype=torch.float64))
 
 
+def test_normalization_can_make_a_wrong_answers_token_positive():
+    # docs/oppo.md#group-normalization: anchoring fixes the sign of Â, not of Ã. One correct answer Â = [0.2, 0.2]
+    # (padded) and three wrong ones Â = [−0.01, −0.01, −0.4]: mean = (0.4 − 0.06 − 1.2)/11 = −0.86/11.
+    adv = torch.tensor([[0.2, 0.2, 0.0]] + [[-0.01, -0.01, -0.4]] * 3, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]] + [[1, 1, 1]] * 3)
+    normalized = normalize_per_group(adv, mask, torch.zeros(4, dtype=torch.long), eps=0.0)
+    tokens = [0.2, 0.2] + [-0.01, -0.01, -0.4] * 3
+    mean = -0.86 / 11
+    std = math.sqrt(sum((x - mean) ** 2 for x in tokens) / 11)
+    assert normalized[1, 0].item() == pytest.approx((-0.01 - mean) / std) and normalized[1, 0] > 0
+    assert normalized[1, 0].item() == pytest.approx(0.322, abs=1e-3)  # the value docs/oppo.md quotes
+    assert normalized[1, 2].item() == pytest.approx(-1.520, abs=1e-3)
+    assert normalized[0, 0].item() == pytest.approx(1.314, abs=1e-3)
+    wrong = normalized[1:][mask[1:].bool()]
+    assert int((wrong > 0).sum()) == 6  # 6 of the wrong answers' 9 tokens end positive
+    assert wrong.max() < normalized[0, :2].min()  # the order survives: wrong tokens stay below correct ones
+
+
 def test_normalization_uses_group_ids_for_any_layout():
     # Groups interleaved and of different sizes: rows 0, 2 → group 5; rows 1, 3, 4 → group 2.
     adv = torch.tensor([[1.0, 3.0], [2.0, 0.0], [5.0, 0.0], [4.0, 6.0], [0.0, 0.0]], dtype=torch.float64)

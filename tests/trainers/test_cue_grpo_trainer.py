@@ -1,6 +1,8 @@
 """CueGRPOTrainer end to end on the tiny model (CPU): every partition source trains, and the advantages that reach
 TRL's loss are exactly TRL's advantages x the hand-computed rarity weights."""
 
+import warnings
+
 import pytest
 import torch
 from trl import GRPOTrainer
@@ -301,6 +303,40 @@ def test_no_correct_positive_warns_and_logs_the_rate(tiny_model_path, tiny_token
     assert after.tolist() == before.tolist()
     log = next(log for log in trainer.state.log_history if "cue/frac_positive_advantage_excluded" in log)
     assert log["cue/frac_positive_advantage_excluded"] == 1.0
+
+
+@pytest.mark.parametrize("partition", ["cue", "callable", "one_correct"])
+def test_one_cluster_groups_warn_once_and_log_the_rate(tiny_model_path, tiny_tokenizer, tiny_dataset, tmp_path,
+                                                       monkeypatch, partition):
+    # Two correct short answers per group of 4: no step reaches 20 characters, so both cue skeletons are empty and
+    # fall in the one "no retained cue" cluster. Their weights are then uniform (1 + the floor shift τ − 1): the
+    # step is GRPO with the positive advantages x 1.05 -- said once, and logged every step as rate 1.0. A partition
+    # that splits them gives rate 0; a group with a single correct answer has nothing to partition (no rate).
+    texts = ["\\boxed{4}.", "So \\boxed{4}.", "\\boxed{5}.", "So \\boxed{6}."]
+    if partition == "one_correct":
+        texts[1] = "So \\boxed{7}."
+    kwargs = {}
+    if partition == "callable":
+        kwargs["partition_fn"] = lambda completions, prompt: list(range(len(completions)))
+    args = _config(tmp_path, cue_partition="callable" if partition == "callable" else "cue")
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=boxed_four_accuracy, args=args,
+                             train_dataset=tiny_dataset, **kwargs)
+    _controlled(trainer, tiny_tokenizer, monkeypatch, texts, [True])
+    records = _record_before_and_after(trainer, monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    single = [str(w.message) for w in caught if "cue/single_cluster_rate" in str(w.message)]
+    rates = [log["cue/single_cluster_rate"] for log in trainer.state.log_history if "cue/single_cluster_rate" in log]
+    if partition == "cue":
+        assert rates == [1.0, 1.0]
+        assert len(single) == 1 and "cue_partition" in single[0] and "one cluster" in single[0]
+        for before, after in records:
+            assert after[:2].tolist() == pytest.approx((1.05 * before[:2]).tolist()) and before[0] > 0
+            assert after[2:].tolist() == before[2:].tolist()
+    else:
+        assert rates == ([0.0, 0.0] if partition == "callable" else [])
+        assert not single
 
 
 def test_truncated_correct_completion_is_not_in_the_positive_set(

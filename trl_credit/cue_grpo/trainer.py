@@ -65,7 +65,8 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     Metrics (docs/cue_grpo.md#metrics, next to GRPO's): ``cue/clusters_per_group`` (mean over redistributed groups),
     ``cue/frac_groups_nonuniform`` and ``cue/frac_groups_redistributed`` (over all groups of the step),
-    ``cue/weight_spread`` (mean max - min of w' over P), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
+    ``cue/weight_spread`` (mean max - min of w' over P), ``cue/single_cluster_rate`` (groups with |P| >= 2 whose P
+    is one cluster; warned once above 0.5), ``cue/mass_slope`` (log-log slope of the pre-floor cluster
     mass n_C·w̄_C against n_C over the step's clusters, Fig. 2c; logged when two cluster sizes occur) and, for judges,
     ``cue/judge_parse_failure_rate``. Redistributed groups: rewards vary and P is not empty, where P = {correct_i and A_i > 0, loss not masked}
     (correct = ``success_reward`` >= ``success_threshold``); ``cue/frac_positive_advantage_excluded`` is the fraction
@@ -263,6 +264,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             log_metric(self, "cue/weight_spread", sum(spreads) / len(spreads))
         log_metric(self, "cue/frac_groups_nonuniform", nonuniform / num_groups)
         log_metric(self, "cue/frac_groups_redistributed", len(positives) / num_groups)
+        self._log_single_clusters(positives, partitions)
         slope = cluster_mass_slope(sizes, masses)
         if slope == slope:  # defined only with two distinct cluster sizes in the step
             log_metric(self, "cue/mass_slope", slope)
@@ -272,6 +274,40 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
         local = new_values[offset : offset + local_count]
         return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
+
+    def _log_single_clusters(self, positives, partitions) -> None:
+        """``cue/single_cluster_rate``: the share of groups with two or more positives whose positives all fall in
+        one cluster, so their rarity weights are uniform (GRPO; with ``cr``, the positive advantages × τ). A group
+        with one positive has nothing to partition and does not count; ``uniform_boost`` does not cluster at all."""
+        args = self.args
+        multi = [group for group, members in positives.items() if len(members) > 1]
+        if not multi or args.cue_weighting == "uniform_boost":
+            return
+        rate = sum(len(set(partitions[group])) == 1 for group in multi) / len(multi)
+        log_metric(self, "cue/single_cluster_rate", rate)
+        if rate <= 0.5:
+            return
+        if args.cue_partition == "judge":
+            cause = ("the judge put all of a group's correct answers in one group, or its answer could not be "
+                     "parsed (cue/judge_parse_failure_rate)")
+            fix = "use a stronger cue_judge_model or a larger cue_judge_max_new_tokens"
+        elif args.cue_partition == "callable":
+            cause = "partition_fn returned one label for all of a group's correct answers"
+            fix = "check partition_fn"
+        else:
+            cause = ("their Strategy-Cue skeletons do not tell them apart: short answers have no reasoning step of "
+                     "20+ characters (no cue), and cues in more than cue_rho of a group are suppressed, so the "
+                     "answers share the one 'no retained cue' cluster")
+            fix = ("ask for step-by-step reasoning, or partition otherwise: cue_partition='judge' (an LLM judge) or "
+                   "'callable' with partition_fn; a higher cue_epsilon splits answers that share only some cues")
+        boost = f" with positive advantages × cue_tau ({args.cue_tau})" if args.cue_weighting == "cr" else ""
+        warn_once(
+            self,
+            "cue_single_cluster",
+            f"Cue-GRPO: in {rate:.0%} of the groups with two or more correct positive completions, these formed one "
+            f"cluster, so their rarity weights were uniform and those groups got GRPO{boost} "
+            f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
+        )
 
     def _update_logged_advantages(self, advantages: list[float]) -> None:
         # TRL appended the pre-redistribution advantages of all rows to the completions table; show ours instead.

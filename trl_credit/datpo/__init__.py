@@ -9,7 +9,7 @@ Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.p
 from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
 from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
-from .forks import FORK_METHODS, select_forks, sentence_spans, token_char_offsets
+from .forks import FORK_METHODS, FORK_POSITIONS, select_forks, sentence_spans, token_char_offsets
 from .trainer import DATPOTrainer, sort_rows_by_length, split_rows
 from .tree import VALUE_ESTIMATES, block_advantages, leaf_rewards, node_values
 
@@ -21,6 +21,7 @@ __all__ = [
     "sentence_spans",
     "select_forks",
     "FORK_METHODS",
+    "FORK_POSITIONS",
     "node_values",
     "block_advantages",
     "leaf_rewards",

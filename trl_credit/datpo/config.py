@@ -9,7 +9,7 @@ from trl_credit.success import SuccessArguments
 from trl_credit.viz import CreditLoggingArguments
 
 from .diversity import ALPHA_SCHEDULES
-from .forks import FORK_METHODS
+from .forks import FORK_METHODS, FORK_POSITIONS
 from .tree import VALUE_ESTIMATES
 
 __all__ = ["DATPOConfig", "FORK_FALLBACKS", "BRANCH_BUDGETS"]
@@ -40,9 +40,10 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     shapes learning but cannot make a wrong answer count as solved. A rollout every reward function scored `None`
     (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
 
-    Branches continue from prompt + base prefix. With `branch_budget="remaining"` (default) a branch gets
-    `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix + branch) is a response that
-    respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
+    Branches continue from prompt + base prefix, which by default (`fork_position="after_token"`, paper Alg. 1/3)
+    ends with the fork token: the first token of a high-entropy sentence. With `branch_budget="remaining"`
+    (default) a branch gets `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix +
+    branch) is a response that respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
     new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
     `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
     recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one
@@ -85,14 +86,27 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         metadata={"help": "Distance-forced tok_entropy (App. D.5): minimum distance between forks as a fraction "
                           "of the rollout length (paper: 0.05, 0.1). 0 disables; only with fork_method='tok_entropy'."},
     )
+    fork_position: str = field(
+        default="after_token",
+        metadata={"help": "Where branches start relative to the token an entropy-based fork_method selects (the "
+                          "first token of a high-entropy sentence, or a high-entropy token). 'after_token' (default, "
+                          "paper Alg. 1/3: the prefix [q; τ_{1:f}] keeps that token and the branches start at the "
+                          "next one; every sentence, the first included, can be a fork). 'before_token' (this "
+                          "package's behaviour before the option existed: the prefix stops before the token, so the "
+                          "branches resample it; the first sentence cannot fork, see fork_fallback). fixed_seg and "
+                          "random choose prefix lengths and are the same under both.",
+                  "choices": list(FORK_POSITIONS)},
+    )
     fork_fallback: str = field(
         default="tok_entropy",
-        metadata={"help": "What a base rollout with no eligible sentence start gets under fork_method='sent_entropy' "
-                          "(a one-sentence answer: the first sentence starts at token 0, and a fork there would be a "
-                          "fresh rollout, not a branch). 'tok_entropy' (default, as the authors' code): its top-K̂ "
-                          "tokens by entropy, so short answers still grow trees. 'none': no fork (the paper's Alg. 2 "
-                          "read literally; the prompt then learns from its N base rollouts only). Either way "
-                          "datpo/no_fork_rate and datpo/fork_fallback_rate are logged."},
+        metadata={"help": "What a base rollout with no eligible sentence gets under fork_method='sent_entropy' and "
+                          "fork_position='before_token' (a one-sentence answer: its only sentence starts at token 0, "
+                          "and a fork before it would be a fresh rollout, not a branch). 'tok_entropy' (default): its "
+                          "top-K̂ tokens by entropy, so short answers still grow trees. 'none': no fork (the prompt "
+                          "then learns from its N base rollouts only). With fork_position='after_token' every "
+                          "sentence is eligible (a one-sentence answer forks after its first token, as the paper's "
+                          "Alg. 2), so no fallback is needed. datpo/no_fork_rate and datpo/fork_fallback_rate are "
+                          "logged either way."},
     )
     value_estimate: str = field(
         default="subtree",
@@ -189,6 +203,8 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             )
         if self.embedding_batch_size < 1:
             raise ValueError(f"`embedding_batch_size` must be >= 1, got {self.embedding_batch_size!r}")
+        if self.fork_position not in FORK_POSITIONS:
+            raise ValueError(f"`fork_position` must be one of {FORK_POSITIONS}, got {self.fork_position!r}")
         if self.fork_fallback not in FORK_FALLBACKS:
             raise ValueError(f"`fork_fallback` must be one of {FORK_FALLBACKS}, got {self.fork_fallback!r}")
         if self.rows_per_forward is not None and (

@@ -1,8 +1,20 @@
 """Forking-point selection on a base rollout (DATPO paper §2.3, App. D.1 Alg. 2, App. D.5; docs/datpo.md#forks).
 
-A *fork* is a token index ``f`` of a base rollout (1 <= f < |τ|): branches continue from the prefix ``τ[:f]``, so
-the token at ``f`` is resampled. Token ``t``'s entropy ``H_t`` is the entropy of the distribution ``t`` was sampled
-from (TRL's ``entropies[:, t]``), so forking at a high-entropy token resamples exactly that uncertain choice.
+A *fork* ``f`` of a base rollout τ is the length of the prefix its branches continue from (1 <= f < |τ|): they
+continue from prompt + ``τ[:f]`` and replace ``τ[f:]``, and the base rollout's blocks meet at token ``f``. This is
+the paper's Alg. 1/3 index: a fork f ∈ {1..|τ|} (tokens 1-indexed) branches from x_f = [q; τ_{1:f}], which is
+``τ[:f]`` here. The entropy-based methods select a *fork token* (0-indexed ``s``: the first token of a
+high-entropy sentence, or a high-entropy token); ``position`` says where the branches start relative to it:
+
+- ``"after_token"`` (default, the paper): the prefix keeps the fork token, f = s + 1 (the paper's µ_m is the
+  1-indexed start of sentence m, and x_f = [q; τ_{1:µ_m}] ends with it). Every sentence can be a fork, the first
+  one included (prefix = its first token), as Alg. 2 ranks all of them.
+- ``"before_token"``: the prefix stops before it, f = s, so the fork token itself is resampled. A token at 0 is
+  then no fork (its prefix would be the bare prompt, i.e. a fresh base rollout), so neither is the first sentence.
+
+Token ``t``'s entropy ``H_t`` is the entropy of the distribution ``t`` was sampled from (TRL's
+``entropies[:, t]``). ``fixed_seg`` and ``random`` choose prefix lengths directly (Alg. 2's positions are the
+paper's f), so ``position`` does not change them.
 
 - :func:`token_char_offsets`: character span of every generated token in the decoded text (the tokenizer's offset
   mapping, with an exact incremental-decoding fallback when re-tokenizing the text does not give the same ids).
@@ -19,9 +31,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["FORK_METHODS", "token_char_offsets", "sentence_spans", "select_forks"]
+__all__ = ["FORK_METHODS", "FORK_POSITIONS", "token_char_offsets", "sentence_spans", "select_forks"]
 
 FORK_METHODS = ("sent_entropy", "tok_entropy", "fixed_seg", "random")
+FORK_POSITIONS = ("after_token", "before_token")
 
 _SEGMENTER = None
 
@@ -148,17 +161,20 @@ def select_forks(
     num_tokens: int | None = None,
     min_gap: float = 0.0,
     rng: _random.Random | None = None,
+    position: str = "after_token",
 ) -> list[int]:
-    """Up to ``k`` fork positions in a base rollout of ``num_tokens`` tokens, sorted (paper Alg. 2, docs/datpo.md#forks).
+    """Up to ``k`` forks in a base rollout of ``num_tokens`` = L tokens, sorted (paper Alg. 2, docs/datpo.md#forks).
 
-    A fork ``f`` means: branch from the prefix ``τ[:f]``. Token 0 is never a fork (its prefix is the bare prompt,
-    i.e. a fresh base rollout) and forks are distinct, so at most ``num_tokens − 1`` exist.
+    A fork ``f`` is a prefix length: branch from prompt + ``τ[:f]`` (the module docstring). Forks are distinct and
+    1 <= f <= L − 1 (the prefix is neither the bare prompt nor the whole rollout), so at most L − 1 exist. For the
+    entropy methods the fork token s becomes f = s + 1 with ``position="after_token"`` (paper) and f = s with
+    ``"before_token"``; so the eligible fork tokens are 0..L−2 and 1..L−1 respectively.
 
     - ``sent_entropy``: sentence entropy = mean token entropy over the sentence's tokens (``spans``, from
-      :func:`sentence_spans`); the first tokens of the ``k`` highest-entropy sentences that do not start at token 0.
-    - ``tok_entropy``: the ``k`` highest-entropy tokens among 1..L−1. With ``min_gap > 0`` (distance-forced,
-      paper App. D.5): candidates in descending entropy order, skipping any closer than ``min_gap·L`` tokens to an
-      already selected fork.
+      :func:`sentence_spans`); the fork tokens are the first tokens of the ``k`` highest-entropy eligible sentences.
+    - ``tok_entropy``: the ``k`` highest-entropy eligible tokens. With ``min_gap > 0`` (distance-forced, paper
+      App. D.5): candidates in descending entropy order, skipping any closer than ``min_gap·L`` tokens to an
+      already selected one.
     - ``fixed_seg``: ``⌊j·L/(k+1)⌋`` for j = 1..k (paper Alg. 2), duplicates and 0 dropped.
     - ``random``: ``k`` distinct positions drawn uniformly from 1..L−1 with ``rng`` (seeded by the caller).
 
@@ -166,6 +182,8 @@ def select_forks(
     """
     if method not in FORK_METHODS:
         raise ValueError(f"method must be one of {FORK_METHODS}, got {method!r}")
+    if position not in FORK_POSITIONS:
+        raise ValueError(f"position must be one of {FORK_POSITIONS}, got {position!r}")
     if not 0.0 <= min_gap < 1.0:
         raise ValueError(f"min_gap must be in [0, 1), got {min_gap}")
     if min_gap > 0 and method != "tok_entropy":
@@ -188,18 +206,20 @@ def select_forks(
             raise ValueError(f"method={method!r} needs one entropy per token ({length}), got "
                              f"{None if entropies is None else len(entropies)}")
 
+    # fork token s -> fork (prefix length) s + shift
+    shift = 1 if position == "after_token" else 0
     if method == "sent_entropy":
         if spans is None:
             raise ValueError("method='sent_entropy' needs the sentence spans")
         sentence_entropy = [sum(entropies[s:e]) / (e - s) if e > s else float("-inf") for s, e in spans]
-        candidates = [i for i, (s, e) in enumerate(spans) if 0 < s < length and e > s]
+        candidates = [i for i, (s, e) in enumerate(spans) if 0 < s + shift < length and e > s]
         chosen = _top_k(sentence_entropy, candidates, k)
-        return sorted(spans[i][0] for i in chosen)
+        return sorted(spans[i][0] + shift for i in chosen)
 
     if method == "tok_entropy":
-        candidates = list(range(1, length))
+        candidates = [t for t in range(length) if 0 < t + shift < length]
         if min_gap <= 0:
-            return sorted(_top_k(entropies, candidates, k))
+            return sorted(t + shift for t in _top_k(entropies, candidates, k))
         gap = min_gap * length
         chosen: list[int] = []
         for c in _top_k(entropies, candidates, len(candidates)):
@@ -207,7 +227,7 @@ def select_forks(
                 chosen.append(c)
                 if len(chosen) == k:
                     break
-        return sorted(chosen)
+        return sorted(t + shift for t in chosen)
 
     if method == "fixed_seg":
         positions = {(j * length) // (k + 1) for j in range(1, k + 1)}

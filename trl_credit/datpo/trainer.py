@@ -8,9 +8,9 @@ What changes relative to GRPOTrainer (trl 1.16.0), and nothing else:
      ``_generate`` and ``_calculate_rewards`` are wrapped only to keep their outputs (token ids, global rewards).
   2. V_root = the fraction of the prompt's scorable base rollouts the verifier calls correct (``success_reward``
      >= ``success_threshold``) and (K̂, B̂) per prompt (``budget.adaptive_budget``), token entropies of the base
-     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``;
-     one-sentence rollouts fall back to token entropy by default, ``datpo/no_fork_rate`` reports rollouts left
-     without a fork). Unscorable rollouts do not fork.
+     rollouts (recorded while HF generate sampled them; else one no-grad pass), forks (``forks.select_forks``:
+     prefix lengths; by default the prefix ends with the selected sentence's first token, paper Alg. 1/3;
+     ``datpo/no_fork_rate`` reports rollouts left without a fork). Unscorable rollouts do not fork.
   3. phase 2: the forks of every process, shared out evenly across processes, through TRL's
      ``_generate_single_turn`` (HF generate, vLLM server/colocate) with the B̂ branches of a fork as consecutive
      rows of one call (``num_generations=B̂``), in ``branch_chunk_size`` chunks, each branch within its fork's
@@ -342,12 +342,14 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
             rng = random.Random(f"{args.seed}-{self.state.global_step}-{g_row}")
             row_entropies = entropies[i, :length] if entropies is not None else None
             forks = select_forks(
-                row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap, rng=rng
+                row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap, rng=rng,
+                position=args.fork_position,
             )
             if not forks and args.fork_method == "sent_entropy" and args.fork_fallback == "tok_entropy":
-                # One sentence: no sentence starts after token 0 (a fork at 0 would be a fresh rollout, not a
-                # branch). Fall back to the top-K̂ tokens by entropy, as the authors' code does.
-                forks = select_forks(row_entropies, None, k_hat, "tok_entropy", num_tokens=length)
+                # Only with fork_position="before_token": one sentence, which starts at token 0 (a fork before it
+                # would be a fresh rollout, not a branch). Fall back to the top-K̂ tokens by entropy.
+                forks = select_forks(row_entropies, None, k_hat, "tok_entropy", num_tokens=length,
+                                     position=args.fork_position)
                 used_fallback[i] = bool(forks)
             local_forks.append(forks)
         fork_counts = gather_rows(
@@ -507,9 +509,11 @@ class DATPOTrainer(MethodModelCardMixin, GRPOTrainer):
         log_metric(self, "datpo/no_fork_rate", no_fork)
         log_metric(self, "datpo/fork_fallback_rate", fallback)
         if no_fork > 0:
-            if args.fork_method == "sent_entropy" and args.fork_fallback == "none":
-                fix = ("rollouts with a single sentence have no sentence start after token 0; set "
-                       "fork_fallback='tok_entropy' to fork them at their highest-entropy tokens")
+            one_sentence = args.fork_method == "sent_entropy" and args.fork_position == "before_token"
+            if one_sentence and args.fork_fallback == "none":
+                fix = ("with fork_position='before_token' rollouts with a single sentence have no sentence start "
+                       "after token 0; set fork_position='after_token' (the paper: fork after the first token) or "
+                       "fork_fallback='tok_entropy' (fork them at their highest-entropy tokens)")
             else:
                 fix = "rollouts shorter than 2 tokens cannot fork; check max_completion_length and the prompt format"
             warn_once(

@@ -167,7 +167,9 @@ def anchor_direction(
     raw_advantages: torch.Tensor, seq_advantages: torch.Tensor, completion_mask: torch.Tensor, anchoring: bool = True
 ) -> torch.Tensor:
     """Â_t = sign(A^seq) · |A_t^raw| (docs/oppo.md#direction-anchoring, paper Eq. 21): the verifier decides the sign of every token of a
-    completion, the recursion only its magnitude; A^seq = 0 (zero-variance group) gives 0 everywhere.
+    completion, the recursion only its magnitude; A^seq = 0 (zero-variance group) gives 0 everywhere. The sign holds
+    for Â only: the group normalization after it (Eq. 21) shifts every token by the group mean, so a small token of a
+    wrong answer can end positive (docs/oppo.md#group-normalization).
     ``anchoring=False`` is the "remove anchoring" ablation: the sign comes from log λ_t (Â_t = A_t^raw)."""
     mask = completion_mask.to(torch.bool)
     if not anchoring:
