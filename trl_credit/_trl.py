@@ -36,8 +36,8 @@ import transformers
 from accelerate.utils import gather_object
 from packaging.version import Version
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
-from trl.trainer.utils import pad
+
+from trl_credit.trl_compat import disable_gradient_checkpointing, is_conversational, pad, parse_response
 
 __all__ = [
     "sampling_overrides",
@@ -717,8 +717,6 @@ def decode_completions(trainer, prompts: list, prompt_ids: Sequence, completion_
             getattr(tokenizer, "response_template", None) is not None
             or getattr(tokenizer, "response_schema", None) is not None
         ):
-            from trl.chat_template_utils import parse_response
-
             return [
                 [parse_response(tokenizer, ids, prefix=prefix, tools=None)]
                 for ids, prefix in zip(completion_ids, prompt_ids)
@@ -811,8 +809,6 @@ def score_completions(
     Same layout and batching as TRL's own old/ref log-prob passes (``_get_per_token_logps_and_entropies``);
     gradient checkpointing is switched off for the pass as TRL does.
     """
-    from trl.models.utils import disable_gradient_checkpointing
-
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     batch_size = batch_size or trainer.args.per_device_train_batch_size
