@@ -22,6 +22,8 @@ from trl_credit import trl_compat
 from trl_credit.trl_compat import ATTRIBUTES, CALLED, CLASS_ATTRIBUTES, CONFIG_CLASS_ATTRIBUTES, CONFIG_FIELDS
 from trl_credit.trl_compat import OVERRIDDEN, TRL_FUNCTIONS, VLLM_ATTRIBUTES
 
+pytestmark = pytest.mark.trl_smoke  # CI runs it on every supported TRL version
+
 PACKAGE = pathlib.Path(trl_credit.__file__).parent
 OWNERS = {"GRPOTrainer": GRPOTrainer, "Trainer": transformers.Trainer}
 HOOKS = {**OVERRIDDEN, **CALLED}
@@ -340,3 +342,18 @@ def test_float32_heads_without_trls_fused_head(monkeypatch):
     for add in (oracle.add_float32_head, oracle.add_float32_teacher_head):
         with pytest.raises(ValueError, match=r"plain torch.nn.Linear head.*Sequential.*trl>=1\.15"):
             add(_TinyLM(wrapped), 1.0)
+
+
+def test_a_trl_that_cannot_compute_log_probs_here_is_refused_before_loading(monkeypatch, tiny_dataset):
+    """trl 1.15.x without Triton (CPU-only PyTorch): GRPOTrainer's fused LM head has no implementation and fails at
+    the first log-prob pass; each trainer says so at construction instead."""
+    import importlib.util
+
+    version = Version(Version(trl.__version__).base_version)
+    expected = Version("1.15") <= version < Version("1.16") and importlib.util.find_spec("triton") is None
+    assert trl_compat.TRL_LOGPS_NEED_TRITON == expected
+    monkeypatch.setattr(trl_compat, "TRL_LOGPS_NEED_TRITON", True)
+    for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer"):
+        with pytest.raises(ImportError, match=rf"{name} cannot train with trl .* needs Triton"):
+            getattr(trl_credit, name)(model="not/loaded", reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                                      train_dataset=tiny_dataset)

@@ -1,4 +1,5 @@
-"""The few TRL helpers every trainer shares (checked against trl 1.16.0). Nothing method-specific lives here.
+"""The few TRL helpers every trainer shares. Nothing method-specific lives here; the private TRL names they use are
+listed in :mod:`trl_credit.trl_compat` (supported TRL versions and shims).
 
 - :func:`sampling_overrides` / :func:`generate_from_prefixes`: extra generation calls (branches, seeds,
   localization, suffixes, judge) through ``GRPOTrainer._generate_single_turn``, so HF ``generate``, continuous
@@ -37,7 +38,13 @@ from accelerate.utils import gather_object
 from packaging.version import Version
 from trl import GRPOTrainer
 
-from trl_credit.trl_compat import disable_gradient_checkpointing, is_conversational, pad, parse_response
+from trl_credit.trl_compat import (
+    check_trl_can_train,
+    disable_gradient_checkpointing,
+    is_conversational,
+    pad,
+    parse_response,
+)
 
 __all__ = [
     "sampling_overrides",
@@ -152,7 +159,9 @@ def zero_nonfinite_groups(trainer, advantages: torch.Tensor, rewards_per_func: t
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
     """GRPOTrainer's behaviour for ``args=None`` (a default config named after the model), and a clear refusal of a
-    config of another class (a plain GRPOConfig would silently lack the method's fields)."""
+    config of another class (a plain GRPOConfig would silently lack the method's fields). Also refuses a TRL that
+    cannot train in this environment (``trl_compat.check_trl_can_train``), before any model is loaded."""
+    check_trl_can_train(trainer_name)
     if args is None:
         name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "model"
         return config_class(f"{str(name).split('/')[-1]}-{run_suffix}")

@@ -21,6 +21,8 @@ Version differences (shimmed below):
 - ``trl.trainer.utils.add_fused_lm_head`` exists from 1.15 (TRL's log-prob passes run a fused LM head patched into
   the model's forward). On 1.14.2 they run ``model(...).logits`` and ``selective_log_softmax``; OPPO gets its
   float32 head there by swapping the head module's forward instead (``trl_credit.oppo.oracle``).
+- trl 1.15.x has only a Triton implementation of that fused head: without Triton (CPU-only PyTorch) GRPOTrainer
+  cannot compute log-probs, and :func:`check_trl_can_train` refuses at construction.
 - ``trl.chat_template_utils.parse_response(tools=)`` exists from 1.16: :func:`parse_response` passes ``tools`` only
   where accepted (trl_credit passes ``tools=None``, TRL's default).
 - ``GRPOTrainer._get_per_token_logps_and_entropies`` is ``(model, *args, batch_size=None, compute_aux_loss=False,
@@ -62,7 +64,9 @@ __all__ = [
     "VLLM_ATTRIBUTES",
     "CONFIG_FIELDS",
     "TRL_FUNCTIONS",
+    "TRL_LOGPS_NEED_TRITON",
     "add_fused_lm_head",
+    "check_trl_can_train",
     "create_model_from_path",
     "disable_dropout_in_model",
     "disable_gradient_checkpointing",
@@ -100,6 +104,22 @@ def require_trl(minimum: str, what: str) -> None:
 # ------------------------------------------------------------------------------------------------ shims
 HAS_FUSED_LM_HEAD = hasattr(_trl_utils, "add_fused_lm_head")  # trl>=1.15
 add_fused_lm_head = getattr(_trl_utils, "add_fused_lm_head", None)  # None before 1.15: see HAS_FUSED_LM_HEAD
+
+# trl 1.15.x computes every log-prob with its fused LM head, whose only implementation is a Triton kernel
+# (`_ChunkedLogProbFunction` is None without Triton, e.g. with a CPU-only PyTorch build): GRPOTrainer itself then
+# fails at its first log-prob pass with an AttributeError. 1.14.2 and 1.16 fall back to plain PyTorch.
+TRL_LOGPS_NEED_TRITON = HAS_FUSED_LM_HEAD and getattr(_trl_utils, "_ChunkedLogProbFunction", True) is None
+
+
+def check_trl_can_train(trainer_name: str) -> None:
+    """Refuse, before any model is loaded, a TRL that cannot compute log-probs in this environment."""
+    if TRL_LOGPS_NEED_TRITON:
+        raise ImportError(
+            f"{trainer_name} cannot train with trl {trl.__version__} here: its fused LM head (every log-prob pass of "
+            "GRPOTrainer) needs Triton, which is not installed (e.g. a CPU-only PyTorch build). Install trl>=1.16 or "
+            "trl==1.14.2, which fall back to plain PyTorch, or Triton with a GPU."
+        )
+
 
 _PARSE_RESPONSE_TAKES_TOOLS = "tools" in inspect.signature(_trl_parse_response).parameters  # trl>=1.16
 
