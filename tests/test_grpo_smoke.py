@@ -1,5 +1,6 @@
 """Plain TRL GRPOTrainer trains 2 steps on the CPU with the tiny model: proves the environment is right."""
 
+import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
@@ -9,6 +10,7 @@ def length_parity_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 2) for c in completions]
 
 
+@pytest.mark.trl_smoke
 def test_grpo_trains_two_steps(tiny_model_path, tiny_dataset, tmp_path):
     args = GRPOConfig(
         output_dir=str(tmp_path),

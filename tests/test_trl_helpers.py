@@ -73,6 +73,7 @@ def test_sampling_override_sets_temperature_and_length(tiny_model_path, tiny_dat
     assert trainer.generation_config.temperature == 1.0
 
 
+@pytest.mark.trl_smoke
 def test_score_completions_matches_manual_log_softmax(tiny_model_path, tiny_dataset, tmp_path):
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     prompts, completions = [[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]

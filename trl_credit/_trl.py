@@ -1,4 +1,5 @@
-"""The few TRL helpers every trainer shares (checked against trl 1.16.0). Nothing method-specific lives here.
+"""The few TRL helpers every trainer shares. Nothing method-specific lives here; the private TRL names they use are
+listed in :mod:`trl_credit.trl_compat` (supported TRL versions and shims).
 
 - :func:`sampling_overrides` / :func:`generate_from_prefixes`: extra generation calls (branches, seeds,
   localization, suffixes, judge) through ``GRPOTrainer._generate_single_turn``, so HF ``generate``, continuous
@@ -36,8 +37,14 @@ import transformers
 from accelerate.utils import gather_object
 from packaging.version import Version
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
-from trl.trainer.utils import pad
+
+from trl_credit.trl_compat import (
+    check_trl_can_train,
+    disable_gradient_checkpointing,
+    is_conversational,
+    pad,
+    parse_response,
+)
 
 __all__ = [
     "sampling_overrides",
@@ -152,7 +159,9 @@ def zero_nonfinite_groups(trainer, advantages: torch.Tensor, rewards_per_func: t
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
     """GRPOTrainer's behaviour for ``args=None`` (a default config named after the model), and a clear refusal of a
-    config of another class (a plain GRPOConfig would silently lack the method's fields)."""
+    config of another class (a plain GRPOConfig would silently lack the method's fields). Also refuses a TRL that
+    cannot train in this environment (``trl_compat.check_trl_can_train``), before any model is loaded."""
+    check_trl_can_train(trainer_name)
     if args is None:
         name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "model"
         return config_class(f"{str(name).split('/')[-1]}-{run_suffix}")
@@ -717,8 +726,6 @@ def decode_completions(trainer, prompts: list, prompt_ids: Sequence, completion_
             getattr(tokenizer, "response_template", None) is not None
             or getattr(tokenizer, "response_schema", None) is not None
         ):
-            from trl.chat_template_utils import parse_response
-
             return [
                 [parse_response(tokenizer, ids, prefix=prefix, tools=None)]
                 for ids, prefix in zip(completion_ids, prompt_ids)
@@ -811,8 +818,6 @@ def score_completions(
     Same layout and batching as TRL's own old/ref log-prob passes (``_get_per_token_logps_and_entropies``);
     gradient checkpointing is switched off for the pass as TRL does.
     """
-    from trl.models.utils import disable_gradient_checkpointing
-
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     batch_size = batch_size or trainer.args.per_device_train_batch_size

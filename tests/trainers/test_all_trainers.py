@@ -39,6 +39,7 @@ class CaptureLogs(TrainerCallback):
         self.logs.append(dict(logs or {}))
 
 
+@pytest.mark.trl_smoke
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_lora_training_metrics_adapter_roundtrip_and_card(method, tiny_model_path, tiny_dataset, tmp_path):
     trainer_name, config_name, settings, prefix = CASES[method]

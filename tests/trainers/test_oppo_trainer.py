@@ -360,6 +360,7 @@ def test_self_oracle_reuses_trl_old_logps(tiny_model_path, tiny_dataset, tmp_pat
     _assert_matches_reference(trainer)
 
 
+@pytest.mark.trl_smoke
 def test_teacher_oracle_trains_and_advantages_match_reference(tiny_model_path, tiny_dataset, tmp_path, teacher_path, scored_rows):
     from transformers import AutoModelForCausalLM
 
@@ -699,6 +700,7 @@ def peaked_model_path(tiny_model_path, tmp_path_factory):
 TRL_OLD_LOGPS = dict(plain_logps="auto", per_device_train_batch_size=4, steps_per_generation=2)
 
 
+@pytest.mark.trl_smoke
 @pytest.mark.parametrize("settings", [dict(plain_logps="auto"), dict(plain_logps="recompute"), TRL_OLD_LOGPS,
                                       dict(TRL_OLD_LOGPS, cast_lm_head_to_fp32=True)],
                          ids=["generation-record", "extra-pass", "trl-old-logps", "trl-old-logps-float32-head"])

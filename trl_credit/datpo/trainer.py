@@ -41,7 +41,8 @@ from collections.abc import Sequence
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import shuffle_sequence_dict, use_adapter
+
+from trl_credit.trl_compat import shuffle_sequence_dict, use_adapter
 
 from .._trl import (
     GenerationRecorder,

@@ -17,12 +17,15 @@ from typing import Any
 
 import torch
 
+from trl_credit.trl_compat import HAS_FUSED_LM_HEAD, TRL_VERSION, add_fused_lm_head
+
 __all__ = [
     "DEFAULT_ORACLE_TEMPLATE",
     "build_oracle_prompt",
     "build_oracle_prompts",
     "score_evidence",
     "add_float32_head",
+    "add_float32_teacher_head",
     "float32_head",
 ]
 
@@ -91,9 +94,8 @@ def score_evidence(
     generation or vLLM's) only the B oracle rows are scored; otherwise the B oracle rows and the B plain rows are stacked into one batch of 2B rows and scored in the
     same call, so OPPO costs one extra pass call either way.
     """
-    from trl.trainer.utils import pad
-
     from trl_credit._trl import score_completions
+    from trl_credit.trl_compat import pad
 
     plain_rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     rows = [list(map(int, ids)) for ids in oracle_prompt_ids]
@@ -128,12 +130,17 @@ def score_evidence(
 # bf16 autocast the LM head's logits are rounded to bf16 (~0.1 at |logit| ~ 20), an error as large as the evidence.
 # Both log-prob sets therefore come from a float32 head: logits and log-softmax in float32, outside autocast. The
 # transformer body keeps the training precision (a float32 body would make the extra pass several times slower).
+# trl>=1.15 computes log-probs in a fused LM head patched into the model's forward (`add_fused_lm_head`); trl 1.14.2
+# computes them from `model(...).logits`, so there the head module itself is made float32 (same logits, same
+# float32 log-softmax), which needs a plain nn.Linear head.
 def add_float32_head(model, temperature: float) -> None:
     """Give ``model``, already patched by TRL's ``add_fused_lm_head``, a second fused log-prob forward with TRL's
     float32 head (``cast_lm_head_to_fp32=True``), taken by fused calls (``fused_lm_head=True``) while
-    :func:`float32_head` is active; otherwise TRL's own forward runs unchanged. Call before the model is wrapped."""
-    from trl.trainer.utils import add_fused_lm_head
-
+    :func:`float32_head` is active; otherwise TRL's own forward runs unchanged. Call before the model is wrapped.
+    On trl<1.15 TRL's passes call the plain forward, which :func:`float32_head` makes float32: nothing to add."""
+    if not HAS_FUSED_LM_HEAD:
+        _plain_head(model, "OPPO's self-oracle")
+        return
     trl_forward = model.forward
     add_fused_lm_head(model, temperature=temperature, cast_lm_head_to_fp32=True)
     float32_forward = model.forward
@@ -146,14 +153,29 @@ def add_float32_head(model, temperature: float) -> None:
     model.forward = types.MethodType(forward, model)
 
 
-@contextlib.contextmanager
-def float32_head(model) -> Iterator[bool]:
-    """While inside, ``model``'s LM head computes in float32 outside autocast: its fused log-prob forward (see
-    :func:`add_float32_head`) and its plain forward, as ``generate`` calls it, when the head is a plain ``nn.Linear``.
-    Yields whether the plain forward is float32 (False for a head wrapped by e.g. a PEFT adapter)."""
+def add_float32_teacher_head(teacher, temperature: float) -> None:
+    """The teacher's log-probs always come from a float32 head: TRL's fused head with ``cast_lm_head_to_fp32`` on
+    trl>=1.15, its ``nn.Linear`` head's forward in float32 outside autocast before (``temperature`` is applied by
+    TRL's log-prob pass there)."""
+    if HAS_FUSED_LM_HEAD:
+        add_fused_lm_head(teacher, temperature=temperature, cast_lm_head_to_fp32=True)
+        return
+    head = _plain_head(teacher, "OPPO's teacher")
+    head.forward = _float32_forward(head)
+
+
+def _plain_head(model, who: str) -> torch.nn.Linear:
     head = model.get_output_embeddings()
-    plain = type(head) is torch.nn.Linear
-    previous = head.__dict__.get("forward") if plain else None  # e.g. TRL's cast_lm_head_to_fp32 forward
+    if type(head) is not torch.nn.Linear:
+        raise ValueError(
+            f"{who} scores the evidence with a float32 LM head; with trl {TRL_VERSION} (no fused LM head before "
+            f"1.15) that needs a plain torch.nn.Linear head, but it is a {type(head).__name__}. Upgrade to trl>=1.15."
+        )
+    return head
+
+
+def _float32_forward(head):
+    """``head``'s forward with float32 logits, outside autocast."""
 
     def forward(hidden):
         weight, bias = head.weight, head.bias
@@ -163,9 +185,21 @@ def float32_head(model) -> Iterator[bool]:
             bias = None if bias is None else bias.float()
             return torch.nn.functional.linear(hidden.float(), weight.float(), bias)
 
+    return forward
+
+
+@contextlib.contextmanager
+def float32_head(model) -> Iterator[bool]:
+    """While inside, ``model``'s LM head computes in float32 outside autocast: its fused log-prob forward (see
+    :func:`add_float32_head`) and its plain forward, as ``generate`` calls it, when the head is a plain ``nn.Linear``.
+    Yields whether the plain forward is float32 (False for a head wrapped by e.g. a PEFT adapter)."""
+    head = model.get_output_embeddings()
+    plain = type(head) is torch.nn.Linear
+    previous = head.__dict__.get("forward") if plain else None  # e.g. TRL's cast_lm_head_to_fp32 forward
+
     setattr(model, _FLOAT32_HEAD, True)
     if plain:
-        head.forward = forward
+        head.forward = _float32_forward(head)
     try:
         yield plain
     finally:

@@ -33,8 +33,6 @@ import textwrap
 
 import torch
 from trl import GRPOTrainer
-from trl.models import prepare_deepspeed, prepare_fsdp
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
 from trl_credit._trl import (
     GenerationRecorder,
@@ -47,9 +45,24 @@ from trl_credit._trl import (
     zero_nonfinite_groups,
 )
 from trl_credit.success import unscorable_rows
+from trl_credit.trl_compat import (
+    HAS_FUSED_LM_HEAD,
+    create_model_from_path,
+    disable_dropout_in_model,
+    get_config_model_id,
+    prepare_deepspeed,
+    prepare_fsdp,
+    require_trl,
+)
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.oppo.config import OPPOConfig
-from trl_credit.oppo.oracle import add_float32_head, build_oracle_prompts, float32_head, score_evidence
+from trl_credit.oppo.oracle import (
+    add_float32_head,
+    add_float32_teacher_head,
+    build_oracle_prompts,
+    float32_head,
+    score_evidence,
+)
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
@@ -221,6 +234,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         # Fail before loading any model.
         _check_answers(train_dataset, args.answer_column, "train_dataset")
         _check_answers(eval_dataset, args.answer_column, "eval_dataset")
+        if args.use_liger_kernel:  # before 1.15 Liger computes log-probs from the head's weight, under autocast
+            require_trl("1.15", "OPPOTrainer with use_liger_kernel=True (older TRL bypasses OPPO's float32 LM head)")
         teacher = teacher_model if teacher_model is not None else args.teacher_model_name_or_path
         if args.oracle == "teacher" and teacher is None:
             raise ValueError(
@@ -310,7 +325,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             disable_dropout_in_model(teacher)
         # TRL's fused log-prob head (and temperature), so o_t and s_t come from `_get_per_token_logps_and_entropies` as
         # TRL's own log-probs do; in float32 (docs/oppo.md#evidence): the teacher only scores the evidence.
-        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=True)
+        add_float32_teacher_head(teacher, self.temperature)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(teacher, self.accelerator)
         if self.is_fsdp_enabled:
@@ -428,7 +443,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             return None
         reduced = self._reduced_precision()
         old_logps = output.get("old_per_token_logps")
-        if old_logps is not None and (args.cast_lm_head_to_fp32 or not reduced):  # TRL's own pass: exactly s_t
+        # TRL's own pass: exactly s_t (trl<1.15's cast_lm_head_to_fp32 head still runs under autocast)
+        if old_logps is not None and ((args.cast_lm_head_to_fp32 and HAS_FUSED_LM_HEAD) or not reduced):
             return old_logps
         completion_ids = output["completion_ids"]
         recorded = self._oppo_generation_logps
