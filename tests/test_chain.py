@@ -130,11 +130,11 @@ def test_generator_ranges_structures_and_step_counts():
     assert 0.35 < len(distributive) / len(problems) < 0.65
     for problem in problems:
         assert parse_question(problem.question) == problem
-        assert 3 <= len(problem.ops) <= 4
+        assert 2 <= len(problem.ops) <= 3
         assert all(2 <= y <= 9 if op in "+-" else y in (2, 3) for op, y in problem.ops)
         for steps in chain_solutions(problem):
             assert all(0 <= z <= 60 for *_, z in steps)
-            assert 4 <= len(steps) <= 7
+            assert 3 <= len(steps) <= 6
         if problem.distributive:  # two structures, same answer
             term, factored = chain_solutions(problem)
             assert len(term) == len(factored) + 1 and term[-1][3] == factored[-1][3]
@@ -165,3 +165,18 @@ def test_bad_arguments_are_named():
         first_wrong_step("2 + 3 * 4", "2 + 3 = 5")
     with pytest.raises(ValueError, match="placeholder"):
         make_chain_dataset(instruction="no placeholder")
+
+
+@pytest.mark.parametrize("completion", [TERM, FACTORED, PLAIN_SOLUTION])
+def test_each_step_line_is_one_srpo_thought_and_one_datpo_sentence(tiny_tokenizer, completion):
+    # Step k of the checker is thought k of SRPO (thought_delimiter="\n") and sentence k of DATPO's forks.
+    from trl_credit.datpo.forks import sentence_spans, token_char_offsets
+    from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+
+    lines = completion.splitlines()
+    ids = tiny_tokenizer(completion, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+    ends = split_thoughts(ids, tiny_tokenizer, "\n")
+    assert thought_texts(ids, ends, tiny_tokenizer, "\n") == lines
+    text, offsets = token_char_offsets(tiny_tokenizer, ids)
+    spans = sentence_spans(text, offsets)
+    assert [tiny_tokenizer.decode(ids[s:e], skip_special_tokens=True).strip() for s, e in spans] == lines

@@ -1,12 +1,13 @@
 """The built-in multi-step task ``chain``: short arithmetic chains solved one checkable step per line.
 
-A problem is a *core* followed by 3-5 operations applied in order, e.g.::
+A problem is a *core* followed by 2-3 operations applied in order (3-6 steps), e.g.::
 
-    6 * 3 + 6 * 5, then subtract 7, then add 4, then multiply by 2
+    6 * 3 + 6 * 5, then subtract 7, then add 4
 
 The core is either a plain ``a op b`` (``12 - 3``) or a distributive ``a * b + a * c`` / ``a * b - a * c``, which
 has two equally valid solution structures: term by term (``6 * 3 = 18``, ``6 * 5 = 30``, ``18 + 30 = 48``) or
-factored (``3 + 5 = 8``, ``6 * 8 = 48``). Every intermediate value lies in ``[0, max_value]``. The expected
+factored (``3 + 5 = 8``, ``6 * 8 = 48``). Numbers are small (operands up to 9, multipliers 2-3, every
+intermediate value in ``[0, 60]`` by default) so that a warm-started 135M model is right about half the time. The expected
 completion (the prompt says exactly this, :data:`CHAIN_INSTRUCTION`) is one step ``x op y = z`` per line and a
 last line ``\\boxed{N}``::
 
@@ -15,8 +16,7 @@ last line ``\\boxed{N}``::
     18 + 30 = 48
     48 - 7 = 41
     41 + 4 = 45
-    45 * 2 = 90
-    \\boxed{90}
+    \\boxed{45}
 
 Rows have ``prompt`` (one user message), ``answer`` and ``question`` like the arithmetic task, so
 ``accuracy_reward`` (the boxed answer) scores it; train and test problems never overlap.
@@ -191,8 +191,8 @@ def _random_problem(rng: random.Random, min_ops: int, max_ops: int, max_value: i
 def make_chain_problems(
     num_problems: int,
     seed: int = 0,
-    min_ops: int = 3,
-    max_ops: int = 4,
+    min_ops: int = 2,
+    max_ops: int = 3,
     max_value: int = 60,
     max_operand: int = 9,
     distributive_fraction: float = 0.5,
@@ -231,8 +231,8 @@ def make_chain_dataset(
     num_train: int = 1000,
     num_test: int = 200,
     seed: int = 0,
-    min_ops: int = 3,
-    max_ops: int = 4,
+    min_ops: int = 2,
+    max_ops: int = 3,
     max_value: int = 60,
     max_operand: int = 9,
     distributive_fraction: float = 0.5,

@@ -16,7 +16,7 @@ The default is the only setting in the useful range for RL (reward variance with
 The strict docs/design.md#answer-checking ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
 answer is 11." instead of boxing its answer, so use ``final_number_reward`` for this task.
 
-``load_task_dataset("chain")`` builds the multi-step task of :mod:`trl_credit.chain` instead: chains of 4-8
+``load_task_dataset("chain")`` builds the multi-step task of :mod:`trl_credit.chain` instead: chains of 3-6
 checkable steps, one per line, with a step checker (``first_wrong_step``) that gives each wrong completion its
 first wrong step; see docs/testbed.md.
 """
