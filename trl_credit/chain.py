@@ -7,9 +7,9 @@ A problem is a *core* followed by 2-3 operations applied in order (3-6 steps), e
 The core is either a plain ``a op b`` (``12 - 3``) or a distributive ``a * b + a * c`` / ``a * b - a * c``, which
 has two equally valid solution structures: term by term (``6 * 3 = 18``, ``6 * 5 = 30``, ``18 + 30 = 48``) or
 factored (``3 + 5 = 8``, ``6 * 8 = 48``). Numbers are small (operands up to 9, multipliers 2-3, every
-intermediate value in ``[0, 60]`` by default) so that a warm-started 135M model is right about half the time. The expected
-completion (the prompt says exactly this, :data:`CHAIN_INSTRUCTION`) is one step ``x op y = z`` per line and a
-last line ``\\boxed{N}``::
+intermediate value in ``[0, 60]`` by default) because a 135M model's arithmetic is weak (docs/testbed.md has the
+warm-started model's accuracy). The expected completion (the prompt says exactly this, :data:`CHAIN_INSTRUCTION`)
+is one step ``x op y = z`` per line and a last line ``\\boxed{N}``::
 
     6 * 3 = 18
     6 * 5 = 30
