@@ -18,6 +18,24 @@ def test_reward_registry_defaults_and_errors():
         load_reward_funcs(["nope"], None)
 
 
+def test_chain_dataset_name_builds_the_chain_task_with_the_boxed_reward(tiny_model_path, tmp_path):
+    assert load_reward_funcs(None, "chain") == [accuracy_reward]
+    defaults = offline_defaults("grpo", max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
+    argv = [
+        "--model_name_or_path", tiny_model_path,
+        "--output_dir", str(tmp_path / "out"),
+        "--dataset_name", "chain",
+        "--chain_num_train", "8",
+        "--chain_num_test", "4",
+        "--lora_target_modules", "q_proj", "v_proj",
+        "--use_cpu", "true",
+    ]
+    trainer = main(GRPOTrainer, GRPOConfig, defaults, argv=argv)
+    questions = trainer.train_dataset["question"]
+    assert len(questions) == 8 and all(", then " in q for q in questions)
+    assert trainer.reward_funcs == [accuracy_reward]
+
+
 def test_main_trains_with_lora_and_saves_adapter(tiny_model_path, tmp_path):
     defaults = offline_defaults("grpo", max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
     argv = [

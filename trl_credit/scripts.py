@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
-from trl_credit.data import BUILTIN_DATASET, load_task_dataset
+from trl_credit.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
 
@@ -45,14 +45,16 @@ class CreditScriptArguments(ScriptArguments):
 
     dataset_name: str | None = field(
         default=BUILTIN_DATASET,
-        metadata={"help": f"Hub dataset name, or `{BUILTIN_DATASET}` for the built-in offline arithmetic task."},
+        metadata={"help": f"Hub dataset name, `{BUILTIN_DATASET}` for the built-in offline arithmetic task, or "
+                  f"`{CHAIN_DATASET}` for the built-in multi-step task (docs/testbed.md)."},
     )
     dataset_test_split: str = field(default="test", metadata={"help": "Split used for evaluation."})
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
             "help": f"Reward functions: any of {sorted(REWARD_FUNCS)} or a dotted import path "
-            "(`my_lib.rewards.fn`). Default: `final_number` on the built-in task, `accuracy` otherwise."
+            "(`my_lib.rewards.fn`). Default: `final_number` on the built-in arithmetic task, `accuracy` otherwise "
+            "(the chain task boxes its answer)."
         },
     )
     arithmetic_digits: int = field(default=1, metadata={"help": "Built-in task: digits per operand."})
@@ -60,6 +62,9 @@ class CreditScriptArguments(ScriptArguments):
     arithmetic_num_train: int = field(default=80, metadata={"help": "Built-in task: training problems."})
     arithmetic_num_test: int = field(default=20, metadata={"help": "Built-in task: test problems."})
     arithmetic_seed: int = field(default=0, metadata={"help": "Built-in task: generation seed."})
+    chain_num_train: int = field(default=1000, metadata={"help": "Chain task: training problems."})
+    chain_num_test: int = field(default=200, metadata={"help": "Chain task: test problems."})
+    chain_seed: int = field(default=0, metadata={"help": "Chain task: generation seed."})
 
 
 def offline_defaults(method: str, **overrides) -> dict:
@@ -163,6 +168,13 @@ def _load_dataset(script_args: CreditScriptArguments):
             digits=script_args.arithmetic_digits,
             num_operands=script_args.arithmetic_operands,
             seed=script_args.arithmetic_seed,
+        )
+    if script_args.dataset_name == CHAIN_DATASET:
+        return load_task_dataset(
+            CHAIN_DATASET,
+            num_train=script_args.chain_num_train,
+            num_test=script_args.chain_num_test,
+            seed=script_args.chain_seed,
         )
     return load_task_dataset(script_args.dataset_name, script_args.dataset_config)
 
@@ -271,6 +283,9 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
         command += ["--adapter", out]
     else:
         command += ["--model", out]
+    if script_args.dataset_name == CHAIN_DATASET:
+        lines.append("(trl-credit-eval does not build the chain task; see docs/testbed.md)")
+        return "\n".join(lines)
     if script_args.dataset_name in (None, "", BUILTIN_DATASET):
         command += ["--digits", str(script_args.arithmetic_digits),
                     "--num_operands", str(script_args.arithmetic_operands),
