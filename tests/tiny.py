@@ -46,46 +46,19 @@ def build_tokenizer(save_dir: str):
 
 def build_tiny_model(save_dir: str, seed: int = 0):
     """Save a 2-layer Llama with hidden size 32 and its tokenizer to ``save_dir``; returns the path."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    os.makedirs(save_dir, exist_ok=True)
-    tokenizer = build_tokenizer(save_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(save_dir)
-    return save_dir
+    return _save_tiny(save_dir, seed, LlamaConfig, LlamaForCausalLM, num_attention_heads=4, num_key_value_heads=2)
 
 
 def build_tiny_hybrid_model(save_dir: str, seed: int = 0):
     """Save a 2-layer NemotronH (a Mamba-2 layer, then an attention layer; hidden size 32) and the tokenizer to
     ``save_dir``; returns the path. A hybrid model: its cache holds a linear-attention (SSM) layer, which runs on the
     CPU through transformers' reference PyTorch kernels."""
-    import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    os.makedirs(save_dir, exist_ok=True)
-    tokenizer = build_tokenizer(save_dir)
-    config = NemotronHConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+    return _save_tiny(
+        save_dir, seed, NemotronHConfig, NemotronHForCausalLM,
         hybrid_override_pattern="M*",
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -97,14 +70,29 @@ def build_tiny_hybrid_model(save_dir: str, seed: int = 0):
         mamba_d_conv=4,
         mamba_expand=1,
         mamba_chunk_size=16,
+    )
+
+
+def _save_tiny(save_dir: str, seed: int, config_class, model_class, **architecture):
+    """A 2-layer model of hidden size 32 over the tiny tokenizer, seeded, saved with it to ``save_dir``."""
+    import torch
+
+    os.makedirs(save_dir, exist_ok=True)
+    tokenizer = build_tokenizer(save_dir)
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
         max_position_embeddings=512,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
+        **architecture,
     )
     torch.manual_seed(seed)
-    model = NemotronHForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(save_dir)

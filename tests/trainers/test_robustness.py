@@ -6,27 +6,11 @@ import warnings
 
 import pytest
 import torch
-from transformers import TrainerCallback
 
 import trl_credit
 from trl_credit.rewards import completion_text
 
-# method -> (trainer, config, method-specific settings, metric prefix), as tests/trainers/test_all_trainers.py
-CASES = {
-    "cue_grpo": ("CueGRPOTrainer", "CueGRPOConfig", dict(num_generations=4), "cue/"),
-    "oppo": ("OPPOTrainer", "OPPOConfig", dict(num_generations=4), "oppo/"),
-    "datpo": ("DATPOTrainer", "DATPOConfig", dict(num_generations=4), "datpo/"),
-    "srpo": ("SRPOTrainer", "SRPOConfig", dict(num_generations=8, rollout_template="lines", thought_delimiter="\n",
-                                              localization_max_tokens=4), "srpo/"),
-}
-
-
-class CaptureLogs(TrainerCallback):
-    def __init__(self):
-        self.logs = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self.logs.append(dict(logs or {}))
+from tests.trainers.test_all_trainers import CASES, CaptureLogs  # method -> (trainer, config, settings, prefix)
 
 
 def _trainer(method, model, reward_funcs, dataset, tmp_path, **overrides):
