@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -7,6 +10,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# trackio reads its storage folder once, when imported (TRL imports it with GRPOTrainer): tests log to a temporary one,
+# never to the user's ~/.cache/huggingface/trackio.
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="trl_credit_trackio_")
+atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], ignore_errors=True)
 
 from tests.tiny import build_tiny_model  # noqa: E402
 

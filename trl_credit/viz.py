@@ -324,13 +324,16 @@ class CreditLoggingMixin:
         page = render_html(rows, title=f"{getattr(self, '_name', type(self).__name__)} credit · step {step}")
         report_to = self.args.report_to or []
         logged = False
+        # A row of its own, stamped with the optimizer step these rollouts train, the step key the Trainer's
+        # callbacks log and wandb plots against: TRL's profiling timers log rows of their own between a generation
+        # and the step's metrics, so a row left open (wandb's commit=False) went out with a timer, one step early.
+        row_step = {"train/global_step": step}
         if "wandb" in report_to:
             try:
                 import wandb
 
                 if wandb.run is not None:
-                    # commit=False: goes out with the step's metrics (the Trainer's wandb callback commits them)
-                    wandb.log({"credit": wandb.Html(page)}, commit=False)
+                    wandb.log({"credit": wandb.Html(page), **row_step})
                     logged = True
             except ImportError:
                 pass
@@ -339,7 +342,7 @@ class CreditLoggingMixin:
                 import trackio
 
                 if hasattr(trackio, "Html"):
-                    trackio.log({"credit": trackio.Html(page)})
+                    trackio.log({"credit": trackio.Html(page), **row_step})
                     logged = True
             except ImportError:
                 pass
