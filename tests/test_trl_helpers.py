@@ -113,10 +113,10 @@ def test_overrides_reach_vllm_attributes_and_are_restored(tiny_model_path, tiny_
 def test_every_call_has_the_same_row_count_on_every_process(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
     # vLLM server mode slices its answer by process_index * len(prompts): a process with fewer rows (here 1 of the
     # 3 the other process has) must pad every call to the common size and drop the filler outputs.
-    import trl_credit._trl as helpers
+    import trl_credit.generation as generation
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
-    monkeypatch.setattr(helpers, "gather_counts", lambda trainer, count: [3, count])
+    monkeypatch.setattr(generation, "gather_counts", lambda trainer, count: [3, count])
     call_sizes = []
 
     def fake_generate(prompt_ids, images, multimodal_fields, num_generations):
