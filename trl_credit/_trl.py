@@ -14,7 +14,7 @@ that imports from it). Nothing method-specific lives in them; the private TRL na
 - :mod:`trl_credit.generation_hooks`: :func:`hf_generate_hooks`, :class:`GenerationRecorder` (transformers only, no
   TRL import).
 - :mod:`trl_credit.mixins`: :class:`RolloutCaptureMixin`, :class:`MethodRNGStateMixin`,
-  :class:`EmptyCompletionCheckMixin`.
+  :class:`EmptyCompletionCheckMixin`, :class:`CPUMemoryMixin` / :func:`return_freed_buffers`.
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ from trl_credit.generation_hooks import (  # noqa: F401 - _layers_rows_selectabl
     kept_length,
 )
 from trl_credit.mixins import (
+    CPUMemoryMixin,
     EmptyCompletionCheckMixin,
     MethodRNGStateMixin,
     RolloutCapture,
     RolloutCaptureMixin,
     refuse_empty_completions,
+    return_freed_buffers,
 )
 from trl_credit.scoring import pad_rows, score_completions
 from trl_credit.trainer_logs import (
@@ -91,6 +93,8 @@ __all__ = [
     "RolloutCaptureMixin",
     "MethodRNGStateMixin",
     "EmptyCompletionCheckMixin",
+    "CPUMemoryMixin",
+    "return_freed_buffers",
     "refuse_empty_completions",
     "GenerationRecorder",
     "hf_generate_hooks",

@@ -23,7 +23,7 @@ from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
 from .generation import OneWeightPushMixin
-from .mixins import EmptyCompletionCheckMixin, MethodRNGStateMixin, RolloutCaptureMixin
+from .mixins import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMixin, RolloutCaptureMixin
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
@@ -88,7 +88,8 @@ def training_question(dataset) -> str | None:
 
 
 class MethodModelCardMixin(
-    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, RolloutCaptureMixin
+    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, RolloutCaptureMixin,
+    CPUMemoryMixin,
 ):
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
@@ -97,8 +98,8 @@ class MethodModelCardMixin(
     :class:`trl_credit.generation.OneWeightPushMixin` (weights pushed to vLLM once per generation phase),
     :class:`trl_credit.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints),
     :class:`trl_credit.mixins.EmptyCompletionCheckMixin` (a clear error on an empty completion, where TRL's is an
-    IndexError) and :class:`trl_credit.mixins.RolloutCaptureMixin` (TRL's rollouts and rewards of the batch kept
-    while a trainer builds it).
+    IndexError), :class:`trl_credit.mixins.RolloutCaptureMixin` (TRL's rollouts and rewards of the batch kept
+    while a trainer builds it) and :class:`trl_credit.mixins.CPUMemoryMixin` (bounded memory on the CPU).
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):
