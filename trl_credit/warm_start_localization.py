@@ -9,10 +9,13 @@ says the first wrong line is the intended one. The example is the exact chat mes
 (``localization_prompt(question_of(prompt), thoughts)`` as one user message; thoughts are the chain's lines with
 ``thought_delimiter="\\n"``) and the reply ``\\boxed{k}``.
 
-    python -m trl_credit.warm_start --localization_examples 128      # builds CHAIN_LOC_MODEL
+    python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 32 \\
+        --localization_examples 64 --epochs 1        # builds CHAIN_LOC_MODEL (a second stage on CHAIN_MODEL)
     python -m trl_credit.warm_start_localization --results benchmarks/results/warm_start_localization.json
 
-The second command evaluates localization against the checker for both warm starts (and pass@1 of each).
+The second command evaluates localization against the checker for both warm starts (and pass@1 of each). Without
+``--init_model``, ``--localization_examples N`` adds the examples to the first warm start's own mix (from the
+base model); docs/testbed.md says why the recorded model is the second-stage one.
 """
 
 from __future__ import annotations
@@ -234,13 +237,18 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
 
     model, tokenizer = load_model_and_tokenizer(resolve_model_path(name))
     start = time.perf_counter()
-    picks = localize(model, tokenizer, [e["prompt"] for e in injected], [e["num_steps"] for e in injected])
-    report = {"model": name, "injected": localization_report(
-        picks, [e["step"] for e in injected], [e["num_steps"] for e in injected])}
-    report["injected"]["by_kind"] = {kind: localization_report(
-        [p for p, e in zip(picks, injected) if e["kind"] == kind],
-        [e["step"] for e in injected if e["kind"] == kind],
-        [e["num_steps"] for e in injected if e["kind"] == kind])["exact"] for kind in ERROR_KINDS}
+    report = {"model": name}
+    if injected:
+        picks = localize(model, tokenizer, [e["prompt"] for e in injected], [e["num_steps"] for e in injected])
+        report["injected"] = localization_report(picks, [e["step"] for e in injected],
+                                                 [e["num_steps"] for e in injected])
+        report["injected"]["exact_by_kind"] = {kind: localization_report(
+            [p for p, e in zip(picks, injected) if e["kind"] == kind],
+            [e["step"] for e in injected if e["kind"] == kind],
+            [e["num_steps"] for e in injected if e["kind"] == kind])["exact"] for kind in ERROR_KINDS}
+    if not num_problems:
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        return report
     # The model's own failures on held-out problems, sampled as evaluate_chain_model does (pass@1 protocol).
     test = make_chain_dataset(num_train=0, num_test=num_problems, seed=data_seed)["test"]
     samples = sample_completions(model, tokenizer, test["prompt"], num_samples, temperature=0.7, top_p=0.95,
@@ -258,8 +266,9 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
     report["own_failures"] = localization_report(picks, [f["step"] for f in failures],
                                                  [f["num_steps"] for f in failures])
     report["own_failures"]["reasons"] = dict(Counter(f["reason"] for f in failures).most_common())
-    report["pass@1"] = sum(rewards) / len(rewards)
-    report["pass@1_samples"] = f"{num_problems} x {num_samples}"
+    hits = sum(rewards)
+    report["pass@1"] = {"rate": hits / len(rewards), "count": hits, "samples": len(rewards),
+                        "ci95": _wilson(int(hits), len(rewards))}
     report["seconds"] = round(time.perf_counter() - start, 1)
     return report
 
@@ -269,8 +278,8 @@ def main(argv=None) -> dict:
 
     parser = argparse.ArgumentParser(description="Localization accuracy of the chain warm starts vs the checker.")
     parser.add_argument("--models", nargs="+", default=[CHAIN_MODEL, CHAIN_LOC_MODEL])
-    parser.add_argument("--num_injected", type=int, default=128, help="Held-out injected-error chains (test split).")
-    parser.add_argument("--num_problems", type=int, default=64)
+    parser.add_argument("--num_injected", type=int, default=64, help="Held-out injected-error chains (0: none).")
+    parser.add_argument("--num_problems", type=int, default=32, help="Held-out problems sampled (0: none).")
     parser.add_argument("--num_samples", type=int, default=4)
     parser.add_argument("--data_seed", type=int, default=0)
     parser.add_argument("--results", default=None)
@@ -281,9 +290,8 @@ def main(argv=None) -> dict:
                                 "steps": dict(sorted(Counter(e["step"] for e in injected).items()))}}
     for name in args.models:
         report[name] = _evaluate_model(name, injected, args.num_problems, args.num_samples, args.data_seed)
-        r = report[name]
-        print(f"{name}: injected exact {r['injected']['exact']} clean {r['injected']['clean']['rate']:.3f}; own "
-              f"failures exact {r['own_failures']['exact']} (n={r['own_failures']['rows']}); pass@1 {r['pass@1']:.3f}")
+        print(name, json.dumps({part: report[name][part]["exact"] for part in ("injected", "own_failures")
+                                if part in report[name]}), report[name].get("pass@1"))
     if args.results:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
         with open(args.results, "w") as handle:
