@@ -81,7 +81,8 @@ def chain_model_path(must_exist: bool = True) -> str:
 def chain_loc_model_path(must_exist: bool = True) -> str:
     """Folder of :data:`CHAIN_LOC_MODEL` in the cache; like :func:`chain_model_path`."""
     return _built_model_path(CHAIN_LOC_MODEL, "SmolLM2-135M-Instruct-chain-loc",
-                             "python -m trl_credit.warm_start --localization_examples 128", must_exist)
+                             "python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 8 "
+                             "--localization_examples 24 --epochs 1", must_exist)
 
 
 def _built_model_path(name: str, folder: str, command: str, must_exist: bool) -> str:

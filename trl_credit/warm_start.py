@@ -104,12 +104,16 @@ def build_chain_model(
     base = resolve_model_path(config.init_model)
     tmp = output_dir.rstrip("/") + ".tmp"
     keep_trainer_dir = trainer_dir is not None
+    # A batch of 8 localization prompts (~430 tokens) peaked at ~12 GB and was OOM-killed on a 23 GB machine: with
+    # localization examples, two accumulated half batches (same effective batch, same gradient up to rounding).
+    split = 2 if config.localization_examples and config.batch_size % 2 == 0 else 1
     trainer_dir = trainer_dir or tmp + "-trainer"
     settings = dict(
         output_dir=trainer_dir,
         num_train_epochs=config.epochs,
         learning_rate=config.learning_rate,
-        per_device_train_batch_size=config.batch_size,
+        per_device_train_batch_size=config.batch_size // split,
+        gradient_accumulation_steps=split,
         lr_scheduler_type="linear",
         warmup_steps=0,
         seed=config.seed,

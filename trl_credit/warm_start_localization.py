@@ -9,8 +9,8 @@ says the first wrong line is the intended one. The example is the exact chat mes
 (``localization_prompt(question_of(prompt), thoughts)`` as one user message; thoughts are the chain's lines with
 ``thought_delimiter="\\n"``) and the reply ``\\boxed{k}``.
 
-    python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 32 \\
-        --localization_examples 64 --epochs 1        # builds CHAIN_LOC_MODEL (a second stage on CHAIN_MODEL)
+    python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 8 \\
+        --localization_examples 24 --epochs 1        # builds CHAIN_LOC_MODEL (a second stage on CHAIN_MODEL)
     python -m trl_credit.warm_start_localization --results benchmarks/results/warm_start_localization.json
 
 The second command evaluates localization against the checker for both warm starts (and pass@1 of each). Without
