@@ -95,7 +95,7 @@ def training_prompts(config, prompts) -> list:
 
 def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
     model.eval()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     # A trained LoRA model is evaluated with its adapter merged into the base weights: the same function (to fp32
     # rounding) at the base model's cost; unmerged, the 7 x 30 adapter matmuls made evaluation ~1.7x slower.
     merged = hasattr(model, "merge_adapter")
@@ -117,6 +117,8 @@ def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
         entry.update(question=question, answer=answer)
     report = build_report(scored, settings={k: getattr(args, k) for k in EVAL_KEYS})
     report["eval_seconds"] = time.perf_counter() - start
+    # Core-seconds (process CPU time; = wall time on an idle machine with --threads 1): what a grid costs.
+    report["eval_cpu_seconds"] = time.process_time() - cpu_start
     return report
 
 
@@ -166,9 +168,10 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
         return None
     trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
                                     peft_config=harness.lora_config())
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     train_seconds = time.perf_counter() - start
+    train_cpu_seconds = time.process_time() - cpu_start
     prefix = harness_method.split("_")[0] + "/"
     curve = [dict(step=log.get("step"), reward=log["reward"], reward_std=log.get("reward_std"),
                   completion_length=log.get("completions/mean_length"),
@@ -177,6 +180,7 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     prompts = training_prompts(config, list(dataset["test"]["prompt"]))
     report = evaluate_model(trainer.model, trainer.processing_class, dataset["test"], args, prompts)
     return dict(method=method, seed=seed, train_seconds=train_seconds, seconds_per_step=train_seconds / args.steps,
+                train_cpu_seconds=train_cpu_seconds, cpu_seconds_per_step=train_cpu_seconds / args.steps,
                 reward_curve=curve, eval=report, eval_prompt_example=prompts[0],
                 trainer_settings={k: getattr(config, k) for k in ("num_generations", "temperature", "top_p",
                                                                    "loss_type", "per_device_train_batch_size")})
