@@ -258,6 +258,9 @@ def learning_summary(data: dict) -> dict:
             entry["diff_pass_at_k"] = {k: mean_ci([curves[s][k] - grpo_curves[s][k] for s in paired
                                                    if k in grpo_curves[s]]) for k in ks}
             entry["diff_per_seed"] = {s: runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired}
+            # The same difference per seed with its 95% CI paired over problems (sampling noise, not seed variance).
+            entry["diff_per_seed_problem_ci"] = {s: (d, 1.96 * se) for s in paired
+                                                 for d, se in [paired_problem_se(runs[s]["eval"], grpo[s]["eval"])]}
         summary[method] = entry
     return summary
 
@@ -357,6 +360,11 @@ def learning_markdown(data: dict, summary: dict) -> str:
         gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
                           for g in entry.get("gain_over_base", []))
         lines.append(f"- {LABELS.get(m, m)}: {gains}")
+    lines += ["", "Per-seed difference in accuracy vs GRPO (same seed; 95% CI paired over problems):", ""]
+    for m, entry in summary.items():
+        if entry.get("diff_per_seed_problem_ci"):
+            lines.append(f"- {LABELS.get(m, m)}: " + ", ".join(
+                f"seed {s}: {d:+.3f} ± {h:.3f}" for s, (d, h) in entry["diff_per_seed_problem_ci"].items()))
     return "\n".join(lines)
 
 
