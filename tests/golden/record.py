@@ -118,6 +118,9 @@ SRPO_COMMON = dict(
     thought_delimiter=" ", rollout_template="Q: {question}",
     localization_template="P: {question}\n{steps}\nFirst wrong step (1 to {num_steps})?", localization_max_tokens=6,
     reset_seed=SEED,
+    # The paper's localization (greedy decoded answer, uniform draw when unparsed), pinned: these golden values were
+    # recorded before SRPOConfig had `localization`, and its default is now the scored choice.
+    localization="generate", localization_fallback="random",
 )
 DATPO_COMMON = dict(
     per_device_train_batch_size=4,  # one prompt per step: its tree is up to 4 base rows + 4 x 2 x 2 branches
