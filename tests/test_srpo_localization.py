@@ -243,3 +243,21 @@ def test_oracle_training_step(tiny_model_path, tiny_dataset, tmp_path):
     log = next(entry for entry in trainer.state.log_history if "srpo/fallback_rate" in entry)
     assert log["srpo/localization_exact_rate"] == 1.0 and log["srpo/oracle_miss_rate"] == 0.0
     assert log["srpo/localization_deviation"] == 0.0
+
+
+def test_chain_checker_by_name_end_to_end(tiny_model_path, tmp_path):
+    # `--reset oracle --step_checker chain`: the config names the checker. The tiny model's lines are no chain steps
+    # (a one-line rollout's single thought resets at the question anyway), so the checker's first wrong thought is
+    # the first (unparseable) one and the oracle resets at the question.
+    from trl_credit.chain import make_chain_dataset
+
+    dataset = make_chain_dataset(num_train=8, num_test=2)["train"]
+    args = SRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=8, seed_candidates_per_round=2,
+        max_completion_length=12, max_steps=1, thought_delimiter="\n", rollout_template="none", reset="oracle",
+        step_checker="chain", report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
+    )
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    log = next(entry for entry in trainer.state.log_history if "srpo/fallback_rate" in entry)
+    assert log["srpo/localization_exact_rate"] == 1.0 and log["srpo/reset_at_question_rate"] == 1.0
