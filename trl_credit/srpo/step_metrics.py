@@ -99,7 +99,7 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
             trainer,
             "srpo/no_base_group_fallback",
             f"SRPOTrainer: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect seed "
-            f"(srpo/fallback_rate), and the split num_generations={args.num_generations} = reset_groups x "
+            f"(srpo/fallback_rate), and the split num_generations={trainer.num_generations} = reset_groups x "
             f"suffixes_per_reset ({args.reset_groups} x {args.suffixes_per_reset}) has no base group to fall back to, "
             "so those prompts add nothing to the loss (their rows are masked). Fix: num_generations >= 4 (the "
             "default split then keeps a base group of ceil(num_generations / 2)) or an explicit split with a base "
@@ -126,7 +126,7 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         log_metric(trainer, "srpo/tokens_vs_base", generated / s.base_tokens)
     iid_tokens = s.base_tokens + s.seed_tokens
     if iid_tokens:
-        grpo_tokens = s.prompts * args.num_generations * iid_tokens / s.iid_rollouts  # a GRPO step, same budget
+        grpo_tokens = s.prompts * trainer.num_generations * iid_tokens / s.iid_rollouts  # a GRPO step, same budget
         log_metric(trainer, "srpo/tokens_vs_grpo", generated / grpo_tokens)
         log_metric(trainer, "srpo/paper_tokens_vs_grpo", (s.base_tokens + s.suffix_tokens) / grpo_tokens)
         if s.localization_forward_tokens:
