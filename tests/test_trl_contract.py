@@ -20,7 +20,7 @@ from trl import GRPOConfig, GRPOTrainer
 import trl_credit
 from trl_credit import trl_compat
 from trl_credit.trl_compat import ATTRIBUTES, CALLED, CLASS_ATTRIBUTES, CONFIG_CLASS_ATTRIBUTES, CONFIG_FIELDS
-from trl_credit.trl_compat import OVERRIDDEN, TRL_FUNCTIONS, VLLM_ATTRIBUTES
+from trl_credit.trl_compat import OVERRIDDEN, TRL_FUNCTIONS, TRL_GLOBALS, VLLM_ATTRIBUTES
 
 pytestmark = pytest.mark.trl_smoke  # CI runs it on every supported TRL version
 
@@ -103,6 +103,7 @@ def _trl_credit_classes():
 
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
     return classes + [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
+                      helpers.CPUMemoryMixin,
                       model_card.MethodModelCardMixin]
 
 
@@ -164,6 +165,21 @@ def test_imported_trl_functions_take_what_we_pass(name):
     signature = inspect.signature(function).parameters
     assert list(signature)[: len(params)] == list(params), f"{module}.{name}{inspect.signature(function)}"
     assert getattr(trl_compat, name) is function or name == "parse_response"
+
+
+@pytest.mark.parametrize("name", sorted(TRL_GLOBALS))
+def test_trl_module_globals_we_touch_exist_from_their_version(name):
+    module_name, since = TRL_GLOBALS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        module = None
+    present = module is not None and hasattr(module, name)
+    assert present == (Version(trl.__version__) >= Version(since)), f"{module_name}.{name} on trl {trl.__version__}"
+    if name == "_CHUNKED_LOGPROB_CHUNK_SIZE" and present:
+        assert isinstance(module._CHUNKED_LOGPROB_CHUNK_SIZE, int) and module._CHUNKED_LOGPROB_CHUNK_SIZE > 0
+        source = inspect.getsource(module)  # read at each call (not bound at import), so setting it takes effect
+        assert re.search(r"apply\((?:.|\n)*?_CHUNKED_LOGPROB_CHUNK_SIZE", source)
 
 
 def test_parse_response_shim_passes_tools_only_where_accepted(tiny_tokenizer):
@@ -259,13 +275,13 @@ def test_the_scan_reports_each_kind_of_unregistered_use():
     snippet = (
         "from trl.trainer.utils import nanstd\n"
         "class X:\n"
-        "    def training_step(self, model, inputs, n):\n"
+        "    def log(self, logs, start_time=None):\n"
         "        self._get_train_sampler()\n"
         "        return self.beta, self.args.epsilon\n"
     )
     report = "\n".join(_scan([("x.py", snippet)]))
     for expected in ("name _get_train_sampler", "attribute beta", "field epsilon", "imports trl.trainer.utils",
-                     "override of GRPOTrainer.training_step"):
+                     "override of GRPOTrainer.log"):
         assert expected in report, report
 
 
@@ -283,6 +299,7 @@ def test_design_doc_hook_table_lists_exactly_what_each_trainer_overrides():
         defined = set(getattr(trl_credit, name).__dict__) & set(OVERRIDDEN)
         assert rows[f"`{name}`"] == defined, name
     mixins = [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
+              helpers.CPUMemoryMixin,
               model_card.MethodModelCardMixin]
     shared = {name for mixin in mixins for name in mixin.__dict__} & set(OVERRIDDEN)
     assert rows["all four, through `MethodModelCardMixin`"] == shared

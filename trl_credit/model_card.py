@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
-from ._trl import EmptyCompletionCheckMixin, MethodRNGStateMixin, OneWeightPushMixin
+from ._trl import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMixin, OneWeightPushMixin
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
@@ -86,7 +86,9 @@ def training_question(dataset) -> str | None:
     return None
 
 
-class MethodModelCardMixin(CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin):
+class MethodModelCardMixin(
+    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, CPUMemoryMixin
+):
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
     Every method trainer already has this mixin, so it also carries the other trainer-wide behaviours, without
@@ -94,7 +96,7 @@ class MethodModelCardMixin(CreditLoggingMixin, OneWeightPushMixin, MethodRNGStat
     :class:`trl_credit._trl.OneWeightPushMixin` (weights pushed to vLLM once per generation phase),
     :class:`trl_credit._trl.MethodRNGStateMixin` (a method's own random state saved with checkpoints) and
     :class:`trl_credit._trl.EmptyCompletionCheckMixin` (a clear error on an empty completion, where TRL's is an
-    IndexError).
+    IndexError) and :class:`trl_credit._trl.CPUMemoryMixin` (bounded memory on the CPU).
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):

@@ -25,6 +25,10 @@ Version differences (shimmed below):
   cannot compute log-probs, and :func:`check_trl_can_train` refuses at construction.
 - ``trl.chat_template_utils.parse_response(tools=)`` exists from 1.16: :func:`parse_response` passes ``tools`` only
   where accepted (trl_credit passes ``tools=None``, TRL's default).
+- ``trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE`` (the vocabulary chunk of the fused head, 1.15+) and
+  ``trl.kernels.chunked_logprob._use_triton`` (whether a device runs its Triton kernel, 1.16+):
+  :func:`small_logprob_tiles` lowers the chunk on the CPU (:data:`TRL_GLOBALS`), and does nothing where either is
+  missing.
 - ``GRPOTrainer._get_per_token_logps_and_entropies`` is ``(model, *args, batch_size=None, compute_aux_loss=False,
   **kwargs)`` on 1.14.2, dispatching to ``_full_logits_logps`` (or ``_chunked_logps`` with ``use_liger_kernel``)
   with the parameters of the later signature; trl_credit calls it the same way on every version.
@@ -32,9 +36,11 @@ Version differences (shimmed below):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import warnings
+from collections.abc import Iterator
 
 import trl
 from packaging.version import Version
@@ -78,6 +84,8 @@ __all__ = [
     "prepare_fsdp",
     "require_trl",
     "shuffle_sequence_dict",
+    "small_logprob_tiles",
+    "TRL_GLOBALS",
     "use_adapter",
 ]
 
@@ -119,6 +127,35 @@ def check_trl_can_train(trainer_name: str) -> None:
             "GRPOTrainer) needs Triton, which is not installed (e.g. a CPU-only PyTorch build). Install trl>=1.16 or "
             "trl==1.14.2, which fall back to plain PyTorch, or Triton with a GPU."
         )
+
+
+# TRL's fused log-prob head (`_ChunkedLogProbFunction`) walks the vocabulary in chunks of
+# `_CHUNKED_LOGPROB_CHUNK_SIZE` = 32768 columns. Without Triton (the CPU) it runs in torch on tiles of every position
+# of the micro-batch, prompts included (up to 4096 rows), times the chunk, in fp32, and each tile spawns about six
+# temporaries of its size: the README's SRPO job (16 rows of 156 tokens) made 325 MB tiles and ~2.5 GB of transient
+# memory in the loss forward and backward. 4096 columns do the same arithmetic in tiles of at most 64 MB.
+CPU_LOGPROB_VOCAB_CHUNK = 4096
+try:  # trl>=1.16
+    from trl.kernels.chunked_logprob import _use_triton as _trl_use_triton
+except ImportError:
+    _trl_use_triton = None
+
+
+@contextlib.contextmanager
+def small_logprob_tiles(device) -> Iterator[None]:
+    """Inside: TRL's fused log-prob head uses :data:`CPU_LOGPROB_VOCAB_CHUNK` vocabulary columns per tile, unless
+    ``device`` runs TRL's Triton kernel (CUDA/XPU), which keeps TRL's chunk; restored on exit. Same results: the chunk
+    only decides how the vocabulary is walked. Does nothing on a TRL without the fused head or without ``_use_triton``
+    (1.14.2; 1.15, which trains only with Triton)."""
+    chunk = getattr(_trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", None)
+    if _trl_use_triton is None or chunk is None or _trl_use_triton(device) or chunk <= CPU_LOGPROB_VOCAB_CHUNK:
+        yield
+        return
+    _trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = CPU_LOGPROB_VOCAB_CHUNK
+    try:
+        yield
+    finally:
+        _trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = chunk
 
 
 _PARSE_RESPONSE_TAKES_TOOLS = "tools" in inspect.signature(_trl_parse_response).parameters  # trl>=1.16
@@ -185,6 +222,9 @@ OVERRIDDEN: dict[str, Hook] = {
         static=True,
         users="OPPO (decided per sequence)",
     ),
+    "training_step": Hook(
+        params=("model", "inputs", "num_items_in_batch"), users="CPUMemoryMixin (small log-prob tiles on the CPU)"
+    ),
     "create_model_card": Hook(params=("model_name", "dataset_name", "tags"), users="MethodModelCardMixin"),
     "_save": Hook(owner="Trainer", params=("output_dir", "state_dict"), users="MethodModelCardMixin"),
     "_save_rng_state": Hook(owner="Trainer", params=("output_dir",), users="MethodRNGStateMixin"),
@@ -234,6 +274,13 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "top_p", "trust_remote_code", "use_liger_kernel",
 )
 CONFIG_CLASS_ATTRIBUTES: tuple[str, ...] = ("_VALID_DICT_FIELDS",)
+
+# Module globals of TRL's non-public modules trl_credit reads or sets: module -> (name, first TRL version with it).
+TRL_GLOBALS: dict[str, tuple[str, str]] = {
+    "_CHUNKED_LOGPROB_CHUNK_SIZE": ("trl.trainer.utils", "1.15"),  # set by small_logprob_tiles
+    "_use_triton": ("trl.kernels.chunked_logprob", "1.16"),  # read by small_logprob_tiles
+    "_ChunkedLogProbFunction": ("trl.trainer.utils", "1.14.2"),  # None on 1.15 without Triton: TRL_LOGPS_NEED_TRITON
+}
 
 # Functions imported from TRL's non-public modules (re-exported above), with the parameters trl_credit passes.
 TRL_FUNCTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
