@@ -33,17 +33,14 @@ def fix_mmap_threshold(threshold: int = 65536) -> bool:
 
     Not free: each KV-cache tensor a decode step re-allocates is then a fresh mmap, page-faulted and zeroed, which
     made a SmolLM2 decode step ~1.5x slower on this machine (8 rows x 300 cached tokens: 29 -> 48 ms per row-step;
-    48 rows: 15 -> 23 ms). So only ``overhead.py`` sets it (``--mmap-threshold``, for its long DATPO trees); the
-    short-answer scripts keep glibc's default."""
+    48 rows: 15 -> 23 ms). Every trl_credit trainer built to train on the CPU sets 128 KiB anyway
+    (``trl_credit.mixins.return_freed_buffers``, docs/design.md#memory-on-the-cpu); the first setting in a process is
+    kept, so ``overhead.py`` (``--mmap-threshold``, for its long DATPO trees) calls this before building trainers."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return True
-    try:
-        import ctypes
+    from trl_credit.mixins import return_freed_buffers
 
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
+    return return_freed_buffers(threshold)
 
 
 import torch  # noqa: E402

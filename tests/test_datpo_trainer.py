@@ -294,6 +294,8 @@ def test_old_and_ref_logps_cover_branch_rows(tiny_model_path, tmp_path):
 def test_branch_importance_sampling_ratio_follows_trl_modes():
     from types import SimpleNamespace
 
+    from trl_credit.datpo.rows import importance_sampling_ratio
+
     old = torch.tensor([[-1.0, -2.0, 0.0]])
     sampling = torch.tensor([[-1.5, -1.0, 5.0]])
     mask = torch.tensor([[1, 1, 0]])
@@ -302,7 +304,7 @@ def test_branch_importance_sampling_ratio_follows_trl_modes():
     def ratio(mode, low, high, sampled=sampling):
         fake = SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=low,
                                vllm_importance_sampling_clip_max=high)
-        return DATPOTrainer._importance_sampling_ratio(fake, old, sampled, mask)
+        return importance_sampling_ratio(fake, old, sampled, mask)
 
     # sequence: exp(0.5 − 1.0) = exp(−0.5) = 0.6065 <= 3 (TRL's default mode and cap), kept
     assert ratio("sequence_mask", None, 3.0)[0].tolist() == pytest.approx([math.exp(-0.5)])

@@ -143,3 +143,23 @@ def test_leaf_rewards_sum_and_normalize_per_tree():
     ])
     # tree q: row 3 unscorable (NaN), row 4 the only scored accuracy: (1 − 1)/(0 + 1e-4) = 0
     assert math.isnan(normed[3]) and normed[4] == 0.0
+
+
+def test_forest_of_a_batch_holds_the_blocks_of_each_tree_in_order():
+    # One process, one prompt (N=2): base row 0 forks at tokens 1 and 3 (length 5), base row 1 does not fork; B̂=2
+    # branches per fork. Blocks, by hand: root→(0,0), (0,0)→(0,1), (0,1)→leaf, root→leaf, then the branches.
+    from trl_credit.datpo.forest import Skeletons, build_forest
+
+    skeletons = Skeletons(records=[(0, [1, 3], 5), (1, [], 4)], branch_counts=[4], branch_lengths=[2, 3, 1, 2])
+    forest = build_forest(skeletons, [(2, 2)], [0.0, 1.0], [1.0, 0.0, 1.0, 1.0], num_generations=2)
+    assert [(b.start, b.end, b.reward) for b in forest.blocks] == [
+        (0, (0, 0), None), ((0, 0), (0, 1), None), ((0, 1), None, 0.0), (0, None, 1.0),
+        ((0, 0), None, 1.0), ((0, 0), None, 0.0), ((0, 1), None, 1.0), ((0, 1), None, 1.0),
+    ]
+    assert [b.source for b in forest.blocks[:4]] == [("base", 0, 0, 1), ("base", 0, 1, 3), ("base", 0, 3, 5),
+                                                     ("base", 1, 0, 4)]
+    assert forest.by_group == {0: list(range(8))} and forest.by_process == [list(range(8))]
+    assert forest.branch_response_lengths == [3, 4, 4, 5]  # fork + branch tokens
+    # subtree values: V(root) = 4/6, V((0,0)) = mean(0, 1, 0, 1, 1) = 3/5, V((0,1)) = mean(0, 1, 1) = 2/3
+    want = [3 / 5 - 4 / 6, 2 / 3 - 3 / 5, 0 - 2 / 3, 1 - 4 / 6, 1 - 3 / 5, 0 - 3 / 5, 1 - 2 / 3, 1 - 2 / 3]
+    assert forest.block_advantages("subtree").tolist() == pytest.approx(want)

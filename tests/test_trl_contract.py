@@ -103,8 +103,7 @@ def _trl_credit_classes():
 
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
     return classes + [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
-                      helpers.CPUMemoryMixin,
-                      model_card.MethodModelCardMixin]
+                      helpers.RolloutCaptureMixin, helpers.CPUMemoryMixin, model_card.MethodModelCardMixin]
 
 
 def test_our_overrides_keep_trls_signatures():
@@ -299,8 +298,8 @@ def test_design_doc_hook_table_lists_exactly_what_each_trainer_overrides():
         defined = set(getattr(trl_credit, name).__dict__) & set(OVERRIDDEN)
         assert rows[f"`{name}`"] == defined, name
     mixins = [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
-              helpers.CPUMemoryMixin,
-              model_card.MethodModelCardMixin]
+              helpers.RolloutCaptureMixin, helpers.CPUMemoryMixin, model_card.MethodModelCardMixin]
+    assert set(mixins) >= {k for k in model_card.MethodModelCardMixin.__mro__ if set(k.__dict__) & set(OVERRIDDEN)}
     shared = {name for mixin in mixins for name in mixin.__dict__} & set(OVERRIDDEN)
     assert rows["all four, through `MethodModelCardMixin`"] == shared
 

@@ -113,10 +113,10 @@ def test_overrides_reach_vllm_attributes_and_are_restored(tiny_model_path, tiny_
 def test_every_call_has_the_same_row_count_on_every_process(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
     # vLLM server mode slices its answer by process_index * len(prompts): a process with fewer rows (here 1 of the
     # 3 the other process has) must pad every call to the common size and drop the filler outputs.
-    import trl_credit._trl as helpers
+    import trl_credit.generation as generation
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
-    monkeypatch.setattr(helpers, "gather_counts", lambda trainer, count: [3, count])
+    monkeypatch.setattr(generation, "gather_counts", lambda trainer, count: [3, count])
     call_sizes = []
 
     def fake_generate(prompt_ids, images, multimodal_fields, num_generations):
@@ -377,3 +377,24 @@ def test_method_rng_state_round_trips_per_process_and_warns_when_missing(tmp_pat
     assert restored.counter == 8
     with pytest.warns(UserWarning, match="trl_credit_rng_state_0.json"):
         Counting(0)._load_rng_state(str(tmp_path / "missing"))
+
+
+def test_filler_rows_local_rows_and_logged_advantages():
+    from collections import deque
+    from types import SimpleNamespace
+
+    from trl_credit.collectives import fill_rows, local_rows
+    from trl_credit.trainer_logs import replace_logged_advantages
+
+    assert fill_rows([[5, 6]], 3, [0]) == [[5, 6], [0], [0]]
+    assert fill_rows([1, 2], 2, 9) == [1, 2]
+    # process 2 of TRL's global batch with 4 rows per process holds rows 8..11
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(process_index=2))
+    assert list(range(16))[local_rows(trainer, 4)] == [8, 9, 10, 11]
+    # TRL's table keeps generation_batch_size entries: the newest rows' values land on its last entries
+    trainer._logs = {"advantages": deque([0.0, 0.0, 1.0, 2.0, 3.0], maxlen=5)}
+    replace_logged_advantages(trainer, [-1.0, -2.0, -3.0])
+    assert list(trainer._logs["advantages"]) == [0.0, 0.0, -1.0, -2.0, -3.0]
+    trainer._logs = {"advantages": deque([1.0, 2.0], maxlen=2)}  # an evaluation batch longer than the table
+    replace_logged_advantages(trainer, [-1.0, -2.0, -3.0])
+    assert list(trainer._logs["advantages"]) == [-2.0, -3.0]

@@ -22,7 +22,8 @@ from importlib.metadata import PackageNotFoundError, version
 from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
-from ._trl import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMixin, OneWeightPushMixin
+from .generation import OneWeightPushMixin
+from .mixins import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMixin, RolloutCaptureMixin
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
@@ -87,16 +88,18 @@ def training_question(dataset) -> str | None:
 
 
 class MethodModelCardMixin(
-    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, CPUMemoryMixin
+    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, RolloutCaptureMixin,
+    CPUMemoryMixin,
 ):
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
     Every method trainer already has this mixin, so it also carries the other trainer-wide behaviours, without
     another base class in each trainer: :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``),
-    :class:`trl_credit._trl.OneWeightPushMixin` (weights pushed to vLLM once per generation phase),
-    :class:`trl_credit._trl.MethodRNGStateMixin` (a method's own random state saved with checkpoints) and
-    :class:`trl_credit._trl.EmptyCompletionCheckMixin` (a clear error on an empty completion, where TRL's is an
-    IndexError) and :class:`trl_credit._trl.CPUMemoryMixin` (bounded memory on the CPU).
+    :class:`trl_credit.generation.OneWeightPushMixin` (weights pushed to vLLM once per generation phase),
+    :class:`trl_credit.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints),
+    :class:`trl_credit.mixins.EmptyCompletionCheckMixin` (a clear error on an empty completion, where TRL's is an
+    IndexError), :class:`trl_credit.mixins.RolloutCaptureMixin` (TRL's rollouts and rewards of the batch kept
+    while a trainer builds it) and :class:`trl_credit.mixins.CPUMemoryMixin` (bounded memory on the CPU).
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):

@@ -240,7 +240,7 @@ CALLED: dict[str, Hook] = {
         params=("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"),
         returns=3,  # logps, entropies, aux_loss
         dispatch=("_full_logits_logps", "_chunked_logps"),  # trl 1.14.2
-        users="_trl.score_completions (OPPO's evidence, DATPO's scoring)",
+        users="scoring.score_completions (OPPO's evidence, DATPO's scoring)",
     ),
 }
 
@@ -260,7 +260,7 @@ ATTRIBUTES: tuple[str, ...] = (
 CLASS_ATTRIBUTES: tuple[str, ...] = ("_name", "_paper", "_tag_names")  # read by the model card
 
 # Attributes of ``trainer.vllm_generation`` (trl.generation.vllm_generation.VLLMGeneration) set or read by
-# ``_trl.sampling_overrides`` and ``_trl.one_weight_push``.
+# ``generation.sampling_overrides`` and ``generation.one_weight_push``.
 VLLM_ATTRIBUTES: tuple[str, ...] = (
     "_llm_weights_sleeping", "enable_sleep_mode", "generation_kwargs", "llm", "max_completion_length", "mode",
     "sync_weights", "temperature", "top_p",

@@ -3,9 +3,8 @@
 Glue only (checked against trl 1.16.0); the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and
 :mod:`.judge`. What is overridden, all calling ``super()``:
 
-- ``_generate``: keeps this process's decoded completions;
-- ``_calculate_rewards``: keeps the global reward matrix (every process holds all rows);
-- ``_generate_and_score_completions``: after TRL has computed its group advantages, gathers them (and the texts of
+- ``_generate_and_score_completions``: inside a rollout capture (:class:`trl_credit.mixins.RolloutCaptureMixin`:
+  this process's decoded completions from ``_generate``, the global reward matrix from ``_calculate_rewards``), after TRL has computed its group advantages, gathers them (and the texts of
   the positive completions) across processes, computes each group's partition and weights in TRL's global row
   order (rows grouped contiguously by ``num_generations``), multiplies the positive advantages and returns this
   process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
@@ -20,17 +19,10 @@ from collections.abc import Callable, Sequence
 import torch
 from trl import GRPOTrainer
 
-from .._trl import (
-    bind_success,
-    gather_rows,
-    generate_from_prefixes,
-    log_metric,
-    outside_zero3_init,
-    resolve_method_args,
-    rollout_success,
-    warn_once,
-    zero_nonfinite_groups,
-)
+from ..collectives import gather_rows, local_rows
+from ..generation import generate_from_prefixes
+from ..trainer_logs import log_metric, replace_logged_advantages, warn_once, zero_nonfinite_groups
+from ..trainer_setup import bind_success, outside_zero3_init, resolve_method_args, rollout_success
 from ..success import groups_with_reward_variance
 from ..model_card import MethodModelCardMixin
 from ..rewards import completion_text
@@ -128,8 +120,6 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         if args.cue_partition == "judge" and not self._judge_is_policy:
             self.judge_model, self.judge_tokenizer = self._load_judge(judge_model, judge_tokenizer)
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
-        self._cue_completions: list | None = None
-        self._cue_rewards_per_func: torch.Tensor | None = None
         self.cue_overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
     # ------------------------------------------------------------------ checkpoints (MethodRNGStateMixin)
@@ -164,36 +154,27 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             judge_tokenizer.pad_token = judge_tokenizer.eos_token
         return model, judge_tokenizer
 
-    # ------------------------------------------------------------------ captures (narrow overrides)
-
-    def _generate(self, prompts: list):
-        result = super()._generate(prompts)
-        self._cue_completions = result[3]  # trl 1.16.0: (prompt_ids, completion_ids, tool_mask, completions, ...)
-        return result
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._cue_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs)
-        return rewards_per_func
+    # ------------------------------------------------------------------ the generation batch
 
     def _generate_and_score_completions(self, inputs):
-        self._cue_completions, self._cue_rewards_per_func = None, None
-        output = super()._generate_and_score_completions(inputs)
-        output["advantages"] = zero_nonfinite_groups(
-            self, output["advantages"], self._cue_rewards_per_func, "cue/nonfinite_reward_rate"
-        )
-        start = time.perf_counter()
-        # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
-        in_loss = output["completion_mask"].sum(dim=1) > 0
-        output["advantages"] = self._redistribute_advantages(inputs, output["advantages"], in_loss)
-        self.cue_overhead_seconds.append(time.perf_counter() - start)
+        with self._capturing_rollouts() as rollouts:  # TRL's completions and rewards, for the redistribution
+            output = super()._generate_and_score_completions(inputs)
+            output["advantages"] = zero_nonfinite_groups(
+                self, output["advantages"], rollouts.rewards("CueGRPOTrainer"), "cue/nonfinite_reward_rate"
+            )
+            start = time.perf_counter()
+            # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
+            in_loss = output["completion_mask"].sum(dim=1) > 0
+            output["advantages"] = self._redistribute_advantages(inputs, output["advantages"], in_loss)
+            self.cue_overhead_seconds.append(time.perf_counter() - start)
         self._log_credit(output)
         return output
 
     # ------------------------------------------------------------------ redistribution
 
     def _redistribute_advantages(self, inputs, local_advantages: torch.Tensor, local_in_loss=None) -> torch.Tensor:
-        if self._cue_completions is None or self._cue_rewards_per_func is None:
+        rollouts = self._rollout_capture
+        if rollouts is None or rollouts.generated is None or rollouts.rewards_per_func is None:
             raise RuntimeError("CueGRPOTrainer: completions/rewards were not captured (did a subclass bypass "
                                "_generate or _calculate_rewards?)")
         if local_advantages.dim() != 1:
@@ -208,7 +189,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             local_in_loss = torch.ones_like(local_advantages, dtype=torch.bool)
         local_in_loss = local_in_loss.to(device=local_advantages.device, dtype=torch.long)
         in_loss = self.accelerator.gather(local_in_loss).bool().cpu()
-        rewards_per_func = self._cue_rewards_per_func
+        rewards_per_func = rollouts.rewards_per_func
         total = advantages.numel()
         if total % group_size or rewards_per_func.size(0) != total:
             raise RuntimeError(
@@ -234,7 +215,7 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         advantage_values = advantages.tolist()
 
         local_count = local_advantages.numel()
-        offset = self.accelerator.process_index * local_count
+        offset = local_rows(self, local_count).start
         partitions, lengths, parse_failures = self._partitions(inputs, positives, offset, group_size)
 
         new_values = list(advantage_values)
@@ -270,9 +251,9 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             log_metric(self, "cue/mass_slope", slope)
         if parse_failures is not None:
             log_metric(self, "cue/judge_parse_failure_rate", parse_failures)
-        self._update_logged_advantages(new_values)
+        replace_logged_advantages(self, new_values)  # TRL's table shows the pre-redistribution ones
 
-        local = new_values[offset : offset + local_count]
+        local = new_values[local_rows(self, local_count)]
         return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
 
     def _log_single_clusters(self, positives, partitions) -> None:
@@ -309,21 +290,12 @@ class CueGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
             f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
         )
 
-    def _update_logged_advantages(self, advantages: list[float]) -> None:
-        # TRL appended the pre-redistribution advantages of all rows to the completions table; show ours instead.
-        logged = self._logs.get("advantages") if hasattr(self, "_logs") else None
-        if logged is None:
-            return
-        count = min(len(logged), len(advantages))
-        values = advantages[len(advantages) - count :]
-        for i in range(count):
-            logged[len(logged) - count + i] = values[i]
-
     def _local_rows(self, inputs, rows: set[int], offset: int, with_prompt: bool) -> list[tuple]:
         # (global row, completion text[, prompt]) of the wanted rows held by this process
         return [
             (offset + i, completion_text(c), _prompt_of(inputs[i])) if with_prompt else (offset + i, completion_text(c))
-            for i, c in enumerate(self._cue_completions)
+            # trl 1.16.0's _generate: (prompt_ids, completion_ids, tool_mask, completions, ...)
+            for i, c in enumerate(self._rollout_capture.generated[3])
             if offset + i in rows
         ]
 

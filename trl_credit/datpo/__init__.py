@@ -3,14 +3,18 @@
 Pure functions (no trainer state): :func:`adaptive_budget` (budget.py), :func:`token_char_offsets`,
 :func:`sentence_spans`, :func:`select_forks` (forks.py), :func:`node_values`, :func:`block_advantages` (tree.py),
 :func:`sibling_diversity`, :func:`diversity_bonus`, :func:`annealed_alpha` (diversity.py).
-Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py).
+The trees of a generation batch as data: :class:`~.forest.Block`, :class:`~.forest.Forest`,
+:class:`~.forest.TreeBatch` (forest.py); micro-batches that drop no row: :func:`split_rows` (batching.py).
+Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py), with its steps in branches.py
+(phase-2 generation and rewards), credit.py (block credit), rows.py (training rows) and tree_metrics.py.
 """
 
 from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
 from .diversity import annealed_alpha, diversity_bonus, sibling_diversity
 from .forks import FORK_METHODS, FORK_POSITIONS, select_forks, sentence_spans, token_char_offsets
-from .trainer import DATPOTrainer, sort_rows_by_length, split_rows
+from .batching import sort_rows_by_length, split_rows
+from .trainer import DATPOTrainer
 from .tree import VALUE_ESTIMATES, block_advantages, leaf_rewards, node_values
 
 __all__ = [

@@ -1,7 +1,8 @@
 """OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (docs/oppo.md, paper §4). Checked against trl 1.16.0.
 
 What changes relative to GRPOTrainer, and nothing else:
-- ``_calculate_rewards`` is wrapped to keep the global reward matrix (all processes), from which each group's k
+- The global reward matrix (all processes) of TRL's ``_calculate_rewards`` is kept while the batch is built
+  (:class:`trl_credit.mixins.RolloutCaptureMixin`), from which each group's k
   (completions the verifier, ``success_reward``, calls correct), its number of scorable completions G and each
   row's anchoring sign sign(A^seq) come (from the rewards, so that a row tying its group's mean gets 0).
 - Unscorable completions (every reward function returned None) get advantage exactly 0 on every token and are left
@@ -24,26 +25,15 @@ What changes relative to GRPOTrainer, and nothing else:
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
-import inspect
-import math
-import numbers
 import textwrap
 
 import torch
 from trl import GRPOTrainer
 
-from trl_credit._trl import (
-    GenerationRecorder,
-    bind_success,
-    check_single_turn,
-    log_metric,
-    resolve_method_args,
-    rollout_success,
-    warn_once,
-    zero_nonfinite_groups,
-)
+from trl_credit.collectives import local_rows
+from trl_credit.generation_hooks import GenerationRecorder
+from trl_credit.trainer_logs import log_metric, warn_once, zero_nonfinite_groups
+from trl_credit.trainer_setup import bind_success, check_single_turn, resolve_method_args, rollout_success
 from trl_credit.success import unscorable_rows
 from trl_credit.trl_compat import (
     HAS_FUSED_LM_HEAD,
@@ -55,6 +45,8 @@ from trl_credit.trl_compat import (
     require_trl,
 )
 from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.oppo.anchors import decided_per_sequence, loss_sequence_anchors
+from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import (
     add_float32_head,
@@ -74,113 +66,6 @@ from trl_credit.oppo.recursion import (
 
 __all__ = ["OPPOTrainer"]
 
-
-def _dataset_columns(dataset) -> list[str] | None:
-    columns = getattr(dataset, "column_names", None)
-    if isinstance(columns, dict):  # DatasetDict
-        return None
-    return list(columns) if columns is not None else None
-
-
-def answer_problem(answer) -> str | None:
-    """Why ``answer`` cannot condition the oracle (None when it can): y* is appended to the prompt as text, so it
-    must be a non-empty string or a finite number."""
-    if answer is None:
-        return "is None"
-    if isinstance(answer, str):
-        return None if answer.strip() else f"is an empty string ({answer!r})"
-    if isinstance(answer, numbers.Number):
-        try:
-            finite = math.isfinite(float(answer))
-        except (TypeError, ValueError):  # complex numbers
-            return f"is a {type(answer).__name__}, not a real number"
-        return None if finite else f"is {answer!r}"
-    return f"is a {type(answer).__name__} ({answer!r:.60}), not a string or a number"
-
-
-def _refuse_answer(column: str, where: str, answer, problem: str) -> None:
-    raise ValueError(
-        f"OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
-        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
-        "or a finite number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
-    )
-
-
-def _check_answers(dataset, column: str, argument: str) -> None:
-    """Refuse a dataset without the answer column, and empty/None/NaN/non-scalar answers of a map-style dataset, at
-    construction, naming the row. Iterable datasets cannot be read ahead: their rows are checked batch by batch,
-    before the first step uses them."""
-    if dataset is None:
-        return
-    if isinstance(dataset, dict):
-        for name, split in dataset.items():
-            _check_answers(split, column, f"{argument}[{name!r}]")
-        return
-    columns = _dataset_columns(dataset)
-    if columns is not None and column not in columns:
-        raise ValueError(
-            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
-            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
-            f"`answer_column` to the column holding the answers."
-        )
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
-        return
-    try:
-        import datasets
-
-        if isinstance(dataset, datasets.IterableDataset):
-            return
-        if isinstance(dataset, datasets.Dataset):
-            answers = dataset[column]
-        else:
-            answers = (dataset[i][column] for i in range(len(dataset)))
-    except (KeyError, TypeError):
-        return  # no readable column: the column check and TRL report it
-    for row, answer in enumerate(answers):
-        problem = answer_problem(answer)
-        if problem is not None:
-            _refuse_answer(column, f"row {row} of `{argument}`", answer, problem)
-
-
-_LOSS_ANCHORS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("oppo_loss_anchors", default=None)
-
-
-@contextlib.contextmanager
-def loss_sequence_anchors(anchors: torch.Tensor | None):
-    """While inside, (B, T) advantages given to ``OPPOTrainer.get_off_policy_mask`` / ``get_gamma_weights`` are
-    decided per sequence by ``anchors`` (B,), sign(A^seq) of the batch in the loss (``_compute_loss`` sets it)."""
-    token = _LOSS_ANCHORS.set(anchors)
-    try:
-        yield
-    finally:
-        _LOSS_ANCHORS.reset(token)
-
-
-def _sequence_level(advantages: torch.Tensor) -> torch.Tensor:
-    if advantages.dim() < 2 or advantages.size(1) == 1:
-        return advantages  # already one advantage per sequence: TRL's own case
-    anchors = _LOSS_ANCHORS.get()
-    if anchors is None or anchors.numel() != advantages.size(0):
-        raise RuntimeError(
-            "OPPOTrainer: per-token advantages reached a per-sequence decision (off_policy_mask_threshold / "
-            "loss_type='vespo') without their sequences' anchors sign(A^seq) (`oppo_sequence_advantages` of the batch, "
-            "set by OPPOTrainer._compute_loss through `loss_sequence_anchors`)."
-        )
-    return anchors.to(device=advantages.device, dtype=advantages.dtype).view(-1, 1)
-
-
-def _decided_per_sequence(name: str) -> staticmethod:
-    """GRPOTrainer's static method ``name``, same signature, with OPPO's (B, T) advantages replaced by their sequences'
-    anchors. TRL's method is looked up at each call, so a patched or subclassed GRPOTrainer is honoured."""
-    signature = inspect.signature(getattr(GRPOTrainer, name))
-
-    @functools.wraps(getattr(GRPOTrainer, name))
-    def decide(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["advantages"] = _sequence_level(bound.arguments["advantages"])
-        return getattr(GRPOTrainer, name)(**bound.arguments)  # by keyword, as TRL's _compute_loss calls it
-
-    return staticmethod(decide)
 
 
 class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -232,8 +117,8 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
     ):
         args = resolve_method_args(args, OPPOConfig, model, "OPPOTrainer", "OPPO")
         # Fail before loading any model.
-        _check_answers(train_dataset, args.answer_column, "train_dataset")
-        _check_answers(eval_dataset, args.answer_column, "eval_dataset")
+        check_answers(train_dataset, args.answer_column, "train_dataset")
+        check_answers(eval_dataset, args.answer_column, "eval_dataset")
         if args.use_liger_kernel:  # before 1.15 Liger computes log-probs from the head's weight, under autocast
             require_trl("1.15", "OPPOTrainer with use_liger_kernel=True (older TRL bypasses OPPO's float32 LM head)")
         teacher = teacher_model if teacher_model is not None else args.teacher_model_name_or_path
@@ -269,7 +154,6 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             )
         # TRL 1.16's `use_liger_kernel` only swaps layer kernels (its fused loss is refused by GRPOTrainer); the loss is
         # still `_compute_loss`, which takes (B, T) advantages, so it needs no refusal here.
-        self._oppo_rewards_per_func: torch.Tensor | None = None
         self.teacher_model = None
         if args.oracle == "teacher":
             self.teacher_model = self._load_teacher(teacher, teacher_processing_class)
@@ -356,7 +240,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
-        are recorded on the way (:class:`~trl_credit._trl.GenerationRecorder`), with the LM head in float32 like the
+        are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`), with the LM head in float32 like the
         extra pass's (so the tokens are sampled from float32 logits, as with TRL's ``cast_lm_head_to_fp32``)."""
         if not self._records_generation_logps():
             return super()._generate_single_turn(
@@ -372,19 +256,14 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         self._oppo_generation_logps = recorder.logps(completion_ids) if usable else None
         return completion_ids, logprobs
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._oppo_rewards_per_func = rewards_per_func  # global: every process's rows, in process order
-        return rewards_per_func
-
     def _generate_and_score_completions(self, inputs):
-        self._oppo_rewards_per_func = None
         self._oppo_generation_logps = None
-        output = super()._generate_and_score_completions(inputs)
-        output["advantages"] = zero_nonfinite_groups(
-            self, output["advantages"], self._oppo_rewards_per_func, "oppo/nonfinite_reward_rate"
-        )
-        output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
+        with self._capturing_rollouts() as rollouts:  # the global rewards, for k, G and sign(A^seq)
+            output = super()._generate_and_score_completions(inputs)
+            output["advantages"] = zero_nonfinite_groups(
+                self, output["advantages"], rollouts.rewards("OPPOTrainer"), "oppo/nonfinite_reward_rate"
+            )
+            output["advantages"], output["oppo_sequence_advantages"] = self._oppo_advantages(inputs, output)
         self._log_credit(output)
         return output
 
@@ -399,16 +278,17 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
         with loss_sequence_anchors(inputs.get("oppo_sequence_advantages")):
             return super()._compute_loss(model, inputs)
 
-    get_off_policy_mask = _decided_per_sequence("get_off_policy_mask")
-    get_gamma_weights = _decided_per_sequence("get_gamma_weights")
+    get_off_policy_mask = decided_per_sequence("get_off_policy_mask")
+    get_gamma_weights = decided_per_sequence("get_gamma_weights")
 
     # ------------------------------------------------------------------------------------------------ OPPO
     def _group_statistics(self, num_generations: int):
         """Per global row: scorable and sign(A^seq) (from the rewards, ties exact); per global group: k (correct
         completions, by the verifier) and the number of scorable completions G."""
-        rewards_per_func = self._oppo_rewards_per_func
-        if rewards_per_func is None:
-            raise RuntimeError("OPPOTrainer: the rewards of this batch were not captured from `_calculate_rewards`.")
+        if self._rollout_capture is None:
+            raise RuntimeError("OPPOTrainer: OPPO's advantages are computed while `_generate_and_score_completions` "
+                               "builds the batch (inside its rollout capture).")
+        rewards_per_func = self._rollout_capture.rewards("OPPOTrainer")  # global: every process's rows
         scorable = ~unscorable_rows(rewards_per_func)
         correct = rollout_success(self, rewards_per_func)
         num_correct, num_scorable = group_success_counts(correct, scorable, num_generations)
@@ -476,7 +356,7 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
             problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
             if problem is not None:
                 where = f"row {row} of this process's batch (step {self.state.global_step})"
-                _refuse_answer(column, where, answer, problem)
+                refuse_answer(column, where, answer, problem)
             answers.append(answer)
         return answers
 
@@ -491,15 +371,14 @@ class OPPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
         # Each local row's global group, with TRL's layout: rows of all processes in process order, groups of
         # `num_generations` consecutive rows (a group may span processes).
-        first_row = self.accelerator.process_index * num_rows
-        local_rows = first_row + torch.arange(num_rows, device=device)
-        group_ids = local_rows // num_generations
+        rows = local_rows(self, num_rows)
+        group_ids = torch.arange(rows.start, rows.stop, device=device) // num_generations
         statistics = self._group_statistics(num_generations)
         scorable, num_correct, num_scorable, anchor_signs = (t.to(device) for t in statistics)
-        row_scorable = scorable[local_rows]
+        row_scorable = scorable[rows]
         # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
         # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
-        seq_advantages = anchor_signs[local_rows].to(output["advantages"].dtype)
+        seq_advantages = anchor_signs[rows].to(output["advantages"].dtype)
         # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows. Unscorable rows keep TRL's loss mask
         # but get advantage 0 and stay out of the group's token moments.
         credit_mask = completion_mask * row_scorable.unsqueeze(1).to(completion_mask.dtype)

@@ -1,0 +1,111 @@
+"""What each block of a DATPO forest is credited with (docs/datpo.md#block-advantages): A_base per tree (Eq. 3), the
+sibling-diversity bonus from embeddings of the blocks' texts (Eq. 4, 8), and, with ``mask_truncated_completions``,
+the forks whose value rests on a finished leaf. Collective calls (embeddings and truncation flags are gathered)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..collectives import gather_rows
+from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
+from .forest import BlockCredit, TreeBatch, is_truncated
+from .tree import ROOT
+
+__all__ = ["block_credit", "embedded_sibling_diversity", "grounded_forks"]
+
+
+def block_credit(trainer, trees: TreeBatch, alpha: float) -> BlockCredit:
+    """A_base and the gated bonus of every block. The bonus is kept apart from A_base: α is applied per optimizer
+    step in ``_compute_loss`` (the schedule runs over optimizer steps, also when a generation batch serves several
+    of them: num_iterations > 1 or steps_per_generation > gradient_accumulation_steps)."""
+    args = trainer.args
+    forest = trees.forest
+    base = forest.block_advantages(args.value_estimate)
+    diversity = torch.zeros_like(base)
+    has_siblings = torch.zeros(len(base), dtype=torch.bool)
+    if args.use_diversity:
+        diversity, has_siblings = embedded_sibling_diversity(trainer, trees)
+    scale = max([1.0] + [abs(r) for r in trees.base_rewards + trees.branch_rewards if math.isfinite(r)])
+    gate = bonus_gate(base, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
+    # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
+    infinite = {block.group for block in forest.blocks if block.reward is not None and math.isinf(block.reward)}
+    no_bonus = [block.unscorable or block.group in infinite for block in forest.blocks]
+    gate[torch.tensor(no_bonus, dtype=torch.bool)] = 0.0
+    grounded = grounded_forks(trainer, trees) if trainer.mask_truncated_completions else None
+    return BlockCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
+
+
+def embedded_sibling_diversity(trainer, trees: TreeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embed this process's blocks that have structural siblings, gather the embeddings, compute Div; returns
+    (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic)."""
+    args = trainer.args
+    forest = trees.forest
+    keys = [None if block.unscorable else block.sibling_key for block in forest.blocks]
+    if not args.diversity_root_siblings:
+        keys = [None if forest.blocks[b].start == ROOT else key for b, key in enumerate(keys)]
+    sizes: dict = {}
+    for key in keys:
+        if key is not None:
+            sizes[key] = sizes.get(key, 0) + 1
+    process = trainer.accelerator.process_index
+    local = [b for b in forest.by_process[process] if keys[b] is not None and sizes[keys[b]] > 1]
+    texts = []
+    for b in local:
+        kind, row, start, end = forest.blocks[b].source
+        tokens = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
+        texts.append(trainer._tokenizer.decode(tokens, skip_special_tokens=True))
+    keep = [b for b, text in zip(local, texts) if text.strip()]
+    keep_texts = [text for text in texts if text.strip()]
+    local_embeddings = []
+    if keep_texts:
+        with torch.no_grad():
+            encoded = trainer.embedder.encode(
+                keep_texts, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
+            )
+        encoded = torch.as_tensor(encoded).float().cpu()
+        local_embeddings = [(b, encoded[n].tolist()) for n, b in enumerate(keep)]
+    gathered = gather_rows(trainer, local_embeddings)
+    if not gathered:
+        return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)
+    dim = len(gathered[0][1])
+    embeddings = torch.zeros(len(keys), dim, dtype=torch.float64)
+    embedded = torch.zeros(len(keys), dtype=torch.bool)
+    for b, vector in gathered:
+        embeddings[b] = torch.tensor(vector, dtype=torch.float64)
+        embedded[b] = True
+    # blocks without text (or not embedded) neither get nor give diversity
+    final_keys = [key if embedded[b] else None for b, key in enumerate(keys)]
+    diversity = sibling_diversity(embeddings, final_keys)
+    counts: dict = {}
+    for key in final_keys:
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    has_siblings = torch.tensor([key is not None and counts[key] > 1 for key in final_keys], dtype=torch.bool)
+    return diversity, has_siblings
+
+
+def grounded_forks(trainer, trees: TreeBatch) -> set:
+    """With ``mask_truncated_completions``: the forks whose value V (``value_estimate``) averages over at least one
+    finished (not truncated) scorable leaf. A block ending at any other fork would learn only from truncated
+    leaves. A collective call (the truncation flags of every process's leaves are gathered)."""
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    base_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
+    branch_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
+    counts = trees.branch_counts
+    offsets = [sum(counts[:q]) for q in range(len(counts))]
+    # V of these leaf values is the share of finished leaves among those V averages over (unscorable leaves stay
+    # NaN: they count in no value), so a fork is grounded when it is > 0
+    finished = []
+    for block in trees.forest.blocks:
+        reward, rollout = block.reward, block.rollout
+        if reward is None or math.isnan(reward):
+            finished.append(reward)
+            continue
+        if rollout[0] == "base":
+            truncated = base_truncated[rollout[1]]
+        else:
+            truncated = branch_truncated[offsets[rollout[1]] + rollout[2]]
+        finished.append(0.0 if truncated else 1.0)
+    return trees.forest.grounded_forks(finished, trainer.args.value_estimate)

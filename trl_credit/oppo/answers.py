@@ -1,0 +1,78 @@
+"""OPPO's ground-truth answers y*: the oracle prompt appends them as text, so each must be a non-empty string or a
+finite number. Refused at construction for map-style datasets (naming the row), batch by batch for iterable ones."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["answer_problem", "check_answers", "refuse_answer"]
+
+
+def _dataset_columns(dataset) -> list[str] | None:
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, dict):  # DatasetDict
+        return None
+    return list(columns) if columns is not None else None
+
+
+def answer_problem(answer) -> str | None:
+    """Why ``answer`` cannot condition the oracle (None when it can): y* is appended to the prompt as text, so it
+    must be a non-empty string or a finite number."""
+    if answer is None:
+        return "is None"
+    if isinstance(answer, str):
+        return None if answer.strip() else f"is an empty string ({answer!r})"
+    if isinstance(answer, numbers.Number):
+        try:
+            finite = math.isfinite(float(answer))
+        except (TypeError, ValueError):  # complex numbers
+            return f"is a {type(answer).__name__}, not a real number"
+        return None if finite else f"is {answer!r}"
+    return f"is a {type(answer).__name__} ({answer!r:.60}), not a string or a number"
+
+
+def refuse_answer(column: str, where: str, answer, problem: str) -> None:
+    raise ValueError(
+        f"OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
+        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
+        "or a finite number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
+    )
+
+
+def check_answers(dataset, column: str, argument: str) -> None:
+    """Refuse a dataset without the answer column, and empty/None/NaN/non-scalar answers of a map-style dataset, at
+    construction, naming the row. Iterable datasets cannot be read ahead: their rows are checked batch by batch,
+    before the first step uses them."""
+    if dataset is None:
+        return
+    if isinstance(dataset, dict):
+        for name, split in dataset.items():
+            check_answers(split, column, f"{argument}[{name!r}]")
+        return
+    columns = _dataset_columns(dataset)
+    if columns is not None and column not in columns:
+        raise ValueError(
+            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
+            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
+            f"`answer_column` to the column holding the answers."
+        )
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        return
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.IterableDataset):
+            return
+        if isinstance(dataset, datasets.Dataset):
+            answers = dataset[column]
+        else:
+            answers = (dataset[i][column] for i in range(len(dataset)))
+    except (KeyError, TypeError):
+        return  # no readable column: the column check and TRL report it
+    for row, answer in enumerate(answers):
+        problem = answer_problem(answer)
+        if problem is not None:
+            refuse_answer(column, f"row {row} of `{argument}`", answer, problem)

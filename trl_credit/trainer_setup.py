@@ -1,0 +1,93 @@
+"""What every method trainer does at construction, and the mode it runs in: a config of the right class
+(:func:`resolve_method_args`), single-turn rollouts only (:func:`check_single_turn`), the verifier column that
+decides correct/incorrect (:func:`bind_success` / :func:`rollout_success`, :mod:`trl_credit.success`), and frozen
+helper models loaded whole under ZeRO-3 (:func:`outside_zero3_init`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from trl_credit.trl_compat import check_trl_can_train
+
+__all__ = [
+    "trainer_mode",
+    "resolve_method_args",
+    "check_single_turn",
+    "bind_success",
+    "rollout_success",
+    "outside_zero3_init",
+]
+
+
+def trainer_mode(trainer) -> str:
+    return "train" if trainer.model.training else "eval"
+
+
+def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
+    """GRPOTrainer's behaviour for ``args=None`` (a default config named after the model), and a clear refusal of a
+    config of another class (a plain GRPOConfig would silently lack the method's fields). Also refuses a TRL that
+    cannot train in this environment (``trl_compat.check_trl_can_train``), before any model is loaded."""
+    check_trl_can_train(trainer_name)
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", None) or "model"
+        return config_class(f"{str(name).split('/')[-1]}-{run_suffix}")
+    if not isinstance(args, config_class):
+        raise TypeError(
+            f"{trainer_name} needs `args` to be a {config_class.__name__} (got {type(args).__name__}); build one with "
+            f"the same GRPO arguments, e.g. {config_class.__name__}(**grpo_args.to_dict())."
+        )
+    return args
+
+
+def check_single_turn(trainer, method: str) -> None:
+    """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that."""
+    # environment_factory first: TRL turns an environment's methods into `tools`, so the tools check would name the
+    # wrong argument.
+    if getattr(trainer, "environment_factories", None) is not None:
+        raise ValueError(f"{method} does not support `environment_factory`.")
+    if getattr(trainer, "tools", None):
+        raise ValueError(f"{method} does not support `tools` (multi-turn tool calling); pass tools=None.")
+    if getattr(trainer, "rollout_func", None) is not None:
+        raise ValueError(f"{method} does not support a custom `rollout_func`: it generates its own rollouts.")
+
+
+def bind_success(trainer) -> int:
+    """Resolve ``args.success_reward`` against TRL's ``reward_func_names`` once, at construction, so a wrong name or
+    index fails before any training. Stored as ``trainer._success_index``."""
+    from trl_credit.success import resolve_success_index
+
+    trainer._success_index = resolve_success_index(trainer.args.success_reward, trainer.reward_func_names)
+    return trainer._success_index
+
+
+def rollout_success(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: rows whose verifier reward (``args.success_reward``) is >= ``args.success_threshold``."""
+    from trl_credit.success import success_rows
+
+    return success_rows(rewards_per_func, trainer._success_index, trainer.args.success_threshold)
+
+
+@contextlib.contextmanager
+def outside_zero3_init() -> Iterator[None]:
+    """Load a frozen helper model (DATPO's embedder, Cue-GRPO's judge) as a whole copy on each process.
+
+    Under DeepSpeed ZeRO-3, transformers partitions every model created while its DeepSpeed config is registered
+    (``zero.Init``), and a partitioned model only runs inside a DeepSpeed engine. Small frozen helpers that run plain
+    forward passes must not be partitioned: the config is unregistered while they load, then registered again.
+    Outside ZeRO-3 this does nothing.
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = saved() if saved is not None else None
+    if config is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(config)
