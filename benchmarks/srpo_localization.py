@@ -131,7 +131,8 @@ def summarize(picks: list[int], oracles: list[int]) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--model", default="smollm2-135m-chain", help="model name (trl_credit.models) or path")
     parser.add_argument("--problems", type=int, default=48, help="held-out chain problems")
     parser.add_argument("--samples", type=int, default=4, help="rollouts per problem")
