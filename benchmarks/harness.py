@@ -197,10 +197,14 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer, "_generate_branches", "datpo: branch generation", optional=True,
                              count_tokens=True)
     elif method in ("srpo", "rrpo"):
+        import trl_credit.srpo.localize as srpo_localize
         import trl_credit.srpo.trainer as srpo_module
 
-        profiler.wrap_module_function(srpo_module, "generate_from_prefixes", "srpo: generate_from_prefixes",
-                                      count_tokens=True)
+        # the decoded localization call (localization="generate") is made from srpo/localize.py
+        for module in (srpo_module, srpo_localize):
+            profiler.wrap_module_function(module, "generate_from_prefixes", "srpo: generate_from_prefixes",
+                                          count_tokens=True)
+        profiler.wrap_module_function(srpo_localize, "answer_scores", "srpo: scored localization (forward)")
         profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
 
 
