@@ -158,14 +158,7 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     harness_method, overrides = method_settings(method, args)
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, seed, args.learning_rate)
     settings.update(overrides)
-    try:
-        config = harness.method_config(harness_method, tempfile.mkdtemp(prefix=f"learning_{method}_"), settings)
-    except (TypeError, ValueError) as error:
-        if method != "srpo_oracle":
-            raise
-        print(f"srpo_oracle seed {seed}: skipped, the installed SRPOConfig does not take reset='oracle' with "
-              f"step_checker='chain' ({type(error).__name__}: {error})", flush=True)
-        return None
+    config = harness.method_config(harness_method, tempfile.mkdtemp(prefix=f"learning_{method}_"), settings)
     trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
                                     peft_config=harness.lora_config())
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -257,8 +250,6 @@ def main(argv=None):
                 print(f"{method} seed {seed}: {path} exists, skipped", flush=True)
                 continue
             result = run_one(method, seed, args, dataset, model_path)
-            if result is None:
-                continue
             result.update(settings={k: getattr(args, k) for k in RUN_KEYS + EVAL_KEYS}, info=info)
             with open(path, "w") as f:
                 json.dump(result, f, indent=1)

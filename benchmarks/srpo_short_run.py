@@ -100,6 +100,7 @@ def run(method: str, cli) -> dict:
             max_seed_rounds=cli.seed_rounds,
             seed_source=cli.seed_source,
             localization=cli.localization,
+            localization_scoring=cli.localization_scoring,
             weight_decay=0.01,  # the paper's (Table 5), as measured when it was SRPOConfig's default
         )
     trainer = trainer_class(
@@ -135,6 +136,8 @@ def main():
     parser.add_argument("--localization_max_tokens", type=int, default=32)
     parser.add_argument("--localization", choices=["scored", "generate"], default="scored",
                         help="SRPOConfig.localization: the scored choice (default) or the decoded answer")
+    parser.add_argument("--localization_scoring", choices=["plain", "calibrated"], default="plain",
+                        help="SRPOConfig.localization_scoring: raw answer scores or divided by a content-free chain's")
     parser.add_argument("--seed_candidates", type=int, default=1)
     parser.add_argument("--seed_source", choices=["fresh", "base"], default="fresh")
     parser.add_argument("--seed_rounds", type=int, default=4)
