@@ -67,7 +67,8 @@ def run_side_by_side(variants: list[str], max_steps: int, workdir: str) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--variants", default="as_is,off", help=f"comma-separated, from {sorted(VARIANTS)}")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=3, help="optimizer steps (the README job: 3)")

@@ -33,17 +33,14 @@ def fix_mmap_threshold(threshold: int = 65536) -> bool:
 
     Not free: each KV-cache tensor a decode step re-allocates is then a fresh mmap, page-faulted and zeroed, which
     made a SmolLM2 decode step ~1.5x slower on this machine (8 rows x 300 cached tokens: 29 -> 48 ms per row-step;
-    48 rows: 15 -> 23 ms). So only ``overhead.py`` sets it (``--mmap-threshold``, for its long DATPO trees); the
-    short-answer scripts keep glibc's default."""
+    48 rows: 15 -> 23 ms). Every trl_credit trainer built to train on the CPU sets 128 KiB anyway
+    (``trl_credit.mixins.return_freed_buffers``, docs/design.md#memory-on-the-cpu); the first setting in a process is
+    kept, so ``overhead.py`` (``--mmap-threshold``, for its long DATPO trees) calls this before building trainers."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return True
-    try:
-        import ctypes
+    from trl_credit.mixins import return_freed_buffers
 
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
+    return return_freed_buffers(threshold)
 
 
 import torch  # noqa: E402
@@ -200,10 +197,14 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer, "_generate_branches", "datpo: branch generation", optional=True,
                              count_tokens=True)
     elif method in ("srpo", "rrpo"):
+        import trl_credit.srpo.localize as srpo_localize
         import trl_credit.srpo.trainer as srpo_module
 
-        profiler.wrap_module_function(srpo_module, "generate_from_prefixes", "srpo: generate_from_prefixes",
-                                      count_tokens=True)
+        # the decoded localization call (localization="generate") is made from srpo/localize.py
+        for module in (srpo_module, srpo_localize):
+            profiler.wrap_module_function(module, "generate_from_prefixes", "srpo: generate_from_prefixes",
+                                          count_tokens=True)
+        profiler.wrap_module_function(srpo_localize, "answer_scores", "srpo: scored localization (forward)")
         profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
 
 

@@ -1,10 +1,21 @@
 """Learning on a real model with seeds: GRPO and the methods, same rollout budget per prompt, one JSON per run.
 
-SmolLM2-135M-Instruct (offline) + LoRA (r=64, all linear layers) on the built-in arithmetic task (default: 1-digit,
-2 operands, ``+-``: 140 train / 60 held-out problems, base accuracy ~40%), reward ``final_number``. Every method
-trains ``--steps`` optimizer steps of ``--prompts`` prompts with the same shared settings (``--generations``
-rollouts per prompt, temperature, loss type, learning rate, completion length) and the same seeds; each method adds
-only its own settings (harness.METHODS "own", e.g. SRPO's thought template). Rollout budget per prompt:
+Two tasks (``--task``), LoRA (r=64, all linear layers) on a model each:
+
+- ``arithmetic`` (default): SmolLM2-135M-Instruct (offline) on the built-in arithmetic task (default: 1-digit,
+  2 operands, ``+-``: 140 train / 60 held-out problems, base accuracy ~40%), reward ``final_number``;
+- ``chain``: the warm-started ``smollm2-135m-chain`` (docs/testbed.md) on the multi-step chain task (1000 train /
+  64 held-out problems, 96 completion tokens), rewards ``[accuracy, chain_format]`` as the example scripts default
+  to (accuracy first: the methods' verifier), held-out reward ``accuracy``. Here SRPO/RRPO roll out on the dataset
+  prompt itself (``rollout_template="none"``: it already asks for one step per line, ``thought_delimiter="\n"``),
+  so every method trains and is evaluated on the same prompt; ``srpo_oracle`` is SRPO with ``reset="oracle"`` and
+  the chain step checker (skipped, with a message, when the installed ``SRPOConfig`` does not accept them).
+
+Every method trains ``--steps`` optimizer steps of ``--prompts`` prompts with the same shared settings
+(``--generations`` rollouts per prompt, temperature, loss type, learning rate, completion length) and the same seeds;
+each method adds only its own settings (harness.METHODS "own", e.g. SRPO's thought template). Held-out prompts are
+the prompts each method trained on (SRPO's rollout template applied when it has one), so no method is evaluated on
+a prompt it never saw. Rollout budget per prompt:
 ``--generations`` rows for GRPO, Cue-GRPO, OPPO and SRPO/RRPO (SRPO: ``generations/2`` base + 1 reset x
 ``generations/2`` suffixes, plus its seed candidates and localization); DATPO grows its tree from
 ``generations/2`` base rollouts (K_max 3, B_max 4: up to ~``generations`` leaves on an unsolved prompt, fewer on
@@ -13,11 +24,12 @@ easy ones), so its leaves per prompt are comparable to the others' rollouts.
 Each (method, seed) run writes ``<results-dir>/<method>_seed<seed>.json`` (settings, reward curve from TRL's logs,
 held-out report from ``trl_credit.evaluate``: accuracy, pass@k for k = 1..samples, per-problem counts) and is
 skipped when that file exists with the same settings, so a grid can be spread over time and resumed. The base
-model is evaluated once into ``<results-dir>/base.json`` with the same sampling seed. Plots and tables:
-``python benchmarks/plots.py --learning-dir <results-dir>``.
+model is evaluated once into ``<results-dir>/base.json`` with the same sampling seed. Plots, 95% CIs and paired
+differences vs GRPO (same seed): ``python benchmarks/plots.py --learning-dir <results-dir>``.
 
     python benchmarks/learning.py --methods grpo --seeds 0                     # one GRPO run + base eval
     python benchmarks/learning.py --methods grpo,cue_grpo,oppo,datpo,srpo,rrpo --seeds 0,1,2
+    python benchmarks/learning.py --task chain --results-dir benchmarks/results/learning_chain --seeds 0,1,2,3
 """
 
 from __future__ import annotations
@@ -35,28 +47,55 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
 import torch  # noqa: E402
 
+from trl_credit.chain import chain_format_reward, make_chain_dataset  # noqa: E402
 from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.evaluate import build_report, sample_completions, score_completions  # noqa: E402
-from trl_credit.models import default_model_path  # noqa: E402
-from trl_credit.rewards import final_number_reward  # noqa: E402
+from trl_credit.models import CHAIN_MODEL, default_model_path, resolve_model_path  # noqa: E402
+from trl_credit.rewards import accuracy_reward, final_number_reward  # noqa: E402
+from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "learning")
-# Methods of the comparison: the harness's trainers, plus RRPO = SRPO with uniformly random resets.
-METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo")
-RUN_KEYS = ("steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
+# Methods of the comparison: the harness's trainers, RRPO = SRPO with uniformly random resets, and SRPO with the
+# reset just before the step checker's first wrong step (chain task only).
+METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle")
+SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle")
+RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test")
-EVAL_KEYS = ("digits", "operands", "operators", "num_train", "num_test", "samples", "tokens", "eval_temperature",
-             "eval_top_p", "eval_seed")
+EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
+             "eval_temperature", "eval_top_p", "eval_seed")
+# Settings of runs written before a key existed (their value then); the arithmetic runs predate --task.
+LEGACY_SETTINGS = {"task": "arithmetic"}
+# Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
+TASKS = {
+    "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
+                       defaults=dict(num_train=140, num_test=60, tokens=48)),
+    "chain": dict(model=CHAIN_MODEL, rewards=[accuracy_reward, chain_format_reward], eval_reward="accuracy",
+                  defaults=dict(num_train=1000, num_test=64, tokens=96)),
+}
 
 
 def dataset_of(args):
+    if args.task == "chain":
+        return make_chain_dataset(num_train=args.num_train, num_test=args.num_test, seed=0)
     return make_arithmetic_dataset(num_train=args.num_train, num_test=args.num_test, digits=args.digits,
                                    num_operands=args.operands, operators=args.operators, seed=0)
 
 
-def evaluate_model(model, tokenizer, test, args) -> dict:
+def model_path_of(args) -> str:
+    name = TASKS[args.task]["model"]
+    return default_model_path() if name is None else resolve_model_path(name)
+
+
+def training_prompts(config, prompts) -> list:
+    """The prompts a trainer with ``config`` generates from: SRPO/RRPO wrap each question in their rollout template
+    (none on the chain task); the other trainers use the dataset prompts as they are."""
+    template = resolve_rollout_template(getattr(config, "rollout_template", None))
+    return [wrap_prompt(prompt, template) for prompt in prompts]
+
+
+def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
     model.eval()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     # A trained LoRA model is evaluated with its adapter merged into the base weights: the same function (to fp32
     # rounding) at the base model's cost; unmerged, the 7 x 30 adapter matmuls made evaluation ~1.7x slower.
     merged = hasattr(model, "merge_adapter")
@@ -64,7 +103,8 @@ def evaluate_model(model, tokenizer, test, args) -> dict:
         model.merge_adapter()
     try:
         samples = sample_completions(
-            model, tokenizer, list(test["prompt"]), args.samples, batch_size=args.eval_batch_size,
+            model, tokenizer, list(test["prompt"]) if prompts is None else prompts, args.samples,
+            batch_size=args.eval_batch_size,
             temperature=args.eval_temperature, top_p=args.eval_top_p, max_new_tokens=args.tokens,
             seed=args.eval_seed, progress=False,
         )
@@ -72,11 +112,13 @@ def evaluate_model(model, tokenizer, test, args) -> dict:
         if merged:
             model.unmerge_adapter()
     texts = [[s["text"] for s in per_problem] for per_problem in samples]
-    scored = score_completions(texts, list(test["answer"]), reward="final_number")
+    scored = score_completions(texts, list(test["answer"]), reward=TASKS[args.task]["eval_reward"])
     for entry, question, answer in zip(scored, test["question"], test["answer"]):
         entry.update(question=question, answer=answer)
     report = build_report(scored, settings={k: getattr(args, k) for k in EVAL_KEYS})
     report["eval_seconds"] = time.perf_counter() - start
+    # Core-seconds (process CPU time; = wall time on an idle machine with --threads 1): what a grid costs.
+    report["eval_cpu_seconds"] = time.process_time() - cpu_start
     return report
 
 
@@ -86,10 +128,15 @@ def method_settings(method: str, args) -> tuple[str, dict]:
                   weight_decay=0.0)
     if method == "datpo":
         shared["num_generations"] = max(2, args.generations // 2)
-    if method in ("srpo", "rrpo"):
+    if method in SRPO_LIKE:
         half = args.generations // 2
-        shared.update(reset_groups=1, suffixes_per_reset=half, reset="self" if method == "srpo" else "random")
-    return ("srpo" if method == "rrpo" else method), shared
+        reset = {"srpo": "self", "rrpo": "random", "srpo_oracle": "oracle"}[method]
+        shared.update(reset_groups=1, suffixes_per_reset=half, reset=reset)
+        if method == "srpo_oracle":
+            shared["step_checker"] = "chain"
+        if args.task == "chain":  # the chain prompt already asks for one step per line: roll out on it as is
+            shared.update(rollout_template="none", thought_delimiter="\n")
+    return ("srpo" if method in SRPO_LIKE else method), shared
 
 
 def load_if_same(path: str, keys, args) -> dict | None:
@@ -98,7 +145,7 @@ def load_if_same(path: str, keys, args) -> dict | None:
     with open(path) as f:
         previous = json.load(f)
     wanted = {k: getattr(args, k) for k in keys}
-    had = {k: previous.get("settings", {}).get(k) for k in keys}
+    had = {k: previous.get("settings", {}).get(k, LEGACY_SETTINGS.get(k)) for k in keys}
     if had != wanted:
         if args.force:
             return None
@@ -112,19 +159,22 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, seed, args.learning_rate)
     settings.update(overrides)
     config = harness.method_config(harness_method, tempfile.mkdtemp(prefix=f"learning_{method}_"), settings)
-    trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], [final_number_reward],
+    trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
                                     peft_config=harness.lora_config())
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     train_seconds = time.perf_counter() - start
+    train_cpu_seconds = time.process_time() - cpu_start
     prefix = harness_method.split("_")[0] + "/"
     curve = [dict(step=log.get("step"), reward=log["reward"], reward_std=log.get("reward_std"),
                   completion_length=log.get("completions/mean_length"),
-                  **{k: v for k, v in log.items() if k.startswith(prefix)})
+                  **{k: v for k, v in log.items() if k.startswith(prefix) or k.startswith("rewards/")})
              for log in trainer.state.log_history if "reward" in log]
-    report = evaluate_model(trainer.model, trainer.processing_class, dataset["test"], args)
+    prompts = training_prompts(config, list(dataset["test"]["prompt"]))
+    report = evaluate_model(trainer.model, trainer.processing_class, dataset["test"], args, prompts)
     return dict(method=method, seed=seed, train_seconds=train_seconds, seconds_per_step=train_seconds / args.steps,
-                reward_curve=curve, eval=report,
+                train_cpu_seconds=train_cpu_seconds, cpu_seconds_per_step=train_cpu_seconds / args.steps,
+                reward_curve=curve, eval=report, eval_prompt_example=prompts[0],
                 trainer_settings={k: getattr(config, k) for k in ("num_generations", "temperature", "top_p",
                                                                    "loss_type", "per_device_train_batch_size")})
 
@@ -132,19 +182,23 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--task", choices=sorted(TASKS), default="arithmetic",
+                        help="arithmetic (SmolLM2-135M-Instruct) or chain (smollm2-135m-chain, docs/testbed.md)")
+    parser.add_argument("--methods", default=None,
+                        help=f"comma-separated, from {list(METHODS)} (default: all; srpo_oracle on chain only)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (same for every method)")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per optimizer step")
     parser.add_argument("--generations", type=int, default=8, help="rollout budget per prompt (see the docstring)")
-    parser.add_argument("--tokens", type=int, default=48, help="max completion tokens (training and evaluation)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="max completion tokens, training and evaluation (default: arithmetic 48, chain 96)")
     parser.add_argument("--temperature", type=float, default=0.7, help="training sampling temperature")
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--digits", type=int, default=1)
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--operators", default="+-")
-    parser.add_argument("--num-train", type=int, default=140)
-    parser.add_argument("--num-test", type=int, default=60, help="held-out problems")
+    parser.add_argument("--num-train", type=int, default=None, help="default: arithmetic 140, chain 1000")
+    parser.add_argument("--num-test", type=int, default=None, help="held-out problems (arithmetic 60, chain 64)")
     parser.add_argument("--samples", type=int, default=16, help="samples per held-out problem (pass@k up to this k)")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-top-p", type=float, default=1.0)
@@ -154,19 +208,26 @@ def main(argv=None):
     parser.add_argument("--results-dir", default=RESULTS)
     parser.add_argument("--force", action="store_true", help="overwrite runs whose JSON has other settings")
     args = parser.parse_args(argv)
+    for key, value in TASKS[args.task]["defaults"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     torch.set_num_threads(args.threads)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    default_methods = METHODS if args.task == "chain" else tuple(m for m in METHODS if m != "srpo_oracle")
+    methods = [m.strip() for m in (args.methods or ",".join(default_methods)).split(",") if m.strip()]
     for method in methods:
         if method not in METHODS:
             raise SystemExit(f"--methods: unknown method {method!r}; choose from {list(METHODS)}")
+        if method == "srpo_oracle" and args.task != "chain":
+            raise SystemExit("--methods: srpo_oracle needs a step checker, which only --task chain has")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     os.makedirs(args.results_dir, exist_ok=True)
     dataset = dataset_of(args)
-    model_path = default_model_path()
-    info = dict(model="SmolLM2-135M-Instruct (LoRA r=64, all linear layers)",
-                task=f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, {args.operators!r}), "
-                     f"reward final_number", device="cuda" if torch.cuda.is_available() else "cpu",
-                threads=torch.get_num_threads())
+    model_path = model_path_of(args)
+    task = ("chain (docs/testbed.md), rewards [accuracy, chain_format], held-out reward accuracy"
+            if args.task == "chain" else f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, "
+            f"{args.operators!r}), reward final_number")
+    info = dict(model=f"{TASKS[args.task]['model'] or 'SmolLM2-135M-Instruct'} (LoRA r=64, all linear layers)",
+                task=task, device="cuda" if torch.cuda.is_available() else "cpu", threads=torch.get_num_threads())
 
     base_path = os.path.join(args.results_dir, "base.json")
     if load_if_same(base_path, EVAL_KEYS, args) is None:

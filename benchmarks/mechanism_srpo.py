@@ -5,7 +5,8 @@ A short SRPOTrainer run (``--steps`` optimizer steps, LoRA) on the built-in arit
 script records the rows TRL trains on (``_generate_and_score_completions``: advantages (B,), completion_mask,
 tool_mask, the rewards TRL computed), scores π_θ(y_t | ·) of every trained token with the current policy (TRL's
 log-prob pass, before the optimizer step), and records the reset of every seed (``reset_prefix_length``: h* and the
-number of thoughts H) and every localization verdict (``choose_reset_step``: parsed or random fallback).
+number of thoughts H) and every decoded localization verdict (``parse_reset_step``: parsed or not; only with
+``--localization generate``, the scored choice has no answer to parse).
 
 - Per-token signal (paper §5 / App. G): g_{i,t} = (|Â_i| / T_i)(1 − π_θ(y_{i,t} | ·)), T_i = the row's active
   tokens (suffix length for shared-prefix rows, full length for base rows), averaged over each row's active tokens
@@ -136,7 +137,7 @@ def plot(steps: list[dict], resets: list[dict], summary: dict, path: str, title:
     if positions:
         ax.hist(positions, bins=[i / 10 for i in range(11)], color="tab:orange", edgecolor="black")
     parse = summary["localization_parse_rate"]
-    parse_text = "n/a (RRPO)" if parse is None else f"{parse:.2f}"
+    parse_text = "n/a (no decoded answer)" if parse is None else f"{parse:.2f}"
     ax.set_xlabel("h* / H (reset thought / thoughts in the seed)")
     ax.set_ylabel("resets")
     ax.set_title(f"Where resets land; localization parse rate {parse_text}")
@@ -149,18 +150,21 @@ def main(argv=None):
     common.add_common_arguments(parser, prompts=4, generations=8, tokens=64, temperature=0.7, steps=3)
     # (--train is accepted for symmetry with the other scripts: SRPO's run always trains)
     parser.add_argument("--reset", choices=["self", "random"], default="self", help="SRPO (self) or RRPO (random)")
+    parser.add_argument("--localization", choices=["scored", "generate"], default="scored",
+                        help="SRPO's localization (SRPOConfig.localization): scored choice or decoded answer")
     args = parser.parse_args(argv)
     method_name = "srpo" if args.reset == "self" else "rrpo"
     json_path, png_path = common.output_paths(args, method_name)
     start = time.perf_counter()
 
+    import trl_credit.srpo.localize as srpo_localize
     import trl_credit.srpo.trainer as srpo_trainer
 
     recorder = common.Recorder()
     recorder.wrap(srpo_trainer, "reset_prefix_length")
     if args.reset == "self":
-        recorder.wrap(srpo_trainer, "choose_reset_step")
-    trainer = common.build_trainer("srpo", args, own=dict(reset=args.reset))
+        recorder.wrap(srpo_localize, "parse_reset_step")
+    trainer = common.build_trainer("srpo", args, own=dict(reset=args.reset, localization=args.localization))
     recorder.attach(trainer, per_token_signal)
     seconds = common.collect(trainer, args.steps, train=True)
     recorder.unpatch()
@@ -170,7 +174,7 @@ def main(argv=None):
     for a, k, kept in recorder.calls["reset_prefix_length"]:
         ends, step = a[0], (a[1] if len(a) > 1 else k["reset_step"])
         resets.append(dict(h=int(step), H=len(ends), h_over_H=int(step) / len(ends), kept_tokens=int(kept)))
-    verdicts = [result[1] for _, _, result in recorder.calls.get("choose_reset_step", [])]
+    verdicts = [result is not None for _, _, result in recorder.calls.get("parse_reset_step", [])]
 
     both = [p for step in steps for p in step["prompts"] if p["both_deliver"]]
     all_rows = [r for step in steps for r in step["rows"]]

@@ -20,10 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red",
-          "rrpo": "tab:purple", "srpo_base": "tab:brown"}
+          "rrpo": "tab:purple", "srpo_base": "tab:brown", "srpo_oracle": "tab:pink"}
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO",
-          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)"}
-METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo"]
+          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)", "srpo_oracle": "SRPO\n(oracle reset)"}
+METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle"]
 
 
 def plot_rewards(learning: dict, path: str) -> str:
@@ -258,6 +258,9 @@ def learning_summary(data: dict) -> dict:
             entry["diff_pass_at_k"] = {k: mean_ci([curves[s][k] - grpo_curves[s][k] for s in paired
                                                    if k in grpo_curves[s]]) for k in ks}
             entry["diff_per_seed"] = {s: runs[s]["eval"]["accuracy"] - grpo[s]["eval"]["accuracy"] for s in paired}
+            # The same difference per seed with its 95% CI paired over problems (sampling noise, not seed variance).
+            entry["diff_per_seed_problem_ci"] = {s: (d, 1.96 * se) for s in paired
+                                                 for d, se in [paired_problem_se(runs[s]["eval"], grpo[s]["eval"])]}
         summary[method] = entry
     return summary
 
@@ -357,6 +360,11 @@ def learning_markdown(data: dict, summary: dict) -> str:
         gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
                           for g in entry.get("gain_over_base", []))
         lines.append(f"- {LABELS.get(m, m)}: {gains}")
+    lines += ["", "Per-seed difference in accuracy vs GRPO (same seed; 95% CI paired over problems):", ""]
+    for m, entry in summary.items():
+        if entry.get("diff_per_seed_problem_ci"):
+            lines.append(f"- {LABELS.get(m, m)}: " + ", ".join(
+                f"seed {s}: {d:+.3f} ± {h:.3f}" for s, (d, h) in entry["diff_per_seed_problem_ci"].items()))
     return "\n".join(lines)
 
 

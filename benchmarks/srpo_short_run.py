@@ -4,7 +4,8 @@ LoRA r=64 alpha=64 (paper §5), reward ``final_number_reward``.
 Both trainers see the same prompts (same seed) for the same number of steps. Every generation call of both goes
 through ``_generate_single_turn``; the script counts the tokens it returns (SRPO: base, seed candidates,
 localization and suffixes), so the printed token ratio is measured, not estimated. Also prints SRPO's own
-metrics (fallback rate, correction rate, localization parse rate, mean reset position) and one seed/reset example.
+metrics (fallback rate, correction rate, localization parse rate and sources, the scored localization's forward
+tokens, mean reset position) and one seed/reset example.
 
     python benchmarks/srpo_short_run.py --steps 4 --reset self
 """
@@ -98,6 +99,8 @@ def run(method: str, cli) -> dict:
             seed_candidates_per_round=cli.seed_candidates,
             max_seed_rounds=cli.seed_rounds,
             seed_source=cli.seed_source,
+            localization=cli.localization,
+            localization_scoring=cli.localization_scoring,
             weight_decay=0.01,  # the paper's (Table 5), as measured when it was SRPOConfig's default
         )
     trainer = trainer_class(
@@ -114,7 +117,9 @@ def run(method: str, cli) -> dict:
 
     keys = ["reward", "srpo/fallback_rate", "srpo/correction_rate", "srpo/base_pass_rate", "srpo/localization_parse_rate",
             "srpo/reset_position", "srpo/reset_at_question_rate", "srpo/single_thought_rate", "srpo/thoughts_per_seed",
-            "srpo/seed_rounds", "srpo/tokens_vs_base", "srpo/tokens_vs_grpo", "srpo/paper_tokens_vs_grpo"]
+            "srpo/seed_rounds", "srpo/tokens_vs_base", "srpo/tokens_vs_grpo", "srpo/paper_tokens_vs_grpo",
+            "srpo/localization_forward_tokens_vs_grpo", "srpo/localization_source/generated",
+            "srpo/localization_source/scored", "srpo/localization_source/random"]
     return {"method": method, "seconds": seconds, "generated_tokens": trainer.generated_tokens,
             **{key: mean(key) for key in keys if mean(key) is not None}, "example": trainer.example}
 
@@ -129,6 +134,10 @@ def main():
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--max_completion_length", type=int, default=80)
     parser.add_argument("--localization_max_tokens", type=int, default=32)
+    parser.add_argument("--localization", choices=["scored", "generate"], default="scored",
+                        help="SRPOConfig.localization: the scored choice (default) or the decoded answer")
+    parser.add_argument("--localization_scoring", choices=["plain", "calibrated"], default="plain",
+                        help="SRPOConfig.localization_scoring: raw answer scores or divided by a content-free chain's")
     parser.add_argument("--seed_candidates", type=int, default=1)
     parser.add_argument("--seed_source", choices=["fresh", "base"], default="fresh")
     parser.add_argument("--seed_rounds", type=int, default=4)

@@ -71,3 +71,42 @@ def test_overhead_spread_gives_median_range_and_geometric_mean_interval():
     assert result["geomean"] == pytest.approx(1.0)
     assert result["ci95"] == pytest.approx([0.29790, 3.35689], rel=1e-4)
     assert "ci95" not in overhead.spread([1.05])  # one pair: no interval
+
+
+def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prompt(tmp_path, capsys):
+    """benchmarks/learning.py --task chain: the prompt each trainer generates from is the held-out prompt, for every
+    method (SRPO/RRPO without a rollout template), under the same rollout budget; on arithmetic SRPO keeps its
+    `lines` template and is evaluated on it."""
+    import argparse
+
+    import learning
+
+    from trl_credit.chain import make_chain_dataset
+    from trl_credit.srpo.prompts import LINES_ROLLOUT_TEMPLATE
+
+    prompts = make_chain_dataset(num_train=0, num_test=2, seed=0)["test"]["prompt"]
+    args = argparse.Namespace(task="chain", generations=8, temperature=0.7)
+    budgets = {}
+    for method in learning.METHODS:
+        harness_method, overrides = learning.method_settings(method, args)
+        settings = harness.common_settings(2, 96, 1, 0, 1e-4)
+        settings.update(overrides)
+        try:
+            config = harness.method_config(harness_method, str(tmp_path / method), settings)
+        except (TypeError, ValueError):
+            assert method == "srpo_oracle"  # SRPOConfig without reset="oracle" yet: learning.py skips it
+            continue
+        assert learning.training_prompts(config, prompts) == prompts, method
+        budgets[method] = config.num_generations
+        if method in learning.SRPO_LIKE:
+            assert config.thought_delimiter == "\n" and config.suffixes_per_reset == 4
+    assert budgets["grpo"] == budgets["cue_grpo"] == budgets["oppo"] == budgets["srpo"] == budgets["rrpo"] == 8
+    assert budgets["datpo"] == 4  # base rollouts; its tree grows to ~8 leaves
+
+    args.task = "arithmetic"
+    harness_method, overrides = learning.method_settings("srpo", args)
+    settings = harness.common_settings(2, 48, 1, 0, 1e-4)
+    settings.update(overrides)
+    config = harness.method_config(harness_method, str(tmp_path / "srpo_arithmetic"), settings)
+    wrapped = learning.training_prompts(config, prompts)
+    assert wrapped[0][-1]["content"] == LINES_ROLLOUT_TEMPLATE.replace("{question}", prompts[0][-1]["content"])

@@ -5,6 +5,7 @@ import pytest
 from trl_credit.chain import (
     CHAIN_INSTRUCTION,
     chain_solutions,
+    chain_format_reward,
     check_steps,
     first_wrong_step,
     make_chain_dataset,
@@ -182,3 +183,38 @@ def test_each_step_line_is_one_srpo_thought_and_one_datpo_sentence(tiny_tokenize
     text, offsets = token_char_offsets(tiny_tokenizer, ids)
     spans = sentence_spans(text, offsets)
     assert [tiny_tokenizer.decode(ids[s:e], skip_special_tokens=True).strip() for s, e in spans] == lines
+
+
+# --------------------------------------------------------------------------------------------------------------
+# chain_format_reward: the step grammar and one answer line, not the arithmetic
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (TERM, 1.0),
+        (FACTORED, 1.0),
+        (PLAIN_SOLUTION, 1.0),
+        ("12 - 3 = 9\n\n  9 + 7 = 16.  \n\\boxed{16}\n\n", 1.0),  # blank lines, spaces, a period: as the checker
+        ("12 - 3 = 10\n10 + 7 = 17\n\\boxed{17}", 1.0),  # wrong arithmetic, right format: accuracy's job
+        ([{"role": "assistant", "content": PLAIN_SOLUTION}], 1.0),  # chat completion
+        ("\\boxed{27}", 0.0),  # no step line
+        ("12 - 3 = 9\n9 + 7 = 16", 0.0),  # no answer line
+        ("12 - 3 = 9\nThen add 7: 9 + 7 = 16\n\\boxed{16}", 0.0),  # prose before the answer
+        ("Step 1: 12 - 3 = 9\n\\boxed{9}", 0.0),
+        ("12 - 3 = 9\n\\boxed{9}\n\\boxed{9}", 0.0),  # two answer lines
+        ("12 - 3 = 9\n\\boxed{9}\nDone.", 0.0),  # text after the answer
+        ("12 - 3 = 9\nThe answer is \\boxed{9}", 0.0),  # answer line is not \boxed{N} alone
+        ("12 - 3 = 9\n\\boxed{nine}", 0.0),
+        ("12 / 3 = 4\n\\boxed{4}", 0.0),  # op not one of + - *
+        ("", 0.0),
+        (None, 0.0),
+    ],
+)
+def test_chain_format_reward_on_hand_written_chains(completion, expected):
+    assert chain_format_reward([completion]) == [expected]
+
+
+def test_chain_format_reward_scores_a_batch_in_order():
+    assert chain_format_reward([TERM, "garbage", PLAIN_SOLUTION], answer=["90", "1", "27"]) == [1.0, 0.0, 1.0]

@@ -5,9 +5,11 @@ import os
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
+from trl_credit.chain import chain_format_reward
 from trl_credit.model_card import MethodModelCardMixin, method_hyperparameters
 from trl_credit.rewards import accuracy_reward, final_number_reward
 from trl_credit.scripts import load_reward_funcs, main, offline_defaults
+from trl_credit.success import resolve_success_index
 
 
 def test_reward_registry_defaults_and_errors():
@@ -18,8 +20,10 @@ def test_reward_registry_defaults_and_errors():
         load_reward_funcs(["nope"], None)
 
 
-def test_chain_dataset_name_builds_the_chain_task_with_the_boxed_reward(tiny_model_path, tmp_path):
-    assert load_reward_funcs(None, "chain") == [accuracy_reward]
+def test_chain_dataset_name_builds_the_chain_task_with_accuracy_and_format_rewards(tiny_model_path, tmp_path):
+    # accuracy first: the verifier (success_reward None = the first function), as on any user's [accuracy, format]
+    assert load_reward_funcs(None, "chain") == [accuracy_reward, chain_format_reward]
+    assert load_reward_funcs(["chain_format"], "chain") == [chain_format_reward]
     defaults = offline_defaults("grpo", max_steps=1, per_device_train_batch_size=4, max_completion_length=4)
     argv = [
         "--model_name_or_path", tiny_model_path,
@@ -33,7 +37,8 @@ def test_chain_dataset_name_builds_the_chain_task_with_the_boxed_reward(tiny_mod
     trainer = main(GRPOTrainer, GRPOConfig, defaults, argv=argv)
     questions = trainer.train_dataset["question"]
     assert len(questions) == 8 and all(", then " in q for q in questions)
-    assert trainer.reward_funcs == [accuracy_reward]
+    assert trainer.reward_funcs == [accuracy_reward, chain_format_reward]
+    assert resolve_success_index(None, trainer.reward_func_names) == 0  # the methods' verifier is accuracy
 
 
 def test_main_trains_with_lora_and_saves_adapter(tiny_model_path, tmp_path):

@@ -45,3 +45,42 @@ def test_warm_start_is_deterministic_and_lands_in_the_rl_band(tmp_path):
     assert 0.2 <= report["pass@1"] <= 0.7, report["pass@1"]  # the recorded 64 x 4 number is in 0.3-0.6
     assert report["mean_steps_per_answer"] >= 4
     assert sum(count for step, count in report["first_wrong_step"].items() if int(step) > 1) > 0  # mid-chain errors
+
+
+def _digest(model) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.slow
+def test_reduced_warm_start_builds_into_the_cache_loads_by_name_and_is_deterministic(tmp_path, monkeypatch):
+    """A warm start of one optimizer step (8 examples, 1 epoch) built into a fresh TRL_CREDIT_CACHE: loadable as
+    `smollm2-135m-chain`, changed from the base model, the same weights for the same seed, others for another."""
+    from trl_credit.models import CHAIN_MODEL, default_model_path, load_model
+
+    base_dir = default_model_path()  # the converted base model of the real cache, before the cache moves
+    monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "SmolLM2-135M-Instruct").symlink_to(base_dir)  # no GGUF conversion in the test
+    with pytest.raises(FileNotFoundError, match="python -m trl_credit.warm_start"):
+        load_model(CHAIN_MODEL)
+    small = WarmStartConfig(num_examples=8, epochs=1.0, batch_size=8)
+
+    built = build_chain_model(small)
+    assert built["path"] == str(tmp_path / "cache" / "SmolLM2-135M-Instruct-chain")
+    model, tokenizer = load_model(CHAIN_MODEL)
+    loaded = _digest(model)
+    base, _ = load_model(base_dir)
+    assert loaded != _digest(base)  # the step changed the weights
+    assert tokenizer.chat_template and model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids(
+        "<|im_end|>")
+
+    again = build_chain_model(small, str(tmp_path / "again"))
+    other = build_chain_model(WarmStartConfig(num_examples=8, epochs=1.0, batch_size=8, seed=1), str(tmp_path / "other"))
+    assert again["weights_sha256"] == built["weights_sha256"] != other["weights_sha256"]
+    assert _digest(load_model(again["path"])[0]) == loaded
+    assert _digest(load_model(other["path"])[0]) != loaded

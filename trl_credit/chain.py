@@ -66,6 +66,7 @@ __all__ = [
     "check_steps",
     "first_wrong_step",
     "StepVerdict",
+    "chain_format_reward",
 ]
 
 CHAIN_INSTRUCTION = (
@@ -334,3 +335,32 @@ def first_wrong_step(question: str, completion) -> int | None:
     """1-indexed line of the first wrong step of ``completion`` (a string or chat messages) for the chain problem
     ``question``, or None when every step and the boxed answer hold (rules in the module docstring)."""
     return check_steps(question, completion).step
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Format reward
+# --------------------------------------------------------------------------------------------------------------
+
+_ANSWER_LINE = re.compile(r"^\\boxed\{\s*-?\d+\s*\}\s*\.?$")
+
+
+def _is_chain_format(text: str) -> bool:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (
+        len(lines) >= 2
+        and all(_STEP.match(line) for line in lines[:-1])
+        and _ANSWER_LINE.match(lines[-1]) is not None
+    )
+
+
+def chain_format_reward(completions: list, **kwargs) -> list[float]:
+    """The chain task's format reward (``--reward_funcs chain_format``; with ``accuracy`` the default on
+    ``--dataset_name chain``): 1.0 when the completion is in the format the prompt asks for, else 0.0.
+
+    In format: at least one step line, every non-empty line but the last is ``x op y = z`` (the step checker's
+    grammar, arithmetic not checked), the last is the answer line ``\\boxed{N}`` alone (an integer; optional
+    period) and no other line has a ``\\boxed``. So a wrong but well-written chain scores 1 here and 0 on
+    ``accuracy``: as with any format reward, keep ``accuracy`` first so that it stays the methods' verifier
+    (``success_reward``, docs/design.md). Completions may be strings or chat messages; never raises on model output.
+    """
+    return [float(_is_chain_format(completion_text(c))) for c in completions]

@@ -3,7 +3,8 @@
 Run ``python -m trl_credit.evaluate --help`` (console script ``trl-credit-eval``). The pipeline has three parts,
 usable on their own:
 
-1. :func:`sample_completions` — n sampled completions per prompt with batched HF ``generate`` (needs a model).
+1. :func:`sample_completions` — n sampled completions per prompt with batched HF ``generate`` (needs a model;
+   :mod:`trl_credit.sampling`, re-exported here).
 2. :func:`score_completions` — rewards and voting keys per completion (pure; no model).
 3. :func:`build_report` — metrics from per-problem correctness (pure), then :func:`write_report` writes the JSON
    report and :func:`plot_pass_at_k` the PNG curve.
@@ -27,6 +28,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .data import BUILTIN_DATASET, CHAIN_DATASET
 from .metrics import AUC_BUDGETS, MAJ_MAX_SAMPLES, auc_at_k, maj_at_ks, majority_answer, mean_pass_at_k
 from .rewards import (
     accuracy_reward,
@@ -37,6 +39,7 @@ from .rewards import (
     math_verify_reward,
     normalize_answer,
 )
+from .sampling import EVAL_MAX_NEW_TOKENS, EVAL_TEMPERATURE, load_model_and_tokenizer, sample_completions
 
 __all__ = [
     "EVAL_MAX_NEW_TOKENS",
@@ -56,10 +59,6 @@ __all__ = [
     "main",
 ]
 
-#: Default sampling of an evaluation: the setting of the README's base-accuracy table (``benchmarks/base_accuracy.py``,
-#: :mod:`trl_credit.data`: temperature 0.7, top-p 1.0, 64 new tokens), so default numbers are comparable with it.
-EVAL_TEMPERATURE = 0.7
-EVAL_MAX_NEW_TOKENS = 64
 
 #: Answer checkers selectable with ``--reward`` (TRL reward-function signature, binary 0/1 rewards).
 REWARDS: dict[str, Callable[..., list[float]]] = {
@@ -225,45 +224,8 @@ def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Model side
+# Problems and the whole run (sampling: trl_credit.sampling)
 # --------------------------------------------------------------------------------------------------------------
-
-
-def load_model_and_tokenizer(
-    model_name_or_path: str | None = None, adapter: str | None = None, dtype: str = "auto", device: str | None = None
-):
-    """Load a causal LM (path or Hub id; None/``"smollm2-135m-instruct-offline"`` = the offline SmolLM2) and its
-    tokenizer, with an optional PEFT/LoRA adapter merged in. Without a model, an adapter's recorded base model
-    (``adapter_config.json``) is used; ``HuggingFaceTB/SmolLM2-135M-Instruct`` resolves to the offline copy. The
-    tokenizer comes from the adapter folder when it has one (TRL saves it there), else from the model. Padding is
-    set to the left for batched generation.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .models import resolve_model_path
-
-    if model_name_or_path is None and adapter and os.path.exists(os.path.join(adapter, "adapter_config.json")):
-        with open(os.path.join(adapter, "adapter_config.json")) as handle:
-            model_name_or_path = json.load(handle).get("base_model_name_or_path")
-    path = resolve_model_path(model_name_or_path)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    tokenizer_source = path
-    if adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-        if os.path.exists(os.path.join(adapter, "tokenizer_config.json")):
-            tokenizer_source = adapter
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.to(device).eval()
-    return model, tokenizer
 
 
 def load_problems(
@@ -273,28 +235,36 @@ def load_problems(
     prompt_column: str = "prompt",
     answer_column: str = "answer",
     num_problems: int | None = None,
+    rollout_template: str | None = None,
     **builtin_kwargs,
 ) -> tuple[list, list]:
     """``(prompts, answers)`` of the evaluation problems.
 
     ``"arithmetic"`` (default) is the built-in task's test split (``builtin_kwargs`` go to
     :func:`trl_credit.data.make_arithmetic_dataset`: ``digits``, ``num_operands``, ``operators``, ``seed``,
-    ``instruction``...), by default its whole test split; its first m problems are the first m of every larger
-    test split with the same settings. Any other name is loaded
-    with ``datasets.load_dataset(dataset, dataset_config, split=split)``. Prompts are chat message lists or
-    plain strings; ``num_problems`` keeps the first that many.
+    ``instruction``...), by default its whole test split; ``"chain"`` the chain task's
+    (:func:`trl_credit.chain.make_chain_dataset`, by default its 200 test problems, ``seed``...). Their first m
+    problems are the first m of every larger test split with the same settings, whatever the train split. Any
+    other name is loaded with ``datasets.load_dataset(dataset, dataset_config, split=split)``. Prompts are chat
+    message lists or plain strings; ``num_problems`` keeps the first that many.
+
+    ``rollout_template`` (SRPO's presets ``thought_mdp``, ``lines``, ``none`` or a template with ``{question}``)
+    wraps each question as ``SRPOConfig.rollout_template`` does at training time: evaluate an SRPO/RRPO model on
+    the prompt it was trained on. None (default) leaves the dataset prompts as they are, which is what GRPO,
+    Cue-GRPO, OPPO and DATPO train on.
     """
     if num_problems is not None and num_problems < 1:
         raise ValueError(f"num_problems must be >= 1 (or None for all), got {num_problems}")
-    if dataset in (None, "", "arithmetic"):
-        from .data import make_arithmetic_dataset
+    if dataset in (None, "", BUILTIN_DATASET, CHAIN_DATASET):
+        from .data import load_task_dataset
 
         if num_problems is not None:
             builtin_kwargs["num_test"] = num_problems  # the first m of any test split with the same settings
-        rows = make_arithmetic_dataset(num_train=0, **builtin_kwargs)["test"]
+        rows = load_task_dataset(dataset or BUILTIN_DATASET, num_train=0, **builtin_kwargs)["test"]
     else:
         if builtin_kwargs:
-            raise ValueError(f"{sorted(builtin_kwargs)} only apply to the built-in 'arithmetic' dataset")
+            raise ValueError(f"{sorted(builtin_kwargs)} only apply to the built-in datasets "
+                             f"'{BUILTIN_DATASET}' and '{CHAIN_DATASET}'")
         from datasets import load_dataset
 
         rows = load_dataset(dataset, dataset_config, split=split)
@@ -303,85 +273,13 @@ def load_problems(
             raise ValueError(f"{name}={column!r} is not a column of the dataset; columns: {rows.column_names}")
     if num_problems is not None:
         rows = rows.select(range(min(num_problems, len(rows))))
-    return list(rows[prompt_column]), [None if a is None else str(a) for a in rows[answer_column]]
+    prompts = list(rows[prompt_column])
+    if rollout_template is not None:
+        from .srpo.prompts import resolve_rollout_template, wrap_prompt
 
-
-def _render_prompt(prompt: Any, tokenizer) -> str:
-    if isinstance(prompt, str):
-        return prompt  # plain-text prompt, used as is (as TRL does)
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the prompts are chat messages but the tokenizer has no chat_template")
-    return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
-
-
-def sample_completions(
-    model,
-    tokenizer,
-    prompts: Sequence[Any],
-    num_samples: int,
-    *,
-    batch_size: int = 64,
-    temperature: float = EVAL_TEMPERATURE,
-    top_p: float = 1.0,
-    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    seed: int = 0,
-    progress: bool = True,
-) -> list[list[dict]]:
-    """``num_samples`` completions per prompt with batched ``model.generate``; deterministic in ``seed`` on CPU.
-
-    ``prompts`` are chat message lists (rendered with the tokenizer's chat template, generation prompt added)
-    or plain strings. ``batch_size`` counts sequences per ``generate`` call. ``temperature=0`` means greedy.
-    Returns, per prompt, a list of ``{"text", "num_tokens", "stopped"}`` (``stopped``: ended with EOS before
-    ``max_new_tokens``).
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import set_seed
-
-    if num_samples < 1 or batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(
-            f"num_samples, batch_size and max_new_tokens must be >= 1, got {num_samples}, {batch_size}, "
-            f"{max_new_tokens}"
-        )
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
-    texts = [_render_prompt(p, tokenizer) for p in prompts]
-    add_special_tokens = not prompts or isinstance(prompts[0], str)  # chat templates already add BOS if any
-    jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
-    results: list[list[dict]] = [[] for _ in prompts]
-    eos_ids = model.generation_config.eos_token_id
-    if eos_ids is None:
-        eos_ids = tokenizer.eos_token_id
-    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(
-        do_sample=False, temperature=None, top_p=None, top_k=None
-    )
-    set_seed(seed)
-    tokenizer.padding_side = "left"
-    with tqdm(total=len(jobs), desc="sampling", unit="completion", disable=not progress) as bar:
-        for start in range(0, len(jobs), batch_size):
-            chunk = jobs[start : start + batch_size]
-            batch = tokenizer(
-                [texts[p] for p, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=add_special_tokens
-            ).to(model.device)
-            with torch.no_grad():
-                output = model.generate(
-                    **batch, max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling
-                )
-            generated = output[:, batch["input_ids"].shape[1] :].tolist()
-            for (p, _), ids in zip(chunk, generated):
-                end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
-                kept = ids if end is None else ids[:end]
-                results[p].append(
-                    {
-                        "text": tokenizer.decode(kept, skip_special_tokens=True),
-                        "num_tokens": len(kept) + (end is not None),
-                        "stopped": end is not None,
-                    }
-                )
-            bar.update(len(chunk))
-    return results
+        template = resolve_rollout_template(rollout_template)  # raises naming the accepted values
+        prompts = [wrap_prompt(prompt, template) for prompt in prompts]
+    return prompts, [None if a is None else str(a) for a in rows[answer_column]]
 
 
 def evaluate(
@@ -394,6 +292,7 @@ def evaluate(
     answer_column: str = "answer",
     num_problems: int | None = None,
     builtin_kwargs: dict | None = None,
+    rollout_template: str | None = None,
     reward: str | None = None,
     num_samples: int = 16,
     batch_size: int = 64,
@@ -410,14 +309,16 @@ def evaluate(
     """Sample, score and report (see the module docstring). Writes ``report.json`` and ``pass_at_k.png``
     (and ``completions.jsonl`` with ``save_completions``) into ``output_dir`` unless it is None; returns the report.
 
-    ``reward`` None picks ``final_number`` for the built-in arithmetic task and ``accuracy`` otherwise.
+    ``reward`` None picks ``final_number`` for the built-in arithmetic task and ``accuracy`` otherwise (the chain
+    task included). ``rollout_template``: see :func:`load_problems`.
     """
-    builtin = dataset in (None, "", "arithmetic")
-    reward = reward or ("final_number" if builtin else "accuracy")
+    builtin = dataset in (None, "", BUILTIN_DATASET, CHAIN_DATASET)
+    reward = reward or ("final_number" if dataset in (None, "", BUILTIN_DATASET) else "accuracy")
     if reward not in REWARDS:
         raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
     prompts, answers = load_problems(
-        dataset, dataset_config, split, prompt_column, answer_column, num_problems, **(builtin_kwargs or {})
+        dataset, dataset_config, split, prompt_column, answer_column, num_problems, rollout_template,
+        **(builtin_kwargs or {}),
     )
     lm, tokenizer = load_model_and_tokenizer(model, adapter, dtype=dtype, device=device)
     samples = sample_completions(
@@ -446,6 +347,7 @@ def evaluate(
         "dataset_config": dataset_config,
         "split": split if not builtin else "test",
         "builtin_kwargs": (builtin_kwargs or {}) if builtin else None,
+        "rollout_template": rollout_template,
         "num_problems": len(prompts),
         "reward": reward,
         "num_samples": num_samples,
@@ -499,8 +401,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default=None,
                         help="Model path or Hub id (default: the offline SmolLM2-135M-Instruct).")
     parser.add_argument("--adapter", default=None, help="Path of a PEFT/LoRA adapter to merge into the model.")
-    parser.add_argument("--dataset", default="arithmetic",
-                        help="'arithmetic' (built-in task, test split) or a HF dataset name/path.")
+    parser.add_argument("--dataset", "--dataset_name", dest="dataset", default="arithmetic",
+                        help="'arithmetic' or 'chain' (built-in tasks, test split; chain: docs/testbed.md, its "
+                        "answers need --max_new_tokens 96) or a HF dataset name/path.")
     parser.add_argument("--dataset_config", default=None, help="HF dataset config name.")
     parser.add_argument("--split", default="test", help="HF dataset split (default: test).")
     parser.add_argument("--prompt_column", default="prompt", help="Column with chat messages or plain-text prompts.")
@@ -510,7 +413,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--digits", type=int, default=None, help="Built-in task: operand digits.")
     parser.add_argument("--num_operands", type=int, default=None, help="Built-in task: operands per problem.")
     parser.add_argument("--operators", default=None, help="Built-in task: operators drawn from '+-*'.")
-    parser.add_argument("--data_seed", type=int, default=None, help="Built-in task: the dataset seed used in training.")
+    parser.add_argument("--data_seed", type=int, default=None,
+                        help="Built-in tasks: the dataset seed used in training (--arithmetic_seed/--chain_seed).")
+    parser.add_argument("--rollout_template", default=None,
+                        help="SRPO/RRPO models: the rollout_template they trained with (thought_mdp, lines, none or a "
+                        "template with {question}), so that they are evaluated on their training prompt. Default: "
+                        "the dataset prompt, what GRPO, Cue-GRPO, OPPO and DATPO train on.")
     parser.add_argument("--reward", choices=sorted(REWARDS), default=None,
                         help="Answer checker (default: final_number for the built-in task, accuracy otherwise).")
     parser.add_argument("-n", "--num_samples", type=int, default=16, help="Samples per problem (k ranges up to n).")
@@ -533,6 +441,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``python -m trl_credit.evaluate`` / ``trl-credit-eval``); returns the exit code."""
     args = _parse_args(argv)
+    arithmetic_only = [f"--{name}" for name in ("digits", "num_operands", "operators") if getattr(args, name) is not None]
+    if args.dataset == CHAIN_DATASET and arithmetic_only:
+        raise SystemExit(f"{', '.join(arithmetic_only)}: only for --dataset arithmetic; the chain task takes "
+                         "--data_seed and --num_problems")
     builtin_kwargs = {
         key: value
         for key, value in (
@@ -544,7 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = evaluate(
         model=args.model, adapter=args.adapter, dataset=args.dataset, dataset_config=args.dataset_config,
         split=args.split, prompt_column=args.prompt_column, answer_column=args.answer_column,
-        num_problems=args.num_problems, builtin_kwargs=builtin_kwargs, reward=args.reward,
+        num_problems=args.num_problems, builtin_kwargs=builtin_kwargs, rollout_template=args.rollout_template,
+        reward=args.reward,
         num_samples=args.num_samples, batch_size=args.batch_size, temperature=args.temperature, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed, dtype=args.dtype, device=args.device,
         output_dir=args.output_dir, save_completions=args.save_completions, progress=not args.no_progress,

@@ -177,22 +177,33 @@ _M_MMAP_THRESHOLD = -3
 _CPU_MMAP_THRESHOLD = 128 * 1024
 
 
-def return_freed_buffers() -> bool:
-    """glibc only (Linux): allocations of 128 KiB and more get their own memory mapping, returned to the OS as soon as
-    they are freed. Returns whether the setting was made.
+_chosen_mmap_threshold: int | None = None  # the threshold this process set (the first call's), None: not set yet
+
+
+def return_freed_buffers(threshold: int | None = None) -> bool:
+    """glibc only (Linux): allocations of ``threshold`` bytes (default 128 KiB) and more get their own memory mapping,
+    returned to the OS as soon as they are freed. Returns whether the setting is in force.
 
     By default glibc raises that threshold as large blocks are freed (up to 32 MB), so the activations of a CPU
     forward/backward (tens of MB each, freed and reallocated in different sizes around the tensors autograd keeps)
     come from the heap, which fragments and never shrinks: in the README's SRPO job the process held ~2.9 GB after a
-    forward that kept 0.3 GB. A process-wide setting; left alone when the user set ``MALLOC_MMAP_THRESHOLD_``
-    (any value) or the C library is not glibc.
+    forward that kept 0.3 GB. Not free: each such buffer is then a fresh, page-faulted mapping (the README's job took
+    ~1.1x the time, ``benchmarks/cpu_memory.py``). A process-wide setting, made once: the first call's threshold is
+    kept (a benchmark may choose its own before building trainers); left alone when the user set
+    ``MALLOC_MMAP_THRESHOLD_`` (any value: glibc applies it at start-up) or the C library is not glibc.
     """
+    global _chosen_mmap_threshold
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
+    if _chosen_mmap_threshold is not None:
+        return True
     try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, _CPU_MMAP_THRESHOLD))
+        made = bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, threshold or _CPU_MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
+    if made:
+        _chosen_mmap_threshold = threshold or _CPU_MMAP_THRESHOLD
+    return made
 
 
 class CPUMemoryMixin:

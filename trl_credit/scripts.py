@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
+from trl_credit.chain import chain_format_reward
 from trl_credit.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
@@ -36,7 +37,12 @@ REWARD_FUNCS = {
     "accuracy": accuracy_reward,
     "final_number": final_number_reward,
     "math_verify": math_verify_reward,
+    "chain_format": chain_format_reward,
 }
+
+# Default --reward_funcs per built-in task; any other dataset gets `accuracy`. The verifier comes first (success_reward
+# None = the first reward function), so a format reward shapes learning without counting as "correct".
+DEFAULT_REWARDS = {BUILTIN_DATASET: ["final_number"], CHAIN_DATASET: ["accuracy", "chain_format"]}
 
 
 @dataclass
@@ -53,8 +59,8 @@ class CreditScriptArguments(ScriptArguments):
         default=None,
         metadata={
             "help": f"Reward functions: any of {sorted(REWARD_FUNCS)} or a dotted import path "
-            "(`my_lib.rewards.fn`). Default: `final_number` on the built-in arithmetic task, `accuracy` otherwise "
-            "(the chain task boxes its answer)."
+            "(`my_lib.rewards.fn`). Default: `final_number` on the built-in arithmetic task, `accuracy chain_format` "
+            "on the chain task (accuracy first: it stays the methods' verifier), `accuracy` otherwise."
         },
     )
     arithmetic_digits: int = field(default=1, metadata={"help": "Built-in task: digits per operand."})
@@ -142,7 +148,7 @@ def make_parser(config_class, defaults: dict | None = None, argv: list[str] | No
 
 def load_reward_funcs(names: list[str] | None, dataset_name: str | None) -> list:
     if not names:
-        names = ["final_number"] if dataset_name in (None, "", BUILTIN_DATASET) else ["accuracy"]
+        names = DEFAULT_REWARDS.get(dataset_name or BUILTIN_DATASET, ["accuracy"])
     funcs = []
     for name in names:
         if name in REWARD_FUNCS:

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from .chain import check_steps, make_chain_dataset, parse_question, solution_text
-from .models import DEFAULT_MODEL, chain_model_path, resolve_model_path
+from .models import DEFAULT_MODEL, chain_loc_model_path, chain_model_path, resolve_model_path
 from .rewards import accuracy_reward
 
 __all__ = ["WarmStartConfig", "sft_dataset", "build_chain_model", "evaluate_chain_model", "main"]
@@ -41,24 +41,39 @@ class WarmStartConfig:
     learning_rate: float = 1e-3
     batch_size: int = 8
     lora_r: int = 32
+    #: Localization examples added to the mix (trl_credit.warm_start_localization); > 0 builds CHAIN_LOC_MODEL.
+    localization_examples: int = 0
+    #: The model fine-tuned (a name of trl_credit.models or a path); CHAIN_MODEL makes a second, shorter stage.
+    init_model: str = DEFAULT_MODEL
 
     def __post_init__(self):
         if self.num_examples < 1 or self.epochs <= 0 or self.learning_rate <= 0 or self.batch_size < 1:
             raise ValueError(f"num_examples, epochs, learning_rate and batch_size must be positive, got {self}")
+        if self.localization_examples < 0:
+            raise ValueError(f"localization_examples must be >= 0, got {self.localization_examples}")
 
 
-def sft_dataset(num_examples: int, data_seed: int = 0):
+def sft_dataset(num_examples: int, data_seed: int = 0, localization_examples: int = 0):
     """Prompt-completion chat rows of the first ``num_examples`` train problems; a distributive problem is solved
-    term by term or factored with equal probability (seeded), so the model learns both structures."""
+    term by term or factored with equal probability (seeded), so the model learns both structures. Then
+    ``localization_examples`` SRPO localization requests answered ``\\boxed{k}``, on the train problems after those
+    (:func:`~trl_credit.warm_start_localization.localization_examples`)."""
     from datasets import Dataset
 
-    rows = make_chain_dataset(num_train=num_examples, seed=data_seed)["train"]
+    extra = 4 * localization_examples  # a few injections fail the checker's test and move on to the next problem
+    rows = make_chain_dataset(num_train=num_examples + extra, seed=data_seed)["train"]
     rng = random.Random(data_seed)
     prompts, completions = [], []
-    for prompt, question in zip(rows["prompt"], rows["question"]):
+    for prompt, question in zip(rows["prompt"][:num_examples], rows["question"][:num_examples]):
         structure = rng.choice(["term", "factored"])
         prompts.append(prompt)
         completions.append([{"role": "assistant", "content": solution_text(parse_question(question), structure)}])
+    if localization_examples:
+        from .warm_start_localization import localization_examples as make_examples
+
+        for example in make_examples(rows[num_examples:], localization_examples, seed=data_seed):
+            prompts.append(example["prompt"])
+            completions.append(example["completion"])
     return Dataset.from_dict({"prompt": prompts, "completion": completions})
 
 
@@ -74,7 +89,8 @@ def build_chain_model(
     config: WarmStartConfig | None = None, output_dir: str | None = None, trainer_dir: str | None = None, **sft_overrides
 ) -> dict:
     """Fine-tune the offline SmolLM2 on :func:`sft_dataset` with LoRA, merge, save to ``output_dir`` (default: the
-    cache folder of :data:`~trl_credit.models.CHAIN_MODEL`). ``sft_overrides`` replace ``SFTConfig`` arguments;
+    cache folder of :data:`~trl_credit.models.CHAIN_MODEL`, or of ``CHAIN_LOC_MODEL`` with localization examples).
+    ``sft_overrides`` replace ``SFTConfig`` arguments;
     ``trainer_dir`` keeps the trainer's own folder (checkpoints, if ``save_strategy`` asks for them), which is
     removed otherwise.
     Returns ``{"path", "train_seconds", "train_loss", "weights_sha256", "config"}``."""
@@ -84,16 +100,20 @@ def build_chain_model(
     from trl import SFTConfig, SFTTrainer
 
     config = config or WarmStartConfig()
-    output_dir = output_dir or chain_model_path(must_exist=False)
-    base = resolve_model_path(DEFAULT_MODEL)
+    output_dir = output_dir or (chain_loc_model_path if config.localization_examples else chain_model_path)(False)
+    base = resolve_model_path(config.init_model)
     tmp = output_dir.rstrip("/") + ".tmp"
     keep_trainer_dir = trainer_dir is not None
+    # A batch of 8 localization prompts (~430 tokens) peaked at ~12 GB and was OOM-killed on a 23 GB machine: with
+    # localization examples, two accumulated half batches (same effective batch, same gradient up to rounding).
+    split = 2 if config.localization_examples and config.batch_size % 2 == 0 else 1
     trainer_dir = trainer_dir or tmp + "-trainer"
     settings = dict(
         output_dir=trainer_dir,
         num_train_epochs=config.epochs,
         learning_rate=config.learning_rate,
-        per_device_train_batch_size=config.batch_size,
+        per_device_train_batch_size=config.batch_size // split,
+        gradient_accumulation_steps=split,
         lr_scheduler_type="linear",
         warmup_steps=0,
         seed=config.seed,
@@ -101,7 +121,9 @@ def build_chain_model(
         logging_steps=5,
         save_strategy="no",
         report_to="none",
-        max_length=256,
+        max_length=640 if config.localization_examples else 256,  # a localization prompt is ~400 tokens
+        # with localization examples (~430 tokens vs ~135), batches of like lengths save most of the padding
+        train_sampling_strategy="group_by_length" if config.localization_examples else "random",
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         activation_checkpointing=False,  # short sequences, tiny model: memory is not the limit, time is
@@ -119,7 +141,7 @@ def build_chain_model(
     trainer = SFTTrainer(
         model=base,
         args=args,
-        train_dataset=sft_dataset(config.num_examples, config.data_seed),
+        train_dataset=sft_dataset(config.num_examples, config.data_seed, config.localization_examples),
         processing_class=tokenizer,
         peft_config=peft_config,
     )
@@ -216,7 +238,8 @@ def main(argv=None) -> dict:
     defaults = WarmStartConfig()
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name}", type=type(value), default=value)
-    parser.add_argument("--output_dir", default=None, help="Default: the cache folder of 'smollm2-135m-chain'.")
+    parser.add_argument("--output_dir", default=None, help="Default: the cache folder of 'smollm2-135m-chain' "
+                        "('smollm2-135m-chain-loc' with --localization_examples).")
     parser.add_argument("--results", default=None, help="Write build + evaluation numbers as JSON here.")
     parser.add_argument("--num_problems", type=int, default=64)
     parser.add_argument("--num_samples", type=int, default=4)
@@ -225,7 +248,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     config = WarmStartConfig(**{name: getattr(args, name) for name in asdict(defaults)})
     if args.skip_build:
-        path = args.output_dir or chain_model_path()
+        path = args.output_dir or (chain_loc_model_path if config.localization_examples else chain_model_path)()
         with open(os.path.join(path, "warm_start.json")) as handle:
             build = {"path": path, **json.load(handle)}
     else:

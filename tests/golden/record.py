@@ -212,12 +212,20 @@ def config_defaults_record() -> dict:
     return json.loads(json.dumps(record))
 
 
+# Config fields added after the golden files were recorded, pinned to the behaviour the recorded runs had (a field
+# the recorded defaults hold keeps the recorded value): SRPO's localization was the decoded answer with a uniform
+# draw when unparsed, before `localization` existed and its default became the scored choice.
+NEWER_FIELDS = {"SRPOConfig": dict(localization="generate", localization_fallback="random")}
+
+
 def build_config(config_name: str, settings: dict, defaults: dict, output_dir: str):
     """The scenario's config with every constructor field passed explicitly (recorded defaults + settings)."""
     config_class = _resolve(config_name)
     values = dict(defaults["GRPOConfig"])
     if config_name != "GRPOConfig":
         values.update(defaults[config_name])
+        for name, value in NEWER_FIELDS.get(config_name, {}).items():
+            values.setdefault(name, value)
     values.update(COMMON)
     values.update(settings)
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(config_class) if f.init})

@@ -3,6 +3,9 @@
 Rank 0's reward calls every rollout correct, so its prompts never find an incorrect seed and need every seed
 round; rank 1 finds its seeds in round 1 and must keep joining the collective generation and reward calls of
 rounds 2..max_seed_rounds with zero rows. A mismatch in the number of collective calls would hang or crash.
+With reset="self" the localization is the scored choice: rank 0 has no seed to score and must still join the
+(padded) log-prob pass of rank 1. A step checker (the last thought is wrong) adds the quality metrics, whose counts
+are summed over both processes.
 """
 
 import json
@@ -18,6 +21,10 @@ def rank_dependent_reward(completions, **kwargs):
     if int(os.environ.get("RANK", "0")) == 0:
         return [1.0 + 0.5 * p for p in parity]  # always >= success_threshold: never a seed
     return [0.0] * len(parity)  # always incorrect: the first candidate is the seed
+
+
+def last_thought_is_wrong(question, thoughts):
+    return len(thoughts)
 
 
 def main(model_dir: str, out_dir: str, reset: str):
@@ -40,7 +47,8 @@ def main(model_dir: str, out_dir: str, reset: str):
         logging_steps=1,
     )
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
-    trainer = SRPOTrainer(model=model_dir, reward_funcs=rank_dependent_reward, args=args, train_dataset=dataset)
+    trainer = SRPOTrainer(model=model_dir, reward_funcs=rank_dependent_reward, args=args, train_dataset=dataset,
+                          step_checker=last_thought_is_wrong)
     trainer.train()
     logs = [log for log in trainer.state.log_history if "srpo/fallback_rate" in log]
     # One file per rank: the two processes' stdout lines can interleave.
@@ -53,6 +61,7 @@ def main(model_dir: str, out_dir: str, reset: str):
                 "steps": trainer.state.global_step,
                 "fallback_rate": [log["srpo/fallback_rate"] for log in logs],
                 "seed_rounds": [log["srpo/seed_rounds"] for log in logs],
+                "logs": [{k: v for k, v in log.items() if k.startswith("srpo/")} for log in logs],
             },
             report,
         )

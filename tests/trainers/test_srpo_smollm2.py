@@ -54,3 +54,34 @@ def test_srpo_smollm2_lora_step(reset, tmp_path):
     # LoRA B starts at zero; it moves when any group has a non-zero advantage.
     if any(abs(adv) > 0 for adv in trainer._logs["advantages"]):
         assert any(not torch.equal(lora_before[n], p.detach()) for n, p in trainer.model.named_parameters() if n in lora_before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reset", ["self", "oracle"])
+def test_srpo_chain_resets_come_from_the_policy_or_the_checker(reset, tmp_path):
+    # The warm-started chain model (docs/testbed.md) with the chain step checker: SRPO's default scored choice
+    # gives every reset of a multi-thought seed from the policy, none from a uniform draw; the oracle resets at the
+    # checker's first wrong thought. Quality metrics are logged in both.
+    from trl_credit import SRPOConfig, SRPOTrainer
+    from trl_credit.chain import make_chain_dataset
+    from trl_credit.models import chain_model_path
+    from trl_credit.rewards import accuracy_reward
+
+    torch.set_num_threads(1)
+    dataset = make_chain_dataset(num_train=16, num_test=2)["train"]
+    args = SRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=8, max_completion_length=96,
+        max_steps=1, learning_rate=1e-5, reset=reset, step_checker="chain", thought_delimiter="\n",
+        rollout_template="none", temperature=0.7, top_p=0.95, max_seed_rounds=4, report_to="none", use_cpu=True,
+        save_strategy="no", logging_steps=1,
+    )
+    trainer = SRPOTrainer(model=chain_model_path(), reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    # pass@1 is about 0.37 (docs/testbed.md): 2 prompts x (4 base + up to 4 seed candidates) find a failed seed.
+    assert log["srpo/fallback_rate"] < 1.0
+    assert 0.0 <= log["srpo/localization_clean_rate"] <= 1.0
+    if reset == "oracle":
+        assert log["srpo/localization_exact_rate"] == 1.0 and log["srpo/localization_deviation"] == 0.0
+    else:  # the chain model writes several lines: its seeds are localized, by the policy, never by a draw
+        assert log["srpo/localization_source/scored"] == 1.0 and log["srpo/localization_source/random"] == 0.0

@@ -7,6 +7,7 @@ import statistics
 import pytest
 import torch
 
+import trl_credit.srpo.localize as srpo_localize_module
 import trl_credit.srpo.trainer as srpo_trainer_module
 from trl_credit import SRPOConfig, SRPOTrainer
 from trl_credit.rewards import completion_text
@@ -61,6 +62,7 @@ def generation_log(monkeypatch):
         return completions, logprobs
 
     monkeypatch.setattr(srpo_trainer_module, "generate_from_prefixes", recording)
+    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", recording)  # the localization call
     return calls, state
 
 
@@ -80,6 +82,10 @@ def make_trainer(model_path, dataset, tmp_path, calls, reward=parity_reward, **o
         rollout_template=TEMPLATE,
         localization_template=SHORT_LOCALIZATION,
         localization_max_tokens=6,
+        # The paper's localization (decoded answer, uniform draw when unparsed): these tests drive it through
+        # `localization_answer`; the scored choice has its own tests (tests/test_srpo_localization.py).
+        localization="generate",
+        localization_fallback="random",
         report_to="none",
         use_cpu=True,
         save_strategy="no",
@@ -289,7 +295,7 @@ def test_model_card_names_the_method(tiny_model_path, tiny_dataset, tmp_path, ge
 def test_config_validation(tmp_path):
     common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
     with pytest.raises(ValueError, match="reset must be"):
-        SRPOConfig(reset="oracle", **common)
+        SRPOConfig(reset="never", **common)
     with pytest.raises(ValueError, match="num_generations"):
         SRPOConfig(num_generations=5, suffixes_per_reset=4, **common)  # explicit 1x4: 5 - 4 = a base group of one
     with pytest.raises(ValueError, match="num_generations"):

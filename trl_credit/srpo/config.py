@@ -9,6 +9,7 @@ from trl import GRPOConfig
 from trl_credit.success import SuccessArguments
 from trl_credit.viz import CreditLoggingArguments
 
+from trl_credit.srpo.localization import STEP_CHECKERS
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
 __all__ = ["SRPOConfig", "default_suffixes"]
@@ -56,7 +57,20 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
 
     Parameters:
         reset (`str`, defaults to `"self"`): `"self"` = SRPO (the policy localizes the first erroneous thought),
-            `"random"` = RRPO (uniform thought index).
+            `"random"` = RRPO (uniform thought index), `"oracle"` = just before the first wrong thought a step
+            checker finds (needs `step_checker`).
+        localization (`str`, defaults to `"scored"`): how SRPO asks the policy: `"scored"` = score every answer
+            `\boxed{1}`..`\boxed{H_s}` in one forward pass and take the best; `"generate"` = the paper's greedy
+            decoded answer (an unparsed answer falls back per `localization_fallback`).
+        localization_scoring (`str`, defaults to `"plain"`): `"plain"` log-probabilities or `"calibrated"` (divided
+            by those on a content-free chain of the same length).
+        localization_fallback (`str`, defaults to `"scored"`): with `localization="generate"`, where an unparsed
+            answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
+        localization_temperature (`float`, defaults to `0.0`): 0 = argmax of the scores; > 0 samples from
+            `softmax(scores / temperature)`.
+        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`); a callable can be
+            passed to `SRPOTrainer(step_checker=...)` instead. Needed by `reset="oracle"`; with any reset it adds the
+            localization quality metrics.
         reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:
             derived from `num_generations` (see above).
         suffixes_per_reset (`int` or `None`, defaults to `None`): suffixes resampled from each reset state. None:
@@ -154,6 +168,40 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             "'\\boxed{N}'). The call also stops right after '\\boxed{N}'."
         },
     )
+    localization: str = field(
+        default="scored",
+        metadata={
+            "help": "How SRPO asks the policy for h*: 'scored' = one forward pass scoring every answer "
+            "\\boxed{1}..\\boxed{H_s} after the localization prompt, best one wins (always a valid index); "
+            "'generate' = the paper's greedy decoded answer, unparsed answers fall back per localization_fallback."
+        },
+    )
+    localization_scoring: str = field(
+        default="plain",
+        metadata={
+            "help": "Scores of the scored choice: 'plain' (log-probabilities of the answers) or 'calibrated' "
+            "(divided by the same scores on a content-free chain of the same length: contextual calibration)."
+        },
+    )
+    localization_fallback: str = field(
+        default="scored",
+        metadata={
+            "help": "With localization='generate': the reset of an unparsed answer, 'scored' (the policy's scored "
+            "choice) or 'random' (uniform, RRPO's draw)."
+        },
+    )
+    localization_temperature: float = field(
+        default=0.0,
+        metadata={"help": "0: argmax of the answer scores; > 0: sample from softmax(scores / temperature)."},
+    )
+    step_checker: str | None = field(
+        default=None,
+        metadata={
+            "help": "A named step checker ('chain'): question + thoughts -> first wrong thought. Needed by "
+            "reset='oracle'; with any reset it logs localization quality. A callable goes to "
+            "SRPOTrainer(step_checker=...)."
+        },
+    )
     reset_seed: int | None = field(
         default=None,
         metadata={"help": "Seed of the reset-index generator (RRPO draws, SRPO's random fallback); `seed` if None."},
@@ -161,8 +209,22 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
 
     def __post_init__(self):
         self._validate_success_arguments()
-        if self.reset not in ("self", "random"):
-            raise ValueError(f"reset must be 'self' (SRPO) or 'random' (RRPO), got {self.reset!r}.")
+        if self.reset not in ("self", "random", "oracle"):
+            raise ValueError(
+                f"reset must be 'self' (SRPO), 'random' (RRPO) or 'oracle' (step checker), got {self.reset!r}."
+            )
+        choices = {"localization": ("scored", "generate"), "localization_scoring": ("plain", "calibrated"),
+                   "localization_fallback": ("scored", "random")}
+        for name, accepted in choices.items():
+            if getattr(self, name) not in accepted:
+                raise ValueError(f"{name} must be one of {list(accepted)}, got {getattr(self, name)!r}.")
+        if not isinstance(self.localization_temperature, (int, float)) or not self.localization_temperature >= 0:
+            raise ValueError(f"localization_temperature must be a number >= 0, got {self.localization_temperature!r}.")
+        if self.step_checker is not None and self.step_checker not in STEP_CHECKERS:
+            raise ValueError(
+                f"step_checker must be one of {sorted(STEP_CHECKERS)} (or pass a callable to "
+                f"SRPOTrainer(step_checker=...)), got {self.step_checker!r}."
+            )
         if self.seed_source not in ("fresh", "base"):
             raise ValueError(f"seed_source must be 'fresh' or 'base', got {self.seed_source!r}.")
         if self.num_generations is None:

@@ -32,6 +32,7 @@ __all__ = [
     "localization_prompt",
     "parse_reset_step",
     "stop_strings",
+    "check_prompt_format",
 ]
 
 #: Appendix D, "Thought-MDP rollout": wraps every question; each thought ends with ``</thought>``.
@@ -170,3 +171,25 @@ def parse_reset_step(text: str, num_steps: int, ended_with_eos: bool = False) ->
 def stop_strings(max_steps: int) -> list[str]:
     """Strings that end a localization answer as soon as it names a step: ``\\boxed{1}`` .. ``\\boxed{max_steps}``."""
     return [f"\\boxed{{{step}}}" for step in range(1, max(1, int(max_steps)) + 1)]
+
+
+def check_prompt_format(dataset, template: str | None) -> None:
+    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
+    if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
+        return
+    if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
+        return
+    if "prompt" not in dataset.column_names:
+        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+    images = [name for name in ("image", "images") if name in dataset.column_names]
+    if images:
+        raise ValueError(
+            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
+            "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
+            "the column or train this dataset with GRPOTrainer."
+        )
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
+        return
+    first = dataset[0]
+    question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
+    wrap_prompt(first["prompt"], template)

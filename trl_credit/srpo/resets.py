@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 __all__ = [
+    "Reset",
     "incorrect_indices",
     "random_reset_step",
     "choose_reset_step",
@@ -25,6 +27,23 @@ __all__ = [
     "ROW_SUFFIX",
     "ROW_FALLBACK",
 ]
+
+
+@dataclass
+class Reset:
+    """One incorrect seed of a prompt and its reset (paper §4.2): ``step`` is h*, the 1-indexed thought to resample
+    (thought ``k`` ends at token ``ends[k - 1]``); ``source`` says who chose it ("generated", "scored", "random",
+    "oracle"; None for a one-thought seed, whose only reset is h* = 1); ``oracle`` is the step checker's first wrong
+    thought when a checker is given."""
+
+    group: int
+    ids: list[int]
+    logprobs: list[float] | None
+    ends: list[int]
+    texts: list[str] | None = None
+    step: int | None = None
+    source: str | None = None
+    oracle: int | None = None
 
 
 def incorrect_indices(rewards: Sequence[float], success_threshold: float, limit: int) -> list[int]:

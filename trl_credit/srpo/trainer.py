@@ -24,6 +24,7 @@ import math
 import random
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,28 +41,17 @@ from trl_credit._trl import (
     resolve_method_args,
     rewards_of_extra_rows,
     rollout_success,
-    warn_once,
 )
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.srpo.advantages import grouped_advantages, normalize_then_sum_advantages, srpo_group_ids
 from trl_credit.srpo.config import SRPOConfig
-from trl_credit.srpo.prompts import (
-    localization_prompt,
-    parse_reset_step,
-    question_of,
-    resolve_rollout_template,
-    stop_strings,
-    wrap_prompt,
-)
+from trl_credit.srpo.localization import LocalizationQuality, checked_step, resolve_step_checker
+from trl_credit.srpo.localize import localize
+from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_rollout_template, wrap_prompt
 from trl_credit.srpo.resets import (
-    ROW_BASE,
-    ROW_FALLBACK,
-    ROW_SUFFIX,
-    choose_reset_step,
-    incorrect_indices,
-    prompt_rows,
-    random_reset_step,
+    ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, Reset, incorrect_indices, prompt_rows, random_reset_step,
 )
+from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
 from trl_credit.success import total_rewards, unscorable_rows
 
@@ -69,34 +59,21 @@ __all__ = ["SRPOTrainer"]
 
 
 class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
-    """Self-Reset (``reset="self"``) and Random-Reset (``reset="random"``) Policy Optimization on top of GRPOTrainer.
+    """Self-Reset (``reset="self"``), Random-Reset (``reset="random"``) and oracle-reset (``reset="oracle"``)
+    Policy Optimization on top of GRPOTrainer.
 
     Per prompt and training step (paper §4.2, Algorithm 2): a base group of iid rollouts; seed candidates sampled
     in rounds until the prompt has ``reset_groups`` incorrect rollouts (never part of the base group); for each
-    seed a reset thought h* (SRPO: the policy's own localization of the first erroneous thought, greedy;
-    RRPO: uniform); ``suffixes_per_reset`` suffixes resampled from the reset state ``question + thoughts
-    1..h*-1``, trained with the prefix masked out. Without an incorrect seed the reset group falls back to GRPO on
-    the base group (its rows get zero advantage and zero loss mask).
+    seed a reset thought h* (SRPO: the policy's own localization of the first erroneous thought, scored or greedy
+    decoded, see ``SRPOConfig.localization``; RRPO: uniform; oracle: the step checker's first wrong thought);
+    ``suffixes_per_reset`` suffixes resampled from the reset state ``question + thoughts 1..h*-1``, trained with the
+    prefix masked out. Without an incorrect seed the reset group falls back to GRPO on the base group (its rows get
+    zero advantage and zero loss mask).
 
-    Metrics (``srpo/``, every step; pass rates leave out unscorable rows):
-
-    - ``fallback_rate``: reset groups without an incorrect seed (trained as GRPO on the base group).
-    - ``reset_position``: mean ``(h* - 1) / H_s``, the fraction of the seed's thoughts kept as the reset prefix: 0 is
-      a reset at the question (h* = 1, no prefix), ``(H_s - 1) / H_s`` a reset at the last thought.
-    - ``reset_at_question_rate``: resets with h* = 1 (no prefix: the suffixes are iid rollouts of the question).
-    - ``single_thought_rate``: seeds with one thought (H_s = 1), which can only reset at the question; with a model
-      that never writes ``thought_delimiter`` it is 1 and SRPO degenerates to GRPO on two groups (warned once).
-    - ``localization_parse_rate``: SRPO localization answers that named a step as ``\\boxed{N}`` (or a bare
-      integer ending with EOS); the rest reset uniformly at random (warned once when under half parse).
-    - ``correction_rate`` (shared-prefix rows the verifier calls correct), ``base_pass_rate`` (base rows).
-    - ``tokens_vs_grpo``: every generated token (base + seed candidates + localization + suffixes) over a GRPO
-      step of the same budget (``num_generations`` iid rollouts of this step's mean iid rollout length);
-      ``paper_tokens_vs_grpo``: base + suffix tokens only, over the same (the paper's accounting);
-      ``tokens_vs_base``: every generated token over the base group's.
-    - ``seed_rounds``, ``thoughts_per_seed``.
-
-    Note: TRL's own ``reward``/``completions/*`` metrics average over all rows, shared-prefix rows included
-    (their completion length counts suffix tokens only; fallback rows count 0).
+    ``step_checker``: a callable ``(question, thoughts) -> int | None`` (the 1-indexed first wrong thought, None when
+    none is wrong; ``question`` is the prompt's last user message before the rollout template wraps it) overriding
+    ``SRPOConfig.step_checker``. Needed by ``reset="oracle"``; with any reset mode it adds the localization quality
+    metrics. The ``srpo/`` metrics are listed in docs/srpo.md#metrics (srpo/step_metrics.py logs them).
     """
 
     _tag_names = ["trl", "srpo", "rrpo", "trl_credit"]
@@ -126,6 +103,7 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         callbacks=None,
         optimizers=(None, None),
         peft_config=None,
+        step_checker: Callable[[str, list[str]], int | None] | None = None,
         **kwargs,
     ):
         args = resolve_method_args(args, SRPOConfig, model, "SRPOTrainer", "SRPO")
@@ -138,17 +116,9 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 "`success_reward` function scores as incorrect."
             )
         super().__init__(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            peft_config=peft_config,
-            **kwargs,
+            model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=processing_class, reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks, optimizers=optimizers, peft_config=peft_config, **kwargs,
         )
         check_single_turn(self, "SRPOTrainer")
         bind_success(self)
@@ -159,12 +129,20 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
                 f"steps_per_generation ({per_process}) must be a multiple of num_generations ({self.num_generations})."
             )
         self._rollout_template = resolve_rollout_template(args.rollout_template)
-        _check_prompt_format(train_dataset, self._rollout_template)
+        check_prompt_format(train_dataset, self._rollout_template)
+        # question + thoughts -> first wrong thought (srpo/localization.py): oracle resets and quality metrics.
+        self._step_checker = resolve_step_checker(step_checker if step_checker is not None else args.step_checker)
+        if args.reset == "oracle" and self._step_checker is None:
+            raise ValueError(
+                "reset='oracle' needs a step checker: pass SRPOTrainer(step_checker=callable) (question, thoughts "
+                "-> 1-indexed first wrong thought or None) or set SRPOConfig.step_checker to a named one ('chain')."
+            )
         seed = args.seed if args.reset_seed is None else args.reset_seed
         # One generator per process (different streams), deterministic in the seed.
         self._reset_rng = random.Random(1_000_003 * int(seed) + self.accelerator.process_index)
         self._srpo_inputs: list[dict] | None = None
         self._srpo_row_kinds: list[int] | None = None
+        self._srpo_row_clean: list[int] | None = None
         self._srpo_rewards_per_func: torch.Tensor | None = None
         # TRL's custom-rollout hook: GRPOTrainer._generate calls it and handles everything downstream.
         self.rollout_func = self._srpo_rollout
@@ -209,17 +187,28 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         return self._reset_and_resample(prompts, wrapped)
 
     def _reset_and_resample(self, prompts: list, wrapped: list) -> dict[str, Any]:
+        """One training step's rollouts (paper Algorithm 2): seeds, a reset per seed, suffixes, the rows TRL trains
+        on. Collective: every process makes the same generation, reward and scoring calls."""
+        group_prompts, group_inputs, prompt_ids = self._prompt_groups(prompts, wrapped)
+        stats = StepStats(prompts=len(prompt_ids), reset_groups=len(prompt_ids) * self.args.reset_groups)
+        base, candidates, seeds, rounds = self._sample_seeds(group_prompts, group_inputs, prompt_ids, stats)
+        resets = self._choose_resets(seeds, group_prompts, stats)
+        suffixes, suffix_logprobs = self._resample(resets, prompt_ids, stats)
+        output = self._training_rows(base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids)
         args: SRPOConfig = self.args
+        paper_mode = args.localization == "generate" and args.localization_fallback == "random"
+        log_sources = args.reset == "self" and not paper_mode  # paper's mode: the parse rate is the split
+        log_step_stats(self, stats, rounds, log_sources, self._step_checker is not None)
+        return output
+
+    def _prompt_groups(self, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:
+        """Per prompt group (``num_generations`` consecutive rows): the prompt, its input row and its token ids."""
         size = self.num_generations
-        base_size, num_resets, num_suffixes = args.num_base_generations, args.reset_groups, args.suffixes_per_reset
-        from_base = args.seed_source == "base"
-        per_round = 0 if from_base else args.seed_candidates_per_round
         if len(prompts) % size != 0:
             raise RuntimeError(f"SRPOTrainer got {len(prompts)} prompt rows, not a multiple of num_generations={size}.")
         num_groups = len(prompts) // size
         for group in range(num_groups):
-            block = prompts[group * size : (group + 1) * size]
-            if any(prompt != block[0] for prompt in block):
+            if any(prompt != prompts[group * size] for prompt in prompts[group * size : (group + 1) * size]):
                 raise RuntimeError(
                     "SRPOTrainer needs the num_generations rows of a prompt consecutive on one process (TRL's "
                     "RepeatSampler layout); this batch mixes prompts inside a group."
@@ -227,240 +216,148 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         group_prompts = [prompts[g * size] for g in range(num_groups)]
         group_inputs = [self._srpo_inputs[g * size] for g in range(num_groups)]
         tokenized = self._tokenize_prompts([wrapped[g * size] for g in range(num_groups)])[0]
-        prompt_ids = [list(map(int, ids)) for ids in tokenized]
+        return group_prompts, group_inputs, [list(map(int, ids)) for ids in tokenized]
 
+    def _sample_seeds(self, group_prompts, group_inputs, prompt_ids, stats: StepStats):
+        """The base groups, the seed candidates and the seeds: the first ``reset_groups`` incorrect rollouts per
+        prompt in sampling order (paper §4.2): fresh candidates in rounds, or (seed_source="base", Appendix D) the
+        base group's own rollouts. Returns ``(base, candidates, seeds, rounds)``, each a list per prompt."""
+        args: SRPOConfig = self.args
+        num_groups, base_size, num_resets = len(prompt_ids), args.num_base_generations, args.reset_groups
+        from_base = args.seed_source == "base"
+        per_round = 0 if from_base else args.seed_candidates_per_round
         # Round 1: the base group and the first seed candidates, in one generation call.
-        rows = []
-        for g in range(num_groups):
-            rows += [prompt_ids[g]] * (base_size + per_round)
-        completions, logprobs = generate_from_prefixes(self, rows)
-        has_logprobs = logprobs is not None
-        base: list[list[tuple[list[int], list[float] | None]]] = []
-        candidates: list[list[tuple[list[int], list[float] | None]]] = []
-        for g in range(num_groups):
-            start = g * (base_size + per_round)
-            rollouts = [
-                (completions[i], logprobs[i] if has_logprobs else None)
-                for i in range(start, start + base_size + per_round)
-            ]
-            base.append(rollouts[:base_size])
-            candidates.append(rollouts[base_size:])
+        completions, logprobs = generate_from_prefixes(
+            self, [prompt_ids[g] for g in range(num_groups) for _ in range(base_size + per_round)]
+        )
+        rollouts = [(ids, logprobs[i] if logprobs is not None else None) for i, ids in enumerate(completions)]
+        width = base_size + per_round
+        base = [rollouts[g * width : g * width + base_size] for g in range(num_groups)]
+        candidates = [rollouts[g * width + base_size : (g + 1) * width] for g in range(num_groups)]
         # A real row for padding collective reward calls.
         self._srpo_dummy = (0, (base[0] if from_base else candidates[0])[0][0])
-
-        # Seeds: the first `num_resets` incorrect rollouts per prompt, in sampling order (paper §4.2): fresh
-        # candidates, or (seed_source="base", Appendix D) the base group's own rollouts, with no extra generation.
-        seeds: list[list[tuple[list[int], list[float] | None]]] = [[] for _ in range(num_groups)]
+        seeds: list[list] = [[] for _ in range(num_groups)]
+        batch = (group_prompts, group_inputs, prompt_ids, seeds, num_resets)
         first_round = [(g, c) for g in range(num_groups) for c in (base[g] if from_base else candidates[g])]
-        empty_candidates = self._collect_seeds(first_round, group_prompts, group_inputs, prompt_ids, seeds, num_resets)
-        scored_candidates = len(first_round)
+        stats.empty_candidates += self._collect_seeds(first_round, *batch)
+        stats.scored_candidates += len(first_round)
         rounds = 0 if from_base else 1
         while not from_base and rounds < args.max_seed_rounds:
             needy = [g for g in range(num_groups) if len(seeds[g]) < num_resets]
             if sum(gather_counts(self, len(needy))) == 0:
                 break  # every process is done: all stop together
-            rows = [prompt_ids[g] for g in needy for _ in range(per_round)]
-            new_completions, new_logprobs = generate_from_prefixes(self, rows)
+            owners = [g for g in needy for _ in range(per_round)]
+            new_completions, new_logprobs = generate_from_prefixes(self, [prompt_ids[g] for g in owners])
             new_rollouts = []
-            for i, g in enumerate(g for g in needy for _ in range(per_round)):
+            for i, g in enumerate(owners):
                 rollout = (new_completions[i], new_logprobs[i] if new_logprobs is not None else None)
                 candidates[g].append(rollout)
                 new_rollouts.append((g, rollout))
-            empty_candidates += self._collect_seeds(
-                new_rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets
-            )
-            scored_candidates += len(new_rollouts)
+            stats.empty_candidates += self._collect_seeds(new_rollouts, *batch)
+            stats.scored_candidates += len(new_rollouts)
             rounds += 1
+        stats.seeds = sum(len(s) for s in seeds)
+        stats.base_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in base[g])
+        stats.seed_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g])
+        stats.iid_rollouts = sum(len(base[g]) + len(candidates[g]) for g in range(num_groups))
+        return base, candidates, seeds, rounds
 
-        # Reset thought per seed: SRPO asks the policy (one greedy call for every process), RRPO draws uniformly.
-        tokenizer = self._tokenizer
-        resets = []  # (group, seed ids, seed logprobs, thought ends, h*)
-        localization_rows, localization_owner = [], []
-        for g in range(num_groups):
-            for seed_ids, seed_logprobs in seeds[g]:
-                ends = split_thoughts(seed_ids, tokenizer, args.thought_delimiter)
-                resets.append([g, seed_ids, seed_logprobs, ends, None])
-        localization_tokens = localization_attempts = localization_parsed = 0
-        single_thought = sum(len(ends) == 1 for _, _, _, ends, _ in resets)
+    def _choose_resets(self, seeds, group_prompts, stats: StepStats) -> list[Reset]:
+        """h* for every seed (paper §4.2): SRPO asks the policy (``_localize``), RRPO draws uniformly, the oracle
+        asks the step checker. A one-thought seed resets at the question (h* = 1). Logs quality with a checker."""
+        args: SRPOConfig = self.args
+        tokenizer, delimiter = self._tokenizer, args.thought_delimiter
+        resets = []
+        for g, group_seeds in enumerate(seeds):
+            for ids, logprobs in group_seeds:
+                resets.append(Reset(g, ids, logprobs, split_thoughts(ids, tokenizer, delimiter)))
+        checker = self._step_checker
+        if checker is not None or args.reset != "random":
+            for reset in resets:
+                reset.texts = thought_texts(reset.ids, reset.ends, tokenizer, delimiter)
+        if checker is not None:
+            for reset in resets:
+                reset.oracle = checked_step(checker, question_of(group_prompts[reset.group]), reset.texts)
         if args.reset == "self":
-            for index, (g, seed_ids, _, ends, _) in enumerate(resets):
-                if len(ends) == 1:
-                    resets[index][4] = 1  # one thought: the only reset state is the question
-                    continue
-                texts = thought_texts(seed_ids, ends, tokenizer, args.thought_delimiter)
-                text = localization_prompt(question_of(group_prompts[g]), texts, args.localization_template)
-                is_text = isinstance(group_prompts[g], str)
-                localization_rows.append(text if is_text else [{"role": "user", "content": text}])
-                localization_owner.append(index)
-            localization_ids = []
-            if localization_rows:
-                localization_ids = [list(map(int, ids)) for ids in self._tokenize_prompts(localization_rows)[0]]
-            # Stop right after "\boxed{N}" (the answer the prompt asks for); the same strings on every process.
-            most_steps = max(gather_counts(self, max((len(resets[i][3]) for i in localization_owner), default=0)))
-            answers, _ = generate_from_prefixes(
-                self,
-                localization_ids,
-                greedy=True,
-                max_new_tokens=args.localization_max_tokens,
-                stop_strings=stop_strings(most_steps) if most_steps else None,
-            )
-            eos_ids = set(self.eos_token_ids)
-            for index, answer_ids in zip(localization_owner, answers):
-                num_steps = len(resets[index][3])
-                answer = tokenizer.decode(answer_ids, skip_special_tokens=True)
-                ended_with_eos = bool(answer_ids) and int(answer_ids[-1]) in eos_ids
-                parsed_step = parse_reset_step(answer, num_steps, ended_with_eos=ended_with_eos)
-                step, localized = choose_reset_step(parsed_step, num_steps, self._reset_rng)
-                resets[index][4] = step
-                localization_tokens += len(answer_ids)
-                localization_attempts += 1
-                localization_parsed += int(localized)
+            for reset in resets:
+                if len(reset.ends) == 1:
+                    reset.step = 1  # one thought: the only reset state is the question
+            localize(self, [r for r in resets if r.step is None], group_prompts, stats)
+        elif args.reset == "oracle":
+            for reset in resets:
+                stats.oracle_attempts += 1
+                stats.oracle_misses += reset.oracle is None
+                if reset.oracle is None:  # the checker finds no wrong thought: degrade to RRPO's draw (logged)
+                    reset.step, reset.source = random_reset_step(len(reset.ends), self._reset_rng), "random"
+                else:
+                    reset.step, reset.source = reset.oracle, "oracle"
         else:
             for reset in resets:
-                reset[4] = random_reset_step(len(reset[3]), self._reset_rng)
+                reset.step, reset.source = random_reset_step(len(reset.ends), self._reset_rng), "random"
+        quality = LocalizationQuality()
+        for reset in resets:
+            stats.position_sum += (reset.step - 1) / len(reset.ends)
+            stats.at_question += reset.step == 1
+            stats.single_thought += len(reset.ends) == 1
+            stats.thoughts_sum += len(reset.ends)
+            if checker is not None:
+                quality.add(reset.step, reset.oracle)
+        stats.add_quality(quality)
+        return resets
 
-        # Suffixes: `num_suffixes` iid continuations of every reset state x* = question + thoughts 1..h*-1.
-        # Each suffix gets the budget max_completion_length minus its prefix, so prefix + suffix fits the row.
-        suffix_rows, suffix_budgets, prefixes = [], [], []
-        max_length = args.max_completion_length
-        for g, seed_ids, seed_logprobs, ends, step in resets:
-            keep = reset_prefix_length(ends, step)
-            prefixes.append((seed_ids[:keep], seed_logprobs[:keep] if seed_logprobs is not None else None))
-            suffix_rows += [prompt_ids[g] + seed_ids[:keep]] * num_suffixes
-            suffix_budgets += [max(1, max_length - keep) if max_length is not None else None] * num_suffixes
-        suffixes, suffix_logprobs = generate_from_prefixes(
-            self, suffix_rows, max_new_tokens=suffix_budgets if max_length is not None else None
+    def _resample(self, resets: list[Reset], prompt_ids, stats: StepStats):
+        """``suffixes_per_reset`` iid continuations of every reset state x* = question + thoughts 1..h*-1, each
+        with the budget ``max_completion_length`` minus its prefix, so prefix + suffix fits the row."""
+        num_suffixes, max_length = self.args.suffixes_per_reset, self.args.max_completion_length
+        rows, budgets = [], []
+        for reset in resets:
+            keep = reset_prefix_length(reset.ends, reset.step)
+            rows += [prompt_ids[reset.group] + reset.ids[:keep]] * num_suffixes
+            budgets += [max(1, max_length - keep) if max_length is not None else None] * num_suffixes
+        suffixes, logprobs = generate_from_prefixes(
+            self, rows, max_new_tokens=budgets if max_length is not None else None
         )
         refuse_empty_completions(self, suffixes, "the generation of suffixes")  # training rows, as TRL's own
+        stats.suffix_tokens = sum(len(ids) for ids in suffixes)
+        return suffixes, logprobs
 
-        # Assemble the rows TRL trains on: per prompt, base rows then each reset group's rows.
-        out_prompt_ids, out_completions, out_masks, out_logprobs, kinds = [], [], [], [], []
-        reset_cursor = 0
-        for g in range(num_groups):
-            slots = []
-            for slot in range(num_resets):
+    def _training_rows(self, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids) -> dict:
+        """The rows TRL trains on: per prompt, base rows then each reset group's rows (``prompt_rows``), with the
+        loss mask as ``env_mask``. Records each row's kind and, with a step checker, whether a suffix row's reset
+        prefix is clean (1), erroneous (0) or unknown (-1) for the split correction rates."""
+        args: SRPOConfig = self.args
+        num_suffixes, max_length = args.suffixes_per_reset, args.max_completion_length
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        kinds, clean, cursor = [], [], 0
+        for g in range(len(prompt_ids)):
+            slots, slot_clean = [], []
+            for slot in range(args.reset_groups):
                 if slot >= len(seeds[g]):
                     slots.append(None)  # no incorrect seed: fallback rows
                     continue
-                first_row = reset_cursor * num_suffixes
-                suffix_rollouts = [
+                reset, first = resets[cursor], cursor * num_suffixes
+                keep = reset_prefix_length(reset.ends, reset.step)
+                rollouts = [
                     (suffixes[row], suffix_logprobs[row] if suffix_logprobs is not None else None)
-                    for row in range(first_row, first_row + num_suffixes)
+                    for row in range(first, first + num_suffixes)
                 ]
-                slots.append((*prefixes[reset_cursor], suffix_rollouts))
-                reset_cursor += 1
+                prefix_logprobs = reset.logprobs[:keep] if reset.logprobs is not None else None
+                slots.append((reset.ids[:keep], prefix_logprobs, rollouts))
+                slot_clean.append(-1 if reset.oracle is None else int(reset.step <= reset.oracle))
+                cursor += 1
             # The fallback filler is a rollout already sampled with no incorrect verdict (the last non-empty
             # candidate).
             filler = next((c for c in reversed(candidates[g]) if c[0]), None) or base[g][-1]
+            suffix_flags = iter(flag for flag in slot_clean for _ in range(num_suffixes))
             for completion, mask, lps, kind in prompt_rows(base[g], slots, num_suffixes, filler, max_length):
-                out_prompt_ids.append(prompt_ids[g])
-                out_completions.append(completion)
-                out_masks.append(mask)
-                out_logprobs.append(lps)
+                for key, value in zip(out, (prompt_ids[g], completion, lps, mask)):
+                    out[key].append(value)
                 kinds.append(kind)
-        self._srpo_row_kinds = kinds
-
-        # Metrics, summed over processes (one gather, made by every process).
-        base_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in base[g])
-        suffix_tokens = sum(len(ids) for ids in suffixes)
-        stats = [
-            num_groups * num_resets,  # reset groups
-            num_groups * num_resets - len(resets),  # fallbacks
-            len(resets),  # seeds
-            sum((step - 1) / len(ends) for _, _, _, ends, step in resets),  # kept fraction of the seed's thoughts
-            sum(step == 1 for _, _, _, _, step in resets),  # resets at the question
-            single_thought,
-            sum(len(ends) for _, _, _, ends, _ in resets),
-            localization_attempts,
-            localization_parsed,
-            base_tokens,
-            sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g]),  # seed-candidate tokens
-            localization_tokens,
-            suffix_tokens,
-            sum(len(base[g]) + len(candidates[g]) for g in range(num_groups)),  # iid rollouts
-            num_groups,
-            empty_candidates,
-            scored_candidates,
-        ]
-        totals = self.accelerator.gather(torch.tensor(stats, dtype=torch.float64, device=self.accelerator.device))
-        (reset_groups, fallbacks, num_seeds, position_sum, at_question, single, thoughts_sum, attempts, parsed,
-         base_tokens, seed_tokens, loc_tokens, suffix_tokens, iid_rollouts, prompts_total, empty, scored) = (
-            totals.view(-1, len(stats)).sum(dim=0).tolist()
-        )
-        log_metric(self, "srpo/fallback_rate", fallbacks / reset_groups)
-        log_metric(self, "srpo/seed_rounds", rounds)
-        log_metric(self, "srpo/empty_candidate_rate", empty / scored if scored else 0.0)
-        if empty:
-            warn_once(
-                self,
-                "srpo/empty_candidate",
-                f"SRPOTrainer: {empty:.0f} of {scored:.0f} seed candidates were empty (0 tokens), so they have no "
-                "thought to reset from and were not taken as seeds (srpo/empty_candidate_rate). HF generate and vLLM "
-                "return the EOS token when the model stops at once; check a custom generation.",
-            )
-        if fallbacks == reset_groups:
-            trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
-            warn_once(
-                self,
-                "srpo/no_seed",
-                f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained {trained_as} "
-                f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
-                f"function {self.reward_func_names[self._success_index]!r}) scores below success_threshold="
-                f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
-            )
-        if fallbacks and not base_size:
-            # No base group to fall back to: a prompt without an incorrect seed has only masked rows.
-            warn_once(
-                self,
-                "srpo/no_base_group_fallback",
-                f"SRPOTrainer: {fallbacks:.0f} of {reset_groups:.0f} reset groups found no incorrect seed "
-                f"(srpo/fallback_rate), and the split num_generations={size} = reset_groups x suffixes_per_reset "
-                f"({num_resets} x {num_suffixes}) has no base group to fall back to, so those prompts add nothing to "
-                "the loss (their rows are masked). Fix: num_generations >= 4 (the default split then keeps a base "
-                "group of ceil(num_generations / 2)) or an explicit split with a base group; or more seed rounds "
-                "(max_seed_rounds) if the verifier does fail sometimes.",
-            )
-        if num_seeds:
-            log_metric(self, "srpo/reset_position", position_sum / num_seeds)
-            log_metric(self, "srpo/reset_at_question_rate", at_question / num_seeds)
-            log_metric(self, "srpo/single_thought_rate", single / num_seeds)
-            log_metric(self, "srpo/thoughts_per_seed", thoughts_sum / num_seeds)
-            if single / num_seeds > 0.5:
-                warn_once(
-                    self,
-                    "srpo/single_thought",
-                    f"SRPOTrainer: {single:.0f} of {num_seeds:.0f} seeds have a single thought "
-                    f"(srpo/single_thought_rate), so they can only reset at the question and SRPO degenerates to "
-                    f"GRPO on two groups. Cause: the model does not write thought_delimiter={args.thought_delimiter!r}. "
-                    "Fix: set `thought_delimiter` to what the model writes between steps (e.g. '\\n' with "
-                    "rollout_template='lines' for small models), or a `rollout_template` the model follows.",
-                )
-        if attempts:
-            log_metric(self, "srpo/localization_parse_rate", parsed / attempts)
-            if parsed / attempts < 0.5:
-                warn_once(
-                    self,
-                    "srpo/localization_unparsed",
-                    f"SRPOTrainer: {attempts - parsed:.0f} of {attempts:.0f} localization answers did not name a "
-                    "step as \\boxed{N} (srpo/localization_parse_rate), so those resets were drawn uniformly at "
-                    "random (RRPO). Fix: a `localization_template` the model follows, a larger "
-                    "`localization_max_tokens`, or reset='random' if the model cannot localize.",
-                )
-        generated = base_tokens + seed_tokens + loc_tokens + suffix_tokens
-        if base_tokens:
-            log_metric(self, "srpo/tokens_vs_base", generated / base_tokens)
-        iid_tokens = base_tokens + seed_tokens
-        if iid_tokens:
-            grpo_tokens = prompts_total * size * iid_tokens / iid_rollouts  # a GRPO step with the same budget
-            log_metric(self, "srpo/tokens_vs_grpo", generated / grpo_tokens)
-            log_metric(self, "srpo/paper_tokens_vs_grpo", (base_tokens + suffix_tokens) / grpo_tokens)
-
-        return {
-            "prompt_ids": out_prompt_ids,
-            "completion_ids": out_completions,
-            "logprobs": out_logprobs if has_logprobs else None,
-            "env_mask": out_masks,
-        }
+                clean.append(next(suffix_flags) if kind == ROW_SUFFIX else -1)
+        self._srpo_row_kinds, self._srpo_row_clean = kinds, clean
+        if all(lps is None for lps in out["logprobs"]):  # HF generate: no sampling log-probs
+            out["logprobs"] = None
+        return out
 
     def _collect_seeds(self, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> int:
         """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
@@ -534,6 +431,13 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         suffix_rows = (kinds_cpu == ROW_SUFFIX) & scorable
         if suffix_rows.any():
             log_metric(self, "srpo/correction_rate", correct[suffix_rows].float().mean().item())
+        if self._step_checker is not None:  # the correction rate split by a clean / erroneous reset prefix
+            local_clean = torch.tensor(self._srpo_row_clean, dtype=torch.long, device=device)
+            clean = self.accelerator.gather(local_clean).cpu()
+            for flag, name in ((1, "clean"), (0, "erroneous")):
+                rows = suffix_rows & (clean == flag)
+                if rows.any():
+                    log_metric(self, f"srpo/correction_rate_{name}_prefix", correct[rows].float().mean().item())
         base_rows = (kinds_cpu == ROW_BASE) & scorable
         if base_rows.any():
             log_metric(self, "srpo/base_pass_rate", correct[base_rows].float().mean().item())
@@ -548,24 +452,3 @@ class SRPOTrainer(MethodModelCardMixin, GRPOTrainer):
         start = self.accelerator.process_index * local
         return advantages[start : start + local].to(trl_advantages.dtype)
 
-
-def _check_prompt_format(dataset, template: str | None) -> None:
-    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
-    if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
-        return
-    if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
-        return
-    if "prompt" not in dataset.column_names:
-        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
-    images = [name for name in ("image", "images") if name in dataset.column_names]
-    if images:
-        raise ValueError(
-            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
-            "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
-            "the column or train this dataset with GRPOTrainer."
-        )
-    if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
-        return
-    first = dataset[0]
-    question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
-    wrap_prompt(first["prompt"], template)

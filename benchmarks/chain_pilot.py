@@ -1,0 +1,92 @@
+"""Summary of the GRPO pilot on the chain task (docs/testbed.md, "Learning comparison"): base vs trained held-out
+accuracy with standard errors, and the core-hours the full grid would take at each pilot setting.
+
+The runs are ``benchmarks/learning.py --task chain --methods grpo --seeds 0 --samples 8 --steps S
+--learning-rate LR --results-dir benchmarks/results/learning_chain_pilot/lr<LR>_steps<S>`` (``--threads 1``,
+``OMP_NUM_THREADS=1``; base.json copied between the folders: same evaluation settings). Standard errors are over the
+64 held-out problems (per-problem accuracy c/n; the gain paired over problems, ``plots.paired_problem_se``): they
+carry sampling noise and the draw of problems, not the training seed's variance.
+
+Grid projection: per seed, every method's training costs GRPO's CPU seconds per step times its cost ratio to GRPO
+(``COST_RATIO``: seconds per step of the committed arithmetic grid, benchmarks/results/learning, divided by GRPO's;
+srpo_oracle taken as RRPO: no localization call), plus one held-out evaluation at GRPO's measured CPU cost.
+
+    python benchmarks/chain_pilot.py   # writes benchmarks/results/chain_pilot.json
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from plots import paired_problem_se  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+PILOT = os.path.join(RESULTS, "learning_chain_pilot")
+METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle")
+
+
+def accuracy_se(report: dict) -> tuple[float, float]:
+    rates = [p["num_correct"] / p["num_samples"] for p in report["problems"]]
+    m = sum(rates) / len(rates)
+    return m, math.sqrt(sum((r - m) ** 2 for r in rates) / (len(rates) - 1) / len(rates))
+
+
+def cost_ratios() -> dict:
+    per_step = {}
+    for path in glob.glob(os.path.join(RESULTS, "learning", "*_seed*.json")):
+        with open(path) as f:
+            run = json.load(f)
+        per_step.setdefault(run["method"], []).append(run["seconds_per_step"])
+    mean = {m: sum(v) / len(v) for m, v in per_step.items()}
+    ratios = {m: mean[m] / mean["grpo"] for m in mean}
+    ratios["srpo_oracle"] = ratios["rrpo"]
+    return ratios
+
+
+def main():
+    ratios = cost_ratios()
+    settings = []
+    for folder in sorted(glob.glob(os.path.join(PILOT, "*"))):
+        path = os.path.join(folder, "grpo_seed0.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            run = json.load(f)
+        with open(os.path.join(folder, "base.json")) as f:
+            base = json.load(f)["eval"]
+        trained = run["eval"]
+        gain, se = paired_problem_se(trained, base)
+        steps, seeds = run["settings"]["steps"], 4
+        train_cpu = run["cpu_seconds_per_step"] * steps * sum(ratios[m] for m in METHODS)
+        eval_cpu = trained["eval_cpu_seconds"] * len(METHODS)
+        settings.append(dict(
+            folder=os.path.relpath(folder, RESULTS), steps=steps, learning_rate=run["settings"]["learning_rate"],
+            prompts_per_step=run["settings"]["prompts"], generations=run["settings"]["generations"],
+            base_accuracy=accuracy_se(base), trained_accuracy=accuracy_se(trained),
+            base_pass_at_8=base["pass_at_k"]["8"], trained_pass_at_8=trained["pass_at_k"]["8"],
+            gain=gain, gain_se=se, gain_z=gain / se,
+            train_reward=[c["reward"] for c in run["reward_curve"]],
+            cpu_seconds_per_step=run["cpu_seconds_per_step"], eval_cpu_seconds=trained["eval_cpu_seconds"],
+            grid_core_hours=(seeds * (train_cpu + eval_cpu) + trained["eval_cpu_seconds"]) / 3600,
+        ))
+    out = dict(description=__doc__.split("\n\n")[0], cost_ratio_to_grpo=ratios, grid=f"{len(METHODS)} methods x 4 seeds",
+               settings=settings)
+    path = os.path.join(RESULTS, "chain_pilot.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    for s in settings:
+        print(f"{s['folder']}: base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
+              f"{s['trained_accuracy'][0]:.3f} ± {s['trained_accuracy'][1]:.3f}, gain {s['gain']:+.3f} (SE "
+              f"{s['gain_se']:.3f}, z {s['gain_z']:.1f}); {s['cpu_seconds_per_step']:.0f} CPU s/step, eval "
+              f"{s['eval_cpu_seconds']:.0f} CPU s; grid {s['grid_core_hours']:.1f} core-hours")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
