@@ -136,7 +136,7 @@ def main():
     parser.add_argument("--localization_max_tokens", type=int, default=32)
     parser.add_argument("--localization", choices=["scored", "generate"], default="scored",
                         help="SRPOConfig.localization: the scored choice (default) or the decoded answer")
-    parser.add_argument("--localization_scoring", choices=["plain", "calibrated"], default="plain",
+    parser.add_argument("--localization_scoring", choices=["plain", "calibrated"], default="calibrated",
                         help="SRPOConfig.localization_scoring: raw answer scores or divided by a content-free chain's")
     parser.add_argument("--seed_candidates", type=int, default=1)
     parser.add_argument("--seed_source", choices=["fresh", "base"], default="fresh")

@@ -142,7 +142,7 @@ def reference_scores(trainer, question, thoughts):
 
 
 def test_answer_scores_match_an_independent_forward(tiny_model_path, tiny_dataset, tmp_path):
-    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path)
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization_scoring="plain")
     stats = StepStats()
     [scores] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], stats)
     reference = reference_scores(trainer, QUESTION, THOUGHTS)
@@ -154,7 +154,8 @@ def test_answer_scores_match_an_independent_forward(tiny_model_path, tiny_datase
 
 @pytest.mark.parametrize("localization", ["scored", "generate"])
 def test_scored_choice_follows_a_model_that_favours_an_index(localization, tiny_model_path, tiny_dataset, tmp_path):
-    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization=localization)
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization=localization,
+                           localization_scoring="plain")
     favoured = trainer.processing_class.encode("3}", add_special_tokens=False)[0]
     handle = favour_token(trainer, favoured)
     try:
@@ -167,6 +168,27 @@ def test_scored_choice_follows_a_model_that_favours_an_index(localization, tiny_
     assert (resets[0].step, resets[0].source) == (3, "scored")
     assert (stats.scored, stats.random, stats.generated) == (1, 0, 0)
     assert stats.localization_attempts == (1 if localization == "generate" else 0)
+
+
+def test_calibrated_scores_cancel_a_bias_that_ignores_the_steps(tiny_model_path, tiny_dataset, tmp_path):
+    """A preference for one answer whatever the chain says (here: a +30 logit on "3}") is a prior, not a
+    localization: calibrated scoring (the default) divides it out, so the pick is the one without the bias."""
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path)
+    assert trainer.args.localization_scoring == "calibrated"
+
+    def pick() -> int:
+        resets = [Reset(0, [1], None, [1, 2, 3, 4, 5], texts=list(THOUGHTS))]
+        localize(trainer, resets, [[{"role": "user", "content": QUESTION}]], StepStats())
+        return resets[0].step
+
+    unbiased = pick()
+    handle = favour_token(trainer, trainer.processing_class.encode("3}", add_special_tokens=False)[0])
+    try:
+        biased = pick()
+    finally:
+        handle()
+    assert unbiased != 3  # else the bias would not change a plain pick either, and the test would show nothing
+    assert biased == unbiased  # plain scores: 3
 
 
 def test_generate_with_random_fallback_draws_uniformly(tiny_model_path, tiny_dataset, tmp_path):

@@ -62,7 +62,7 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         localization (`str`, defaults to `"scored"`): how SRPO asks the policy: `"scored"` = score every answer
             `\boxed{1}`..`\boxed{H_s}` in one forward pass and take the best; `"generate"` = the paper's greedy
             decoded answer (an unparsed answer falls back per `localization_fallback`).
-        localization_scoring (`str`, defaults to `"plain"`): `"plain"` log-probabilities or `"calibrated"` (divided
+        localization_scoring (`str`, defaults to `"calibrated"`): `"plain"` log-probabilities or `"calibrated"` (divided
             by those on a content-free chain of the same length).
         localization_fallback (`str`, defaults to `"scored"`): with `localization="generate"`, where an unparsed
             answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
@@ -177,7 +177,7 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         },
     )
     localization_scoring: str = field(
-        default="plain",
+        default="calibrated",
         metadata={
             "help": "Scores of the scored choice: 'plain' (log-probabilities of the answers) or 'calibrated' "
             "(divided by the same scores on a content-free chain of the same length: contextual calibration)."
