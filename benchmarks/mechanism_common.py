@@ -218,6 +218,16 @@ def task_label(args) -> str:
     return "smollm2-135m-chain + LoRA, chain" if is_chain(args) else "SmolLM2-135M + LoRA, arithmetic"
 
 
+def save_figure(fig, path: str, title: str) -> None:
+    """Every mechanism figure: the run's settings as the title, saved as PNG next to its JSON, then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def line_of_token(pieces) -> list[int]:
     """Line of every completion token, from the tokens' decoded texts ``pieces`` (special tokens decoded to ""):
     the 1-indexed non-empty line (chain.check_steps' numbering: blank lines are not counted) holding the token's
