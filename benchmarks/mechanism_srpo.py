@@ -106,7 +106,7 @@ def chain_resets(recorder, steps, trainer) -> dict:
     in prompt order and fill the reset slots of their prompt in order (``SRPOTrainer._training_rows``)."""
     size, base, suffixes = trainer.num_generations, trainer.args.num_base_generations, trainer.args.suffixes_per_reset
     out = []
-    for step, resets in zip(steps, recorder.calls["_choose_resets"]):
+    for step, (_, _, resets) in zip(steps, recorder.calls["_choose_resets"]):
         slot_of = {}
         for reset in resets:
             slot = slot_of.get(reset.group, 0)
@@ -298,6 +298,10 @@ def main(argv=None):
                    train_seconds=seconds, summary=summary, trainer_metrics_last_step=metrics, resets=resets,
                    steps=steps, log_history=trainer.state.log_history)
     if common.is_chain(args):
+        # raw resets first (h*, h_o, H, prompt), so a failure of the analysis below loses no run
+        payload["chain_raw"] = [[dict(group=r.group, h=r.step, h_o=r.oracle, H=len(r.ends), source=r.source)
+                                 for r in result] for _, _, result in recorder.calls["_choose_resets"]]
+        common.write_json(json_path, payload)
         payload["chain"] = chain_resets(recorder, steps, trainer)
         common.write_json(json_path, payload)
         c = payload["chain"]["summary"]
