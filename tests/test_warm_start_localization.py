@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import trl_credit.srpo.localize as srpo_localize_module
 import trl_credit.srpo.trainer as srpo_trainer_module
 from trl_credit import models
 from trl_credit.chain import check_steps, make_chain_dataset, make_chain_problems, parse_question, solution_text
@@ -135,10 +136,12 @@ def test_prompt_is_token_for_token_what_srpo_trainer_sends(tiny_model_path, tmp_
         return [tokenizer.encode(chain, add_special_tokens=False) + [tokenizer.eos_token_id] for _ in prefix_ids], None
 
     monkeypatch.setattr(srpo_trainer_module, "generate_from_prefixes", fake_generate)
+    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", fake_generate)  # the decoded localization
     dataset = make_chain_dataset(num_train=1, num_test=1, seed=0)["train"].select([0, 0])
     args = SRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, reset_groups=1,
                       suffixes_per_reset=2, seed_candidates_per_round=2, max_completion_length=64, max_steps=1,
-                      thought_delimiter="\n", rollout_template="none", reset="self", report_to="none", use_cpu=True,
+                      thought_delimiter="\n", rollout_template="none", reset="self", localization="generate",
+                      report_to="none", use_cpu=True,
                       save_strategy="no", seed=0)
     trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
     trainer.train()

@@ -265,11 +265,16 @@ def main(argv=None) -> dict:
             print(f"{name}: pass@1 {r['pass@1']:.3f} (all steps right {r['pass@1_all_steps_right']:.3f}), "
                   f"{r['mean_steps_per_answer']:.2f} steps/answer, first wrong step {r['first_wrong_step']}, "
                   f"reasons {r['first_wrong_reason']}, structures {r['distributive_structure']}")
-    if args.results:
-        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-        with open(args.results, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_report(args.results, report)
     return report
+
+
+def write_report(path: str | None, report: dict) -> None:
+    """Write a results JSON (``--results``), creating its folder; nothing when ``path`` is None."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as handle:
+            json.dump(report, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import time
 from collections import Counter
@@ -275,6 +274,7 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
 
 def main(argv=None) -> dict:
     from .models import CHAIN_LOC_MODEL, CHAIN_MODEL
+    from .warm_start import write_report
 
     parser = argparse.ArgumentParser(description="Localization accuracy of the chain warm starts vs the checker.")
     parser.add_argument("--models", nargs="+", default=[CHAIN_MODEL, CHAIN_LOC_MODEL])
@@ -292,10 +292,7 @@ def main(argv=None) -> dict:
         report[name] = _evaluate_model(name, injected, args.num_problems, args.num_samples, args.data_seed)
         print(name, json.dumps({part: report[name][part]["exact"] for part in ("injected", "own_failures")
                                 if part in report[name]}), report[name].get("pass@1"))
-    if args.results:
-        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-        with open(args.results, "w") as handle:
-            json.dump(report, handle, indent=2)
+    write_report(args.results, report)
     return report
 
 

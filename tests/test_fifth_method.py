@@ -1,0 +1,172 @@
+"""CONTRIBUTING.md's checklist "Adding a fifth method", followed for a toy method kept in this file (not in the
+library): Sign-GRPO, whose advantage is only the sign of a rollout's reward against its group's mean.
+
+    A_i = sign_scale * sign(r_i - mean of the scorable rewards of i's group),  0 for an unscorable row
+
+Each step of the checklist is one piece below: (1) the pure math, (2) the config, (3) the trainer built from the
+shared helpers and mixins (its one TRL hook, ``_generate_and_score_completions``, is already in
+``trl_compat.OVERRIDDEN``). The tests check what the checklist promises: one training step on the tiny model gives
+the formula's advantages on that step's rewards, the toy passes the TRL contract scan, and the config keeps every
+``GRPOConfig`` default.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_credit.collectives import local_rows
+from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.success import SuccessArguments, total_rewards
+from trl_credit.trainer_logs import log_metric, replace_logged_advantages, zero_nonfinite_groups
+from trl_credit.trainer_setup import resolve_method_args, trainer_mode
+from trl_credit.trl_compat import OVERRIDDEN
+from trl_credit.viz import CreditLoggingArguments
+
+from .test_trl_contract import _params, _scan
+
+
+# ------------------------------------------------------------------------------------- (1) the pure math
+def sign_advantages(rewards: torch.Tensor, group_size: int, scale: float) -> torch.Tensor:
+    """(N,) rewards of consecutive groups of ``group_size`` -> (N,) advantages ``scale * sign(r_i - group mean)``.
+    Unscorable rows (NaN reward) get 0 and stay out of the mean; a group with a ±inf reward gets 0 (no sign)."""
+    groups = rewards.double().view(-1, group_size)
+    mean = groups.nanmean(dim=1, keepdim=True)
+    advantages = scale * torch.sign(groups - mean)
+    advantages[~torch.isfinite(advantages) | ~torch.isfinite(mean).expand_as(groups)] = 0.0
+    return advantages.flatten()
+
+
+# ------------------------------------------------------------------------------------- (2) the config
+@dataclass
+class SignGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
+    """GRPOConfig + ``sign_scale``. Mixins first: GRPOConfig's fields keep their positions and defaults."""
+
+    sign_scale: float = field(default=1.0, metadata={"help": "Magnitude of every non-zero advantage (> 0)."})
+
+    def __post_init__(self):
+        self._validate_success_arguments()
+        super().__post_init__()
+        scale = self.sign_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"`sign_scale` must be a finite number > 0, got {scale!r}.")
+
+
+# ------------------------------------------------------------------------------------- (3) the trainer
+class SignGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
+    """GRPOTrainer whose sequence advantages are the sign of the reward against the group mean."""
+
+    _tag_names = ["trl", "grpo", "sign-grpo", "trl_credit"]
+    _name = "Sign-GRPO"
+    _paper = {"title": "Sign-GRPO (a toy method of trl_credit's tests)", "id": None, "citation": None}
+
+    def __init__(self, model, reward_funcs=None, args: SignGRPOConfig | None = None, **kwargs):
+        args = resolve_method_args(args, SignGRPOConfig, model, "SignGRPOTrainer", "Sign-GRPO")
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+
+    def _generate_and_score_completions(self, inputs):
+        with self._capturing_rollouts() as rollouts:  # the global reward matrix TRL computed for this batch
+            output = super()._generate_and_score_completions(inputs)
+        rewards_per_func = rollouts.rewards("SignGRPOTrainer")
+        size = self.num_generations if trainer_mode(self) == "train" else self.num_generations_eval
+        values = sign_advantages(total_rewards(rewards_per_func, self.reward_weights), size, self.args.sign_scale)
+        replace_logged_advantages(self, values.tolist())  # TRL's completions table shows ours, not GRPO's
+        local = values[local_rows(self, output["advantages"].size(0))].to(output["advantages"])
+        # ±inf rewards: warned once and logged each step (the pure function already gave those groups 0)
+        output["advantages"] = zero_nonfinite_groups(self, local, rewards_per_func, "sign/nonfinite_reward_rate")
+        log_metric(self, "sign/frac_zero_advantage", (values == 0).double().mean().item())
+        self._log_credit(output)
+        return output
+
+
+# ------------------------------------------------------------------------------------- tests
+def test_sign_advantages_by_hand():
+    nan = float("nan")
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0,  # mean 0.5          -> +, -, -, +
+                            3.0, 0.0, 0.0, 0.0,  # mean 0.75         -> +, -, -, -
+                            2.0, 2.0, 2.0, 2.0,  # no variance       -> 0
+                            nan, 1.0, 0.0, 0.5,  # mean of 1, 0, 0.5 = 0.5 -> 0 (unscorable), +, -, 0
+                            math.inf, 1.0, 0.0, 0.0])  # ±inf: no sign -> 0
+    expected = [2, -2, -2, 2, 2, -2, -2, -2, 0, 0, 0, 0, 0, 2, -2, 0, 0, 0, 0, 0]
+    assert sign_advantages(rewards, 4, 2.0).tolist() == expected
+
+
+def _reference(rewards: list[float], group_size: int, scale: float) -> list[float]:
+    """The formula with plain loops, for the training step's rewards."""
+    result = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start:start + group_size]
+        scored = [r for r in group if not math.isnan(r)]
+        mean = sum(scored) / len(scored)
+        result += [0.0 if math.isnan(r) else scale * ((r > mean) - (r < mean)) for r in group]
+    return result
+
+
+def test_one_step_gives_the_formulas_advantages(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
+    seen_rewards = []  # (completion ids, reward) in TRL's row order, as the reward function returned them
+
+    def id_sum_reward(completions, completion_ids, **kwargs):
+        rewards = [None if ids[0] % 11 == 0 else float(sum(ids) % 3) for ids in completion_ids]
+        seen_rewards.extend(zip(map(tuple, completion_ids), rewards, strict=True))
+        return rewards
+
+    args = SignGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=6, max_steps=1, sign_scale=0.5, report_to="none", logging_steps=1,
+                          use_cpu=True, save_strategy="no")
+    trainer = SignGRPOTrainer(tiny_model_path, id_sum_reward, args=args, train_dataset=tiny_dataset)
+
+    seen_in_loss = []  # (completion ids, advantage) that reach TRL's loss
+    compute_loss = trainer._compute_loss
+
+    def record(model, inputs):
+        for ids, mask, advantage in zip(inputs["completion_ids"], inputs["completion_mask"], inputs["advantages"]):
+            seen_in_loss.append((tuple(ids[mask.bool()].tolist()), advantage.item()))
+        return compute_loss(model, inputs)
+
+    monkeypatch.setattr(trainer, "_compute_loss", record)
+    trainer.train()
+
+    assert len(seen_rewards) == 8
+    rewards = [float("nan") if r is None else r for _, r in seen_rewards]
+    expected = _reference(rewards, 4, 0.5)
+    assert any(expected), f"rewards {rewards} gave no signal: the check would be vacuous"
+    assert Counter(seen_in_loss) == Counter(zip((ids for ids, _ in seen_rewards), expected))
+    log = next(entry for entry in trainer.state.log_history if "sign/frac_zero_advantage" in entry)
+    assert log["sign/frac_zero_advantage"] == pytest.approx(expected.count(0.0) / 8)
+    assert log["sign/nonfinite_reward_rate"] == 0.0
+
+
+def test_the_toy_passes_the_trl_contract_scan():
+    source = "\n".join(inspect.getsource(obj) for obj in (sign_advantages, SignGRPOConfig, SignGRPOTrainer))
+    assert _scan([("test_fifth_method.py", source)]) == []
+    # every GRPOTrainer method the toy defines is a registered hook with TRL's parameters
+    hooks = {name for name, value in vars(SignGRPOTrainer).items() if callable(value) and hasattr(GRPOTrainer, name)}
+    assert hooks == {"__init__", "_generate_and_score_completions"}
+    assert _params(SignGRPOTrainer._generate_and_score_completions, False) == list(
+        OVERRIDDEN["_generate_and_score_completions"].params)
+    # the scan is what the checklist's "register a new hook" step answers to: an unregistered one is reported
+    extra = source + "\n    def _get_train_sampler(self, dataset=None):\n        return None\n"
+    assert "private TRL name _get_train_sampler" in "\n".join(_scan([("test_fifth_method.py", extra)]))
+
+
+def test_the_config_keeps_grpo_configs_defaults_and_validates_its_field():
+    grpo, config = GRPOConfig("my_run", use_cpu=True), SignGRPOConfig("my_run", use_cpu=True)
+    assert config.output_dir == "my_run"  # positional output_dir, as with GRPOConfig
+    values = {name: getattr(grpo, name) for name in grpo.__dataclass_fields__}
+    assert {name: getattr(config, name) for name in values} == values
+    assert (config.sign_scale, config.success_reward, config.log_credit_rows) == (1.0, None, 0)
+    for bad in (0, -1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="`sign_scale` must be a finite number > 0"):
+            SignGRPOConfig("my_run", use_cpu=True, sign_scale=bad)
+
+
+def test_a_plain_grpo_config_is_refused(tiny_dataset):
+    with pytest.raises(TypeError, match="SignGRPOTrainer needs `args` to be a SignGRPOConfig"):
+        SignGRPOTrainer("not/loaded", lambda completions, **kw: [0.0] * len(completions),
+                        args=GRPOConfig("my_run", use_cpu=True), train_dataset=tiny_dataset)
