@@ -202,11 +202,13 @@ def main(argv=None):
     json_path, png_path = common.output_paths(args, "datpo")
     start = time.perf_counter()
 
+    import trl_credit.datpo.branches as datpo_branches
     import trl_credit.datpo.trainer as datpo_trainer
 
     recorder = common.Recorder()
-    for name in ("adaptive_budget", "select_forks", "rewards_of_extra_rows"):
+    for name in ("adaptive_budget", "select_forks"):
         recorder.wrap(datpo_trainer, name)
+    recorder.wrap(datpo_branches, "rewards_of_extra_rows")  # branch rewards: datpo/branches.py branch_rewards
     trainer = common.build_trainer("datpo", args)
     recorder.wrap(trainer, "_generate_branches")  # a trainer method: one collective call per generation batch
     prompts = []
