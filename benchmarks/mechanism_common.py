@@ -40,6 +40,9 @@ def add_common_arguments(parser: argparse.ArgumentParser, prompts: int = 4, gene
     parser.add_argument("--digits", type=int, default=1, help="arithmetic task: digits per operand")
     parser.add_argument("--operands", type=int, default=2, help="arithmetic task: operands per problem")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", choices=["arithmetic", "chain"], default="arithmetic",
+                        help="arithmetic (SmolLM2-135M-Instruct, reward final_number) or chain (smollm2-135m-chain, "
+                        "rewards [accuracy, chain_format], docs/testbed.md); chain writes mechanism_<method>_chain.*")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--train", action="store_true",
                         help="take an optimizer step after each generation batch (LoRA) instead of only generating")
@@ -48,25 +51,44 @@ def add_common_arguments(parser: argparse.ArgumentParser, prompts: int = 4, gene
 
 
 def output_paths(args, method: str) -> tuple[str, str]:
-    json_path = args.output or os.path.join(RESULTS, f"mechanism_{method}.json")
+    suffix = "_chain" if getattr(args, "task", "arithmetic") == "chain" else ""
+    json_path = args.output or os.path.join(RESULTS, f"mechanism_{method}{suffix}.json")
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     return json_path, os.path.splitext(json_path)[0] + ".png"
 
 
+def is_chain(args) -> bool:
+    return getattr(args, "task", "arithmetic") == "chain"
+
+
 def build_trainer(method: str, args, own: dict | None = None, lora: bool = True):
-    """The method's trainer with its offline settings (harness.METHODS), overridden by the CLI sizes."""
-    from trl_credit.data import make_arithmetic_dataset
-    from trl_credit.models import default_model_path
-    from trl_credit.rewards import final_number_reward
+    """The method's trainer with its offline settings (harness.METHODS), overridden by the CLI sizes. On the chain
+    task: the warm-started ``smollm2-135m-chain``, rewards [accuracy, chain_format], and for SRPO the chain prompt
+    as is (``rollout_template="none"``), one thought per line and the chain step checker (as benchmarks/learning.py).
+    """
+    from trl_credit.data import load_task_dataset
+    from trl_credit.models import CHAIN_MODEL, default_model_path, resolve_model_path
+    from trl_credit.rewards import accuracy_reward, final_number_reward
 
     torch.set_num_threads(args.threads)
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, args.seed, args.learning_rate)
-    settings.update(num_generations=args.generations, temperature=args.temperature, **(own or {}))
+    settings.update(num_generations=args.generations, temperature=args.temperature)
+    if is_chain(args):
+        from trl_credit.chain import chain_format_reward
+
+        if method in ("srpo", "rrpo"):
+            settings.update(rollout_template="none", thought_delimiter="\n", step_checker="chain")
+        settings.update(own or {})
+        dataset = load_task_dataset("chain", num_train=200, num_test=20, seed=0)
+        model_path, rewards = resolve_model_path(CHAIN_MODEL), [accuracy_reward, chain_format_reward]
+    else:
+        settings.update(own or {})
+        dataset = load_task_dataset("arithmetic", num_train=80, num_test=20, digits=args.digits,
+                                    num_operands=args.operands, seed=0)
+        model_path, rewards = default_model_path(), [final_number_reward]
     out_dir = tempfile.mkdtemp(prefix=f"mechanism_{method}_")
     config = harness.method_config(method, out_dir, settings)
-    dataset = make_arithmetic_dataset(num_train=80, num_test=20, digits=args.digits, num_operands=args.operands,
-                                      seed=0)
-    trainer = harness.build_trainer(method, config, default_model_path(), dataset["train"], [final_number_reward],
+    trainer = harness.build_trainer(method, config, model_path, dataset["train"], rewards,
                                     peft_config=harness.lora_config() if lora else None)
     return trainer
 
@@ -164,6 +186,13 @@ def quantiles(rows: list[list[float]], qs=(0.25, 0.5, 0.75)) -> list[list[float]
     return [torch.quantile(tensor, q, dim=0).tolist() for q in qs]
 
 
+def wilson(k: int, n: int) -> list[float] | None:
+    """95% Wilson score interval of k/n (srpo_localization.wilson)."""
+    from srpo_localization import wilson as srpo_wilson
+
+    return srpo_wilson(k, n)
+
+
 def mean(values) -> float:
     values = [float(v) for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")
@@ -175,9 +204,18 @@ def write_json(path: str, payload: dict) -> None:
 
 
 def settings_of(args, trainer) -> dict:
+    if is_chain(args):
+        return dict(vars(args), model="smollm2-135m-chain (warm start, docs/testbed.md) + LoRA r=64 (all linear)",
+                    task="built-in chain (docs/testbed.md), rewards [accuracy, chain_format]",
+                    trainer=type(trainer).__name__, threads=torch.get_num_threads())
     return dict(vars(args), model="SmolLM2-135M-Instruct + LoRA r=64 (all linear layers)",
                 task=f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, +), reward final_number",
                 trainer=type(trainer).__name__, threads=torch.get_num_threads())
+
+
+def task_label(args) -> str:
+    """Model and task for figure titles."""
+    return "smollm2-135m-chain + LoRA, chain" if is_chain(args) else "SmolLM2-135M + LoRA, arithmetic"
 
 
 def save_figure(fig, path: str, title: str) -> None:
@@ -188,3 +226,29 @@ def save_figure(fig, path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def line_of_token(pieces) -> list[int]:
+    """Line of every completion token, from the tokens' decoded texts ``pieces`` (special tokens decoded to ""):
+    the 1-indexed non-empty line (chain.check_steps' numbering: blank lines are not counted) holding the token's
+    first non-whitespace character; a whitespace-only token (a newline, an end-of-sequence token) gets the line it
+    ends or follows, 0 before the first line."""
+    lines, current, at_line_start, out = 0, 0, True, []
+    for piece in pieces:
+        label = None
+        for ch in piece:
+            if ch == "\n":
+                at_line_start = True
+            elif not ch.isspace():
+                if at_line_start:
+                    lines, at_line_start = lines + 1, False
+                    current = lines
+                if label is None:
+                    label = current
+        out.append(current if label is None else label)
+    return out
+
+
+def token_pieces(ids, tokenizer) -> list[str]:
+    """Each token's decoded text (special tokens as "")."""
+    return [tokenizer.decode([int(t)], skip_special_tokens=True) for t in ids]

@@ -13,6 +13,11 @@ completions, their weights w'_i and pre-floor multipliers), and reports:
   (pre-floor multipliers, per unit advantage): GRPO gives exactly 1, rarity weighting gives < 1.
 
     python benchmarks/mechanism_cue_grpo.py               # 8 prompts x 8 rollouts, 64 tokens, 1 batch (~3 min CPU)
+
+With ``--task chain`` (``smollm2-135m-chain``) every positive completion is also labelled with its solution
+structure (:func:`solution_structure`: plain core, or for a distributive core term-by-term vs factored) and the
+summary gives clusters per group and the weights by structure, and whether the cue clusters separate the two
+structures.
 """
 
 from __future__ import annotations
@@ -36,6 +41,30 @@ def least_squares_slope(points: list[tuple[float, float]]) -> float:
     mx = sum(x for x, _ in points) / len(points)
     my = sum(y for _, y in points) / len(points)
     return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def solution_structure(question: str, text: str) -> str:
+    """"plain" (a non-distributive core), else from the first line ``x op y = z``: "factored" when it is the core's
+    inner ``b op c``, "term" when it is one of the products ``a * b`` / ``a * c`` (either operand order), "other"
+    otherwise (chain.chain_solutions holds both structures)."""
+    import re
+
+    from trl_credit.chain import parse_question
+
+    problem = parse_question(question)
+    if not problem.distributive:
+        return "plain"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    match = re.fullmatch(r"(\d+) ([-+*]) (\d+) = (-?\d+)\.?", lines[0]) if lines else None
+    if match is None:
+        return "other"
+    x, op, y = int(match.group(1)), match.group(2), int(match.group(3))
+    a, core_op, b, c = problem.core
+    if op == core_op and (x, y) == (b, c):
+        return "factored"
+    if op == "*" and ({x, y} == {a, b} or {x, y} == {a, c}):
+        return "term"
+    return "other"
 
 
 def analyse(trainer, record: dict) -> list[dict]:
@@ -157,7 +186,13 @@ def main(argv=None):
     groups = []
     completions = []
     for record in recorder.batches:
-        groups += analyse(trainer, record)
+        mine = analyse(trainer, record)
+        if common.is_chain(args):
+            texts = trainer.processing_class.batch_decode(record["output"]["completion_ids"], skip_special_tokens=True)
+            for group in mine:
+                for m in group["members"]:
+                    m["structure"] = solution_structure(record["inputs"][m["row"]]["question"], texts[m["row"]])
+        groups += mine
     from trl_credit.cue_grpo.cues import extract_cues
     from trl_credit.rewards import completion_text
 
@@ -181,12 +216,30 @@ def main(argv=None):
         mass_slope=least_squares_slope(points),
         grpo_mass_slope=1.0,
     )
+    if common.is_chain(args):
+        members = [m for g in groups for m in g["members"]]
+        by = {}
+        for m in members:
+            entry = by.setdefault(m["structure"], dict(positives=0, weights=[], cluster_sizes=[]))
+            entry["positives"] += 1
+            entry["weights"].append(m["weight"])
+            entry["cluster_sizes"].append(m["cluster_size"])
+        mixed = [g for g in groups if {m["structure"] for m in g["members"]} >= {"term", "factored"}]
+        separated = [g for g in mixed if not ({m["cluster"] for m in g["members"] if m["structure"] == "term"}
+                                               & {m["cluster"] for m in g["members"] if m["structure"] == "factored"})]
+        summary["chain"] = dict(
+            by_structure={k: dict(positives=v["positives"], mean_weight=common.mean(v["weights"]),
+                                  mean_cluster_size=common.mean(v["cluster_sizes"])) for k, v in sorted(by.items())},
+            groups_with_both_structures=len(mixed), of_them_structures_in_disjoint_clusters=len(separated),
+            mixed_groups=[dict(clusters=g["clusters"], members=[(m["structure"], m["cluster"], round(m["weight"], 3))
+                                                                for m in g["members"]]) for g in mixed])
+        print("  chain:", summary["chain"])
     metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("cue/")}
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start,
                    collect_seconds=seconds, summary=summary, trainer_metrics_last_batch=metrics, groups=groups,
                    example_completions=completions)
     common.write_json(json_path, payload)
-    plot(groups, summary, png_path, f"Cue-GRPO on SmolLM2-135M, {args.prompts * args.steps} arithmetic prompts x "
+    plot(groups, summary, png_path, f"Cue-GRPO on {common.task_label(args)}, {args.prompts * args.steps} prompts x "
          f"{args.generations} rollouts, CR weighting (defaults)")
     print(f"Cue-GRPO mechanism: {summary['groups_with_positives']} groups with positives, "
           f"{summary['clusters_per_group']:.2f} clusters per group, {summary['groups_with_unequal_clusters']} with "

@@ -15,6 +15,11 @@ plus the base rows and rewards of ``_generate_and_score_completions``:
   its fork, so a tree pays less than one full answer per leaf; GRPO pays exactly one (the diagonal).
 
     python benchmarks/mechanism_datpo.py                  # 8 prompts x 4 base rollouts, 64 tokens (~4 min CPU)
+
+With ``--task chain`` (``smollm2-135m-chain``, one step per line) every sentence is also marked by whether it starts
+at a real step boundary (its first non-whitespace token is the first token of a line,
+``mechanism_common.line_of_token``), and the summary gives the share of chosen forks at step boundaries, the
+sentences and lines per rollout, and the trainer's token-entropy fallback rate.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ import mechanism_common as common  # noqa: E402
 import torch  # noqa: E402
 
 
-def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
+def line_starts(pieces: list[str]) -> set[int]:
+    """Tokens that begin a line: their line (``common.line_of_token``) is above the previous token's."""
+    lines = common.line_of_token(pieces)
+    return {j for j, line in enumerate(lines) if line > (lines[j - 1] if j else 0)}
+
+
+def reconstruct(trainer, record: dict, calls: dict, chain: bool = False) -> list[dict]:
     """Per prompt of one batch: V_root, K̂, B̂, base lengths, forks per base rollout (with sentence entropies) and
     branches (fork position, generated length, reward)."""
     N = trainer.num_generations
@@ -61,6 +72,14 @@ def reconstruct(trainer, record: dict, calls: dict) -> list[dict]:
             shift = 1 if k.get("position", "after_token") == "after_token" else 0
             sentences = [dict(start=s, end=e, entropy=sum(entropies[s:e]) / (e - s) if e > s and entropies else None,
                               chosen=s + shift in forks) for s, e in spans]
+            if chain:
+                ids = record["output"]["completion_ids"][i, :lengths[i]].tolist()
+                pieces = common.token_pieces(ids, trainer.processing_class)
+                starts = line_starts(pieces)
+                for sentence in sentences:
+                    first = next((j for j in range(sentence["start"], sentence["end"]) if pieces[j].strip()), None)
+                    sentence["step_boundary"] = first in starts
+                prompt.setdefault("lines", []).append(len(starts))
             length = k.get("num_tokens", lengths[i])
             prompt["rollouts"].append(dict(forks=list(forks), length=length, sentences=sentences))
             for fork in forks:
@@ -183,11 +202,13 @@ def main(argv=None):
     json_path, png_path = common.output_paths(args, "datpo")
     start = time.perf_counter()
 
+    import trl_credit.datpo.branches as datpo_branches
     import trl_credit.datpo.trainer as datpo_trainer
 
     recorder = common.Recorder()
-    for name in ("adaptive_budget", "select_forks", "rewards_of_extra_rows"):
+    for name in ("adaptive_budget", "select_forks"):
         recorder.wrap(datpo_trainer, name)
+    recorder.wrap(datpo_branches, "rewards_of_extra_rows")  # branch rewards: datpo/branches.py branch_rewards
     trainer = common.build_trainer("datpo", args)
     recorder.wrap(trainer, "_generate_branches")  # a trainer method: one collective call per generation batch
     prompts = []
@@ -206,13 +227,29 @@ def main(argv=None):
             trainer._generate_and_score_completions(next(batches))
     recorder.unpatch()
     for record in recorder.batches:
-        prompts += reconstruct(trainer, record, record["calls"])
+        prompts += reconstruct(trainer, record, record["calls"], chain=common.is_chain(args))
     summary = summarize(prompts)
+    if common.is_chain(args):
+        chosen = [s for p in prompts for r in p["rollouts"] for s in r["sentences"] if s["chosen"]]
+        others = [s for p in prompts for r in p["rollouts"] for s in r["sentences"] if not s["chosen"]]
+        forked = [r for p in prompts for r in p["rollouts"] if r["sentences"]]
+        at_step = sum(s["step_boundary"] for s in chosen)
+        summary["chain"] = dict(
+            chosen_forks=len(chosen), chosen_at_step_boundary=at_step,
+            chosen_at_step_boundary_rate=at_step / len(chosen) if chosen else None,
+            chosen_at_step_boundary_ci95=common.wilson(at_step, len(chosen)) if chosen else None,
+            other_sentences_at_step_boundary_rate=common.mean(s["step_boundary"] for s in others),
+            sentences_per_rollout=common.mean(len(r["sentences"]) for r in forked),
+            lines_per_rollout=common.mean(n for p in prompts for n in p.get("lines", [])),
+            fork_fallback_rate_logged=common.harness.last_metrics(trainer).get("datpo/fork_fallback_rate"),
+            fork_position=trainer.args.fork_position)
     metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("datpo/")}
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start, summary=summary,
                    trainer_metrics_last_batch=metrics, prompts=prompts)
     common.write_json(json_path, payload)
-    plot(prompts, summary, png_path, f"DATPO on SmolLM2-135M, {len(prompts)} arithmetic prompts x {args.generations} "
+    if common.is_chain(args):
+        print("  chain:", summary["chain"])
+    plot(prompts, summary, png_path, f"DATPO on {common.task_label(args)}, {len(prompts)} prompts x {args.generations} "
          f"base rollouts, K_max {trainer.args.max_forks}, B_max {trainer.args.max_branches}, "
          f"{trainer.args.fork_method}")
     print(f"DATPO mechanism, {len(prompts)} prompts: by base pass rate {summary['by_base_pass_rate']}")

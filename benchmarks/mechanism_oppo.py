@@ -16,6 +16,12 @@ reports:
 
     python benchmarks/mechanism_oppo.py                 # 4 prompts x 8 rollouts, 64 tokens, 1 batch (~2 min CPU)
     python benchmarks/mechanism_oppo.py --steps 2 --prompts 8
+
+With ``--task chain`` (``smollm2-135m-chain``) it also asks whether the recursion finds the error: in every
+incorrect completion with a signal, the chain step checker's first wrong step h_o splits the tokens (mapped to their
+lines, ``mechanism_common.line_of_token``) into before / on / after h_o, and the script reports the share of the
+negative advantage mass (loss advantages and the recursion's anchored Â_t) in each region against the share of
+tokens in it (what uniform credit, GRPO, would give).
 """
 
 from __future__ import annotations
@@ -86,6 +92,95 @@ def analyse(records: list[dict]) -> dict:
                 value_curve=common.interpolate(values + [final_value], GRID),  # V_1..V_T, V_{T+1}
             ))
     return rows
+
+
+REGIONS = ("before", "on", "after")
+
+
+def region_shares(lines: list[int], advantages: list[float], first_wrong: int) -> dict:
+    """Share of the negative advantage mass sum(-min(A_t, 0)) and of the tokens before / on / after the first wrong
+    line (tokens before the first line, line 0, count as before it). Mass shares are None when no token has A_t < 0.
+    """
+    region = ["before" if line < first_wrong else "on" if line == first_wrong else "after" for line in lines]
+    negative = [max(-a, 0.0) for a in advantages]
+    total = sum(negative)
+    return dict(tokens={r: region.count(r) / len(region) for r in REGIONS},
+                mass={r: (sum(m for m, g in zip(negative, region) if g == r) / total if total > 0 else None)
+                      for r in REGIONS})
+
+
+def chain_regions(records: list[dict], tokenizer) -> list[dict]:
+    """Incorrect completions with a nonzero sequence advantage: h_o, its reason, and the region shares."""
+    from trl_credit.chain import check_steps
+
+    out = []
+    for record in records:
+        output, credit = record["output"], record["credit"]
+        mask = output["completion_mask"].bool()
+        for i in range(mask.size(0)):
+            length = int(mask[i].sum())
+            if length == 0 or record["success"][i] or float(credit["seq_advantages"][i]) == 0:
+                continue
+            ids = output["completion_ids"][i, :length].tolist()
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            verdict = check_steps(record["inputs"][i]["question"], text)
+            if verdict.step is None:
+                continue
+            lines = common.line_of_token(common.token_pieces(ids, tokenizer))
+            out.append(dict(first_wrong=verdict.step, reason=verdict.reason, lines=max(lines), tokens=length,
+                            loss=region_shares(lines, output["advantages"][i, :length].tolist(), verdict.step),
+                            anchored=region_shares(lines, credit["advantages"][i, :length].tolist(),
+                                                   verdict.step)))
+    return out
+
+
+def summarize_regions(regions: list[dict]) -> dict:
+    """Mean shares over completions (each completion weighs the same), with and without the "no answer" ones
+    (their h_o is one past the last line: no token lies on or after it)."""
+    def block(subset):
+        entry = dict(completions=len(subset), token_share={r: common.mean(c["loss"]["tokens"][r] for c in subset)
+                                                            for r in REGIONS})
+        for kind in ("loss", "anchored"):
+            have = [c for c in subset if c[kind]["mass"]["before"] is not None]
+            entry[f"{kind}_negative_mass_share"] = {r: common.mean(c[kind]["mass"][r] for c in have) for r in REGIONS}
+            entry[f"{kind}_completions_with_negative_mass"] = len(have)
+            # per completion: does the on+after region get more of the negative mass than of the tokens?
+            entry[f"{kind}_share_on_after_above_tokens"] = common.mean(
+                (c[kind]["mass"]["on"] + c[kind]["mass"]["after"]) > (c[kind]["tokens"]["on"] + c[kind]["tokens"]["after"])
+                for c in have)
+        return entry
+
+    reasons = {}
+    for c in regions:
+        reasons[c["reason"]] = reasons.get(c["reason"], 0) + 1
+    located = [c for c in regions if c["reason"] != "no answer"]
+    return dict(reasons=reasons, all=block(regions), error_on_a_line=block(located))
+
+
+def plot_regions(summary: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, name in ((axes[0], "error_on_a_line", "error on a written line"), (axes[1], "all", "all incl. no answer")):
+        entry = summary[key]
+        x = range(len(REGIONS))
+        width = 0.27
+        for k, (label, values, color) in enumerate((
+                ("tokens (GRPO / uniform)", entry["token_share"], "tab:gray"),
+                ("neg. loss advantage mass", entry["loss_negative_mass_share"], "tab:red"),
+                ("neg. anchored Â_t mass", entry["anchored_negative_mass_share"], "tab:orange"))):
+            ax.bar([i + (k - 1) * width for i in x], [values[r] if values[r] == values[r] else 0 for r in REGIONS],
+                   width, label=label, color=color)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{r} h_o" for r in REGIONS])
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("mean share per incorrect completion")
+        ax.set_title(f"{name} (n={entry['completions']})")
+        ax.legend(fontsize=8)
+    common.save_figure(fig, path, title)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -197,13 +292,20 @@ def main(argv=None):
         record["success"] = common.success_of(trainer, record["rewards"][-1]).tolist()
     rows = analyse(recorder.batches)
     summary = summarize(rows)
+    regions = chain_regions(recorder.batches, trainer.processing_class) if common.is_chain(args) else None
     metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("oppo/")}
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start,
                    collect_seconds=seconds, summary=summary, trainer_metrics=metrics,
                    completions=[{k: v for k, v in r.items()} for r in rows])
+    if regions is not None:
+        payload["chain"] = dict(summary=summarize_regions(regions), completions=regions)
+        plot_regions(payload["chain"]["summary"], png_path.replace(".png", "_regions.png"),
+                     f"OPPO on {common.task_label(args)}: negative advantage mass vs the checker's first wrong step")
     common.write_json(json_path, payload)
-    plot(rows, summary, png_path, f"OPPO (self-oracle) on SmolLM2-135M, {len(rows)} completions of "
-         f"{args.prompts * args.steps} arithmetic prompts, {args.generations} rollouts each")
+    plot(rows, summary, png_path, f"OPPO (self-oracle) on {common.task_label(args)}, {len(rows)} completions of "
+         f"{args.prompts * args.steps} prompts, {args.generations} rollouts each")
+    if regions is not None:
+        print("  chain regions:", payload["chain"]["summary"])
     c, w = summary["correct"], summary["incorrect"]
     print(f"OPPO mechanism: {len(rows)} completions ({summary['completions_with_signal']} in groups with reward "
           f"variance), evidence clip rate {summary['evidence_clip_rate']:.3f}")

@@ -17,6 +17,11 @@ number of thoughts H) and every decoded localization verdict (``parse_reset_step
 
     python benchmarks/mechanism_srpo.py                   # 4 prompts x 8 rows, 3 steps, 64 tokens (~8 min CPU)
     python benchmarks/mechanism_srpo.py --reset random --output benchmarks/results/mechanism_rrpo.json
+
+With ``--task chain`` (the warm-started ``smollm2-135m-chain``, the chain step checker on; ``--reset oracle`` is
+the checker-placed control) the script also records every reset against the checker's first wrong thought h_o
+(``_choose_resets``: h* before / exactly at / after h_o) and splits the correction rate by a clean (h* <= h_o) or
+erroneous (h* > h_o) kept prefix (paper Fig. 4), and writes ``mechanism_<srpo|rrpo|srpo_oracle>_chain.*``.
 """
 
 from __future__ import annotations
@@ -96,6 +101,85 @@ def analyse_step(trainer, record: dict) -> dict:
     return dict(rows=rows, prompts=prompts)
 
 
+def chain_resets(recorder, steps, trainer) -> dict:
+    """Every reset vs the checker (h*, h_o, H) and the correction rate of its suffix rows; the resets of a step are
+    in prompt order and fill the reset slots of their prompt in order (``SRPOTrainer._training_rows``)."""
+    size, base, suffixes = trainer.num_generations, trainer.args.num_base_generations, trainer.args.suffixes_per_reset
+    out = []
+    for step, (_, _, resets) in zip(steps, recorder.calls["_choose_resets"]):
+        slot_of = {}
+        for reset in resets:
+            slot = slot_of.get(reset.group, 0)
+            slot_of[reset.group] = slot + 1
+            first = reset.group * size + base + slot * suffixes
+            rows = step["rows"][first:first + suffixes]
+            position = None if reset.oracle is None else (
+                "exact" if reset.step == reset.oracle else "before" if reset.step < reset.oracle else "after")
+            out.append(dict(h=int(reset.step), h_o=reset.oracle, H=len(reset.ends), position=position,
+                            source=getattr(reset, "source", None),
+                            clean=None if reset.oracle is None else reset.step <= reset.oracle,
+                            suffixes_correct=sum(r["correct"] for r in rows if r["kind"] == ROW_SUFFIX),
+                            suffixes=sum(r["kind"] == ROW_SUFFIX for r in rows)))
+    checked = [r for r in out if r["position"] is not None]
+
+    def rate(rows):
+        n = sum(r["suffixes"] for r in rows)
+        k = sum(r["suffixes_correct"] for r in rows)
+        return dict(correct=k, suffixes=n, resets=len(rows), rate=k / n if n else None,
+                    ci95=common.wilson(k, n) if n else None)
+
+    summary = dict(resets=len(out), checked=len(checked), unchecked=len(out) - len(checked),
+                   **{p: sum(r["position"] == p for r in checked) for p in ("before", "exact", "after")},
+                   mean_deviation=common.mean(r["h"] - r["h_o"] for r in checked),
+                   correction_clean_prefix=rate([r for r in checked if r["clean"]]),
+                   correction_erroneous_prefix=rate([r for r in checked if not r["clean"]]))
+    for p in ("before", "exact", "after"):
+        summary[f"{p}_rate_ci95"] = common.wilson(summary[p], len(checked)) if checked else None
+    return dict(summary=summary, resets=out)
+
+
+def plot_chain(chain: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, resets = chain["summary"], chain["resets"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    checked = [r for r in resets if r["h_o"] is not None]
+    if checked:
+        ax.scatter([r["h_o"] + 0.1 * ((i % 5) - 2) for i, r in enumerate(checked)], [r["h"] for r in checked],
+                   alpha=0.6, color="tab:orange")
+        top = max(max(r["h"] for r in checked), max(r["h_o"] for r in checked)) + 1
+        ax.plot([0.5, top], [0.5, top], "k--", lw=1, label="h* = h_o (exact)")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("checker's first wrong step h_o")
+    ax.set_ylabel("reset step h*")
+    ax.set_title(f"Reset vs checker ({summary['checked']} checked resets)")
+    ax = axes[1]
+    names = ("before", "exact", "after")
+    n = max(summary["checked"], 1)
+    ax.bar(names, [summary[p] / n for p in names], color=["tab:green", "tab:blue", "tab:red"])
+    for i, p in enumerate(names):
+        ax.text(i, summary[p] / n + 0.02, str(summary[p]), ha="center")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of checked resets")
+    ax.set_title("h* before / at / after h_o (before or at = clean prefix)")
+    ax = axes[2]
+    bars = [summary["correction_clean_prefix"], summary["correction_erroneous_prefix"]]
+    values = [b["rate"] if b["rate"] is not None else 0 for b in bars]
+    errors = [[v - b["ci95"][0] if b["ci95"] else 0 for v, b in zip(values, bars)],
+              [b["ci95"][1] - v if b["ci95"] else 0 for v, b in zip(values, bars)]]
+    ax.bar(["clean prefix", "erroneous prefix"], values, yerr=errors, capsize=6, color=["tab:green", "tab:red"])
+    for i, b in enumerate(bars):
+        ax.text(i, 0.02, f"{b['correct']}/{b['suffixes']}", ha="center", color="white")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("correction rate (correct suffixes; 95% Wilson CI)")
+    ax.set_title("Correction by prefix quality (paper Fig. 4)")
+    common.save_figure(fig, path, title)
+
+
 def plot(steps: list[dict], resets: list[dict], summary: dict, path: str, title: str) -> None:
     import matplotlib
 
@@ -149,11 +233,14 @@ def main(argv=None):
                                      allow_abbrev=False)
     common.add_common_arguments(parser, prompts=4, generations=8, tokens=64, temperature=0.7, steps=3)
     # (--train is accepted for symmetry with the other scripts: SRPO's run always trains)
-    parser.add_argument("--reset", choices=["self", "random"], default="self", help="SRPO (self) or RRPO (random)")
+    parser.add_argument("--reset", choices=["self", "random", "oracle"], default="self",
+                        help="SRPO (self), RRPO (random), or the checker's reset (oracle; --task chain only)")
     parser.add_argument("--localization", choices=["scored", "generate"], default="scored",
                         help="SRPO's localization (SRPOConfig.localization): scored choice or decoded answer")
     args = parser.parse_args(argv)
-    method_name = "srpo" if args.reset == "self" else "rrpo"
+    if args.reset == "oracle" and not common.is_chain(args):
+        parser.error("--reset oracle needs the chain step checker: add --task chain")
+    method_name = {"self": "srpo", "random": "rrpo", "oracle": "srpo_oracle"}[args.reset]
     json_path, png_path = common.output_paths(args, method_name)
     start = time.perf_counter()
 
@@ -166,6 +253,8 @@ def main(argv=None):
         recorder.wrap(srpo_localize, "parse_reset_step")
     trainer = common.build_trainer("srpo", args, own=dict(reset=args.reset, localization=args.localization))
     recorder.attach(trainer, per_token_signal)
+    if common.is_chain(args):
+        recorder.wrap(trainer, "_choose_resets")
     seconds = common.collect(trainer, args.steps, train=True)
     recorder.unpatch()
 
@@ -208,6 +297,22 @@ def main(argv=None):
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start,
                    train_seconds=seconds, summary=summary, trainer_metrics_last_step=metrics, resets=resets,
                    steps=steps, log_history=trainer.state.log_history)
+    if common.is_chain(args):
+        # raw resets first (h*, h_o, H, prompt), so a failure of the analysis below loses no run
+        payload["chain_raw"] = [[dict(group=r.group, h=r.step, h_o=r.oracle, H=len(r.ends), source=r.source)
+                                 for r in result] for _, _, result in recorder.calls["_choose_resets"]]
+        common.write_json(json_path, payload)
+        payload["chain"] = chain_resets(recorder, steps, trainer)
+        common.write_json(json_path, payload)
+        c = payload["chain"]["summary"]
+        plot_chain(payload["chain"], png_path,
+                   f"{method_name.upper()} on {common.task_label(args)}: {args.steps} steps x {args.prompts} prompts, "
+                   f"{c['resets']} resets vs the chain step checker")
+        print(f"  vs checker: {c['checked']} checked resets: before {c['before']}, exact {c['exact']}, after "
+              f"{c['after']} (mean h*-h_o {c['mean_deviation']}); correction clean prefix "
+              f"{c['correction_clean_prefix']}, erroneous {c['correction_erroneous_prefix']}")
+        print(f"wrote {json_path} and {png_path}")
+        return payload
     common.write_json(json_path, payload)
     plot(steps, resets, summary, png_path,
          f"{method_name.upper()} on SmolLM2-135M + LoRA, {args.steps} steps x {args.prompts} arithmetic prompts, "

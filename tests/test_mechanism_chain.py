@@ -1,0 +1,48 @@
+"""Pure helpers of the mechanism scripts' ``--task chain`` analyses (benchmarks/mechanism_*.py), hand-worked."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import mechanism_common  # noqa: E402
+
+
+def test_line_of_token_follows_the_checkers_line_numbering():
+    # "6 * 3 = 18\n\n6 * 5 = 30\n18 + 30 = 48\n" + EOS: the blank line is not numbered (chain.check_steps); a token
+    # spanning a line break gets the line of its first character; newline-only and EOS tokens the line they end.
+    pieces = ["6", " *", " 3", " =", " 18", "\n", "\n", "6", " * 5 = 30\n18", " +", " 30 = 48", "\n", ""]
+    assert mechanism_common.line_of_token(pieces) == [1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3]
+    # leading whitespace before the first line is line 0
+    assert mechanism_common.line_of_token(["\n", " ", "4", "\n", "x"]) == [0, 0, 1, 1, 2]
+
+
+def test_region_shares_of_negative_advantage_mass():
+    import mechanism_oppo
+
+    # lines of 5 tokens, first wrong line 2; negative mass 1 (before) + 3 (on) + 0 (after) = 4
+    shares = mechanism_oppo.region_shares([0, 1, 2, 2, 3], [-1.0, 0.5, -2.0, -1.0, 0.25], 2)
+    assert shares["tokens"] == {"before": 0.4, "on": 0.4, "after": 0.2}
+    assert shares["mass"] == {"before": 0.25, "on": 0.75, "after": 0.0}
+    # no negative advantage: no mass shares
+    assert mechanism_oppo.region_shares([1, 2], [0.5, 0.0], 1)["mass"]["on"] is None
+
+
+def test_line_starts_and_solution_structure():
+    import mechanism_cue_grpo
+    import mechanism_datpo
+
+    assert mechanism_datpo.line_starts(["6", " * 3 = 18", "\n", "18", " + 2 = 20\n", "\\boxed{20}"]) == {0, 3, 5}
+    question = "6 * 3 + 6 * 5, then subtract 7"
+    assert mechanism_cue_grpo.solution_structure(question, "3 + 5 = 8\n6 * 8 = 48") == "factored"
+    assert mechanism_cue_grpo.solution_structure(question, "5 * 6 = 30\n3 * 6 = 18") == "term"
+    assert mechanism_cue_grpo.solution_structure(question, "6 * 8 = 48") == "other"
+    assert mechanism_cue_grpo.solution_structure("12 - 3, then add 4", "12 - 3 = 9") == "plain"
+
+
+@pytest.mark.parametrize("k,n,expected", [(5, 10, (0.2366, 0.7634))])
+def test_wilson_interval(k, n, expected):
+    low, high = mechanism_common.wilson(k, n)
+    assert low == pytest.approx(expected[0], abs=1e-4) and high == pytest.approx(expected[1], abs=1e-4)
