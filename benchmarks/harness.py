@@ -190,8 +190,12 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
         profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)", optional=True)
-        profiler.wrap_method(trainer, "_sibling_diversity", "datpo: sibling diversity (embedder)", optional=True)
-        profiler.wrap_method(trainer, "_branch_rewards", "datpo: branch rewards", optional=True)
+        import trl_credit.datpo.credit as datpo_credit
+        import trl_credit.datpo.trainer as datpo_module
+
+        # module functions since the DATPO trainer was split (looked up at call time in the module that calls them)
+        profiler.wrap_module_function(datpo_credit, "embedded_sibling_diversity", "datpo: sibling diversity (embedder)")
+        profiler.wrap_module_function(datpo_module, "branch_rewards", "datpo: branch rewards")
         # branches go through `_generate_single_turn` (counted under "generation" too, tokens before the cut to
         # each fork's budget); this counter holds the branch calls alone (tokens after the cut)
         profiler.wrap_method(trainer, "_generate_branches", "datpo: branch generation", optional=True,
