@@ -125,6 +125,8 @@ class MethodRNGStateMixin:
             return
         with open(path, encoding="utf-8") as f:
             self._set_method_rng_state(json.load(f))
+
+
 def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], source: str) -> None:
     """Raise a clear error for completions of 0 tokens, which TRL 1.16's GRPOTrainer cannot train on: its
     ``_generate`` reads the last token of every completion (an IndexError on an empty one)."""
@@ -197,12 +199,13 @@ def return_freed_buffers(threshold: int | None = None) -> bool:
         return False
     if _chosen_mmap_threshold is not None:
         return True
+    threshold = threshold or _CPU_MMAP_THRESHOLD
     try:
-        made = bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, threshold or _CPU_MMAP_THRESHOLD))
+        made = bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):
         return False
     if made:
-        _chosen_mmap_threshold = threshold or _CPU_MMAP_THRESHOLD
+        _chosen_mmap_threshold = threshold
     return made
 
 

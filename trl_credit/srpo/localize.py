@@ -8,6 +8,7 @@ picks) are in srpo/localization.py. Every call here is collective: every process
 from __future__ import annotations
 
 from trl_credit._trl import gather_counts, generate_from_prefixes, pad_rows, score_completions
+from trl_credit.collectives import fill_rows
 from trl_credit.srpo.localization import (
     BOXED_OPEN,
     answer_texts,
@@ -31,9 +32,8 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats) -> N
     is_text = [isinstance(group_prompts[r.group], str) for r in resets]
     to_score = list(range(len(resets)))
     if args.localization == "generate":
-        rows = [localization_prompt(q, r.texts, args.localization_template) for q, r in zip(questions, resets)]
-        rows = [text if plain else [{"role": "user", "content": text}] for text, plain in zip(rows, is_text)]
-        ids = [list(map(int, x)) for x in trainer._tokenize_prompts(rows)[0]] if rows else []
+        chains = [(q, r.texts, plain) for q, r, plain in zip(questions, resets, is_text)]
+        ids = _localization_prompt_ids(trainer, chains)
         # Stop right after "\boxed{N}" (the answer the prompt asks for); the same strings on every process.
         most_steps = max(gather_counts(trainer, max((len(r.ends) for r in resets), default=0)))
         answers, _ = generate_from_prefixes(
@@ -75,13 +75,11 @@ def answer_scores(trainer, requests: list[tuple[str, list[str], bool]], stats: S
     Collective: every process passes the same number of rows (padded)."""
     args = trainer.args
     calibrated = args.localization_scoring == "calibrated"
-    chains = [(q, t, plain) for q, t, plain in requests]
+    chains = list(requests)
     if calibrated:
         chains += [(q, content_free_thoughts(len(t)), plain) for q, t, plain in requests]
-    texts = [localization_prompt(q, t, args.localization_template) for q, t, _ in chains]
-    rows = [text if plain else [{"role": "user", "content": text}] for text, (_, _, plain) in zip(texts, chains)]
     tokenizer = trainer._tokenizer
-    prefixes = [list(map(int, x)) for x in trainer._tokenize_prompts(rows)[0]] if rows else []
+    prefixes = _localization_prompt_ids(trainer, chains)
     opening = tokenizer.encode(BOXED_OPEN, add_special_tokens=False)
     prompt_rows, answer_rows, owners = [], [], []
     for index, (prefix, (_, thoughts, _)) in enumerate(zip(prefixes, chains)):
@@ -95,8 +93,7 @@ def answer_scores(trainer, requests: list[tuple[str, list[str], bool]], stats: S
         return [[] for _ in requests]
     filler = (prompt_rows[0], answer_rows[0]) if prompt_rows else (opening, opening)
     real = len(prompt_rows)
-    prompt_rows += [filler[0]] * (most - real)
-    answer_rows += [filler[1]] * (most - real)
+    prompt_rows, answer_rows = fill_rows(prompt_rows, most, filler[0]), fill_rows(answer_rows, most, filler[1])
     device = trainer.accelerator.device
     p_ids, p_mask, a_ids, a_mask = pad_rows(prompt_rows, answer_rows, tokenizer.pad_token_id, device)
     logps, _ = score_completions(trainer, trainer.model, p_ids, p_mask, a_ids, a_mask)
@@ -108,3 +105,11 @@ def answer_scores(trainer, requests: list[tuple[str, list[str], bool]], stats: S
         n = len(requests)
         return [calibrate_scores(scores[i], scores[n + i]) for i in range(n)]
     return scores[: len(requests)]
+
+
+def _localization_prompt_ids(trainer, chains: list[tuple[str, list[str], bool]]) -> list[list[int]]:
+    """Token ids of the localization prompt (Appendix D) for every ``(question, thoughts, text prompt?)``: the prompt
+    as a user message when the dataset's prompts are conversational, as plain text when they are text."""
+    texts = [localization_prompt(q, thoughts, trainer.args.localization_template) for q, thoughts, _ in chains]
+    rows = [text if plain else [{"role": "user", "content": text}] for text, (_, _, plain) in zip(texts, chains)]
+    return [list(map(int, x)) for x in trainer._tokenize_prompts(rows)[0]] if rows else []
