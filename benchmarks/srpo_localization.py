@@ -35,6 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trl_credit.chain import make_chain_dataset  # noqa: E402
+from trl_credit.metrics import wilson_interval  # noqa: E402
 from trl_credit.models import load_model  # noqa: E402
 from trl_credit.rewards import accuracy_reward  # noqa: E402
 from trl_credit.srpo.localization import (  # noqa: E402
@@ -53,12 +54,8 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> list[float] | None:
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(centre - half, 4), round(centre + half, 4)]
+    """Wilson score interval of successes / n (trl_credit.metrics.wilson_interval, z = 1.96 here)."""
+    return wilson_interval(successes, n, z)
 
 
 def mean_ci(values: list[float]) -> tuple[float | None, list[float] | None]:

@@ -8,6 +8,7 @@ the pass@k values, so the scale carries through unchanged).
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from math import comb
@@ -247,3 +248,15 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool | float], k: 
     if k > len(answers):
         raise ValueError(f"k must satisfy 1 <= k <= number of samples, got k={k} with {len(answers)} samples")
     return maj_at_ks(answers, correct)[k - 1]
+
+
+def wilson_interval(hits: int, total: int, z: float = 1.959964) -> list[float] | None:
+    """Wilson score interval of the rate ``hits / total`` (95% for the default ``z``), bounds rounded to 4 decimals;
+    None for ``total`` 0. Unlike the normal approximation it stays inside [0, 1] at rates near 0 or 1 and small
+    counts, which is where localization and fork counts on small runs sit."""
+    if not total:
+        return None
+    p = hits / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return [round(centre - half, 4), round(centre + half, 4)]

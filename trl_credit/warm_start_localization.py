@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from collections import Counter
 
 from .chain import _OPS, ChainProblem, chain_solutions, check_steps, make_chain_dataset, parse_question
+from .metrics import wilson_interval
 
 __all__ = [
     "ERROR_KINDS",
@@ -205,15 +205,6 @@ def localize(model, tokenizer, messages: list, num_steps: list[int], max_new_tok
     return picks
 
 
-def _wilson(hits: int, total: int) -> list[float] | None:
-    if not total:
-        return None
-    z, p = 1.959964, hits / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return [round(centre - half, 4), round(centre + half, 4)]
-
-
 def localization_report(picks: list[int | None], targets: list[int], num_steps: list[int]) -> dict:
     """Exact (pick == target), clean (pick <= target) and parse rates with counts and Wilson 95% intervals (an
     unparsed reply counts as a miss), and the expected rates of a uniform draw over each row's steps."""
@@ -222,7 +213,7 @@ def localization_report(picks: list[int | None], targets: list[int], num_steps: 
     for name, hits in (("exact", sum(p == t for p, t in zip(picks, targets))),
                        ("clean", sum(p is not None and p <= t for p, t in zip(picks, targets))),
                        ("parse", sum(p is not None for p in picks))):
-        rates[name] = {"rate": hits / total if total else None, "count": hits, "ci95": _wilson(hits, total)}
+        rates[name] = {"rate": hits / total if total else None, "count": hits, "ci95": wilson_interval(hits, total)}
     return {"rows": total, **rates, "uniform_baseline": {
         "exact": sum(1 / n for n in num_steps) / total if total else None,
         "clean": sum(min(t, n) / n for t, n in zip(targets, num_steps)) / total if total else None},
@@ -267,7 +258,7 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
     report["own_failures"]["reasons"] = dict(Counter(f["reason"] for f in failures).most_common())
     hits = sum(rewards)
     report["pass@1"] = {"rate": hits / len(rewards), "count": hits, "samples": len(rewards),
-                        "ci95": _wilson(int(hits), len(rewards))}
+                        "ci95": wilson_interval(int(hits), len(rewards))}
     report["seconds"] = round(time.perf_counter() - start, 1)
     return report
 
