@@ -45,7 +45,7 @@ from trl_credit.trl_compat import (
     require_trl,
 )
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.oppo.anchors import decided_per_sequence, loss_sequence_anchors
+from trl_credit.anchors import decided_per_sequence, loss_sequence_anchors
 from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.oracle import (

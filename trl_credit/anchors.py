@@ -1,7 +1,8 @@
-"""OPPO's sequence anchors in TRL's per-sequence decisions: ``off_policy_mask_threshold`` keeps a sequence when
-its advantage is >= 0 and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
-(B, T) advantages TRL would decide per token; OPPO decides from sign(A^seq) (paper Eq. 21), handed to TRL's static
-methods through a context variable while the loss runs."""
+"""Sequence anchors in TRL's per-sequence decisions: ``off_policy_mask_threshold`` keeps a sequence when its
+advantage is >= 0 and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With (B, T)
+advantages TRL would decide per token; a credit that sets anchors (OPPO: sign(A^seq), paper Eq. 21) has them decided
+per sequence, handed to TRL's static methods through a context variable while the loss runs. Without anchors
+(GRPO's (B,) advantages, DATPO's (B, T) ones) TRL decides as it always does."""
 
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ def _sequence_level(advantages: torch.Tensor) -> torch.Tensor:
     if advantages.dim() < 2 or advantages.size(1) == 1:
         return advantages  # already one advantage per sequence: TRL's own case
     anchors = _LOSS_ANCHORS.get()
-    if anchors is None or anchors.numel() != advantages.size(0):
+    if anchors is None:
+        return advantages  # no part anchors its rows: TRL's per-token decision
+    if anchors.numel() != advantages.size(0):
         raise RuntimeError(
-            "OPPOTrainer: per-token advantages reached a per-sequence decision (off_policy_mask_threshold / "
-            "loss_type='vespo') without their sequences' anchors sign(A^seq) (`oppo_sequence_advantages` of the batch, "
-            "set by OPPOTrainer._compute_loss through `loss_sequence_anchors`)."
+            f"{anchors.numel()} sequence anchors for a batch of {advantages.size(0)} rows reached a per-sequence "
+            "decision of TRL's loss (off_policy_mask_threshold / loss_type='vespo')."
         )
     return anchors.to(device=advantages.device, dtype=advantages.dtype).view(-1, 1)
 
