@@ -43,8 +43,9 @@ class RowBatch:
     moments, Cue-GRPO's clusters); :data:`NO_GROUP` for a row in none."""
     row_kinds: torch.Tensor
     """(N,) long (CPU): :data:`ROW_BASE`, :data:`ROW_SUFFIX`, :data:`ROW_FALLBACK` or :data:`ROW_BRANCH`."""
-    success: torch.Tensor
-    """(N,) bool (CPU): the verifier (``success_reward``) scored the row >= ``success_threshold``."""
+    success: torch.Tensor | None
+    """(N,) bool (CPU): the verifier (``success_reward``) scored the row >= ``success_threshold``; None under a
+    config without a verifier setting (a plain ``GRPOConfig``)."""
     scorable: torch.Tensor
     """(N,) bool (CPU): some reward function scored the row (not every one returned None)."""
     num_local: int
@@ -97,7 +98,7 @@ def trl_groups(trainer, rewards_per_func: torch.Tensor, num_local: int) -> RowBa
         rewards_per_func=rewards_per_func,
         group_ids=torch.arange(num_rows) // size,
         row_kinds=torch.full((num_rows,), ROW_BASE, dtype=torch.long),
-        success=rollout_success(trainer, rewards_per_func).cpu(),
+        success=rollout_success(trainer, rewards_per_func).cpu() if hasattr(trainer, "_success_index") else None,
         scorable=(~unscorable_rows(rewards_per_func)).cpu(),
         num_local=num_local,
         process_index=trainer.accelerator.process_index,

@@ -29,6 +29,7 @@ from trl_credit.mixins import RolloutCapture
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.anchors import decided_per_sequence
 from trl_credit.trainer_logs import zero_nonfinite_groups
+from trl_credit.trainer_setup import bind_success
 
 __all__ = ["Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer"]
 
@@ -130,6 +131,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         self.credit = credit if credit is not None else GroupOutcome()
         self.modifiers = list(modifiers)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
+            bind_success(self)
         for part in self.parts:
             part.setup(self)
 

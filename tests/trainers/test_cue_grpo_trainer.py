@@ -7,7 +7,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-import trl_credit.cue_grpo.trainer as cue_trainer_module
+import trl_credit.cue_grpo.parts as cue_trainer_module
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
 from trl_credit.cue_grpo import extract_cues
 from trl_credit.rewards import completion_text
@@ -252,14 +252,15 @@ def _controlled(trainer, tokenizer, monkeypatch, texts, eos):
 def _record_before_and_after(trainer, monkeypatch):
     """(TRL's advantages, the redistributed ones) of every generation batch, in row order."""
     records = []
-    original = trainer._redistribute_advantages
+    part = trainer.rarity_weights
+    original = part.apply
 
-    def record(inputs, local_advantages, *args):
-        after = original(inputs, local_advantages, *args)
+    def record(trainer, batch, inputs, output, local_advantages):
+        after = original(trainer, batch, inputs, output, local_advantages)
         records.append((local_advantages.clone(), after.clone()))
         return after
 
-    monkeypatch.setattr(trainer, "_redistribute_advantages", record)
+    monkeypatch.setattr(part, "apply", record)
     return records
 
 

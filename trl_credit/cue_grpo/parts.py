@@ -1,0 +1,421 @@
+"""Cue-GRPO's part of the credit core: :class:`RarityWeights`, a modifier that multiplies the positive sequence
+advantages of each group by rarity weights (docs/cue_grpo.md#positive-set).
+
+Glue only; the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and :mod:`.judge`. After the credit
+computed the advantages (GRPO's: TRL's group advantages), it gathers them (and the texts of the positive
+completions, from TRL's ``_generate`` in the rollout capture) across processes, computes each group's partition and
+weights over the batch record's groups (:class:`~trl_credit.batch.RowBatch`), multiplies the positive advantages and
+returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..batch import RowBatch
+from ..collectives import gather_rows
+from ..core import Modifier
+from ..generation import generate_from_prefixes
+from ..rewards import completion_text
+from ..success import groups_with_reward_variance
+from ..trainer_logs import log_metric, warn_once
+from ..trainer_setup import outside_zero3_init
+from .config import CueGRPOConfig
+from .cues import extract_cues_batch
+from .judge import judge_messages, judge_partition, parse_judge_groups
+from .partition import canonical_cluster_ids, partition_skeletons, random_partition
+from .weights import cluster_mass_slope, cluster_masses, compute_rarity_weights
+
+__all__ = ["RarityWeights", "PartitionFn", "positive_sets", "varied_groups", "checked_partition_labels"]
+
+PartitionFn = Callable[[list[str], object], Sequence]
+
+
+class RarityWeights(Modifier):
+    """Cue-GRPO's rarity-aware redistribution of positive sequence advantages.
+
+    ``partition_fn`` (``cue_partition="callable"``), ``judge_model`` / ``judge_tokenizer`` (``cue_partition="judge"``)
+    as :class:`~trl_credit.cue_grpo.CueGRPOTrainer` takes them; the rest comes from the trainer's
+    :class:`CueGRPOConfig`."""
+
+    name = "rarity_weights"
+
+    def __init__(self, partition_fn: PartitionFn | None = None, judge_model=None, judge_tokenizer=None):
+        self.partition_fn = partition_fn
+        self._judge_source = (judge_model, judge_tokenizer)
+        self.judge_model, self.judge_tokenizer = None, None
+        self._judge_is_policy = False
+        self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
+        self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
+
+    def setup(self, trainer) -> None:
+        args: CueGRPOConfig = trainer.args
+        judge_model, judge_tokenizer = self._judge_source
+        self._judge_source = (None, None)
+        self._judge_is_policy = args.cue_partition == "judge" and judge_model is None and args.cue_judge_model == "policy"
+        if args.cue_partition == "judge" and not self._judge_is_policy:
+            self.judge_model, self.judge_tokenizer = self._load_judge(trainer, judge_model, judge_tokenizer)
+
+    # checkpoints: the round counter seeds the random partition, so a resumed run continues the count
+    def rng_state(self) -> dict:
+        return {"cue_round": self._cue_round}
+
+    def set_rng_state(self, state: dict) -> None:
+        self._cue_round = int(state["cue_round"])
+
+    def _load_judge(self, trainer, judge_model, judge_tokenizer):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = judge_model if judge_model is not None else trainer.args.cue_judge_model
+        if isinstance(source, str):
+            dtype = trainer.args.cue_judge_dtype
+            dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+            with outside_zero3_init():  # a whole frozen copy per process, not ZeRO-3 shards
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        else:
+            model = source
+        model = model.to(trainer.accelerator.device).eval()
+        model.requires_grad_(False)
+        if judge_tokenizer is None:
+            name = source if isinstance(source, str) else getattr(model, "name_or_path", None)
+            if not name:
+                raise ValueError("judge_tokenizer is required when judge_model is an instance without a name_or_path")
+            judge_tokenizer = AutoTokenizer.from_pretrained(name)
+        if judge_tokenizer.pad_token_id is None:
+            judge_tokenizer.pad_token = judge_tokenizer.eos_token
+        return model, judge_tokenizer
+
+    # ------------------------------------------------------------------ redistribution
+
+    def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
+        in_loss = output["completion_mask"].sum(dim=1) > 0
+        advantages = self._redistribute(trainer, batch, inputs, advantages, in_loss)
+        self.overhead_seconds.append(time.perf_counter() - start)
+        return advantages
+
+    def _redistribute(self, trainer, batch: RowBatch, inputs, local_advantages: torch.Tensor, local_in_loss):
+        rollouts = trainer._rollout_capture
+        if rollouts is None or rollouts.generated is None:
+            raise RuntimeError("Cue-GRPO: the completions were not captured (did a subclass bypass _generate?)")
+        if local_advantages.dim() != 1:
+            raise ValueError("Cue-GRPO's rarity weights expect sequence-level advantages of shape (B,)")
+        args = trainer.args
+        self._cue_round += 1
+
+        advantages = trainer.accelerator.gather(local_advantages.detach()).double().cpu()
+        local_in_loss = local_in_loss.to(device=local_advantages.device, dtype=torch.long)
+        in_loss = trainer.accelerator.gather(local_in_loss).bool().cpu()
+        total = advantages.numel()
+        if batch.num_rows != total:
+            raise RuntimeError(f"Cue-GRPO: {total} advantages for a batch record of {batch.num_rows} rows")
+        groups = batch.groups()
+        varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
+        # Unscorable rows are never correct (success_rows), so they never enter P.
+        positives, excluded = positive_sets(advantages, batch.success, in_loss, varied, groups)
+        log_metric(trainer, "cue/frac_positive_advantage_excluded", excluded)
+        if excluded == 1.0:
+            warn_once(
+                trainer,
+                "cue_no_correct_positive",
+                "Cue-GRPO found completions with A_i > 0 but none of them correct (or all with a masked loss), so "
+                "this step was plain GRPO. Correct means the `success_reward` function "
+                f"({trainer.reward_func_names[trainer._success_index]!r}) returned >= success_threshold "
+                f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
+                "`cue/frac_positive_advantage_excluded` logs the rate every step.",
+            )
+        advantage_values = advantages.tolist()
+        partitions, lengths, parse_failures = self._partitions(trainer, inputs, positives, batch.local.start, groups)
+
+        new_values = list(advantage_values)
+        clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
+        for group, members in positives.items():
+            result = compute_rarity_weights(
+                partitions[group],
+                lengths.get(group),
+                args.cue_resolved_alpha,
+                args.cue_gamma_min,
+                args.cue_gamma_max,
+                args.cue_tau,
+                args.cue_weighting,
+            )
+            for row, weight in zip(members, result.weights, strict=True):
+                new_values[row] = advantage_values[row] * weight
+            clusters_per_group.append(len(set(partitions[group])))
+            spreads.append(max(result.weights) - min(result.weights))
+            nonuniform += spreads[-1] > 1e-9
+            for size, mass in cluster_masses(partitions[group], result.prefloor):
+                sizes.append(size)
+                masses.append(mass)
+
+        num_groups = len(groups)
+        if positives:
+            log_metric(trainer, "cue/clusters_per_group", sum(clusters_per_group) / len(clusters_per_group))
+            log_metric(trainer, "cue/weight_spread", sum(spreads) / len(spreads))
+        log_metric(trainer, "cue/frac_groups_nonuniform", nonuniform / num_groups)
+        log_metric(trainer, "cue/frac_groups_redistributed", len(positives) / num_groups)
+        self._log_single_clusters(trainer, positives, partitions)
+        slope = cluster_mass_slope(sizes, masses)
+        if slope == slope:  # defined only with two distinct cluster sizes in the step
+            log_metric(trainer, "cue/mass_slope", slope)
+        if parse_failures is not None:
+            log_metric(trainer, "cue/judge_parse_failure_rate", parse_failures)
+        batch.log_advantages(trainer, new_values)  # TRL's table shows the pre-redistribution ones
+
+        local = batch.local_rows(new_values)
+        return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
+
+    def _log_single_clusters(self, trainer, positives, partitions) -> None:
+        """``cue/single_cluster_rate``: the share of groups with two or more positives whose positives all fall in
+        one cluster, so their rarity weights are uniform (GRPO; with ``cr``, the positive advantages × τ). A group
+        with one positive has nothing to partition and does not count; ``uniform_boost`` does not cluster at all."""
+        args = trainer.args
+        multi = [group for group, members in positives.items() if len(members) > 1]
+        if not multi or args.cue_weighting == "uniform_boost":
+            return
+        rate = sum(len(set(partitions[group])) == 1 for group in multi) / len(multi)
+        log_metric(trainer, "cue/single_cluster_rate", rate)
+        if rate <= 0.5:
+            return
+        if args.cue_partition == "judge":
+            cause = ("the judge put all of a group's correct answers in one group, or its answer could not be "
+                     "parsed (cue/judge_parse_failure_rate)")
+            fix = "use a stronger cue_judge_model or a larger cue_judge_max_new_tokens"
+        elif args.cue_partition == "callable":
+            cause = "partition_fn returned one label for all of a group's correct answers"
+            fix = "check partition_fn"
+        else:
+            cause = ("their Strategy-Cue skeletons do not tell them apart: short answers have no reasoning step of "
+                     "20+ characters (no cue), and cues in more than cue_rho of a group are suppressed, so the "
+                     "answers share the one 'no retained cue' cluster")
+            fix = ("ask for step-by-step reasoning, or partition otherwise: cue_partition='judge' (an LLM judge) or "
+                   "'callable' with partition_fn; a higher cue_epsilon splits answers that share only some cues")
+        boost = f" with positive advantages × cue_tau ({args.cue_tau})" if args.cue_weighting == "cr" else ""
+        warn_once(
+            trainer,
+            "cue_single_cluster",
+            f"Cue-GRPO: in {rate:.0%} of the groups with two or more correct positive completions, these formed one "
+            f"cluster, so their rarity weights were uniform and those groups got GRPO{boost} "
+            f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
+        )
+
+    def _local_rows(self, trainer, inputs, rows: set[int], offset: int, with_prompt: bool) -> list[tuple]:
+        # (global row, completion text[, prompt]) of the wanted rows held by this process
+        return [
+            (offset + i, completion_text(c), _prompt_of(inputs[i])) if with_prompt else (offset + i, completion_text(c))
+            # trl 1.16.0's _generate: (prompt_ids, completion_ids, tool_mask, completions, ...)
+            for i, c in enumerate(trainer._rollout_capture.generated[3])
+            if offset + i in rows
+        ]
+
+    def _partitions(self, trainer, inputs, positives, offset, groups):
+        """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton
+        reset (cue/random only) and the judge parse-failure rate (judge only, else None)."""
+        args = trainer.args
+        if args.cue_partition not in ("cue", "random"):
+            return self._external_partitions(trainer, inputs, positives, offset, groups)
+        partitions: dict[int, list[int]] = {}
+        lengths: dict[int, list[int]] = {}
+        rows = [row for members in positives.values() for row in members]
+        texts = dict(gather_rows(trainer, self._local_rows(trainer, inputs, set(rows), offset, with_prompt=False)))
+        skeletons = dict(zip(rows, extract_cues_batch([texts[row] for row in rows]), strict=True))
+        for group, members in positives.items():
+            cluster_ids, cleaned_lengths = partition_skeletons(
+                [skeletons[row] for row in members], args.cue_rho, args.cue_epsilon
+            )
+            if args.cue_partition == "random":
+                rng = random.Random(f"{args.seed}:{trainer.state.global_step}:{self._cue_round}:{group}")
+                cluster_ids = random_partition(len(members), len(set(cluster_ids)), rng)
+            partitions[group] = cluster_ids
+            if args.cue_singleton_reset:
+                lengths[group] = cleaned_lengths
+        return partitions, lengths, None
+
+    def _external_partitions(self, trainer, inputs, positives, offset, groups):
+        # Judge / user callable: groups with |P| <= 1 need no call (one cluster). The others are dealt
+        # round-robin to processes; each process partitions its own groups, then the results are shared.
+        args = trainer.args
+        world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        partitions = {group: [0] * len(members) for group, members in positives.items()}
+        to_partition = [group for group, members in positives.items() if len(members) > 1]
+        mine = [group for j, group in enumerate(to_partition) if j % world == rank]
+
+        # The judge sees every completion of the group (paper Appendix B) or only the positive ones.
+        need_all = args.cue_partition == "judge" and args.cue_judge_completions == "all"
+
+        def shown_rows(group: int) -> list[int]:
+            return list(groups[group]) if need_all else list(positives[group])
+
+        needed = {row for group in to_partition for row in shown_rows(group)}
+        shared = gather_rows(trainer, self._local_rows(trainer, inputs, needed, offset, with_prompt=True))
+        all_texts = {row: text for row, text, _ in shared}
+        group_of = {row: group for group, rows in groups.items() for row in rows}
+        prompts = {group_of[row]: prompt for row, _, prompt in shared}  # every row of a group has its prompt
+
+        results: list[tuple[int, list[int], bool]] = []
+        if args.cue_partition == "callable":
+            for group in mine:
+                members = positives[group]
+                labels = self.partition_fn([all_texts[row] for row in members], prompts[group])
+                labels = checked_partition_labels(self.partition_fn, labels, len(members))
+                results.append((group, canonical_cluster_ids(labels), False))
+        else:
+            requests = []
+            for group in mine:
+                members = positives[group]
+                shown = shown_rows(group)
+                numbers = [shown.index(row) + 1 for row in members]
+                messages = judge_messages(
+                    _problem_text(prompts[group]),
+                    [all_texts[row] for row in shown],
+                    args.cue_judge_head_chars,
+                    args.cue_judge_tail_chars,
+                )
+                requests.append((group, messages, len(shown), numbers))
+            outputs = self._run_judge(trainer, [messages for _, messages, _, _ in requests])
+            for (group, _, num_shown, numbers), output in zip(requests, outputs, strict=True):
+                labels = parse_judge_groups(output, num_shown)
+                results.append((group, judge_partition(labels, numbers), labels is None))
+        failures = 0
+        for group, cluster_ids, failed in gather_rows(trainer, results):
+            partitions[group] = cluster_ids
+            failures += failed
+        rate = failures / len(to_partition) if args.cue_partition == "judge" and to_partition else None
+        return partitions, {}, rate
+
+    def _run_judge(self, trainer, conversations: list[list[dict]]) -> list[str]:
+        """Greedy judge answers, one per conversation (Appendix B: do_sample=False, max_new_tokens=512)."""
+        args = trainer.args
+        if self._judge_is_policy:
+            # Collective: every process calls it once per round, also with nothing to judge.
+            tokenizer = trainer.processing_class
+            tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+            prefixes = [_chat_ids(tokenizer, messages) for messages in conversations]
+            completions, _ = generate_from_prefixes(
+                trainer, prefixes, greedy=True, max_new_tokens=args.cue_judge_max_new_tokens
+            )
+            return tokenizer.batch_decode(completions, skip_special_tokens=True)
+        outputs: list[str] = []
+        tokenizer, model = self.judge_tokenizer, self.judge_model
+        for start in range(0, len(conversations), args.cue_judge_batch_size):
+            batch = [_chat_text(tokenizer, m) for m in conversations[start : start + args.cue_judge_batch_size]]
+            encoded = tokenizer(batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+            encoded = encoded.to(model.device)
+            with torch.no_grad():
+                generated = model.generate(
+                    **encoded,
+                    do_sample=False,
+                    max_new_tokens=args.cue_judge_max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            outputs += tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        return outputs
+
+
+
+def positive_sets(
+    advantages: torch.Tensor,
+    correct: torch.Tensor,
+    in_loss: torch.Tensor,
+    varied: dict[int, bool],
+    groups: dict[int, list[int]],
+) -> tuple[dict[int, list[int]], float]:
+    """The positive set P of every group that redistribution touches (``groups``: group id -> its rows in the global
+    batch, :meth:`RowBatch.groups`): P = {i : correct_i and A_i > 0 and i reaches the loss}, in groups whose rewards
+    vary (``varied``). The paper's P = {A_i > 0} assumes a 0/1 verifier as the only reward, where the two agree; with
+    several reward functions a wrong but well-formatted answer can have A_i > 0, and boosting its "rare strategy"
+    would reward being wrong. A completion whose loss TRL masks (``mask_truncated_completions``) gets no gradient, so
+    it must not occupy a cluster either. Returns ``(positives, excluded)``: groups with a non-empty P, and the
+    fraction of A_i > 0 rows of varied groups left out of P (0 when there are none)."""
+    values = advantages.tolist()
+    correct, in_loss = correct.tolist(), in_loss.tolist()
+    positives: dict[int, list[int]] = {}
+    candidates = kept = 0
+    for group, rows in groups.items():
+        if not varied[group]:
+            continue
+        rows = [row for row in rows if values[row] > 0]
+        members = [row for row in rows if correct[row] and in_loss[row]]
+        candidates += len(rows)
+        kept += len(members)
+        if members:
+            positives[group] = members
+    return positives, (candidates - kept) / candidates if candidates else 0.0
+
+
+def varied_groups(batch: RowBatch, reward_weights: torch.Tensor, aggregation: str) -> dict[int, bool]:
+    """Group id -> whether its TRL advantages carry a signal (``success.groups_with_reward_variance`` per group)."""
+    return {
+        group: bool(groups_with_reward_variance(batch.rewards_per_func[rows], reward_weights, len(rows), aggregation)[0])
+        for group, rows in batch.groups().items()
+    }
+
+
+def checked_partition_labels(partition_fn, labels, num_completions: int) -> list:
+    """The labels a user ``partition_fn`` returned, as a list, or a ValueError naming the function and what is wrong."""
+    name = getattr(partition_fn, "__qualname__", None) or getattr(partition_fn, "__name__", None) or repr(partition_fn)
+    expected = (f"CueGRPOTrainer(partition_fn={name}) must return one hashable cluster label per completion it is "
+                f"given (a list of {num_completions} labels, e.g. ints or strings)")
+    if labels is None:
+        raise ValueError(f"{expected}; it returned None.")
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
+        raise ValueError(f"{expected}; it returned {type(labels).__name__} {labels!r:.80}.")
+    labels = list(labels)
+    if len(labels) != num_completions:
+        raise ValueError(f"{expected}; it returned {len(labels)} labels.")
+    for position, label in enumerate(labels):
+        try:
+            hash(label)
+        except TypeError:
+            raise ValueError(
+                f"{expected}; label {position} is a {type(label).__name__} ({label!r:.60}), which is not hashable "
+                "(use e.g. a tuple or a string instead of a list)."
+            ) from None
+    return labels
+
+
+def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer) -> None:
+    if args.cue_partition == "callable":
+        if partition_fn is None or not callable(partition_fn):
+            raise ValueError("cue_partition='callable' needs CueGRPOTrainer(partition_fn=fn), "
+                             "fn(completions: list[str], prompt) -> one cluster label per completion")
+    elif partition_fn is not None:
+        raise ValueError(f"partition_fn was given but cue_partition={args.cue_partition!r}; "
+                         "set CueGRPOConfig(cue_partition='callable') to use it")
+    if args.cue_partition == "judge":
+        if judge_model is None and not args.cue_judge_model:
+            raise ValueError("cue_partition='judge' needs a judge: CueGRPOConfig(cue_judge_model=<name or path> | "
+                             "'policy') or CueGRPOTrainer(judge_model=<model instance>)")
+    elif judge_model is not None or judge_tokenizer is not None:
+        raise ValueError(f"judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
+                         "set CueGRPOConfig(cue_partition='judge') to use a judge")
+
+
+def _prompt_of(example):
+    return example.get("prompt") if isinstance(example, dict) else None
+
+
+def _problem_text(prompt) -> str:
+    """The problem shown to the judge: a plain-text prompt, or the user turns of a conversational one."""
+    if prompt is None:
+        return ""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(
+        completion_text([{**m, "role": "assistant"}]) for m in prompt if isinstance(m, dict) and m.get("role") == "user"
+    )
+
+
+def _chat_text(tokenizer, messages: list[dict]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:\n"
+
+
+def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    return tokenizer(_chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"]
