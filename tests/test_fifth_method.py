@@ -3,11 +3,10 @@ library): Sign-GRPO, whose advantage is only the sign of a rollout's reward agai
 
     A_i = sign_scale * sign(r_i - mean of the scorable rewards of i's group),  0 for an unscorable row
 
-Each step of the checklist is one piece below: (1) the pure math, (2) the config, (3) the trainer built from the
-shared helpers and mixins (its one TRL hook, ``_generate_and_score_completions``, is already in
-``trl_compat.OVERRIDDEN``). The tests check what the checklist promises: one training step on the tiny model gives
-the formula's advantages on that step's rewards, the toy passes the TRL contract scan, and the config keeps every
-``GRPOConfig`` default.
+Each step of the checklist is one piece below: (1) the pure math, (2) the config, (3) a credit part of the credit
+core, (4) a preset trainer that picks its parts and overrides no TRL method. The tests check what the checklist
+promises: one training step on the tiny model gives the formula's advantages on that step's rewards, the toy passes
+the TRL contract scan with no TRL hook of its own, and the config keeps every ``GRPOConfig`` default.
 """
 
 from __future__ import annotations
@@ -21,15 +20,14 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.collectives import local_rows
-from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.batch import RowBatch
+from trl_credit.core import Credit, CreditTrainer
 from trl_credit.success import SuccessArguments, total_rewards
-from trl_credit.trainer_logs import log_metric, replace_logged_advantages, zero_nonfinite_groups
-from trl_credit.trainer_setup import resolve_method_args, trainer_mode
-from trl_credit.trl_compat import OVERRIDDEN
+from trl_credit.trainer_logs import log_metric, zero_nonfinite_groups
+from trl_credit.trainer_setup import resolve_method_args
 from trl_credit.viz import CreditLoggingArguments
 
-from .test_trl_contract import _params, _scan
+from .test_trl_contract import _scan
 
 
 # ------------------------------------------------------------------------------------- (1) the pure math
@@ -58,8 +56,30 @@ class SignGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             raise ValueError(f"`sign_scale` must be a finite number > 0, got {scale!r}.")
 
 
-# ------------------------------------------------------------------------------------- (3) the trainer
-class SignGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
+# ------------------------------------------------------------------------------------- (3) the credit part
+class SignCredit(Credit):
+    """The credit: sign advantages over the batch record's groups (TRL's groups here: GRPO's rollouts)."""
+
+    name = "sign"
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def advantages(self, trainer, batch: RowBatch, inputs, output):
+        if batch.group_size is None:
+            raise ValueError("SignCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
+        values = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size,
+                                 self.scale)
+        batch.log_advantages(trainer, values.tolist())  # TRL's completions table shows ours, not GRPO's
+        local = batch.local_rows(values).to(output["advantages"])
+        # ±inf rewards: warned once and logged each step (the pure function already gave those groups 0)
+        local = zero_nonfinite_groups(trainer, local, batch.rewards_per_func, "sign/nonfinite_reward_rate")
+        log_metric(trainer, "sign/frac_zero_advantage", (values == 0).double().mean().item())
+        return local
+
+
+# ------------------------------------------------------------------------------------- (4) the preset
+class SignGRPOTrainer(CreditTrainer):
     """GRPOTrainer whose sequence advantages are the sign of the reward against the group mean."""
 
     _tag_names = ["trl", "grpo", "sign-grpo", "trl_credit"]
@@ -68,21 +88,7 @@ class SignGRPOTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: SignGRPOConfig | None = None, **kwargs):
         args = resolve_method_args(args, SignGRPOConfig, model, "SignGRPOTrainer", "Sign-GRPO")
-        super().__init__(model, reward_funcs, args=args, **kwargs)
-
-    def _generate_and_score_completions(self, inputs):
-        with self._capturing_rollouts() as rollouts:  # the global reward matrix TRL computed for this batch
-            output = super()._generate_and_score_completions(inputs)
-        rewards_per_func = rollouts.rewards("SignGRPOTrainer")
-        size = self.num_generations if trainer_mode(self) == "train" else self.num_generations_eval
-        values = sign_advantages(total_rewards(rewards_per_func, self.reward_weights), size, self.args.sign_scale)
-        replace_logged_advantages(self, values.tolist())  # TRL's completions table shows ours, not GRPO's
-        local = values[local_rows(self, output["advantages"].size(0))].to(output["advantages"])
-        # ±inf rewards: warned once and logged each step (the pure function already gave those groups 0)
-        output["advantages"] = zero_nonfinite_groups(self, local, rewards_per_func, "sign/nonfinite_reward_rate")
-        log_metric(self, "sign/frac_zero_advantage", (values == 0).double().mean().item())
-        self._log_credit(output)
-        return output
+        super().__init__(model, reward_funcs, args=args, credit=SignCredit(args.sign_scale), **kwargs)
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -143,13 +149,12 @@ def test_one_step_gives_the_formulas_advantages(tiny_model_path, tiny_dataset, t
 
 
 def test_the_toy_passes_the_trl_contract_scan():
-    source = "\n".join(inspect.getsource(obj) for obj in (sign_advantages, SignGRPOConfig, SignGRPOTrainer))
+    source = "\n".join(inspect.getsource(obj)
+                       for obj in (sign_advantages, SignGRPOConfig, SignCredit, SignGRPOTrainer))
     assert _scan([("test_fifth_method.py", source)]) == []
-    # every GRPOTrainer method the toy defines is a registered hook with TRL's parameters
+    # the toy overrides no GRPOTrainer method but its constructor: the credit core owns every TRL hook
     hooks = {name for name, value in vars(SignGRPOTrainer).items() if callable(value) and hasattr(GRPOTrainer, name)}
-    assert hooks == {"__init__", "_generate_and_score_completions"}
-    assert _params(SignGRPOTrainer._generate_and_score_completions, False) == list(
-        OVERRIDDEN["_generate_and_score_completions"].params)
+    assert hooks == {"__init__"}
     # the scan is what the checklist's "register a new hook" step answers to: an unregistered one is reported
     extra = source + "\n    def _get_train_sampler(self, dataset=None):\n        return None\n"
     assert "private TRL name _get_train_sampler" in "\n".join(_scan([("test_fifth_method.py", extra)]))

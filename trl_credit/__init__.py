@@ -7,7 +7,8 @@
 | DATPOTrainer      | DATPOConfig      | DATPO: difficulty-adaptive tree rollouts            |
 | SRPOTrainer       | SRPOConfig       | SRPO / RRPO: reset-and-resample rollouts            |
 
-Trainers and configs are imported lazily (TRL and transformers are heavy), so ``import trl_credit`` is cheap.
+Each trainer is a preset of ``CreditTrainer``, the credit core: a rollout, a credit and modifiers over one per-row
+batch record (docs/design.md#the-credit-core). Trainers and configs are imported lazily (TRL and transformers are heavy), so ``import trl_credit`` is cheap.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _LAZY = {
     "DATPOConfig": "trl_credit.datpo",
     "SRPOTrainer": "trl_credit.srpo",
     "SRPOConfig": "trl_credit.srpo",
+    "CreditTrainer": "trl_credit.core",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -1,0 +1,78 @@
+"""The credit core (trl_credit/core.py, trl_credit/batch.py): a CreditTrainer without parts is GRPOTrainer to the
+last bit; the parts' TRL hooks run in the documented order around TRL's method; the batch record's cuts and groups."""
+
+import pytest
+import torch
+
+from tests.golden.record import SCENARIOS, compare, load, ONE_PROCESS_FILE, run_scenario
+from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core import CreditTrainer, Part
+
+
+@pytest.mark.parametrize("name", ["grpo/grpo", "grpo/dapo-lora"])
+def test_a_credit_trainer_without_parts_is_grpo(name, tiny_model_path, tmp_path):
+    # The golden GRPOTrainer runs (token ids, advantages and log-probs reaching the loss, losses, metrics, trained
+    # parameters), replayed with CreditTrainer: GRPO's rollouts, TRL's advantages. The one difference: the outcome
+    # credit logs the share of groups with a ±inf reward (0 here).
+    golden = load(ONE_PROCESS_FILE)
+    _, config, settings, lora, extra = SCENARIOS[name]
+    fresh = run_scenario(("CreditTrainer", config, settings, lora, extra), tiny_model_path, str(tmp_path),
+                         golden["config_defaults"])
+    rates = [entry.pop("credit/nonfinite_reward_rate") for entry in fresh["log"] if "loss" in entry]
+    assert rates == [0.0, 0.0]
+    assert compare(golden["runs"][name], fresh) == []
+
+
+class _Recording(Part):
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def loss(self, trainer, proceed, model, inputs):
+        self.calls.append(f"{self.name} in")
+        result = proceed(model, {**inputs, "seen": inputs.get("seen", ()) + (self.name,)})
+        self.calls.append(f"{self.name} out")
+        return result
+
+    def rng_state(self):
+        return {f"{self.name}_draws": len(self.name)}
+
+    def set_rng_state(self, state):
+        self.calls.append(("restored", state[f"{self.name}_draws"]))
+
+
+def test_parts_wrap_trls_hook_rollout_outermost():
+    calls = []
+
+    class Stub:
+        parts = [_Recording("rollout", calls), _Recording("credit", calls), _Recording("modifier", calls)]
+        _through_parts = CreditTrainer._through_parts
+
+    def trls_compute_loss(model, inputs):
+        calls.append(("trl", inputs["seen"]))
+        return 7
+
+    assert Stub()._through_parts("loss", trls_compute_loss)("model", {}) == 7
+    assert calls == ["rollout in", "credit in", "modifier in", ("trl", ("rollout", "credit", "modifier")),
+                     "modifier out", "credit out", "rollout out"]
+
+
+def test_each_parts_random_state_is_saved_and_restored():
+    calls = []
+    stub = type("Stub", (), {"parts": [_Recording("resets", calls), _Recording("rarity", calls)]})()
+    state = CreditTrainer._method_rng_state(stub)
+    assert state == {"resets_draws": 6, "rarity_draws": 6}
+    CreditTrainer._set_method_rng_state(stub, state)
+    assert calls == [("restored", 6), ("restored", 6)]
+
+
+def test_the_batch_record_cuts_and_groups_rows():
+    # 2 processes x 3 rows; groups 4 = {0, 1, 3}, 5 = {2, 4}; row 5 in no group (a fallback row).
+    batch = RowBatch(
+        rewards_per_func=torch.zeros(6, 2), group_ids=torch.tensor([4, 4, 5, 4, 5, NO_GROUP]),
+        row_kinds=torch.full((6,), ROW_BASE), success=torch.zeros(6, dtype=torch.bool),
+        scorable=torch.ones(6, dtype=torch.bool), num_local=3, process_index=1,
+    )
+    assert batch.num_rows == 6 and batch.local == slice(3, 6)
+    assert batch.local_rows(list("abcdef")) == list("def")
+    assert batch.local_rows(torch.arange(6)).tolist() == [3, 4, 5]
+    assert batch.groups() == {4: [0, 1, 3], 5: [2, 4]}
