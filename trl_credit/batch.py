@@ -57,6 +57,9 @@ class RowBatch:
     prefix_lengths: torch.Tensor | None = None
     """(N,) long (CPU): leading completion tokens that are a shared prefix, masked out of the loss (SRPO's suffix
     rows); None when no row has one."""
+    sequence_signs: torch.Tensor | None = None
+    """(N,) (CPU): each row's sequence-level direction when the credit's advantages are per token (OPPO's anchor
+    sign(A^seq)), for the modifiers that act per row (Cue-GRPO's positive set); set by such a credit."""
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What a rollout hands its credit beyond the rows (DATPO's trees)."""
 

@@ -92,28 +92,42 @@ class RarityWeights(Modifier):
     # ------------------------------------------------------------------ redistribution
 
     def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
+        """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
+        ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
+        the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md)."""
         start = time.perf_counter()
-        # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
-        in_loss = output["completion_mask"].sum(dim=1) > 0
-        advantages = self._redistribute(trainer, batch, inputs, advantages, in_loss)
-        self.overhead_seconds.append(time.perf_counter() - start)
-        return advantages
-
-    def _redistribute(self, trainer, batch: RowBatch, inputs, local_advantages: torch.Tensor, local_in_loss):
         rollouts = trainer._rollout_capture
         if rollouts is None or rollouts.generated is None:
             raise RuntimeError("Cue-GRPO: the completions were not captured (did a subclass bypass _generate?)")
-        if local_advantages.dim() != 1:
-            raise ValueError("Cue-GRPO's rarity weights expect sequence-level advantages of shape (B,)")
+        # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        in_loss = trainer.accelerator.gather((mask.sum(dim=1) > 0).long()).bool().cpu()
+        if advantages.dim() == 1:
+            sequence = trainer.accelerator.gather(advantages.detach()).double().cpu()
+        elif batch.sequence_signs is not None:
+            sequence = batch.sequence_signs.double().cpu()
+        else:
+            raise ValueError("Cue-GRPO's rarity weights got per-token advantages from a credit that gives no sequence "
+                             "direction per row (RowBatch.sequence_signs).")
+        if sequence.numel() != batch.num_rows:
+            raise RuntimeError(f"Cue-GRPO: {sequence.numel()} advantages for a batch record of {batch.num_rows} rows")
+        weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
+        local_weights = batch.local_rows(weights).to(advantages.device)
+        if advantages.dim() == 1:
+            batch.log_advantages(trainer, (sequence * weights).tolist())  # TRL's table shows GRPO's
+            result = (advantages.double() * local_weights).to(advantages.dtype)
+        else:
+            scaled = (advantages.double() * local_weights.unsqueeze(1)).to(advantages.dtype)
+            result = torch.where(advantages > 0, scaled, advantages)
+        self.overhead_seconds.append(time.perf_counter() - start)
+        return result
+
+    def _row_weights(self, trainer, batch: RowBatch, inputs, advantages: torch.Tensor, in_loss: torch.Tensor):
+        """(N,) float64: each global row's rarity weight w_i (1 outside P), from the sequence advantages of every
+        row (their sign decides P). Logs the cue/ metrics."""
         args = trainer.args
         self._cue_round += 1
 
-        advantages = trainer.accelerator.gather(local_advantages.detach()).double().cpu()
-        local_in_loss = local_in_loss.to(device=local_advantages.device, dtype=torch.long)
-        in_loss = trainer.accelerator.gather(local_in_loss).bool().cpu()
-        total = advantages.numel()
-        if batch.num_rows != total:
-            raise RuntimeError(f"Cue-GRPO: {total} advantages for a batch record of {batch.num_rows} rows")
         groups = batch.groups()
         varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
         # Unscorable rows are never correct (success_rows), so they never enter P.
@@ -129,10 +143,9 @@ class RarityWeights(Modifier):
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
                 "`cue/frac_positive_advantage_excluded` logs the rate every step.",
             )
-        advantage_values = advantages.tolist()
         partitions, lengths, parse_failures = self._partitions(trainer, inputs, positives, batch.local.start, groups)
 
-        new_values = list(advantage_values)
+        weights = torch.ones(batch.num_rows, dtype=torch.float64)
         clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
         for group, members in positives.items():
             result = compute_rarity_weights(
@@ -145,7 +158,7 @@ class RarityWeights(Modifier):
                 args.cue_weighting,
             )
             for row, weight in zip(members, result.weights, strict=True):
-                new_values[row] = advantage_values[row] * weight
+                weights[row] = weight
             clusters_per_group.append(len(set(partitions[group])))
             spreads.append(max(result.weights) - min(result.weights))
             nonuniform += spreads[-1] > 1e-9
@@ -165,10 +178,7 @@ class RarityWeights(Modifier):
             log_metric(trainer, "cue/mass_slope", slope)
         if parse_failures is not None:
             log_metric(trainer, "cue/judge_parse_failure_rate", parse_failures)
-        batch.log_advantages(trainer, new_values)  # TRL's table shows the pre-redistribution ones
-
-        local = batch.local_rows(new_values)
-        return torch.tensor(local, dtype=local_advantages.dtype, device=local_advantages.device)
+        return weights
 
     def _log_single_clusters(self, trainer, positives, partitions) -> None:
         """``cue/single_cluster_rate``: the share of groups with two or more positives whose positives all fall in
