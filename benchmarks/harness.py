@@ -189,16 +189,19 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
     elif method == "oppo":
         profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
-        profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)", optional=True)
+        # the tree: forks + branches (the rollout's `grow`), block credit, training rows and their scoring
+        for part, attr in ((trainer.rollout, "grow"), (trainer.credit, "advantages"),
+                           (trainer.rollout, "training_batch")):
+            profiler.wrap_method(part, attr, "datpo: tree (forks + branches + scoring)")
         import trl_credit.datpo.credit as datpo_credit
-        import trl_credit.datpo.trainer as datpo_module
+        import trl_credit.datpo.parts as datpo_module
 
         # module functions since the DATPO trainer was split (looked up at call time in the module that calls them)
         profiler.wrap_module_function(datpo_credit, "embedded_sibling_diversity", "datpo: sibling diversity (embedder)")
         profiler.wrap_module_function(datpo_module, "branch_rewards", "datpo: branch rewards")
         # branches go through `_generate_single_turn` (counted under "generation" too, tokens before the cut to
         # each fork's budget); this counter holds the branch calls alone (tokens after the cut)
-        profiler.wrap_method(trainer, "_generate_branches", "datpo: branch generation", optional=True,
+        profiler.wrap_method(trainer.rollout, "generate_branches", "datpo: branch generation", optional=True,
                              count_tokens=True)
     elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.localize as srpo_localize

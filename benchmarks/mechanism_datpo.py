@@ -2,10 +2,10 @@
 leaf costs.
 
 One or more generation batches of DATPOTrainer (no training) on the built-in arithmetic task. The script records
-what the trainer computed through the pure functions its module calls: ``adaptive_budget`` (V_root → K̂, B̂, paper
-Eq. 1-2), ``select_forks`` (token entropies, sentence spans, chosen forks; paper Alg. 2 / App. D.1), the trainer's
-``_generate_branches`` (the branches, each cut to its fork's budget) and ``rewards_of_extra_rows`` (their rewards),
-plus the base rows and rewards of ``_generate_and_score_completions``:
+what the trainer computed through the pure functions its rollout's module (datpo/parts.py) calls: ``adaptive_budget``
+(V_root → K̂, B̂, paper Eq. 1-2), ``select_forks`` (token entropies, sentence spans, chosen forks; paper Alg. 2 /
+App. D.1), the rollout's ``generate_branches`` (the branches, each cut to its fork's budget) and
+``rewards_of_extra_rows`` (their rewards), plus the base rows and rewards of ``_generate_and_score_completions``:
 
 - K̂ and B̂ (and the branches actually grown) against the prompt's base pass rate V_root: hard prompts get more
   branches, solved prompts none;
@@ -47,7 +47,7 @@ def reconstruct(trainer, record: dict, calls: dict, chain: bool = False) -> list
     N = trainer.num_generations
     budgets = [(a[0] if a else k["v_root"], result) for a, k, result in calls["adaptive_budget"]]
     fork_calls = list(calls["select_forks"])
-    branch_calls = list(calls["_generate_branches"])
+    branch_calls = list(calls["generate_branches"])
     branch_ids = [list(ids) for ids in branch_calls[0][2][0]] if branch_calls else []
     num_base = len(budgets) * N
     mask = record["output"]["completion_mask"]
@@ -203,14 +203,14 @@ def main(argv=None):
     start = time.perf_counter()
 
     import trl_credit.datpo.branches as datpo_branches
-    import trl_credit.datpo.trainer as datpo_trainer
+    import trl_credit.datpo.parts as datpo_parts
 
     recorder = common.Recorder()
     for name in ("adaptive_budget", "select_forks"):
-        recorder.wrap(datpo_trainer, name)
+        recorder.wrap(datpo_parts, name)
     recorder.wrap(datpo_branches, "rewards_of_extra_rows")  # branch rewards: datpo/branches.py branch_rewards
     trainer = common.build_trainer("datpo", args)
-    recorder.wrap(trainer, "_generate_branches")  # a trainer method: one collective call per generation batch
+    recorder.wrap(trainer.rollout, "generate_branches")  # the Trees rollout: one collective call per generation batch
     prompts = []
 
     def on_output(trainer, inputs, output):

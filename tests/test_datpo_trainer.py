@@ -3,8 +3,8 @@
 Two prompts per step: one with an even answer, which the reward function always solves (V_root = 1: no
 branches), and one with an odd answer, rewarded 0.5·(parity of the token sum of the whole response), so
 V_root <= 0.5 and K̂, B̂ >= 2. Every generated sequence is recorded (base rollouts from ``_generate``, branches
-from ``_generate_branches``) and the training batch is checked against a reference tree built here with plain
-loops from those records (paper Eq. 3 / Eq. 7 with V = mean leaf reward under the node).
+from the rollout's ``generate_branches``) and the training batch is checked against a reference tree built here with
+plain loops from those records (paper Eq. 3 / Eq. 7 with V = mean leaf reward under the node).
 """
 
 import math
@@ -33,6 +33,14 @@ class RecordingDATPOTrainer(DATPOTrainer):
     def __init__(self, *args, **kwargs):
         self.records = []
         super().__init__(*args, **kwargs)
+        generate_branches = self.rollout.generate_branches
+
+        def recording(trainer, fork_requests):  # the Trees rollout's phase-2 call
+            completions, logprobs = generate_branches(trainer, fork_requests)
+            self.records[-1]["branches"].extend(list(map(list, completions)))
+            return completions, logprobs
+
+        self.rollout.generate_branches = recording
 
     def _generate(self, prompts):
         result = super()._generate(prompts)
@@ -40,11 +48,6 @@ class RecordingDATPOTrainer(DATPOTrainer):
             self.records.append({"base_prompts": [list(p) for p in result[0]],
                                  "base": [list(c) for c in result[1]], "branches": []})
         return result
-
-    def _generate_branches(self, fork_requests):
-        completions, logprobs = super()._generate_branches(fork_requests)
-        self.records[-1]["branches"].extend(list(map(list, completions)))
-        return completions, logprobs
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -403,7 +406,7 @@ def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
         return [[p[-1], len(calls), k] for k, p in enumerate(prompt_ids)], None
 
     trainer._generate_single_turn = fake_generate
-    ids, logprobs = trainer._generate_branches([([5, 6, 7], 2, 2), ([5, 8], 3, 10), ([9], 2, 3)])
+    ids, logprobs = trainer.rollout.generate_branches(trainer, [([5, 6, 7], 2, 2), ([5, 8], 3, 10), ([9], 2, 3)])
     assert calls == [([[9], [9], [5, 6, 7], [5, 6, 7]], 2, 3), ([[5, 8]] * 3, 3, 10)]
     assert ids == [[7, 1], [7, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 0], [9, 1, 1]]
     assert logprobs is None
@@ -425,7 +428,7 @@ def test_branch_calls_split_where_the_budget_halves(tiny_model_path, tmp_path):
 
     trainer._generate_single_turn = fake_generate
     trainer.model.train()  # metrics of a training step
-    ids, _ = trainer._generate_branches([([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
+    ids, _ = trainer.rollout.generate_branches(trainer, [([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
     assert calls == [([[10], [6]], 10), ([[4]], 4)]
     assert ids == [[4] * 4, [10] * 10, [6] * 6]
     # the sampler really generated 4 tokens past the 6-token fork's budget (as vLLM does): 4 of 10 + 10 + 4
@@ -443,7 +446,7 @@ def test_hf_padding_is_not_counted_as_tokens_past_budget(tiny_model_path, tiny_t
                            train_dataset=two_prompt_dataset())
     prefix = tiny_tokenizer("What is 3 + 4?", add_special_tokens=False)["input_ids"]
     trainer.model.train()  # metrics of a training step
-    ids, _ = trainer._generate_branches([(prefix, 2, 8), (prefix[:-1], 2, 5)])
+    ids, _ = trainer.rollout.generate_branches(trainer, [(prefix, 2, 8), (prefix[:-1], 2, 5)])
     assert [len(row) for row in ids] == [8, 8, 5, 5]  # every row cut to (and reaching) its own budget
     assert trainer._metrics["train"]["datpo/branch_tokens_past_budget"] == [0.0]
 
@@ -491,17 +494,22 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
     def __init__(self, *args, **kwargs):
         self.entropy_pairs = []
         super().__init__(*args, **kwargs)
+        grow = self.rollout.grow
 
-    def _grow_trees(self, inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func):
-        from trl_credit._trl import pad_rows, score_completions
+        def spying(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
+            from trl_credit._trl import pad_rows, score_completions
 
-        sampled = self._datpo_sampled_entropies
-        p_ids, p_mask, c_ids, c_mask = pad_rows(
-            prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, self.accelerator.device
-        )
-        _, forward = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
-        self.entropy_pairs.append((sampled, [forward[i, : len(c)].tolist() for i, c in enumerate(completion_ids_list)]))
-        return super()._grow_trees(inputs, prompts, base, prompt_ids_list, completion_ids_list, rewards_per_func)
+            sampled = self.rollout.sampled_entropies
+            p_ids, p_mask, c_ids, c_mask = pad_rows(
+                prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, self.accelerator.device
+            )
+            _, forward = score_completions(self, self.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+            self.entropy_pairs.append(
+                (sampled, [forward[i, : len(c)].tolist() for i, c in enumerate(completion_ids_list)])
+            )
+            return grow(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func)
+
+        self.rollout.grow = spying
 
 
 def _entropy_run(tmp_path, tiny_model_path, lora=False):
@@ -547,7 +555,7 @@ def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_u
         passes.append(kwargs.get("compute_entropy", False))
         return original(trainer, *args, **kwargs)
 
-    monkeypatch.setattr("trl_credit.datpo.trainer.score_completions", counting)
+    monkeypatch.setattr("trl_credit.datpo.parts.score_completions", counting)
     trainer = _entropy_run(tmp_path, tiny_model_path)
     assert True in passes  # the trainer's own entropy pass ran
     log = next(log for log in trainer.state.log_history if "datpo/entropy_from_sampler" in log)

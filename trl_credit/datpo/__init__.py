@@ -5,8 +5,10 @@ Pure functions (no trainer state): :func:`adaptive_budget` (budget.py), :func:`t
 :func:`sibling_diversity`, :func:`diversity_bonus`, :func:`annealed_alpha` (diversity.py).
 The trees of a generation batch as data: :class:`~.forest.Block`, :class:`~.forest.Forest`,
 :class:`~.forest.TreeBatch` (forest.py); micro-batches that drop no row: :func:`split_rows` (batching.py).
-Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py), with its steps in branches.py
-(phase-2 generation and rewards), credit.py (block credit), rows.py (training rows) and tree_metrics.py.
+Trainer glue: :class:`DATPOConfig` (config.py), :class:`DATPOTrainer` (trainer.py: a preset of the credit core) and
+its parts :class:`~.parts.Trees` (the rollout) and :class:`~.parts.BlockCredit` (the credit) in parts.py, with their
+steps in branches.py (phase-2 generation and rewards), credit.py (block credit), rows.py (training rows) and
+tree_metrics.py.
 """
 
 from .budget import adaptive_budget, root_success_rate

@@ -10,23 +10,24 @@ import torch
 
 from ..collectives import gather_rows
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
-from .forest import BlockCredit, TreeBatch, is_truncated
+from .forest import ForestCredit, TreeBatch, is_truncated
 from .tree import ROOT
 
 __all__ = ["block_credit", "embedded_sibling_diversity", "grounded_forks"]
 
 
-def block_credit(trainer, trees: TreeBatch, alpha: float) -> BlockCredit:
-    """A_base and the gated bonus of every block. The bonus is kept apart from A_base: α is applied per optimizer
-    step in ``_compute_loss`` (the schedule runs over optimizer steps, also when a generation batch serves several
-    of them: num_iterations > 1 or steps_per_generation > gradient_accumulation_steps)."""
+def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None) -> ForestCredit:
+    """A_base and the gated bonus of every block (``embedder`` embeds the blocks' texts with ``use_diversity``). The
+    bonus is kept apart from A_base: α is applied per optimizer step in the loss (``parts.BlockCredit.loss``: the
+    schedule runs over optimizer steps, also when a generation batch serves several of them: num_iterations > 1 or
+    steps_per_generation > gradient_accumulation_steps)."""
     args = trainer.args
     forest = trees.forest
     base = forest.block_advantages(args.value_estimate)
     diversity = torch.zeros_like(base)
     has_siblings = torch.zeros(len(base), dtype=torch.bool)
     if args.use_diversity:
-        diversity, has_siblings = embedded_sibling_diversity(trainer, trees)
+        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
     scale = max([1.0] + [abs(r) for r in trees.base_rewards + trees.branch_rewards if math.isfinite(r)])
     gate = bonus_gate(base, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
     # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
@@ -34,11 +35,11 @@ def block_credit(trainer, trees: TreeBatch, alpha: float) -> BlockCredit:
     no_bonus = [block.unscorable or block.group in infinite for block in forest.blocks]
     gate[torch.tensor(no_bonus, dtype=torch.bool)] = 0.0
     grounded = grounded_forks(trainer, trees) if trainer.mask_truncated_completions else None
-    return BlockCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
+    return ForestCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
 
 
-def embedded_sibling_diversity(trainer, trees: TreeBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embed this process's blocks that have structural siblings, gather the embeddings, compute Div; returns
+def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embed (``embedder.encode``) this process's blocks that have structural siblings, gather the embeddings, compute Div; returns
     (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic)."""
     args = trainer.args
     forest = trees.forest
@@ -61,7 +62,7 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch) -> tuple[torch.Tensor,
     local_embeddings = []
     if keep_texts:
         with torch.no_grad():
-            encoded = trainer.embedder.encode(
+            encoded = embedder.encode(
                 keep_texts, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
             )
         encoded = torch.as_tensor(encoded).float().cpu()

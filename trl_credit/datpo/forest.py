@@ -16,7 +16,7 @@ import torch
 
 from .tree import ROOT, block_advantages, node_values
 
-__all__ = ["Block", "Skeletons", "Forest", "TreeBatch", "BlockCredit", "build_forest", "is_truncated", "sampled_length"]
+__all__ = ["Block", "Skeletons", "Forest", "TreeBatch", "ForestCredit", "build_forest", "is_truncated", "sampled_length"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Forest:
 
 @dataclasses.dataclass
 class TreeBatch:
-    """One generation batch while ``DATPOTrainer._grow_trees`` grows its trees, filled step by step: phase 1 (this
+    """One generation batch while the :class:`~trl_credit.datpo.parts.Trees` rollout grows its trees, filled step by step: phase 1 (this
     process's base rollouts; verdicts of all processes), the budgets, the forks, phase 2 (this process's branches)
     and the forest. Lists named per process hold this process's rows; the others are global, in process order."""
 
@@ -141,9 +141,9 @@ class TreeBatch:
 
 
 @dataclasses.dataclass
-class BlockCredit:
+class ForestCredit:
     """What each block of the forest is credited with: A_base (Eq. 3) and the gated sibling-diversity bonus, kept
-    apart so that ``_compute_loss`` applies α of the optimizer step it trains (Eq. 4, 8)."""
+    apart so that the loss applies α of the optimizer step it trains (Eq. 4, 8)."""
 
     base: torch.Tensor  # A_base per block, float64
     bonus: torch.Tensor  # gate · Div per block

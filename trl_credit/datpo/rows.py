@@ -12,12 +12,12 @@ import torch
 from ..collectives import fill_rows, gather_counts
 from ..scoring import pad_rows, score_completions
 from ..trl_compat import use_adapter
-from .forest import BlockCredit, TreeBatch, is_truncated
+from .forest import ForestCredit, TreeBatch, is_truncated
 
 __all__ = ["training_rows", "score_collectively", "importance_sampling_ratio"]
 
 
-def training_rows(trainer, base: dict, trees: TreeBatch, credit: BlockCredit) -> dict:
+def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -> dict:
     """This process's rows of the training batch: its base rollouts (TRL's rows, TRL's old/ref/sampling values)
     then its branches (prompt + prefix, branch), every token with its block's advantage (docs/datpo.md#training-rows),
     then empty rows up to the largest row count of any process."""
@@ -27,7 +27,7 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: BlockCredit) ->
     n_base, n_branch = len(completion_ids_list), len(branch_ids)
     # TRL's _compute_loss gathers per-row tensors (clip-ratio metrics), so every process needs the same row
     # count: processes with fewer rows append empty rows (a one-token prompt, so attention stays finite, and
-    # one completion token outside the loss mask). They add nothing to the loss (see `_compute_loss` for the
+    # one completion token outside the loss mask). They add nothing to the loss (see `parts.Trees.loss` for the
     # loss types that average over rows) or to num_items_in_batch.
     row_counts = gather_counts(trainer, n_base + n_branch)
     n_rows = max(row_counts)
@@ -72,8 +72,8 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: BlockCredit) ->
         "prompt_mask": p_mask,
         "completion_ids": c_ids,
         "completion_mask": c_mask,
-        # A_base + α·bonus at this step (what TRL's completion table and callers see); `_compute_loss`
-        # recomputes it with α of the optimizer step it trains
+        # A_base + α·bonus at this step (what TRL's completion table and callers see); the loss
+        # (`parts.BlockCredit.loss`) recomputes it with α of the optimizer step it trains
         "advantages": (token_base + credit.alpha * token_bonus).to(device),
         "datpo_base_advantages": token_base.to(device),
         "datpo_diversity_bonus": token_bonus.to(device),

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from ..trainer_logs import log_metric, warn_once
-from .forest import BlockCredit, TreeBatch
+from .forest import ForestCredit, TreeBatch
 
 __all__ = ["log_tree_metrics", "log_fork_coverage"]
 
 
-def log_tree_metrics(trainer, trees: TreeBatch, credit: BlockCredit) -> None:
+def log_tree_metrics(trainer, trees: TreeBatch, credit: ForestCredit) -> None:
     """Tree metrics. Pass rates are the verifier's verdicts (any correct leaf per prompt), over the prompts with at
     least one scorable leaf; unscorable leaves count in no rate or mean."""
     forest, records = trees.forest, trees.skeletons.records

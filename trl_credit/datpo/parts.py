@@ -1,0 +1,432 @@
+"""DATPO as parts of the credit core (trl_credit/core.py; docs/datpo.md, paper Alg. 3): :class:`Trees`, the rollout,
+and :class:`BlockCredit`, the credit. The pure math stays in budget.py, forks.py, tree.py and diversity.py.
+
+Each training generation batch:
+
+1. phase 1 (:meth:`Trees.generate_and_score`): ``trainer._trl_generate_and_score_completions`` = TRL generates the N
+   base rollouts per prompt, scores them with the reward functions, computes old/ref log-probs and vLLM importance
+   ratios, logs its metrics; the core's rollout capture keeps TRL's token ids and global rewards of that call, and
+   :meth:`Trees.generate_single_turn` records the sampled tokens' entropies on the way (HF generate).
+   Then :meth:`Trees.grow` fills one :class:`~.forest.TreeBatch` step by step:
+   :meth:`~Trees.set_budgets` (V_root = the share of the prompt's scorable base rollouts the verifier calls correct,
+   ``success_reward`` >= ``success_threshold``, and (K̂, B̂) per prompt, ``budget.adaptive_budget``),
+   :meth:`~Trees.fork_entropies` and :meth:`~Trees.fork_base_rollouts` (``forks.select_forks``: prefix lengths; by
+   default the prefix ends with the selected sentence's first token, paper Alg. 1/3; ``datpo/no_fork_rate`` reports
+   rollouts left without a fork; unscorable rollouts do not fork), :meth:`~Trees.grow_branches` (phase 2,
+   :mod:`.branches`: the forks of every process, shared out evenly, through TRL's ``_generate_single_turn``, the B̂
+   branches of a fork as consecutive rows of one call, each within its fork's ``branch_budget``; their rewards
+   through TRL's ``_calculate_rewards`` on prefix + branch) and :meth:`~Trees.assemble_forest` (the tree of every
+   prompt, gathered on every process as a :class:`~.forest.Forest` of blocks).
+2. credit (:meth:`BlockCredit.advantages`): the blocks' A_base and sibling-diversity bonus (:mod:`.credit`).
+3. the training rows (:meth:`Trees.training_batch`, :mod:`.rows`), each process its own: one per base rollout
+   (advantage per token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no
+   token is trained twice. Advantages are (B, T), which TRL's ``_compute_loss`` takes as they are.
+
+Around TRL's batching and loss (the row count varies with the trees): :meth:`Trees.prepare_inputs` splits the rows
+into ``steps_per_generation`` micro-batches without dropping any (TRL's split floor-divides);
+``num_items_in_batch`` counts the loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default)
+averages over every token of the generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most
+``rows_per_forward`` rows; :meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer
+step being trained; :meth:`Trees.loss` renormalizes the row-averaging loss types (and ``bnpo``) to the whole
+generation batch, so micro-batch sizes, filler rows and the number of processes do not change any row's weight.
+
+Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
+rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
+every process the same number of times, also when a process has no branches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import torch
+
+from trl_credit.trl_compat import shuffle_sequence_dict
+
+from ..batch import RowBatch, trl_groups
+from ..collectives import gather_counts, gather_rows, local_rows
+from ..core import Credit, Rollout
+from ..generation_hooks import GenerationRecorder
+from ..scoring import pad_rows, score_completions
+from ..success import unscorable_rows
+from ..trainer_logs import log_metric, nonfinite_reward_groups, warn_once
+from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init, rollout_success
+from .batching import sort_rows_by_length, split_rows
+from .branches import branch_rewards, generate_branches
+from .budget import adaptive_budget, root_success_rate
+from .config import DATPOConfig
+from .credit import block_credit
+from .diversity import annealed_alpha
+from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
+from .forks import select_forks, sentence_spans, token_char_offsets
+from .rows import training_rows
+from .tree import leaf_rewards
+from .tree_metrics import log_fork_coverage, log_tree_metrics
+
+__all__ = ["Trees", "BlockCredit", "diversity_alpha"]
+
+
+# Loss types whose TRL loss is a mean over the rows of the micro-batch (dr_grpo: over rows × max_completion_length).
+_ROW_AVERAGED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
+# Marks a micro-batch of DATPO's training rows (every process's real row count, for the renormalized loss).
+_NUM_ROWS = "datpo_num_rows"
+
+
+def diversity_alpha(trainer) -> float:
+    """α_t at the current optimizer step (0-based ``global_step`` of a ``max_steps`` run; paper §4.4)."""
+    args: DATPOConfig = trainer.args
+    return annealed_alpha(
+        trainer.state.global_step,
+        max(int(trainer.state.max_steps or 1), 1),
+        args.diversity_alpha,
+        args.diversity_alpha_final,
+        args.diversity_alpha_schedule,
+    )
+
+
+def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branch_groups):
+    """Leaf rewards r (NaN: unscorable) of the global base rollouts and branches, per ``tree.leaf_rewards``."""
+    N = trainer.num_generations
+    trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
+    matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
+    nonfinite_reward_groups(trainer, matrix, trees, "datpo/nonfinite_reward_rate")  # block_advantages gives them 0
+    rewards = leaf_rewards(matrix.cpu(), trees, trainer.reward_weights.cpu(), trainer.args.multi_objective_aggregation)
+    rewards = rewards.tolist()
+    return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
+
+
+class Trees(Rollout):
+    """DATPO's difficulty-adaptive tree rollouts (module docstring). Training only: evaluation stays GRPO on the
+    base rollouts. The record (:class:`~trl_credit.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
+    of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` under ``extras["trees"]``: the rows TRL
+    trains on (branches, fillers, the masks of truncated rows and their old/ref log-probs) depend on the credit, so
+    they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
+
+    name = "trees"
+
+    def __init__(self):
+        self.phase1 = False  # True while TRL generates the base rollouts of a training batch
+        self.branching = False  # True while the branches of phase 2 are generated
+        self.sampled_entropies = None  # entropies recorded while HF generate sampled the base rollouts
+
+    def setup(self, trainer) -> None:
+        check_single_turn(trainer, "DATPOTrainer")
+        bind_success(trainer)
+        if trainer._is_vlm:
+            raise ValueError("DATPOTrainer supports text-only models: branch prompts are token prefixes of the response.")
+        if trainer._entropy_bonus_enabled:
+            # TRL adds the entropy bonus per micro-batch inside its loss; DATPO rescales that loss to the generation
+            # batch per micro-batch and per forward piece (see `loss`), which would rescale the bonus too.
+            raise ValueError(
+                "DATPOTrainer does not support the entropy bonus (`entropy_coef` != 0 or `use_adaptive_entropy=True`): "
+                "its micro-batches vary in size and their loss is renormalized to the generation batch, which would "
+                "change the bonus's weight. Set entropy_coef=0.0 and use_adaptive_entropy=False."
+            )
+        if trainer.aux_loss_enabled:
+            warn_once(
+                trainer, "datpo_router_aux_loss",
+                "DATPO: the MoE router auxiliary loss is added inside TRL's loss, which DATPO renormalizes to the "
+                "generation batch and evaluates in forwards of at most `rows_per_forward` rows, so the auxiliary "
+                "term's weight is not TRL's (it scales with the micro-batch and the number of forward pieces); set "
+                "router_aux_loss_coef=0.0 to train without it.",
+            )
+
+    # ------------------------------------------------------------------ generation
+    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+                             has_tool_images=False):
+        """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
+        the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`),
+        so forking needs no extra forward pass."""
+        if not self.phase1 or not GenerationRecorder.available(trainer):
+            return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        recorder = GenerationRecorder(trainer.temperature, logps=False, entropies=True)
+        with recorder.attached(trainer):
+            completion_ids, logprobs = proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        self.sampled_entropies = recorder.entropies(completion_ids)
+        return completion_ids, logprobs
+
+    def generate_and_score(self, trainer, inputs, capture) -> tuple[dict, RowBatch | None]:
+        if not trainer.model.training:
+            return trainer._trl_generate_and_score_completions(inputs), None
+        if "image" in inputs[0] or "images" in inputs[0]:
+            raise ValueError("DATPOTrainer does not support image inputs.")
+        self.sampled_entropies = None
+        self.phase1 = True
+        try:
+            base = trainer._trl_generate_and_score_completions(inputs)
+        finally:
+            self.phase1 = False
+        rewards_per_func = capture.rewards("DATPOTrainer")  # global: every process's base rollouts
+        prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
+        trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
+        batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
+        batch.extras["trees"] = trees
+        return base, batch
+
+    def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
+        """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
+        :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
+        trees: TreeBatch = batch.extras["trees"]
+        # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
+        # averaged over each rollout's tokens
+        batch.log_advantages(trainer, trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
+        rows = training_rows(trainer, output, trees, advantages)
+        log_tree_metrics(trainer, trees, advantages)
+        # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
+        # one block.
+        width = rows["completion_ids"].size(1)
+        batch.extras["block_ids"] = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
+        return rows
+
+    def grow(self, trainer, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
+        """Phase 1's rollouts (this process's ids, the global rewards) → budgets → forks → branches → the forest."""
+        trees = TreeBatch(
+            inputs, [x["prompt"] for x in inputs], prompt_ids, completion_ids, rewards_per_func,
+            first_row=local_rows(trainer, len(prompt_ids)).start,  # TRL's process slice: equal base rows per process
+        )
+        self.set_budgets(trainer, trees)
+        self.fork_base_rollouts(trainer, trees, self.fork_entropies(trainer, trees))
+        self.grow_branches(trainer, trees)
+        self.assemble_forest(trainer, trees)
+        return trees
+
+    def set_budgets(self, trainer, trees: TreeBatch) -> None:
+        """The verifier's verdicts on the base rollouts and (K̂, B̂) per prompt (Eq. 1-2), from the global verdicts, so
+        every process agrees. Leaf values use TRL's weighted total reward (NaN: unscorable); correct/wrong (pass
+        rate, V_root) is the verifier's verdict (``success_reward`` >= ``success_threshold``). A prompt none of whose
+        base rollouts could be scored has no V_root and does not branch (nothing under it could be scored)."""
+        args: DATPOConfig = trainer.args
+        N = trainer.num_generations
+        trees.unscorable = unscorable_rows(trees.rewards_per_func).tolist()
+        trees.success = rollout_success(trainer, trees.rewards_per_func).tolist()
+        trees.v_root = [
+            root_success_rate(trees.success[g * N : (g + 1) * N], trees.unscorable[g * N : (g + 1) * N])
+            for g in range(len(trees.unscorable) // N)
+        ]
+        if args.difficulty_adaptive:
+            trees.budgets = [(0, 0) if math.isnan(v) else adaptive_budget(v, args.max_forks, args.max_branches)
+                             for v in trees.v_root]
+        else:
+            trees.budgets = [(0, 0) if math.isnan(v) else (args.max_forks, args.max_branches) for v in trees.v_root]
+
+    def fork_entropies(self, trainer, trees: TreeBatch) -> torch.Tensor | None:
+        """Token entropies of the base rollouts (only for the entropy fork methods, when some prompt branches):
+        recorded by the sampler (HF generate), else one no-grad forward pass. The pass is collective (ZeRO-3 gathers
+        parameters in it), so all processes take the same path."""
+        sampled, self.sampled_entropies = self.sampled_entropies, None
+        if trainer.args.fork_method not in ("sent_entropy", "tok_entropy") or not any(k > 0 for k, _ in trees.budgets):
+            return None
+        lines_up = sampled is not None and [len(e) for e in sampled] == [len(c) for c in trees.completion_ids]
+        from_sampler = all(gather_rows(trainer, [lines_up]))
+        log_metric(trainer, "datpo/entropy_from_sampler", float(from_sampler))
+        if from_sampler:
+            entropies = torch.zeros(trees.num_local, max([1] + [len(e) for e in sampled]))
+            for i, row in enumerate(sampled):
+                entropies[i, : len(row)] = torch.tensor(row)
+            return entropies
+        p_ids, p_mask, c_ids, c_mask = pad_rows(
+            trees.prompt_ids, trees.completion_ids, trainer._tokenizer.pad_token_id, trainer.accelerator.device
+        )
+        _, entropies = score_completions(trainer, trainer.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+        return entropies.float().cpu()
+
+    def fork_base_rollouts(self, trainer, trees: TreeBatch, entropies: torch.Tensor | None) -> None:
+        """Forks per local base rollout (``forks.select_forks``). An unscorable rollout does not fork: its tokens
+        keep advantage 0."""
+        args: DATPOConfig = trainer.args
+        coverage = []  # (scorable with K̂ > 0: the method wants to branch from it, got a fork, by the fallback)
+        trees.forks = []
+        for i, ids in enumerate(trees.completion_ids):
+            g_row = trees.first_row + i
+            k_hat, _ = trees.budgets[g_row // trainer.num_generations]
+            length = len(ids)
+            should_fork = k_hat > 0 and not trees.unscorable[g_row]
+            forks, fallback = [], False
+            if should_fork and length >= 2:
+                spans = None
+                if args.fork_method == "sent_entropy":
+                    spans = sentence_spans(*token_char_offsets(trainer._tokenizer, ids))
+                rng = random.Random(f"{args.seed}-{trainer.state.global_step}-{g_row}")
+                row_entropies = entropies[i, :length] if entropies is not None else None
+                forks = select_forks(
+                    row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap,
+                    rng=rng, position=args.fork_position,
+                )
+                if not forks and args.fork_method == "sent_entropy" and args.fork_fallback == "tok_entropy":
+                    # Only with fork_position="before_token": one sentence, which starts at token 0 (a fork before
+                    # it would be a fresh rollout, not a branch). Fall back to the top-K̂ tokens by entropy.
+                    forks = select_forks(row_entropies, None, k_hat, "tok_entropy", num_tokens=length,
+                                         position=args.fork_position)
+                    fallback = bool(forks)
+            trees.forks.append(forks)
+            coverage.append((should_fork, bool(forks), fallback))
+        log_fork_coverage(trainer, gather_rows(trainer, coverage))
+
+    def grow_branches(self, trainer, trees: TreeBatch) -> None:
+        """Phase 2: B̂ branches from every fork (:meth:`generate_branches`: the forks of all processes, shared out
+        evenly), their rewards through TRL's reward path, and the verifier's verdicts on them."""
+        max_length = trainer.max_completion_length
+        fork_requests: list[tuple[list[int], int, int]] = []  # (prompt + prefix, B̂, new-token budget) per fork
+        for i, forks in enumerate(trees.forks):
+            _, b_hat = trees.budgets[(trees.first_row + i) // trainer.num_generations]
+            for j, fork in enumerate(forks):
+                prefix = trees.prompt_ids[i] + trees.completion_ids[i][:fork]
+                # "remaining": the leaf (prefix + branch) is a response of at most max_completion_length tokens
+                new_tokens = max(1, max_length - fork) if trainer.args.branch_budget == "remaining" else max_length
+                fork_requests.append((prefix, b_hat, new_tokens))
+                trees.branch_meta += [(i, j)] * b_hat
+                trees.branch_prefixes += [prefix] * b_hat
+        self.branching = True
+        try:
+            branch_ids, trees.branch_logprobs = self.generate_branches(trainer, fork_requests)
+        finally:
+            self.branching = False
+        trees.branch_ids = [list(ids) for ids in branch_ids]
+        trees.branch_counts = gather_counts(trainer, len(trees.branch_ids))
+        trees.branch_rewards_per_func = branch_rewards(trainer, trees)
+
+    def generate_branches(self, trainer, fork_requests: list[tuple[list[int], int, int]]):
+        """B̂ continuations of every local fork ``(prompt + prefix ids, B̂, new-token budget)``:
+        :func:`trl_credit.datpo.branches.generate_branches` (a collective call)."""
+        return generate_branches(trainer, fork_requests)
+
+    def assemble_forest(self, trainer, trees: TreeBatch) -> None:
+        """Leaf rewards of every tree, and the tree skeletons (small: forks and lengths per row) gathered so every
+        process builds every tree."""
+        N = trainer.num_generations
+        branch_groups = gather_rows(trainer, [(trees.first_row + i) // N for i, _ in trees.branch_meta])
+        trees.base_rewards, trees.branch_rewards = _leaf_rewards(
+            trainer, trees.rewards_per_func, trees.branch_rewards_per_func, branch_groups
+        )
+        trees.branch_success = rollout_success(trainer, trees.branch_rewards_per_func).tolist()
+        records = [(trees.first_row + i, trees.forks[i], len(ids)) for i, ids in enumerate(trees.completion_ids)]
+        trees.skeletons = Skeletons(
+            gather_rows(trainer, records), trees.branch_counts,
+            gather_rows(trainer, [len(ids) for ids in trees.branch_ids]),
+        )
+        trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
+
+    # ------------------------------------------------------------------ batching and loss
+    def prepare_inputs(self, trainer, proceed, generation_batch):
+        # Follows GRPOTrainer._prepare_inputs (trl 1.16.0), with the split replaced: the row count varies with the
+        # trees, and TRL's split_tensor_dict floor-divides it and drops the remainder. So in training TRL's method
+        # (and the hooks of the parts after this one) is not called.
+        if not trainer.model.training:
+            return proceed(generation_batch)
+        steps = trainer.args.steps_per_generation
+        if trainer._step % (steps * trainer.num_iterations) == 0 or trainer._buffered_inputs is None:
+            batch = shuffle_sequence_dict(trainer._generate_and_score_completions(generation_batch))
+            trainer._buffered_inputs = split_rows(batch, steps, trainer.pad_to_multiple_of)
+        return trainer._buffered_inputs[trainer._step % steps]
+
+    def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
+        ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
+        can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
+        returned loss (which the Trainer back-propagates) carries the others' values for logging. Each piece's loss
+        is normalized against the whole generation batch (:meth:`loss`), so the pieces add up to exactly the loss of
+        the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
+        the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
+        if return_outputs or not trainer.model.training or _NUM_ROWS not in inputs:
+            return proceed(model, inputs, return_outputs, num_items_in_batch)
+        num_rows = inputs["completion_ids"].size(0)
+        cap = trainer.args.rows_per_forward or trainer.args.per_device_train_batch_size
+        if num_rows <= cap:
+            return proceed(model, inputs, return_outputs, num_items_in_batch)
+        if trainer.is_deepspeed_enabled:
+            # DeepSpeed's engine counts backward calls for its own gradient accumulation: one backward per
+            # micro-batch only.
+            warn_once(
+                trainer, "datpo_rows_per_forward_deepspeed",
+                f"DATPO: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed (rows_per_forward="
+                f"{cap} applies only without DeepSpeed); lower per_device_train_batch_size or raise "
+                "steps_per_generation if it does not fit in memory.",
+            )
+            return proceed(model, inputs, return_outputs, num_items_in_batch)
+        # rows of similar length share a forward (less padding); the loss does not depend on the order of rows
+        pieces = split_rows(sort_rows_by_length(inputs), math.ceil(num_rows / cap), trainer.pad_to_multiple_of)
+        earlier = 0.0
+        for piece in pieces[:-1]:
+            with trainer.accelerator.no_sync(model):
+                loss = proceed(model, piece, return_outputs, num_items_in_batch)
+                trainer.accelerator.backward(loss)
+            earlier = earlier + loss.detach()
+        return proceed(model, pieces[-1], return_outputs, num_items_in_batch) + earlier
+
+    def loss(self, trainer, proceed, model, inputs):
+        loss = proceed(model, inputs)
+        if not trainer.model.training or _NUM_ROWS not in inputs:
+            return loss
+        # TRL's row-averaging loss types divide by the rows (bnpo: the tokens) of the micro-batch. DATPO's
+        # micro-batches differ in size and hold empty filler rows (row counts are evened out across processes), so
+        # that would weight a row by the size of the micro-batch it landed in. Renormalize to the whole generation
+        # batch instead, the way dapo's `num_items_in_batch` does: every row (token, for bnpo) then weighs the same
+        # whatever the split, the number of processes or the fillers, and equal micro-batches give TRL's value.
+        per_generation = trainer.accelerator.num_processes * trainer.args.steps_per_generation
+        if trainer.loss_type in _ROW_AVERAGED_LOSSES:
+            rows = inputs["completion_ids"].size(0)
+            loss = loss * (rows * per_generation / inputs[_NUM_ROWS].clamp(min=1))
+        elif trainer.loss_type == "bnpo":
+            tokens = inputs["completion_mask"].sum().clamp(min=1)
+            loss = loss * (tokens * per_generation / inputs["num_items_in_batch"].clamp(min=1))
+        return loss
+
+
+class BlockCredit(Credit):
+    """DATPO's credit (docs/datpo.md#block-advantages): per block of the trees of a :class:`Trees` rollout
+    (``batch.extras["trees"]``), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus
+    (Eq. 4, 8; ``use_diversity``, with ``embedder``, a sentence-transformers model or anything with
+    ``encode(texts, batch_size=, convert_to_tensor=)``; ``args.embedding_model`` is loaded when None).
+
+    :meth:`advantages` returns a :class:`~.forest.ForestCredit` (per block), not a tensor of the rows: the rows are
+    built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
+    would receive that object. The bonus is part of the credit, not a modifier: it is gated by each block's A_base
+    and kept apart from it down to the loss, where :meth:`loss` applies α of the optimizer step being trained (the
+    schedule runs over optimizer steps, also when a generation batch serves several of them)."""
+
+    name = "blocks"
+
+    def __init__(self, embedder=None):
+        self.embedder = embedder
+
+    def setup(self, trainer) -> None:
+        args: DATPOConfig = trainer.args
+        if args.use_diversity:
+            if self.embedder is None:
+                self.embedder = self._load_embedder(trainer)
+            if not hasattr(self.embedder, "encode"):
+                raise TypeError("`embedder` must have an `encode(texts, ...)` method (a sentence-transformers model)")
+        elif self.embedder is not None:
+            raise ValueError("An `embedder` was passed but `use_diversity=False`; drop one of them.")
+
+    @staticmethod
+    def _load_embedder(trainer):
+        from ..models import DEFAULT_EMBEDDER, load_default_embedder
+
+        args: DATPOConfig = trainer.args
+        device = str(trainer.accelerator.device)
+        with outside_zero3_init():  # a whole frozen copy per process, not ZeRO-3 shards
+            if args.embedding_model in (None, "", DEFAULT_EMBEDDER):
+                return load_default_embedder(device=device)
+            from sentence_transformers import SentenceTransformer
+
+            return SentenceTransformer(
+                args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
+            )
+
+    def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
+        trees = batch.extras.get("trees")
+        if not isinstance(trees, TreeBatch):
+            raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
+        return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder)
+
+    def loss(self, trainer, proceed, model, inputs):
+        if not trainer.model.training or "datpo_base_advantages" not in inputs:
+            return proceed(model, inputs)
+        alpha = diversity_alpha(trainer)  # α of the optimizer step being trained (paper §4.4)
+        inputs = dict(inputs)
+        inputs["advantages"] = inputs["datpo_base_advantages"] + alpha * inputs["datpo_diversity_bonus"]
+        log_metric(trainer, "datpo/alpha", alpha)
+        return proceed(model, inputs)
