@@ -187,7 +187,7 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights",
                              optional=True)
     elif method == "oppo":
-        profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
+        profiler.wrap_method(trainer.credit, "token_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
         profiler.wrap_method(trainer, "_grow_trees", "datpo: tree (forks + branches + scoring)", optional=True)
         import trl_credit.datpo.credit as datpo_credit
