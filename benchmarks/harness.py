@@ -187,7 +187,7 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights",
                              optional=True)
     elif method == "oppo":
-        profiler.wrap_method(trainer, "_oppo_advantages", "oppo: oracle pass + recursion", optional=True)
+        profiler.wrap_method(trainer.credit, "token_advantages", "oppo: oracle pass + recursion", optional=True)
     elif method == "datpo":
         # the tree: forks + branches (the rollout's `grow`), block credit, training rows and their scoring
         for part, attr in ((trainer.rollout, "grow"), (trainer.credit, "advantages"),

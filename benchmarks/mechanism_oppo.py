@@ -266,10 +266,10 @@ def main(argv=None):
     json_path, png_path = common.output_paths(args, "oppo")
     start = time.perf_counter()
 
-    import trl_credit.oppo.trainer as oppo_trainer
+    import trl_credit.oppo.parts as oppo_parts
 
     recorder = common.Recorder()
-    recorder.wrap(oppo_trainer, "bayesian_value_recursion")
+    recorder.wrap(oppo_parts, "bayesian_value_recursion")
     trainer = common.build_trainer("oppo", args)
 
     def on_output(trainer, inputs, output):

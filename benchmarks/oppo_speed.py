@@ -66,17 +66,17 @@ def build(trainer_class, config_class, model_path, dataset, out_dir, args, **ext
     batches = prepare_manual_stepping(trainer)
     if isinstance(trainer, OPPOTrainer):  # time OPPO's own work (oracle pass + recursion) inside its step
         trainer.oppo_seconds = []
-        compute = trainer._oppo_advantages
+        compute = trainer.credit.token_advantages  # the ValueRecursion part's oracle pass + recursion
 
-        def timed_oppo_advantages(inputs, output):
+        def timed_oppo_advantages(*args):
             start = time.perf_counter()
-            result = compute(inputs, output)
+            result = compute(*args)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             trainer.oppo_seconds.append(time.perf_counter() - start)
             return result
 
-        trainer._oppo_advantages = timed_oppo_advantages
+        trainer.credit.token_advantages = timed_oppo_advantages
     return trainer, batches
 
 

@@ -100,12 +100,13 @@ def test_hook_returns_the_tuple_we_unpack(name):
 def _trl_credit_classes():
     import trl_credit._trl as helpers
     import trl_credit.model_card as model_card
+    from trl_credit.core import CreditTrainer  # the credit core: the TRL overrides of the trainers built on it
 
     from trl_credit.core import CreditTrainer
 
     # the credit core holds the TRL overrides of the presets built on it
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
-    return classes + [CreditTrainer] + [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
+    return classes + [CreditTrainer, helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
                       helpers.RolloutCaptureMixin, helpers.CPUMemoryMixin, model_card.MethodModelCardMixin]
 
 

@@ -12,6 +12,7 @@ from datasets import Dataset
 import trl_credit._trl as shared
 from tests.tiny import build_tiny_model
 from trl_credit import OPPOConfig, OPPOTrainer
+from trl_credit.oppo.parts import ValueRecursion
 
 
 def length_parity_reward(completions, **kwargs):
@@ -248,17 +249,17 @@ def test_two_rewards_k_follows_the_verifier_and_unscorable_rows_get_zero(
     # >= 1 for every scorable row and would give k = G), G counts scorable rows, unscorable rows get 0 everywhere
     # and stay out of the group's token mean/std. Before, k = 3 here for every group and unscorable rows got
     # (0 - mean)/std on each token.
-    import trl_credit.oppo.trainer as oppo_trainer
+    import trl_credit.oppo.parts as oppo_parts
 
     seen = []
-    original = oppo_trainer.bayesian_value_recursion
+    original = oppo_parts.bayesian_value_recursion
 
     def spy(*args, **kwargs):
         num_rows = args[4].numel()
         seen.append((args[4].tolist(), torch.as_tensor(args[5]).expand(num_rows).tolist()))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    monkeypatch.setattr(oppo_parts, "bayesian_value_recursion", spy)
     monkeypatch.setattr(CapturingOPPOTrainer, "reward_row", staticmethod(accuracy_format_row))
     accuracy = []
 
@@ -305,26 +306,26 @@ def test_one_extra_pass_matches_the_two_pass_path(tiny_model_path, tiny_dataset,
     # Same seed, same weights, same first generation batch: s_t recorded during HF generation (plain_logps="auto",
     # the extra pass scores the B oracle rows) against s_t scored by a second forward over the plain rows
     # ("recompute", 2B rows). KV-cached decoding and a padded full forward agree to float32 round-off.
-    import trl_credit.oppo.trainer as oppo_trainer
+    import trl_credit.oppo.parts as oppo_parts
 
     seen = {}
-    original = oppo_trainer.score_evidence
+    original = oppo_parts.score_evidence
 
     def record(trainer, *args, student_logps=None, **kwargs):
         oracle_logps, plain = original(trainer, *args, student_logps=student_logps, **kwargs)
         seen.setdefault(trainer.args.plain_logps, []).append((oracle_logps.clone(), plain.clone()))
         return oracle_logps, plain
 
-    monkeypatch.setattr(oppo_trainer, "score_evidence", record)
+    monkeypatch.setattr(oppo_parts, "score_evidence", record)
     advantages = {}
-    original_advantages = OPPOTrainer._oppo_advantages
+    original_advantages = ValueRecursion.token_advantages
 
-    def record_advantages(self, inputs, output):
-        result = original_advantages(self, inputs, output)
-        advantages[self.args.plain_logps] = (result[0].clone(), output["completion_mask"].clone())
+    def record_advantages(self, trainer, batch, inputs, output):
+        result = original_advantages(self, trainer, batch, inputs, output)
+        advantages[trainer.args.plain_logps] = (result[0].clone(), output["completion_mask"].clone())
         return result
 
-    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record_advantages)
+    monkeypatch.setattr(ValueRecursion, "token_advantages", record_advantages)
     runs = {}
     for source in ("auto", "recompute"):
         args = make_args(tmp_path / source, plain_logps=source, max_steps=1, max_completion_length=12, temperature=0.7,
@@ -448,16 +449,16 @@ def test_plain_text_prompts(tiny_model_path, tiny_dataset, tmp_path):
 
 
 def test_ablation_switches_reach_the_recursion(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
-    import trl_credit.oppo.trainer as oppo_trainer
+    import trl_credit.oppo.parts as oppo_parts
 
     seen = []
-    original = oppo_trainer.bayesian_value_recursion
+    original = oppo_parts.bayesian_value_recursion
 
     def spy(*args, **kwargs):
         seen.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    monkeypatch.setattr(oppo_parts, "bayesian_value_recursion", spy)
     args = make_args(tmp_path, max_steps=1, direction_anchoring=False, use_prior=False, state_tracking=False,
                      evidence_clipping=False, log_lambda_only=True, per_device_train_batch_size=4, max_completion_length=4)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward, args=args, train_dataset=tiny_dataset)
@@ -542,7 +543,7 @@ def test_bad_answer_in_hf_dataset_and_eval_split_is_refused(tiny_dataset, tmp_pa
 
 
 def test_numbers_and_strings_are_accepted_as_answers():
-    from trl_credit.oppo.trainer import answer_problem
+    from trl_credit.oppo.answers import answer_problem
 
     for good in ["17", " x = 2 ", 17, 2.5, -3, True]:
         assert answer_problem(good) is None
@@ -619,7 +620,7 @@ def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny
 
     from trl import GRPOTrainer
 
-    from trl_credit.oppo.trainer import loss_sequence_anchors
+    from trl_credit.anchors import loss_sequence_anchors
 
     for name in ("get_off_policy_mask", "get_gamma_weights"):
         assert isinstance(inspect.getattr_static(OPPOTrainer, name), staticmethod)
@@ -657,10 +658,25 @@ def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny
         with loss_sequence_anchors(anchors):
             assert torch.equal(mask_call(owner, tokens), expected_mask)
             assert torch.equal(gamma_call(owner, tokens), expected_gamma)
-        # (B, T) advantages without anchors cannot be decided per sequence: said, not guessed
-        with pytest.raises(RuntimeError, match="oppo_sequence_advantages"):
-            mask_call(owner, tokens)
+        # outside a loss that sets anchors, (B, T) advantages get TRL's own (per-token) decision
+        assert torch.equal(mask_call(owner, tokens), mask_call(GRPOTrainer, tokens))
+    # OPPO's (B, T) advantages cannot reach TRL's loss without their anchors (the per-sequence decisions would be
+    # per token): OPPO's loss hook says so, not guessed, before TRL's loss runs
+    with pytest.raises(RuntimeError, match="oppo_sequence_advantages"):
+        trainer._compute_loss(trainer.model, {"advantages": tokens, "completion_mask": mask})
 
+
+
+def test_value_recursion_refuses_groups_other_than_trls():
+    # sign(A^seq) is computed over TRL's contiguous groups: a record of other groups (group_size None, e.g. SRPO's
+    # sub-groups, with a row of no group) is refused with a clear error, not given advantages of the wrong groups.
+    from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
+
+    batch = RowBatch(rewards_per_func=torch.tensor([[1.0], [0.0], [1.0]]), group_ids=torch.tensor([0, 0, NO_GROUP]),
+                     row_kinds=torch.full((3,), ROW_BASE), success=torch.tensor([True, False, True]),
+                     scorable=torch.ones(3, dtype=torch.bool), num_local=3, process_index=0, group_size=None)
+    with pytest.raises(NotImplementedError, match="group_size is None"):
+        ValueRecursion().advantages(None, batch, [], {})
 
 # ------------------------------------------------------------------------------------------- normalize_then_sum
 def parity_alternating_row(text, index):
@@ -712,24 +728,24 @@ def test_evidence_under_bf16_autocast_is_float32_accurate(peaked_model_path, tin
     # from a float32 head (the transformer body stays bf16): max 0.0075 (mean 0.0018).
     from transformers import AutoModelForCausalLM
 
-    import trl_credit.oppo.trainer as oppo_trainer
+    import trl_credit.oppo.parts as oppo_parts
 
     batches = []
-    original = oppo_trainer.bayesian_value_recursion
+    original = oppo_parts.bayesian_value_recursion
 
     def spy(oracle_logps, student_logps, mask, *args, **kwargs):
         batches.append((oracle_logps.clone(), student_logps.clone(), mask.clone()))
         return original(oracle_logps, student_logps, mask, *args, **kwargs)
 
-    monkeypatch.setattr(oppo_trainer, "bayesian_value_recursion", spy)
+    monkeypatch.setattr(oppo_parts, "bayesian_value_recursion", spy)
     outputs = []
-    original_advantages = OPPOTrainer._oppo_advantages
+    original_advantages = ValueRecursion.token_advantages
 
-    def record(self, inputs, output):
+    def record(self, trainer, batch, inputs, output):
         outputs.append((inputs, {k: v.clone() for k, v in output.items() if torch.is_tensor(v)}))
-        return original_advantages(self, inputs, output)
+        return original_advantages(self, trainer, batch, inputs, output)
 
-    monkeypatch.setattr(OPPOTrainer, "_oppo_advantages", record)
+    monkeypatch.setattr(ValueRecursion, "token_advantages", record)
     args = make_args(tmp_path, **{**dict(max_steps=1, max_completion_length=12, bf16=True), **settings})
     trainer = OPPOTrainer(model=peaked_model_path, reward_funcs=length_parity_reward, args=args,
                           train_dataset=tiny_dataset)

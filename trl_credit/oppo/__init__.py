@@ -2,7 +2,8 @@
 
 - :mod:`trl_credit.oppo.recursion`: the pure math (evidence, prior, recursion, anchoring, group normalization).
 - :mod:`trl_credit.oppo.oracle`: oracle prompts and the batched scoring pass.
-- :class:`OPPOConfig`, :class:`OPPOTrainer`: the GRPOTrainer wiring.
+- :mod:`trl_credit.oppo.parts`: :class:`~trl_credit.oppo.parts.ValueRecursion`, OPPO's credit part of the credit core.
+- :class:`OPPOConfig`, :class:`OPPOTrainer`: the config and the preset (GRPO's rollouts + ValueRecursion).
 """
 
 from trl_credit.oppo.config import OPPOConfig

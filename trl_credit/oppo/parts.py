@@ -1,0 +1,417 @@
+"""OPPO's part of the credit core (trl_credit/core.py): :class:`ValueRecursion`, the credit that turns each
+completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). Its
+rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`).
+
+What it does around TRL, per generation batch:
+- From the batch's record (:class:`~trl_credit.batch.RowBatch`: TRL's global reward matrix, the verifier's
+  decisions, scorable rows, group ids) come each group's k (completions the verifier, ``success_reward``, calls
+  correct), its number of scorable completions G and each row's anchoring sign sign(A^seq) (from the rewards, so
+  that a row tying its group's mean gets 0). Unscorable rows, and rows of no group, get advantage exactly 0 on every
+  token and stay out of the group's token statistics, as TRL leaves unscorable rows out of its baseline.
+- This process's completions are scored under the oracle prompts (one batched no-grad pass of B rows with a float32
+  LM head: the plain log-probs s_t come from TRL's old log-probs, from the log-probs recorded during HF generation
+  (:meth:`ValueRecursion.generate_single_turn`, head in float32 too), or from vLLM's sampler, each only when computed
+  with a float32 head; only where none exists, or with ``plain_logps="recompute"`` or a teacher, are the B plain rows
+  scored in the same pass), the recursion of :mod:`trl_credit.oppo.recursion` turns them into Â (B, T), Â is
+  normalized per group over the valid tokens of all processes (per-row sums/sums of squares/counts are gathered),
+  and the (B, T) tensor becomes the batch's advantages. TRL's ``_compute_loss`` takes (B, T) advantages as they are,
+  for every ``loss_type``.
+- ``off_policy_mask_threshold`` / ``loss_type="vespo"`` make their per-sequence decision from the sequence's sign
+  anchor sign(A^seq), carried to the loss as ``oppo_sequence_advantages`` (:meth:`ValueRecursion.loss`).
+- A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model
+  (:meth:`ValueRecursion.setup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from trl_credit.anchors import loss_sequence_anchors
+from trl_credit.batch import NO_GROUP, RowBatch
+from trl_credit.core import Credit, GroupOutcome
+from trl_credit.generation_hooks import GenerationRecorder
+from trl_credit.oppo.answers import answer_problem, refuse_answer
+from trl_credit.oppo.oracle import (
+    add_float32_head,
+    add_float32_teacher_head,
+    build_oracle_prompts,
+    float32_head,
+    score_evidence,
+)
+from trl_credit.oppo.recursion import (
+    bayesian_value_recursion,
+    group_moments,
+    normalize_with_group_moments,
+    row_token_moments,
+    sequence_anchor_signs,
+)
+from trl_credit.trainer_logs import log_metric, warn_once
+from trl_credit.trainer_setup import bind_success, check_single_turn, trainer_mode
+from trl_credit.trl_compat import (
+    HAS_FUSED_LM_HEAD,
+    create_model_from_path,
+    disable_dropout_in_model,
+    get_config_model_id,
+    prepare_deepspeed,
+    prepare_fsdp,
+)
+
+__all__ = ["ValueRecursion", "load_teacher"]
+
+
+def causal_lm(trainer):
+    """The causal LM whose forward TRL patched (the PEFT base model), which ``generate`` and the log-prob passes run."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def reduced_precision(trainer) -> bool:
+    """Whether the policy's LM head computes below float32 unless OPPO makes it float32 (bf16/fp16 autocast or
+    weights): then log-probs computed outside OPPO's float32 head cannot serve as s_t."""
+    head = causal_lm(trainer).get_output_embeddings()
+    reduced = (torch.bfloat16, torch.float16)
+    return trainer.accelerator.mixed_precision in ("bf16", "fp16") or head.weight.dtype in reduced
+
+
+def records_generation_logps(trainer) -> bool:
+    """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching) and the
+    self-oracle with ``plain_logps="auto"``."""
+    args = trainer.args
+    return (
+        args.oracle == "self"
+        and args.plain_logps == "auto"
+        and not trainer.use_vllm
+        and not trainer.use_transformers_continuous_batching
+    )
+
+
+def load_teacher(trainer, teacher, teacher_processing_class):
+    """Load (if a name), check the tokenizer, freeze and prepare the teacher like GRPOTrainer's ``ref_model``."""
+    from transformers import AutoTokenizer
+
+    args = trainer.args
+    name = teacher if isinstance(teacher, str) else get_config_model_id(teacher.config)
+    if teacher_processing_class is None:
+        try:
+            teacher_processing_class = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
+        except Exception as error:  # noqa: BLE001 - any loading failure means we cannot check the vocabulary
+            raise ValueError(
+                f"OPPO could not load the teacher's tokenizer from {name!r} to check it matches the policy's "
+                f"({error}); pass `teacher_processing_class=` to OPPOTrainer."
+            ) from error
+    teacher_tokenizer = getattr(teacher_processing_class, "tokenizer", teacher_processing_class)
+    student_vocab, teacher_vocab = trainer._tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if student_vocab != teacher_vocab:
+        differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()))[:5]
+        raise ValueError(
+            f"OPPO's teacher must share the policy's tokenizer (it scores the policy's token ids), but the "
+            f"vocabularies differ: policy {len(student_vocab)} tokens, teacher {name!r} {len(teacher_vocab)} "
+            f"tokens, e.g. {differing}. Use a teacher of the same model family/tokenizer, or oracle='self'."
+        )
+
+    if isinstance(teacher, str):
+        init_kwargs = dict(args.teacher_model_init_kwargs or {})
+        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+            init_kwargs["device_map"] = None  # as GRPOTrainer does for its models
+        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+        teacher = create_model_from_path(teacher, **init_kwargs)
+    elif args.teacher_model_init_kwargs is not None:
+        raise ValueError(
+            "`teacher_model_init_kwargs` is set but the teacher was passed as an instantiated model; "
+            "load it with those kwargs yourself or pass its name."
+        )
+    largest_id = max(student_vocab.values())
+    teacher_head = teacher.get_output_embeddings()
+    if teacher_head is not None and teacher_head.weight.shape[0] <= largest_id:
+        raise ValueError(
+            f"OPPO's teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
+            f"{largest_id}: it cannot score every token of the policy's vocabulary."
+        )
+    teacher.eval()
+    teacher.requires_grad_(False)
+    if args.disable_dropout:
+        disable_dropout_in_model(teacher)
+    # TRL's fused log-prob head (and temperature), so o_t and s_t come from `_get_per_token_logps_and_entropies` as
+    # TRL's own log-probs do; in float32 (docs/oppo.md#evidence): the teacher only scores the evidence.
+    add_float32_teacher_head(teacher, trainer.temperature)
+    if trainer.is_deepspeed_enabled:
+        return prepare_deepspeed(teacher, trainer.accelerator)
+    if trainer.is_fsdp_enabled:
+        return prepare_fsdp(teacher, trainer.accelerator)
+    return trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
+
+
+def _group_totals(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Per group, the sum of ``values`` (bool or int, one per row) over its rows; rows of NO_GROUP count nowhere."""
+    in_group = group_ids != NO_GROUP
+    totals = torch.zeros(num_groups, dtype=torch.long, device=values.device)
+    return totals.index_add_(0, group_ids[in_group].to(values.device), values[in_group.to(values.device)].long())
+
+
+class ValueRecursion(Credit):
+    """OPPO's credit: per-token advantages (B, T) by the Bayesian value recursion, with a self- or teacher-oracle
+    (module docstring). ``teacher`` / ``teacher_processing_class``: what ``oracle="teacher"`` scores with (a name or
+    a model, and its tokenizer); loaded and prepared in :meth:`setup` as :attr:`teacher_model`."""
+
+    name = "oppo"
+
+    def __init__(self, teacher=None, teacher_processing_class=None):
+        self._teacher_source = (teacher, teacher_processing_class)
+        self.teacher_model = None
+        # s_t recorded during this batch's HF generation (one list per row), None when not recorded.
+        self.generation_logps: list | None = None
+        self.outcome = GroupOutcome(nonfinite_metric="oppo/nonfinite_reward_rate")
+
+    # ------------------------------------------------------------------------------------------------ TRL hooks
+    def setup(self, trainer) -> None:
+        check_single_turn(trainer, "OPPOTrainer")
+        bind_success(trainer)
+        if trainer._is_vlm:
+            raise ValueError(
+                "OPPOTrainer does not support vision-language processors: the oracle pass scores text prompts only."
+            )
+        # TRL 1.16's `use_liger_kernel` only swaps layer kernels (its fused loss is refused by GRPOTrainer); the loss is
+        # still `_compute_loss`, which takes (B, T) advantages, so it needs no refusal here.
+        if trainer.args.oracle == "teacher":
+            self.teacher_model = load_teacher(trainer, *self._teacher_source)
+        else:  # the policy scores the evidence: its extra pass runs a float32 LM head (docs/oppo.md#evidence)
+            add_float32_head(causal_lm(trainer), trainer.temperature)
+        self._teacher_source = (None, None)  # the prepared teacher is kept, not what it was built from
+
+    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+                             has_tool_images=False):
+        """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
+        are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`) for :meth:`advantages`,
+        with the LM head in float32 like the extra pass's (so the tokens are sampled from float32 logits, as with
+        TRL's ``cast_lm_head_to_fp32``)."""
+        self.generation_logps = None
+        if not records_generation_logps(trainer):
+            return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        recorder = GenerationRecorder(trainer.temperature, logps=True)
+        with recorder.attached(trainer), float32_head(causal_lm(trainer)) as head_in_float32:
+            completion_ids, logprobs = proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        # A head that could not run in float32 (e.g. with a LoRA adapter) under reduced precision: not s_t.
+        usable = head_in_float32 or not reduced_precision(trainer)
+        self.generation_logps = recorder.logps(completion_ids) if usable else None
+        return completion_ids, logprobs
+
+    # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
+    # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
+    # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
+    # can have both signs. OPPO's sequence-level direction is the sign anchor sign(A^seq) (paper Eq. 21), so both
+    # decide from it (CreditTrainer.get_off_policy_mask / get_gamma_weights read the anchors set here).
+    def loss(self, trainer, proceed, model, inputs):
+        anchors = inputs.get("oppo_sequence_advantages")
+        if anchors is None and inputs["advantages"].dim() == 2:
+            raise RuntimeError(
+                "OPPOTrainer: per-token advantages reached the loss without their sequences' anchors sign(A^seq) "
+                "(`oppo_sequence_advantages` of the batch, set with OPPO's advantages), so TRL's per-sequence "
+                "decisions (off_policy_mask_threshold / loss_type='vespo') could not be made per sequence. A "
+                "subclass or modifier that rebuilds the batch must keep that key."
+            )
+        with loss_sequence_anchors(anchors):
+            return proceed(model, inputs)
+
+    # ------------------------------------------------------------------------------------------------ the credit
+    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+        if batch.group_size is None:  # sequence_anchor_signs and the ±inf-group check take contiguous groups
+            raise NotImplementedError(
+                "OPPO's sign(A^seq) (and its check of groups with a ±inf reward) is computed over TRL's groups of "
+                "`num_generations` consecutive rows (RowBatch.group_size); this rollout's groups have another layout "
+                "(RowBatch.group_size is None), which OPPO does not support yet."
+            )
+        try:
+            # GRPO's advantages, 0 in groups with a ±inf reward: their warning and `oppo/nonfinite_reward_rate`
+            output["advantages"] = self.outcome.advantages(trainer, batch, inputs, output)
+            advantages, output["oppo_sequence_advantages"] = self.token_advantages(trainer, batch, inputs, output)
+        finally:
+            self.generation_logps = None  # this batch's generation record is used once
+        return advantages
+
+    def _group_statistics(self, trainer, batch: RowBatch):
+        """Per global row: sign(A^seq) (from the rewards, ties exact); per global group: k (correct completions, by
+        the verifier) and the number of scorable completions G."""
+        rewards_per_func, scorable, correct = batch.rewards_per_func, batch.scorable, batch.success
+        anchor_signs = sequence_anchor_signs(
+            rewards_per_func,
+            trainer.reward_weights,
+            batch.group_size,
+            trainer._success_index,
+            trainer.args.multi_objective_aggregation,
+        )
+        in_group = batch.group_ids != NO_GROUP
+        num_groups = int(batch.group_ids.max()) + 1 if bool(in_group.any()) else 0
+        num_correct = _group_totals(correct & scorable, batch.group_ids, num_groups)
+        num_scorable = _group_totals(scorable, batch.group_ids, num_groups)
+        # Global rows, so every process logs the same rate: k / G of the whole batch.
+        num_scorable_rows = int(scorable.sum())
+        log_metric(trainer, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
+        verifier_scored = ~torch.isnan(rewards_per_func[:, trainer._success_index])
+        if num_scorable_rows and not bool(verifier_scored.any()):
+            name = trainer.reward_func_names[trainer._success_index]
+            warn_once(
+                trainer,
+                "oppo_verifier_none",
+                f"OPPO's `success_reward` function ({name!r}) returned None for every completion other reward "
+                "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
+                "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
+                "k/G.",
+            )
+        return anchor_signs, num_correct, num_scorable
+
+    def _existing_plain_logps(self, trainer, output) -> torch.Tensor | None:
+        """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows). Like
+        o_t, s_t must come from a float32 LM head (docs/oppo.md#evidence)."""
+        args = trainer.args
+        if args.oracle != "self" or args.plain_logps == "recompute":
+            return None
+        reduced = reduced_precision(trainer)
+        old_logps = output.get("old_per_token_logps")
+        # TRL's own pass: exactly s_t (trl<1.15's cast_lm_head_to_fp32 head still runs under autocast)
+        if old_logps is not None and ((args.cast_lm_head_to_fp32 and HAS_FUSED_LM_HEAD) or not reduced):
+            return old_logps
+        completion_ids = output["completion_ids"]
+        recorded = self.generation_logps
+        if recorded is not None and len(recorded) == completion_ids.size(0):
+            table = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+            for row, values in enumerate(recorded):
+                if len(values) > completion_ids.size(1):
+                    return None
+                table[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            return table
+        sampled = output.get("sampling_per_token_logps")
+        plain_sampling = (
+            not reduced  # vLLM's log-probs come from its own (serving dtype) head
+            and trainer.use_vllm
+            and (trainer.top_p is None or trainer.top_p >= 1.0)
+            and (trainer.top_k is None or trainer.top_k <= 0)
+            and not trainer.min_p
+            and (trainer.repetition_penalty is None or trainer.repetition_penalty == 1.0)
+        )
+        if sampled is not None and plain_sampling and not torch.isnan(sampled[output["completion_mask"].bool()]).any():
+            return sampled  # vLLM's log-probs of the sampled tokens under temperature-only sampling
+        return None
+
+    @staticmethod
+    def _batch_answers(trainer, inputs) -> list:
+        column = trainer.args.answer_column
+        answers = []
+        for row, x in enumerate(inputs):
+            answer = x.get(column) if isinstance(x, dict) else None
+            problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
+            if problem is not None:
+                where = f"row {row} of this process's batch (step {trainer.state.global_step})"
+                refuse_answer(column, where, answer, problem)
+            answers.append(answer)
+        return answers
+
+    def token_advantages(self, trainer, batch: RowBatch, inputs, output) -> tuple[torch.Tensor, torch.Tensor]:
+        """OPPO's normalized advantages Ã (B, T) of this process's rows and their anchors sign(A^seq) (B,)."""
+        args = trainer.args
+        device = output["completion_ids"].device
+        completion_mask = output["completion_mask"]
+        answers = self._batch_answers(trainer, inputs)  # fail before any scoring pass
+
+        # Each local row's group, and whether it is in one (a row of no group gets advantage 0).
+        group_ids = batch.local_rows(batch.group_ids).to(device)
+        row_in_group = group_ids != NO_GROUP
+        group_index = group_ids.clamp(min=0)  # a valid index for rows of no group; their credit is masked out
+        anchor_signs, num_correct, num_scorable = (t.to(device) for t in self._group_statistics(trainer, batch))
+        row_scorable = batch.local_rows(batch.scorable).to(device)
+        row_credited = row_scorable & row_in_group
+        # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
+        # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
+        seq_advantages = batch.local_rows(anchor_signs).masked_fill(~row_in_group, 0.0).to(output["advantages"].dtype)
+        # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows in a group. Other rows keep TRL's
+        # loss mask but get advantage 0 and stay out of the group's token moments.
+        credit_mask = completion_mask * row_credited.unsqueeze(1).to(completion_mask.dtype)
+
+        # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs).
+        prompts = [x["prompt"] for x in inputs]
+        oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
+        oracle_prompt_ids, _, _ = trainer._tokenize_prompts(oracle_prompts)
+
+        student_logps = self._existing_plain_logps(trainer, output)
+        extra_pass_rows = 1.0 if student_logps is not None else 2.0
+        if student_logps is None and records_generation_logps(trainer):
+            warn_once(
+                trainer,
+                "oppo_plain_logps",
+                "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
+                "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
+                "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
+                "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
+            )
+        scorer = trainer.model if args.oracle == "self" else self.teacher_model
+        train = trainer_mode(trainer) == "train"
+        batch_size = args.per_device_train_batch_size if train else args.per_device_eval_batch_size
+        # float32 LM head for o_t (and s_t when scored here); the teacher's head is float32 from loading
+        with float32_head(causal_lm(trainer)) if args.oracle == "self" else contextlib.nullcontext():
+            oracle_logps, student_logps = score_evidence(
+                trainer,
+                scorer,
+                oracle_prompt_ids,
+                output["prompt_ids"],
+                output["prompt_mask"],
+                output["completion_ids"],
+                completion_mask,
+                student_logps=student_logps,
+                batch_size=batch_size,
+            )
+        # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
+        log_metric(trainer, "oppo/extra_pass_rows", extra_pass_rows)
+
+        credit = bayesian_value_recursion(
+            oracle_logps,
+            student_logps,
+            credit_mask,
+            seq_advantages,
+            num_correct[group_index],
+            num_scorable[group_index],
+            args.evidence_clip,
+            args.prior_strength,
+            anchoring=args.direction_anchoring,
+            state_tracking=args.state_tracking,
+            clipping=args.evidence_clipping,
+            use_prior=args.use_prior,
+            log_lambda_only=args.log_lambda_only,
+        )
+
+        # Group normalization over the valid tokens of the whole group, which may live on several processes: the
+        # gathered per-row moments are the global rows in TRL's order, those of rows in no group left out.
+        row_moments = row_token_moments(credit.advantages, credit_mask)
+        all_row_moments = trainer.accelerator.gather(row_moments)
+        all_group_ids = batch.group_ids.to(device)
+        all_in_group = all_group_ids != NO_GROUP
+        moments = group_moments(all_row_moments[all_in_group], all_group_ids[all_in_group], num_correct.numel())
+        advantages = normalize_with_group_moments(
+            credit.advantages, credit_mask, group_index, moments, eps=args.advantage_eps
+        )
+        self._log_metrics(trainer, credit, advantages, credit_mask, row_scorable, row_credited)
+        return advantages.to(output["advantages"].dtype), seq_advantages
+
+    @staticmethod
+    def _log_metrics(trainer, credit, advantages, credit_mask, scorable, credited) -> None:
+        mask = credit_mask.to(torch.float64)
+        local = torch.stack(
+            [
+                (credit.values.to(torch.float64) * mask).sum(),
+                mask.sum(),
+                (credit.evidence_clipped.to(torch.float64) * mask).sum(),
+                (advantages.abs().to(torch.float64) * mask).sum(),
+                (credit.prior_values.to(torch.float64) * credited.to(torch.float64)).sum(),
+                credited.to(torch.float64).sum(),
+                (~scorable).to(torch.float64).sum(),
+                torch.tensor(float(scorable.numel()), dtype=torch.float64, device=mask.device),
+            ]
+        )
+        gathered = trainer.accelerator.gather(local).view(-1, 8).sum(0).tolist()
+        value_sum, tokens, clipped, abs_sum, prior_sum, credited_rows, unscorable, rows = gathered
+        tokens = max(tokens, 1.0)
+        log_metric(trainer, "oppo/value_mean", value_sum / tokens)
+        log_metric(trainer, "oppo/evidence_clip_rate", clipped / tokens)
+        log_metric(trainer, "oppo/advantage_abs_mean", abs_sum / tokens)
+        log_metric(trainer, "oppo/prior_value_mean", prior_sum / max(credited_rows, 1.0))
+        log_metric(trainer, "oppo/unscorable_rate", unscorable / max(rows, 1.0))
