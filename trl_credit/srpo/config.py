@@ -209,6 +209,8 @@ class SRPOFields:
     @property
     def num_base_generations(self) -> int:
         """Size of the base group: `num_generations - reset_groups * suffixes_per_reset`."""
+        if self.reset_groups is None or self.suffixes_per_reset is None:  # a CreditConfig without rollout="resets"
+            raise ValueError("num_base_generations is defined for rollout='resets' only (the SRPO split is unset).")
         return self.num_generations - self.reset_groups * self.suffixes_per_reset
 
 
