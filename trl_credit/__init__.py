@@ -8,7 +8,8 @@
 | SRPOTrainer       | SRPOConfig       | SRPO / RRPO: reset-and-resample rollouts            |
 
 Each trainer is a preset of ``CreditTrainer``, the credit core: a rollout, a credit and modifiers over one per-row
-batch record (docs/design.md#the-credit-core). Trainers and configs are imported lazily (TRL and transformers are heavy), so ``import trl_credit`` is cheap.
+batch record (docs/design.md#the-credit-core). ``CreditConfig`` is one config over every part's fields, with
+``rollout``, ``credit`` and ``modifiers`` choosing the parts. Trainers and configs are imported lazily (TRL and transformers are heavy), so ``import trl_credit`` is cheap.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _LAZY = {
     "SRPOTrainer": "trl_credit.srpo",
     "SRPOConfig": "trl_credit.srpo",
     "CreditTrainer": "trl_credit.core",
+    "CreditConfig": "trl_credit.config",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -11,35 +11,15 @@ from trl_credit.viz import CreditLoggingArguments
 
 from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
 
-__all__ = ["CueGRPOConfig", "PARTITION_SOURCES"]
+__all__ = ["CueGRPOConfig", "CueGRPOFields", "PARTITION_SOURCES"]
 
 PARTITION_SOURCES = ("cue", "random", "judge", "callable")
 
 
-# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
-# (`CueGRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class CueGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
-    r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
-
-    Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single
-    configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. Every GRPOConfig field keeps
-    GRPOConfig's default; the paper's training recipe (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in
-    ``examples/recipes/cue_grpo.yaml``.
-
-    Success (fields of :class:`~trl_credit.success.SuccessArguments`): ``success_reward`` names the reward function
-    that decides whether a completion is correct (the verifier; its name or index in ``reward_funcs``, None = the
-    first one) and ``success_threshold`` (default 1.0) is the raw reward of that function a correct completion reaches
-    (>=). The positive set whose strategies are clustered and reweighted is P = {i : correct_i and A_i > 0}, with A_i
-    TRL's advantage (its weighted sum of all reward functions, under either ``multi_objective_aggregation``). With
-    ``reward_funcs=[accuracy_reward, format_reward]`` a wrong but well-formatted answer can have A_i > 0; it stays
-    out of P and keeps its GRPO advantage. Completions no reward function could score (all None), and completions
-    whose loss TRL masks (``mask_truncated_completions``), are never in P nor counted in cluster sizes. The fraction
-    of A_i > 0 completions left out of P is logged as ``cue/frac_positive_advantage_excluded``.
-
-    How ``cue_alpha`` applies per weighting mode: ``cr`` / ``mu_matched`` rarity exponent (default 0.8); ``uarl``
-    rarity exponent with UARL's default 0.5; ``uniform_boost`` ignores it. Leave it None for the mode's default.
-    """
+class CueGRPOFields:
+    """The Cue-GRPO fields and their checks, mixed into :class:`CueGRPOConfig` and
+    :class:`~trl_credit.config.CreditConfig` (the ``cue`` modifier)."""
 
     cue_partition: str = field(
         default="cue",
@@ -118,9 +98,8 @@ class CueGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
                                           "'bfloat16', 'float16', 'float32')."}
     )
 
-    def __post_init__(self):
-        self._validate_success_arguments()
-        super().__post_init__()
+    def _check_cue_grpo_after_grpo(self) -> None:
+        """Validate the Cue-GRPO fields (run after GRPOConfig's ``__post_init__``)."""
         # multi_objective_aggregation: both are accepted. Correctness comes from the verifier; under
         # "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over the
         # batch std, so A_i > 0 still means "above its own group", the role it plays in P.
@@ -161,3 +140,34 @@ class CueGRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             return self.cue_alpha
         default = DEFAULT_ALPHA[self.cue_weighting]
         return 0.0 if default is None else default
+
+
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`CueGRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
+@dataclass
+class CueGRPOConfig(CueGRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfig):
+    r"""GRPOConfig + Cue-GRPO's rarity-aware credit redistribution (paper: "When Correct Solutions Repeat").
+
+    Fields are prefixed ``cue_`` (GRPOConfig already has ``epsilon`` and ``delta``). Defaults are the paper's single
+    configuration: α = 0.8, ε = 0.5, τ = 1.05, ρ = 0.75, [γmin, γmax] = [0.3, 3.0]. Every GRPOConfig field keeps
+    GRPOConfig's default; the paper's training recipe (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in
+    ``examples/recipes/cue_grpo.yaml``.
+
+    Success (fields of :class:`~trl_credit.success.SuccessArguments`): ``success_reward`` names the reward function
+    that decides whether a completion is correct (the verifier; its name or index in ``reward_funcs``, None = the
+    first one) and ``success_threshold`` (default 1.0) is the raw reward of that function a correct completion reaches
+    (>=). The positive set whose strategies are clustered and reweighted is P = {i : correct_i and A_i > 0}, with A_i
+    TRL's advantage (its weighted sum of all reward functions, under either ``multi_objective_aggregation``). With
+    ``reward_funcs=[accuracy_reward, format_reward]`` a wrong but well-formatted answer can have A_i > 0; it stays
+    out of P and keeps its GRPO advantage. Completions no reward function could score (all None), and completions
+    whose loss TRL masks (``mask_truncated_completions``), are never in P nor counted in cluster sizes. The fraction
+    of A_i > 0 completions left out of P is logged as ``cue/frac_positive_advantage_excluded``.
+
+    How ``cue_alpha`` applies per weighting mode: ``cr`` / ``mu_matched`` rarity exponent (default 0.8); ``uarl``
+    rarity exponent with UARL's default 0.5; ``uniform_boost`` ignores it. Leave it None for the mode's default.
+    """
+
+    def __post_init__(self):
+        self._validate_success_arguments()
+        super().__post_init__()
+        self._check_cue_grpo_after_grpo()

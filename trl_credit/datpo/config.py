@@ -12,53 +12,16 @@ from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS, FORK_POSITIONS
 from .tree import VALUE_ESTIMATES
 
-__all__ = ["DATPOConfig", "FORK_FALLBACKS", "BRANCH_BUDGETS"]
+__all__ = ["DATPOConfig", "DATPOFields", "FORK_FALLBACKS", "BRANCH_BUDGETS"]
 
 FORK_FALLBACKS = ("tok_entropy", "none")
 BRANCH_BUDGETS = ("remaining", "full")
 
 
-# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
-# (`DATPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
-    r"""
-    Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
-    advantages and an annealed sibling-diversity bonus (Yu et al., 2026). The DATPO fields default to the paper's
-    values ((K_max, B_max) = (3, 4), α: 0.2 → 0). Every [`~trl.GRPOConfig`] field keeps its meaning and GRPOConfig's
-    default, so switching the config class changes nothing else; `num_generations` is the number N of base
-    rollouts per prompt (GRPOConfig's default 8; the paper's N = 4 is set by `examples/recipes/datpo.yaml`, with
-    its token-level loss `dapo` (GRPOConfig's default too), clip 0.2 and no KL).
-
-    Rewards: correct/incorrect is what the verifier says. `success_reward` names the reward function that decides it
-    (default: the first one, e.g. accuracy in `reward_funcs=[accuracy_reward, format_reward]`) and a rollout is
-    correct when that function's raw reward is >= `success_threshold`. DATPO uses the verdict for the adaptive
-    budget, V_root = the fraction of the prompt's scorable base rollouts that are correct (the mean of the paper's
-    0/1 rewards, Eq. 1-2), and for `datpo/pass_rate`. Leaf values and block advantages (Eq. 3, 7) keep TRL's
-    weighted total reward of all reward functions (raw with `multi_objective_aggregation="sum_then_normalize"`,
-    standardized per function over each tree's leaves with `"normalize_then_sum"`), so a format reward still
-    shapes learning but cannot make a wrong answer count as solved. A rollout every reward function scored `None`
-    (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
-
-    Branches continue from prompt + base prefix, which by default (`fork_position="after_token"`, paper Alg. 1/3)
-    ends with the fork token: the first token of a high-entropy sentence. With `branch_budget="remaining"`
-    (default) a branch gets `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix +
-    branch) is a response that respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
-    new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
-    `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
-    recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one
-    extra no-grad forward pass over the base rollouts (`datpo/entropy_from_sampler` says which ran). Evaluation
-    (`eval_strategy`) runs plain GRPO scoring on base rollouts; the tree is a training-time construct.
-
-    Loss normalization: micro-batches hold a variable number of rows (trees differ in size) and processes pad to
-    equal row counts with empty filler rows, so every loss type is normalized against the whole generation batch on
-    all processes: `dapo` (default, the paper's Eq. 9), `cispo`, `vespo` and `bnpo`: the mean over every loss token;
-    `grpo`, `sapo`: the mean over every row of its token mean; `luspo`: the mean over rows of their token sums;
-    `dr_grpo`: the token sum over rows × `max_completion_length`. Every row then weighs the same whatever the split,
-    the number of processes or the fillers (2 processes give the 1-process loss), and for equal micro-batches this
-    is TRL's value. Each micro-batch runs in forwards of at most `rows_per_forward` rows with the same total loss.
-    The entropy bonus (`entropy_coef`) is refused (it would be rescaled with the loss).
-    """
+class DATPOFields:
+    """The DATPO fields and their checks, mixed into :class:`DATPOConfig` and
+    :class:`~trl_credit.config.CreditConfig` (rollout ``trees``)."""
 
     max_forks: int = field(
         default=3,
@@ -179,9 +142,8 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
                           "for 3B, 64 for 4B). None: all branches of the generation batch in one call."},
     )
 
-    def __post_init__(self):
-        self._validate_success_arguments()
-        super().__post_init__()
+    def _check_datpo_after_grpo(self) -> None:
+        """Validate the DATPO fields (run after GRPOConfig's ``__post_init__``)."""
         for name in ("max_forks", "max_branches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -215,3 +177,51 @@ class DATPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             raise ValueError(f"`branch_budget` must be one of {BRANCH_BUDGETS}, got {self.branch_budget!r}")
         if self.branch_chunk_size is not None and self.branch_chunk_size < 1:
             raise ValueError(f"`branch_chunk_size` must be None or >= 1, got {self.branch_chunk_size!r}")
+
+
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`DATPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
+@dataclass
+class DATPOConfig(DATPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfig):
+    r"""
+    Configuration for [`DATPOTrainer`]: difficulty-adaptive tree rollouts with sentence-entropy forking, block-level
+    advantages and an annealed sibling-diversity bonus (Yu et al., 2026). The DATPO fields default to the paper's
+    values ((K_max, B_max) = (3, 4), α: 0.2 → 0). Every [`~trl.GRPOConfig`] field keeps its meaning and GRPOConfig's
+    default, so switching the config class changes nothing else; `num_generations` is the number N of base
+    rollouts per prompt (GRPOConfig's default 8; the paper's N = 4 is set by `examples/recipes/datpo.yaml`, with
+    its token-level loss `dapo` (GRPOConfig's default too), clip 0.2 and no KL).
+
+    Rewards: correct/incorrect is what the verifier says. `success_reward` names the reward function that decides it
+    (default: the first one, e.g. accuracy in `reward_funcs=[accuracy_reward, format_reward]`) and a rollout is
+    correct when that function's raw reward is >= `success_threshold`. DATPO uses the verdict for the adaptive
+    budget, V_root = the fraction of the prompt's scorable base rollouts that are correct (the mean of the paper's
+    0/1 rewards, Eq. 1-2), and for `datpo/pass_rate`. Leaf values and block advantages (Eq. 3, 7) keep TRL's
+    weighted total reward of all reward functions (raw with `multi_objective_aggregation="sum_then_normalize"`,
+    standardized per function over each tree's leaves with `"normalize_then_sum"`), so a format reward still
+    shapes learning but cannot make a wrong answer count as solved. A rollout every reward function scored `None`
+    (unscorable) gets advantage 0 on every token, does not fork, and is left out of every value, V_root and rate.
+
+    Branches continue from prompt + base prefix, which by default (`fork_position="after_token"`, paper Alg. 1/3)
+    ends with the fork token: the first token of a high-entropy sentence. With `branch_budget="remaining"`
+    (default) a branch gets `max_completion_length` minus its prefix's length in new tokens, so a leaf (prefix +
+    branch) is a response that respects `max_completion_length` like every GRPO rollout; `"full"` gives every branch `max_completion_length`
+    new tokens (the authors' code), so a leaf can reach 2·`max_completion_length` - 1 tokens (with vLLM, make
+    `vllm_max_model_length` or the server's context at least prompt + that). Token entropies for forking are
+    recorded while HF `generate` samples the base rollouts; with vLLM or continuous batching they come from one
+    extra no-grad forward pass over the base rollouts (`datpo/entropy_from_sampler` says which ran). Evaluation
+    (`eval_strategy`) runs plain GRPO scoring on base rollouts; the tree is a training-time construct.
+
+    Loss normalization: micro-batches hold a variable number of rows (trees differ in size) and processes pad to
+    equal row counts with empty filler rows, so every loss type is normalized against the whole generation batch on
+    all processes: `dapo` (default, the paper's Eq. 9), `cispo`, `vespo` and `bnpo`: the mean over every loss token;
+    `grpo`, `sapo`: the mean over every row of its token mean; `luspo`: the mean over rows of their token sums;
+    `dr_grpo`: the token sum over rows × `max_completion_length`. Every row then weighs the same whatever the split,
+    the number of processes or the fillers (2 processes give the 1-process loss), and for equal micro-batches this
+    is TRL's value. Each micro-batch runs in forwards of at most `rows_per_forward` rows with the same total loss.
+    The entropy bonus (`entropy_coef`) is refused (it would be rescaled with the loss).
+    """
+
+    def __post_init__(self):
+        self._validate_success_arguments()
+        super().__post_init__()
+        self._check_datpo_after_grpo()

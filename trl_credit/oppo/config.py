@@ -12,73 +12,18 @@ from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 
-__all__ = ["OPPOConfig"]
+__all__ = ["OPPOConfig", "OPPOFields"]
 
 ORACLE_MODES = ("self", "teacher")
 PLAIN_LOGPS_SOURCES = ("auto", "recompute")
 
 
-# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
-# (`OPPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
-    r"""
-    Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument (with GRPOConfig's defaults), plus the
-    ones below, whose defaults are the paper's (Eq. 20, Table 13: C = 3.0, α = 1).
+class OPPOFields:
+    """The OPPO fields and their checks, mixed into :class:`OPPOConfig` and
+    :class:`~trl_credit.config.CreditConfig` (credit ``oppo``)."""
 
-    > Oracle
-
-    oracle (`str`, defaults to `"self"`): which model scores the evidence: `"self"` (the policy, no grad) or
-        `"teacher"` (a frozen model sharing the tokenizer).
-    teacher_model_name_or_path (`str` or `None`): the teacher for `oracle="teacher"` (or pass `teacher_model=` to
-        the trainer, name or instance).
-    teacher_model_init_kwargs (`dict` or `None`): `from_pretrained` kwargs for a teacher given by name (e.g.
-        `{"dtype": "bfloat16"}`, a `quantization_config`).
-    answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
-    oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
-    plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
-        what already exists with a float32 LM head, like o_t's (docs/oppo.md#evidence), so the extra no-grad pass
-        scores only the B oracle rows (the paper's one extra pass): TRL's old log-probs when TRL computes them
-        without bf16/fp16 (or with `cast_lm_head_to_fp32`), else the log-probs recorded during HF generation
-        (log-softmax of the temperature-scaled logits at the sampled token, with the head in float32), else, without
-        bf16/fp16, vLLM's sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty);
-        otherwise the plain rows are scored too. `"recompute"`: always score the plain rows next to the oracle rows
-        (2B rows, the checking path). A teacher oracle always scores both (s_t is the teacher's).
-
-    > Recursion
-
-    evidence_clip (`float`, defaults to `3.0`): C in log λ_t = clip(o_t − s_t, −C, C).
-    prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
-    advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
-
-    > Success (from [`~trl_credit.success.SuccessArguments`])
-
-    success_reward (`str`, `int` or `None`, defaults to `None`): the reward function that decides whether a
-        completion is correct (the verifier), by name or index in `reward_funcs`; `None` = the first one.
-    success_threshold (`float`, defaults to `1.0`): a completion is correct when that function's raw reward is ≥
-        this.
-
-    k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
-    number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
-    `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
-    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor sign(A^seq) is the sign
-    of TRL's advantage (under either `multi_objective_aggregation`), taken from the rewards so that a row tying its
-    group's mean gets 0; a row whose verifier returned `None` counts as verifier reward 0 (not correct) there.
-    Unscorable completions get advantage 0 on every token and are left out of the group's token statistics. With
-    `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's per-sequence decisions (drop a negative sequence; pick the
-    gamma weighting) use the sign of A^seq.
-
-    > Ablations (paper Table 2)
-
-    direction_anchoring, state_tracking, evidence_clipping, use_prior (`bool`, default `True`), log_lambda_only
-        (`bool`, default `False`).
-
-    Every GRPOConfig field keeps GRPOConfig's default (`loss_type="dapo"` included): switching the config class
-    changes nothing else, and OPPO works with every TRL `loss_type`. The paper's objective (Eq. 22) averages each
-    completion's tokens (1/T_i) and then the G completions, which is TRL's `"grpo"` aggregation:
-    `examples/recipes/oppo.yaml` sets it, with the paper's other training settings (Table 13).
-    """
-
+    # TrainingArguments' __post_init__ turns a JSON string of these fields (command line, YAML) into a dict.
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["teacher_model_init_kwargs"]
 
     oracle: str = field(
@@ -154,9 +99,8 @@ class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         },
     )
 
-    def __post_init__(self):
-        self._validate_success_arguments()
-        super().__post_init__()
+    def _check_oppo_after_grpo(self) -> None:
+        """Validate the OPPO fields (run after GRPOConfig's ``__post_init__``)."""
         # multi_objective_aggregation: both are accepted. k comes from the verifier, not from the advantages, and
         # under "normalize_then_sum" TRL's advantage is a sum of per-group z-scores (zero mean within each group) over
         # the batch std, so its sign still ranks a completion against its own group: A^seq's role in Eq. 21.
@@ -191,3 +135,70 @@ class OPPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
             raise ValueError(f"`prior_strength` (α) must be > 0, got {self.prior_strength}.")
         if not self.advantage_eps > 0:
             raise ValueError(f"`advantage_eps` must be > 0, got {self.advantage_eps}.")
+
+
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`OPPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
+@dataclass
+class OPPOConfig(OPPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfig):
+    r"""
+    Configuration for [`OPPOTrainer`]: every [`~trl.GRPOConfig`] argument (with GRPOConfig's defaults), plus the
+    ones below, whose defaults are the paper's (Eq. 20, Table 13: C = 3.0, α = 1).
+
+    > Oracle
+
+    oracle (`str`, defaults to `"self"`): which model scores the evidence: `"self"` (the policy, no grad) or
+        `"teacher"` (a frozen model sharing the tokenizer).
+    teacher_model_name_or_path (`str` or `None`): the teacher for `oracle="teacher"` (or pass `teacher_model=` to
+        the trainer, name or instance).
+    teacher_model_init_kwargs (`dict` or `None`): `from_pretrained` kwargs for a teacher given by name (e.g.
+        `{"dtype": "bfloat16"}`, a `quantization_config`).
+    answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
+    oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
+    plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
+        what already exists with a float32 LM head, like o_t's (docs/oppo.md#evidence), so the extra no-grad pass
+        scores only the B oracle rows (the paper's one extra pass): TRL's old log-probs when TRL computes them
+        without bf16/fp16 (or with `cast_lm_head_to_fp32`), else the log-probs recorded during HF generation
+        (log-softmax of the temperature-scaled logits at the sampled token, with the head in float32), else, without
+        bf16/fp16, vLLM's sampler log-probs when sampling is plain (no top-p/top-k/min-p/repetition penalty);
+        otherwise the plain rows are scored too. `"recompute"`: always score the plain rows next to the oracle rows
+        (2B rows, the checking path). A teacher oracle always scores both (s_t is the teacher's).
+
+    > Recursion
+
+    evidence_clip (`float`, defaults to `3.0`): C in log λ_t = clip(o_t − s_t, −C, C).
+    prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
+    advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
+
+    > Success (from [`~trl_credit.success.SuccessArguments`])
+
+    success_reward (`str`, `int` or `None`, defaults to `None`): the reward function that decides whether a
+        completion is correct (the verifier), by name or index in `reward_funcs`; `None` = the first one.
+    success_threshold (`float`, defaults to `1.0`): a completion is correct when that function's raw reward is ≥
+        this.
+
+    k of the prior ℓ_0 = log((k + α)/(G − k + α)) is the number of *correct* completions of the group and G the
+    number of its *scorable* completions (a completion every reward function returned `None` for is no trial). With
+    `reward_funcs=[accuracy_reward, format_reward]` a wrong but well-formatted answer is not correct, so it does not
+    raise k. Everything else keeps TRL's weighted sum of all reward functions: the sign anchor sign(A^seq) is the sign
+    of TRL's advantage (under either `multi_objective_aggregation`), taken from the rewards so that a row tying its
+    group's mean gets 0; a row whose verifier returned `None` counts as verifier reward 0 (not correct) there.
+    Unscorable completions get advantage 0 on every token and are left out of the group's token statistics. With
+    `off_policy_mask_threshold` or `loss_type="vespo"`, TRL's per-sequence decisions (drop a negative sequence; pick the
+    gamma weighting) use the sign of A^seq.
+
+    > Ablations (paper Table 2)
+
+    direction_anchoring, state_tracking, evidence_clipping, use_prior (`bool`, default `True`), log_lambda_only
+        (`bool`, default `False`).
+
+    Every GRPOConfig field keeps GRPOConfig's default (`loss_type="dapo"` included): switching the config class
+    changes nothing else, and OPPO works with every TRL `loss_type`. The paper's objective (Eq. 22) averages each
+    completion's tokens (1/T_i) and then the G completions, which is TRL's `"grpo"` aggregation:
+    `examples/recipes/oppo.yaml` sets it, with the paper's other training settings (Table 13).
+    """
+
+    def __post_init__(self):
+        self._validate_success_arguments()
+        super().__post_init__()
+        self._check_oppo_after_grpo()

@@ -12,86 +12,13 @@ from trl_credit.viz import CreditLoggingArguments
 from trl_credit.srpo.localization import STEP_CHECKERS
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
-__all__ = ["SRPOConfig", "default_suffixes"]
+__all__ = ["SRPOConfig", "SRPOFields", "default_suffixes"]
 
 
-# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
-# (`SRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
 @dataclass
-class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
-    r"""
-    Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
-
-    Rows per prompt: TRL's `num_generations` (G) is the whole per-prompt budget (paper: 8, compute-matched), split
-    into a base group of iid rollouts and `reset_groups` shared-prefix groups of `suffixes_per_reset` suffixes.
-    Default split (neither `reset_groups` nor `suffixes_per_reset` given): half base, half shared-prefix, i.e. one
-    reset group of `G // 2` suffixes and a base group of `ceil(G / 2)` (odd G gives the extra row to the base group:
-    5 -> 3 + 1x2, 7 -> 4 + 1x3, 16 -> 8 + 1x8); G = 8 is the paper's default 1x4 (4 base + 4 suffixes). G = 2 or 3
-    cannot hold two groups of two: the whole budget is one shared-prefix group (1x2, 1x3, no base group, like the
-    paper's 1x8). Explicit splits are used as given (an unset one of the two then defaults to `reset_groups=1`,
-    `suffixes_per_reset=4`): the paper's splits at budget 8 are 1x4, 2x4 and 1x8 (no base group:
-    `reset_groups=2`, or `suffixes_per_reset=8`).
-
-    Success (which rollouts are incorrect seeds, `srpo/base_pass_rate`, `srpo/correction_rate`) is what the
-    verifier says: a rollout is correct when the raw reward of the `success_reward` function (default the first
-    reward function) is >= `success_threshold`. With `reward_funcs=[accuracy_reward, format_reward]`, a wrong but
-    well-formatted answer (accuracy 0, format 1, weighted total 1.0) is incorrect and can be a seed. A seed needs the
-    verifier to return a number below the threshold (a rollout it returns None for is never a seed). Advantages
-    keep TRL's weighted total of all reward functions, normalized within each sub-group (base group, each
-    shared-prefix group); unscorable rows (every reward function returned None) get advantage 0 and are left out
-    of every group statistic and pass rate. With `multi_objective_aggregation="normalize_then_sum"` each reward
-    function is normalized within each sub-group instead, then the weighted sum is rescaled over the batch (TRL's
-    formula with SRPO's sub-groups as the groups; `scale_rewards` is then unused, as in TRL).
-
-    Every GRPOConfig field keeps GRPOConfig's default (G = 8, temperature 1.0, `loss_type="dapo"`, ...): switching
-    the config class changes nothing else. The paper's settings (Appendix C Table 5: `temperature=0.7`,
-    `top_p=0.95`, `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the
-    paper's "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`, ...) are set by `examples/recipes/srpo.yaml`.
-    With `num_iterations=1` and `steps_per_generation == gradient_accumulation_steps` (TRL's defaults) every update
-    is on-policy, so PPO clipping is never active, as in the paper ("no clipped surrogate").
-
-    Cost (generated tokens): one seed candidate per round (`seed_candidates_per_round=1`), suffixes get the budget
-    `max_completion_length` minus their reset prefix, the greedy localization stops right after `\boxed{N}` (HF
-    generate: a stopping criterion; vLLM: `stop` strings; continuous batching: its `localization_max_tokens` cap).
-    `seed_source="base"` takes the seed from the failed base rollouts instead of sampling fresh ones.
-
-    Parameters:
-        reset (`str`, defaults to `"self"`): `"self"` = SRPO (the policy localizes the first erroneous thought),
-            `"random"` = RRPO (uniform thought index), `"oracle"` = just before the first wrong thought a step
-            checker finds (needs `step_checker`).
-        localization (`str`, defaults to `"scored"`): how SRPO asks the policy: `"scored"` = score every answer
-            `\boxed{1}`..`\boxed{H_s}` in one forward pass and take the best; `"generate"` = the paper's greedy
-            decoded answer (an unparsed answer falls back per `localization_fallback`).
-        localization_scoring (`str`, defaults to `"calibrated"`): `"plain"` log-probabilities or `"calibrated"` (divided
-            by those on a content-free chain of the same length).
-        localization_fallback (`str`, defaults to `"scored"`): with `localization="generate"`, where an unparsed
-            answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
-        localization_temperature (`float`, defaults to `0.0`): 0 = argmax of the scores; > 0 samples from
-            `softmax(scores / temperature)`.
-        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`); a callable can be
-            passed to `SRPOTrainer(step_checker=...)` instead. Needed by `reset="oracle"`; with any reset it adds the
-            localization quality metrics.
-        reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:
-            derived from `num_generations` (see above).
-        suffixes_per_reset (`int` or `None`, defaults to `None`): suffixes resampled from each reset state. None:
-            derived from `num_generations`.
-        seed_source (`str`, defaults to `"fresh"`): `"fresh"` = seeds are extra iid rollouts, never in the base
-            group (paper §4.2, keeps the base group iid); `"base"` = the first failed base rollouts are the seeds
-            (paper Appendix D, "after a failed Group 1 rollout"): no seed generation at all, and a prompt whose base
-            group has no failure falls back to GRPO. Needs a base group.
-        seed_candidates_per_round (`int`, defaults to `1`): fresh iid rollouts sampled per prompt and round while
-            looking for incorrect seeds.
-        max_seed_rounds (`int`, defaults to `4`): rounds before giving up (fallback to GRPO on the base group).
-        success_reward (`str`, `int` or `None`, defaults to `None`): the verifier reward function (name or index;
-            None = the first).
-        success_threshold (`float`, defaults to `1.0`): a rollout is correct when the verifier's raw reward is
-            `>= success_threshold`.
-        thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
-        rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
-        localization_template (`str`): the self-localization prompt (Appendix D).
-        localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
-        reset_seed (`int` or `None`, defaults to `None`): seed of the reset-index generator (`seed` when None).
-    """
+class SRPOFields:
+    """The SRPO / RRPO fields and their checks, mixed into :class:`SRPOConfig` and
+    :class:`~trl_credit.config.CreditConfig` (rollout ``resets``)."""
 
     # ---- SRPO / RRPO ----
     reset: str = field(
@@ -207,8 +134,8 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
         metadata={"help": "Seed of the reset-index generator (RRPO draws, SRPO's random fallback); `seed` if None."},
     )
 
-    def __post_init__(self):
-        self._validate_success_arguments()
+    def _check_srpo_fields(self) -> None:
+        """Validate the SRPO fields and fill the default split (run before GRPOConfig's ``__post_init__``)."""
         if self.reset not in ("self", "random", "oracle"):
             raise ValueError(
                 f"reset must be 'self' (SRPO), 'random' (RRPO) or 'oracle' (step checker), got {self.reset!r}."
@@ -268,8 +195,8 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
                 "reset_groups * suffixes_per_reset); use seed_source='fresh' or a split with a base group."
             )
 
-        super().__post_init__()
-
+    def _check_srpo_after_grpo(self) -> None:
+        """The checks that need GRPOConfig's derived sizes (run after its ``__post_init__``)."""
         # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
         per_process = self.generation_batch_size // max(1, self.world_size)
         if per_process % self.num_generations != 0:
@@ -282,7 +209,94 @@ class SRPOConfig(CreditLoggingArguments, SuccessArguments, GRPOConfig):
     @property
     def num_base_generations(self) -> int:
         """Size of the base group: `num_generations - reset_groups * suffixes_per_reset`."""
+        if self.reset_groups is None or self.suffixes_per_reset is None:  # a CreditConfig without rollout="resets"
+            raise ValueError("num_base_generations is defined for rollout='resets' only (the SRPO split is unset).")
         return self.num_generations - self.reset_groups * self.suffixes_per_reset
+
+
+# Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
+# (`SRPOConfig("my_run")` is the output dir) and the mixins' and the method's fields come after them.
+@dataclass
+class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfig):
+    r"""
+    Configuration class for [`SRPOTrainer`]: GRPOConfig plus the reset-and-resample rollout of SRPO/RRPO.
+
+    Rows per prompt: TRL's `num_generations` (G) is the whole per-prompt budget (paper: 8, compute-matched), split
+    into a base group of iid rollouts and `reset_groups` shared-prefix groups of `suffixes_per_reset` suffixes.
+    Default split (neither `reset_groups` nor `suffixes_per_reset` given): half base, half shared-prefix, i.e. one
+    reset group of `G // 2` suffixes and a base group of `ceil(G / 2)` (odd G gives the extra row to the base group:
+    5 -> 3 + 1x2, 7 -> 4 + 1x3, 16 -> 8 + 1x8); G = 8 is the paper's default 1x4 (4 base + 4 suffixes). G = 2 or 3
+    cannot hold two groups of two: the whole budget is one shared-prefix group (1x2, 1x3, no base group, like the
+    paper's 1x8). Explicit splits are used as given (an unset one of the two then defaults to `reset_groups=1`,
+    `suffixes_per_reset=4`): the paper's splits at budget 8 are 1x4, 2x4 and 1x8 (no base group:
+    `reset_groups=2`, or `suffixes_per_reset=8`).
+
+    Success (which rollouts are incorrect seeds, `srpo/base_pass_rate`, `srpo/correction_rate`) is what the
+    verifier says: a rollout is correct when the raw reward of the `success_reward` function (default the first
+    reward function) is >= `success_threshold`. With `reward_funcs=[accuracy_reward, format_reward]`, a wrong but
+    well-formatted answer (accuracy 0, format 1, weighted total 1.0) is incorrect and can be a seed. A seed needs the
+    verifier to return a number below the threshold (a rollout it returns None for is never a seed). Advantages
+    keep TRL's weighted total of all reward functions, normalized within each sub-group (base group, each
+    shared-prefix group); unscorable rows (every reward function returned None) get advantage 0 and are left out
+    of every group statistic and pass rate. With `multi_objective_aggregation="normalize_then_sum"` each reward
+    function is normalized within each sub-group instead, then the weighted sum is rescaled over the batch (TRL's
+    formula with SRPO's sub-groups as the groups; `scale_rewards` is then unused, as in TRL).
+
+    Every GRPOConfig field keeps GRPOConfig's default (G = 8, temperature 1.0, `loss_type="dapo"`, ...): switching
+    the config class changes nothing else. The paper's settings (Appendix C Table 5: `temperature=0.7`,
+    `top_p=0.95`, `beta=0.0`, `num_iterations=1`, `loss_type="grpo"` (per-sequence token mean, then batch mean: the
+    paper's "suffix-mean → batch-mean" L_SP), `weight_decay=0.01`, ...) are set by `examples/recipes/srpo.yaml`.
+    With `num_iterations=1` and `steps_per_generation == gradient_accumulation_steps` (TRL's defaults) every update
+    is on-policy, so PPO clipping is never active, as in the paper ("no clipped surrogate").
+
+    Cost (generated tokens): one seed candidate per round (`seed_candidates_per_round=1`), suffixes get the budget
+    `max_completion_length` minus their reset prefix, the greedy localization stops right after `\boxed{N}` (HF
+    generate: a stopping criterion; vLLM: `stop` strings; continuous batching: its `localization_max_tokens` cap).
+    `seed_source="base"` takes the seed from the failed base rollouts instead of sampling fresh ones.
+
+    Parameters:
+        reset (`str`, defaults to `"self"`): `"self"` = SRPO (the policy localizes the first erroneous thought),
+            `"random"` = RRPO (uniform thought index), `"oracle"` = just before the first wrong thought a step
+            checker finds (needs `step_checker`).
+        localization (`str`, defaults to `"scored"`): how SRPO asks the policy: `"scored"` = score every answer
+            `\boxed{1}`..`\boxed{H_s}` in one forward pass and take the best; `"generate"` = the paper's greedy
+            decoded answer (an unparsed answer falls back per `localization_fallback`).
+        localization_scoring (`str`, defaults to `"calibrated"`): `"plain"` log-probabilities or `"calibrated"` (divided
+            by those on a content-free chain of the same length).
+        localization_fallback (`str`, defaults to `"scored"`): with `localization="generate"`, where an unparsed
+            answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
+        localization_temperature (`float`, defaults to `0.0`): 0 = argmax of the scores; > 0 samples from
+            `softmax(scores / temperature)`.
+        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`); a callable can be
+            passed to `SRPOTrainer(step_checker=...)` instead. Needed by `reset="oracle"`; with any reset it adds the
+            localization quality metrics.
+        reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:
+            derived from `num_generations` (see above).
+        suffixes_per_reset (`int` or `None`, defaults to `None`): suffixes resampled from each reset state. None:
+            derived from `num_generations`.
+        seed_source (`str`, defaults to `"fresh"`): `"fresh"` = seeds are extra iid rollouts, never in the base
+            group (paper §4.2, keeps the base group iid); `"base"` = the first failed base rollouts are the seeds
+            (paper Appendix D, "after a failed Group 1 rollout"): no seed generation at all, and a prompt whose base
+            group has no failure falls back to GRPO. Needs a base group.
+        seed_candidates_per_round (`int`, defaults to `1`): fresh iid rollouts sampled per prompt and round while
+            looking for incorrect seeds.
+        max_seed_rounds (`int`, defaults to `4`): rounds before giving up (fallback to GRPO on the base group).
+        success_reward (`str`, `int` or `None`, defaults to `None`): the verifier reward function (name or index;
+            None = the first).
+        success_threshold (`float`, defaults to `1.0`): a rollout is correct when the verifier's raw reward is
+            `>= success_threshold`.
+        thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
+        rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
+        localization_template (`str`): the self-localization prompt (Appendix D).
+        localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
+        reset_seed (`int` or `None`, defaults to `None`): seed of the reset-index generator (`seed` when None).
+    """
+
+    def __post_init__(self):
+        self._validate_success_arguments()
+        self._check_srpo_fields()
+        super().__post_init__()
+        self._check_srpo_after_grpo()
 
 
 def default_suffixes(num_generations: int) -> int:
