@@ -42,7 +42,7 @@ class RarityWeights(Modifier):
     as :class:`~trl_credit.cue_grpo.CueGRPOTrainer` takes them; the rest comes from the trainer's
     :class:`CueGRPOConfig`."""
 
-    name = "rarity_weights"
+    name = "cue"
 
     def __init__(self, partition_fn: PartitionFn | None = None, judge_model=None, judge_tokenizer=None):
         self.partition_fn = partition_fn
