@@ -20,9 +20,9 @@ no TRL method itself.
 from __future__ import annotations
 
 import functools
+import importlib
 
-import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.batch import RowBatch, trl_groups
 from trl_credit.mixins import RolloutCapture
@@ -31,7 +31,9 @@ from trl_credit.anchors import decided_per_sequence
 from trl_credit.trainer_logs import zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success
 
-__all__ = ["Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer"]
+__all__ = [
+    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
+]
 
 
 class Part:
@@ -117,6 +119,45 @@ class GroupOutcome(Credit):
         return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
 
 
+# The parts a CreditConfig selects by name (``rollout``, ``credit``, ``modifiers``), as "module:class": the method
+# packages import this module, so they are imported when a part is built.
+PARTS = {
+    "rollout": {
+        "groups": "trl_credit.core:GroupRollout",
+        "resets": "trl_credit.srpo.parts:Resets",
+        "trees": "trl_credit.datpo.parts:Trees",
+    },
+    "credit": {
+        "outcome": "trl_credit.core:GroupOutcome",
+        "oppo": "trl_credit.oppo.parts:ValueRecursion",
+        "blocks": "trl_credit.datpo.parts:BlockCredit",
+    },
+    "modifiers": {"cue": "trl_credit.cue_grpo.parts:RarityWeights"},
+}
+
+
+def build_part(kind: str, name: str) -> Part:
+    """The part ``name`` of ``kind`` ("rollout", "credit" or "modifiers"), with its default constructor."""
+    module, _, cls = PARTS[kind][name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def refusal(rollout: Part, credit: Part, modifiers: list[Part]) -> str | None:
+    """Why these parts cannot form one method, or None. docs/composition.md explains each rule."""
+    names = (rollout.name, credit.name)
+    if rollout.name == "trees" and credit.name != "blocks":
+        return (f"rollout 'trees' with credit {credit.name!r}: DATPO's trees train branch rows that only the block "
+                "Monte Carlo credit ('blocks') values; other credits assume one completion per row of a group.")
+    if credit.name == "blocks" and rollout.name != "trees":
+        return f"credit 'blocks' with rollout {rollout.name!r}: block advantages are defined on DATPO's trees only."
+    if names == ("trees", "blocks") and any(m.name != "cue" for m in modifiers):
+        return "rollout 'trees' takes only the 'cue' modifier (applied to its leaf outcomes)."
+    seen = [m.name for m in modifiers]
+    if len(set(seen)) != len(seen):
+        return f"modifiers {seen} repeat a part: each modifier applies at most once."
+    return None
+
+
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     """GRPOTrainer whose generation batches run rollout -> credit -> modifiers (module docstring). Without parts it
     trains as GRPOTrainer: TRL's rollouts and TRL's advantages."""
@@ -126,10 +167,20 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     _paper = {"title": None, "id": None, "citation": None}
 
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
-                 credit: Credit | None = None, modifiers=(), **kwargs):
-        self.rollout = rollout if rollout is not None else GroupRollout()
-        self.credit = credit if credit is not None else GroupOutcome()
-        self.modifiers = list(modifiers)
+                 credit: Credit | None = None, modifiers=None, **kwargs):
+        if type(self) is CreditTrainer:  # a composed method: its config selects its parts (a preset has its own)
+            from trl_credit.config import CreditConfig
+            from trl_credit.trainer_setup import resolve_method_args
+
+            if args is None or not isinstance(args, GRPOConfig) or isinstance(args, CreditConfig):
+                args = resolve_method_args(args, CreditConfig, model, "CreditTrainer", "Credit")
+        self.rollout, self.credit, self.modifiers = _selected_parts(args, rollout, credit, modifiers)
+        reason = refusal(self.rollout, self.credit, self.modifiers)
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} cannot combine these parts: {reason}")
+        if type(self) is CreditTrainer:
+            self._name = " x ".join(part.name for part in self.parts)
+            self._tag_names = [*self._tag_names, *(part.name for part in self.parts)]
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
             bind_success(self)
@@ -138,6 +189,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
 
     @property
     def parts(self) -> list[Part]:
+        """The rollout, the credit and the modifiers, in the order their hooks run."""
         return [self.rollout, self.credit, *self.modifiers]
 
     def _through_parts(self, hook: str, trl_method):
@@ -195,3 +247,26 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         for part in self.parts:
             part.set_rng_state(state)
 
+
+
+def _selected_parts(args, rollout, credit, modifiers) -> tuple[Rollout, Credit, list[Modifier]]:
+    """The parts passed, else those the config selects by name (a ``CreditConfig``), else GRPO's. A part passed with a
+    config that selects another is refused: the config's checks and field refusals follow its selection."""
+    selection = {kind: getattr(args, kind, None) for kind in ("rollout", "credit", "modifiers")}
+    chosen = {"rollout": rollout, "credit": credit, "modifiers": None if modifiers is None else list(modifiers)}
+    for kind in ("rollout", "credit"):
+        name = selection[kind]
+        if chosen[kind] is None:
+            chosen[kind] = build_part(kind, name) if name is not None else build_part(kind, PART_DEFAULTS[kind])
+        elif name is not None and chosen[kind].name != name:
+            raise ValueError(f"{kind}={chosen[kind].name!r} (the part passed) but args.{kind}={name!r}: set "
+                             f"args.{kind}={chosen[kind].name!r} so its fields are validated for it.")
+    if chosen["modifiers"] is None:
+        chosen["modifiers"] = [build_part("modifiers", name) for name in selection["modifiers"] or []]
+    elif selection["modifiers"] is not None and [m.name for m in chosen["modifiers"]] != list(selection["modifiers"]):
+        raise ValueError(f"modifiers={[m.name for m in chosen['modifiers']]} (the parts passed) but "
+                         f"args.modifiers={list(selection['modifiers'])}: set args.modifiers to the same names.")
+    return chosen["rollout"], chosen["credit"], chosen["modifiers"]
+
+
+PART_DEFAULTS = {"rollout": "groups", "credit": "outcome"}
