@@ -24,11 +24,13 @@ import importlib
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.batch import RowBatch, trl_groups
+from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
+from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
 from trl_credit.mixins import RolloutCapture
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.anchors import decided_per_sequence
-from trl_credit.trainer_logs import zero_nonfinite_groups
+from trl_credit.success import total_rewards
+from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success
 
 __all__ = [
@@ -105,8 +107,14 @@ class GroupRollout(Rollout):
 
 
 class GroupOutcome(Credit):
-    """GRPO's group-normalized outcome: the advantages TRL computed for its own groups, with 0 for every row of a
-    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``; ``nonfinite_metric`` logs their share)."""
+    """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
+    a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
+
+    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
+    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
+    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.advantages`, with TRL's
+    ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
+    out of every statistic, and TRL's completions table shows these advantages."""
 
     name = "outcome"
 
@@ -114,9 +122,22 @@ class GroupOutcome(Credit):
         self.nonfinite_metric = nonfinite_metric
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
-        if batch.group_size is None:
-            raise NotImplementedError("GroupOutcome over groups other than TRL's")
-        return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
+        if batch.group_size is not None:
+            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
+        rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
+        grouped = group_ids != NO_GROUP
+        nonfinite_reward_groups(trainer, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
+                                self.nonfinite_metric)
+        if trainer.multi_objective_aggregation == "normalize_then_sum":
+            # Each reward function z-scored within each group, weighted sum, one batch-wide rescale (TRL's GDPO).
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, trainer.reward_weights,
+                                                       valid=grouped)
+        else:
+            rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # NaN when unscorable
+            advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
+        batch.log_advantages(trainer, advantages.tolist())
+        trl_advantages = output["advantages"]
+        return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
 
 
 # The parts a CreditConfig selects by name (``rollout``, ``credit``, ``modifiers``), as "module:class": the method
