@@ -40,7 +40,13 @@ class RarityWeights(Modifier):
 
     ``partition_fn`` (``cue_partition="callable"``), ``judge_model`` / ``judge_tokenizer`` (``cue_partition="judge"``)
     as :class:`~trl_credit.cue_grpo.CueGRPOTrainer` takes them; the rest comes from the trainer's
-    :class:`CueGRPOConfig`."""
+    :class:`CueGRPOConfig` (or a ``CreditConfig`` with ``modifiers=["cue"]``).
+
+    The groups are the batch record's: with SRPO's resets, each base group and each reset group is partitioned on its
+    own (fallback rows are in none). A suffix row's text is its whole completion (shared prefix + suffix, as TRL
+    decoded and rewarded it): the strategy is that of the full solution, and cues of the shared prefix, common to
+    the reset group, are suppressed by ``cue_rho`` like any common cue. The judge's problem is the dataset's prompt,
+    not SRPO's rollout template."""
 
     name = "cue"
 
@@ -55,6 +61,10 @@ class RarityWeights(Modifier):
     def setup(self, trainer) -> None:
         args: CueGRPOConfig = trainer.args
         judge_model, judge_tokenizer = self._judge_source
+        # CueGRPOTrainer checked these before loading the model; a composed trainer built this part itself (or took
+        # it from the user), so the check runs here, before the first step could ignore or miss a partition source.
+        _check_partition_arguments(args, self.partition_fn, judge_model, judge_tokenizer, "RarityWeights",
+                                   type(args).__name__)
         self._judge_source = (None, None)
         self._judge_is_policy = args.cue_partition == "judge" and judge_model is None and args.cue_judge_model == "policy"
         if args.cue_partition == "judge" and not self._judge_is_policy:
@@ -389,21 +399,25 @@ def checked_partition_labels(partition_fn, labels, num_completions: int) -> list
     return labels
 
 
-def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer) -> None:
+def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer,
+                               owner: str = "CueGRPOTrainer", config: str = "CueGRPOConfig") -> None:
+    """The partition source the config selects has what it needs, and nothing is given that it would ignore.
+    ``owner`` / ``config``: how the user passed the objects and the config (the preset's names, or
+    ``RarityWeights`` and the config class of a composed trainer)."""
     if args.cue_partition == "callable":
         if partition_fn is None or not callable(partition_fn):
-            raise ValueError("cue_partition='callable' needs CueGRPOTrainer(partition_fn=fn), "
+            raise ValueError(f"cue_partition='callable' needs {owner}(partition_fn=fn), "
                              "fn(completions: list[str], prompt) -> one cluster label per completion")
     elif partition_fn is not None:
         raise ValueError(f"partition_fn was given but cue_partition={args.cue_partition!r}; "
-                         "set CueGRPOConfig(cue_partition='callable') to use it")
+                         f"set {config}(cue_partition='callable') to use it")
     if args.cue_partition == "judge":
         if judge_model is None and not args.cue_judge_model:
-            raise ValueError("cue_partition='judge' needs a judge: CueGRPOConfig(cue_judge_model=<name or path> | "
-                             "'policy') or CueGRPOTrainer(judge_model=<model instance>)")
+            raise ValueError(f"cue_partition='judge' needs a judge: {config}(cue_judge_model=<name or path> | "
+                             f"'policy') or {owner}(judge_model=<model instance>)")
     elif judge_model is not None or judge_tokenizer is not None:
         raise ValueError(f"judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
-                         "set CueGRPOConfig(cue_partition='judge') to use a judge")
+                         f"set {config}(cue_partition='judge') to use a judge")
 
 
 def _prompt_of(example):
