@@ -9,7 +9,8 @@ carry sampling noise and the draw of problems, not the training seed's variance.
 
 Grid projection: per seed, every method's training costs GRPO's CPU seconds per step times its cost ratio to GRPO
 (``COST_RATIO``: seconds per step of the committed arithmetic grid, benchmarks/results/learning, divided by GRPO's;
-srpo_oracle taken as RRPO: no localization call), plus one held-out evaluation at GRPO's measured CPU cost.
+srpo_oracle taken as RRPO: no localization call; srpo_oppo, the composed method, as SRPO's ratio times OPPO's, an
+estimate: OPPO's extra pass over SRPO's rows), plus one held-out evaluation at GRPO's measured CPU cost.
 
     python benchmarks/chain_pilot.py   # writes benchmarks/results/chain_pilot.json
 """
@@ -28,7 +29,7 @@ from plots import paired_problem_se  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PILOT = os.path.join(RESULTS, "learning_chain_pilot")
-METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle")
+METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 
 
 def accuracy_se(report: dict) -> tuple[float, float]:
@@ -46,6 +47,7 @@ def cost_ratios() -> dict:
     mean = {m: sum(v) / len(v) for m, v in per_step.items()}
     ratios = {m: mean[m] / mean["grpo"] for m in mean}
     ratios["srpo_oracle"] = ratios["rrpo"]
+    ratios["srpo_oppo"] = ratios["srpo"] * ratios["oppo"]
     return ratios
 
 

@@ -71,6 +71,9 @@ METHODS["rrpo"] = dict(METHODS["srpo"], trainer="SRPOTrainer", config="SRPOConfi
                        own=dict(METHODS["srpo"]["own"], reset="random"))
 # SRPO with its seeds drawn from the failed base rollouts (paper App. D) instead of fresh rollouts: the option's cost.
 METHODS["srpo_base"] = dict(METHODS["srpo"], own=dict(METHODS["srpo"]["own"], seed_source="base"))
+# A composed method (docs/composition.md): SRPO's resets with OPPO's token credit, in CreditTrainer + CreditConfig.
+METHODS["srpo_oppo"] = dict(METHODS["srpo"], trainer="CreditTrainer", config="CreditConfig",
+                            own=dict(METHODS["srpo"]["own"], rollout="resets", credit="oppo"))
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -9,7 +9,9 @@ Two tasks (``--task``), LoRA (r=64, all linear layers) on a model each:
   to (accuracy first: the methods' verifier), held-out reward ``accuracy``. Here SRPO/RRPO roll out on the dataset
   prompt itself (``rollout_template="none"``: it already asks for one step per line, ``thought_delimiter="\n"``),
   so every method trains and is evaluated on the same prompt; ``srpo_oracle`` is SRPO with ``reset="oracle"`` and
-  the chain step checker (skipped, with a message, when the installed ``SRPOConfig`` does not accept them).
+  the chain step checker (skipped, with a message, when the installed ``SRPOConfig`` does not accept them);
+  ``srpo_oppo`` is a composed method (docs/composition.md): SRPO's resets with OPPO's token credit, next to its
+  two parts with the same seeds.
 
 Every method trains ``--steps`` optimizer steps of ``--prompts`` prompts with the same shared settings
 (``--generations`` rollouts per prompt, temperature, loss type, learning rate, completion length) and the same seeds;
@@ -57,8 +59,8 @@ from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt  # noq
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "learning")
 # Methods of the comparison: the harness's trainers, RRPO = SRPO with uniformly random resets, and SRPO with the
 # reset just before the step checker's first wrong step (chain task only).
-METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle")
-SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle")
+METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
+SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
@@ -130,13 +132,13 @@ def method_settings(method: str, args) -> tuple[str, dict]:
         shared["num_generations"] = max(2, args.generations // 2)
     if method in SRPO_LIKE:
         half = args.generations // 2
-        reset = {"srpo": "self", "rrpo": "random", "srpo_oracle": "oracle"}[method]
+        reset = {"srpo": "self", "rrpo": "random", "srpo_oracle": "oracle", "srpo_oppo": "self"}[method]
         shared.update(reset_groups=1, suffixes_per_reset=half, reset=reset)
         if method == "srpo_oracle":
             shared["step_checker"] = "chain"
         if args.task == "chain":  # the chain prompt already asks for one step per line: roll out on it as is
             shared.update(rollout_template="none", thought_delimiter="\n")
-    return ("srpo" if method in SRPO_LIKE else method), shared
+    return ("srpo_oppo" if method == "srpo_oppo" else "srpo" if method in SRPO_LIKE else method), shared
 
 
 def load_if_same(path: str, keys, args) -> dict | None:
@@ -165,10 +167,10 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     trainer.train()
     train_seconds = time.perf_counter() - start
     train_cpu_seconds = time.process_time() - cpu_start
-    prefix = harness_method.split("_")[0] + "/"
+    prefixes = tuple(f"{part}/" for part in harness_method.split("_"))  # srpo_oppo: srpo/ and oppo/ metrics
     curve = [dict(step=log.get("step"), reward=log["reward"], reward_std=log.get("reward_std"),
                   completion_length=log.get("completions/mean_length"),
-                  **{k: v for k, v in log.items() if k.startswith(prefix) or k.startswith("rewards/")})
+                  **{k: v for k, v in log.items() if k.startswith(prefixes) or k.startswith("rewards/")})
              for log in trainer.state.log_history if "reward" in log]
     prompts = training_prompts(config, list(dataset["test"]["prompt"]))
     report = evaluate_model(trainer.model, trainer.processing_class, dataset["test"], args, prompts)

@@ -20,10 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red",
-          "rrpo": "tab:purple", "srpo_base": "tab:brown", "srpo_oracle": "tab:pink"}
+          "rrpo": "tab:purple", "srpo_base": "tab:brown", "srpo_oracle": "tab:pink",
+          "srpo_oppo": "tab:olive"}
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO",
-          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)", "srpo_oracle": "SRPO\n(oracle reset)"}
-METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle"]
+          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)", "srpo_oracle": "SRPO\n(oracle reset)",
+          "srpo_oppo": "SRPO x OPPO"}
+METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo"]
 
 
 def plot_rewards(learning: dict, path: str) -> str:
