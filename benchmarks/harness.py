@@ -205,18 +205,18 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
                              count_tokens=True)
     elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.localize as srpo_localize
-        import trl_credit.srpo.trainer as srpo_module
+        import trl_credit.srpo.parts as srpo_module
 
         # the decoded localization call (localization="generate") is made from srpo/localize.py
         for module in (srpo_module, srpo_localize):
             profiler.wrap_module_function(module, "generate_from_prefixes", "srpo: generate_from_prefixes",
                                           count_tokens=True)
         profiler.wrap_module_function(srpo_localize, "answer_scores", "srpo: scored localization (forward)")
-        profiler.wrap_method(trainer, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
+        profiler.wrap_method(trainer.rollout, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
 
 
 def srpo_token_breakdown(events, num_groups: int, base_size: int, per_round: int) -> dict:
-    """Split SRPO's generation calls of one step by role, from their order (trl_credit/srpo/trainer.py):
+    """Split SRPO's generation calls of one step by role, from their order (trl_credit/srpo/parts.py):
     call 1 = base rollouts + first seed candidates (per prompt: base_size rows then per_round rows), greedy calls
     = localization, the last sampled call = suffixes, other sampled calls = extra seed rounds."""
     calls = [(kwargs, lengths) for name, kwargs, lengths in events if name == "srpo: generate_from_prefixes"]

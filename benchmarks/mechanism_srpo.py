@@ -103,7 +103,7 @@ def analyse_step(trainer, record: dict) -> dict:
 
 def chain_resets(recorder, steps, trainer) -> dict:
     """Every reset vs the checker (h*, h_o, H) and the correction rate of its suffix rows; the resets of a step are
-    in prompt order and fill the reset slots of their prompt in order (``SRPOTrainer._training_rows``)."""
+    in prompt order and fill the reset slots of their prompt in order (``Resets._training_rows``, srpo/parts.py)."""
     size, base, suffixes = trainer.num_generations, trainer.args.num_base_generations, trainer.args.suffixes_per_reset
     out = []
     for step, (_, _, resets) in zip(steps, recorder.calls["_choose_resets"]):
@@ -245,16 +245,16 @@ def main(argv=None):
     start = time.perf_counter()
 
     import trl_credit.srpo.localize as srpo_localize
-    import trl_credit.srpo.trainer as srpo_trainer
+    import trl_credit.srpo.parts as srpo_parts
 
     recorder = common.Recorder()
-    recorder.wrap(srpo_trainer, "reset_prefix_length")
+    recorder.wrap(srpo_parts, "reset_prefix_length")
     if args.reset == "self":
         recorder.wrap(srpo_localize, "parse_reset_step")
     trainer = common.build_trainer("srpo", args, own=dict(reset=args.reset, localization=args.localization))
     recorder.attach(trainer, per_token_signal)
     if common.is_chain(args):
-        recorder.wrap(trainer, "_choose_resets")
+        recorder.wrap(trainer.rollout, "_choose_resets")
     seconds = common.collect(trainer, args.steps, train=True)
     recorder.unpatch()
 

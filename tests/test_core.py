@@ -76,3 +76,41 @@ def test_the_batch_record_cuts_and_groups_rows():
     assert batch.local_rows(list("abcdef")) == list("def")
     assert batch.local_rows(torch.arange(6)).tolist() == [3, 4, 5]
     assert batch.groups() == {4: [0, 1, 3], 5: [2, 4]}
+
+
+# ------------------------------------------------------------------------------------- composition (docs/composition.md)
+def test_a_credit_config_selects_the_parts_by_name(tiny_model_path, tiny_dataset, tmp_path):
+    from trl_credit import CreditConfig
+    from trl_credit.cue_grpo.parts import RarityWeights
+    from trl_credit.oppo.parts import ValueRecursion
+    from tests.golden.record import REWARD_FUNCS
+
+    args = CreditConfig(str(tmp_path), use_cpu=True, credit="oppo", modifiers=["cue"], num_generations=4,
+                        per_device_train_batch_size=4, max_completion_length=4, report_to="none")
+    trainer = CreditTrainer(tiny_model_path, list(REWARD_FUNCS), args=args, train_dataset=tiny_dataset)
+    assert [type(part).__name__ for part in trainer.parts] == ["GroupRollout", "ValueRecursion", "RarityWeights"]
+    assert isinstance(trainer.credit, ValueRecursion) and isinstance(trainer.modifiers[0], RarityWeights)
+    assert trainer._name == "groups x oppo x cue"
+
+
+def test_unsupported_combinations_are_refused_before_loading_with_the_reason(tmp_path):
+    from trl_credit import CreditConfig
+    from trl_credit.datpo.parts import BlockCredit, Trees
+    from trl_credit.oppo.parts import ValueRecursion
+
+    def build(args, **parts):  # "not/loaded": a refusal must come before any model is loaded
+        return CreditTrainer("not/loaded", lambda completions, **kw: [0.0] * len(completions), args=args, **parts)
+
+    from trl import GRPOConfig
+
+    plain = GRPOConfig(str(tmp_path), use_cpu=True)  # no selection: the parts passed are the method
+    with pytest.raises(ValueError, match="rollout 'trees' with credit 'oppo'.*only the block Monte Carlo"):
+        build(plain, rollout=Trees(), credit=ValueRecursion())
+    with pytest.raises(ValueError, match="credit 'blocks' with rollout 'groups'"):
+        build(plain, credit=BlockCredit())
+    grpo_args = CreditConfig(str(tmp_path), use_cpu=True)
+    # a part passed with a config that selects another: the config's field checks would not be the part's
+    with pytest.raises(ValueError, match=r"credit='oppo' \(the part passed\) but args.credit='outcome'"):
+        build(grpo_args, credit=ValueRecursion())
+    with pytest.raises(TypeError, match="CreditTrainer needs `args` to be a CreditConfig"):
+        build("not a config")

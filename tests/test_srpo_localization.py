@@ -218,7 +218,8 @@ def test_oracle_resets_land_at_the_checkers_index(tiny_model_path, tiny_dataset,
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, step_checker=checker, reset="oracle")
     prompt = [{"role": "user", "content": QUESTION}]
     stats = StepStats()
-    resets = trainer._choose_resets(seeds_of(trainer, ["we add the numbers then", "we add"]), [prompt], stats)
+    seeds = seeds_of(trainer, ["we add the numbers then", "we add"])
+    resets = trainer.rollout._choose_resets(trainer, seeds, [prompt], stats)
     assert asked[0][0] == QUESTION  # the unwrapped question
     assert asked[0][1] == resets[0].texts and len(resets[0].texts) == len(resets[0].ends) >= 3
     assert (resets[0].step, resets[0].source) == (3, "oracle")
@@ -237,7 +238,8 @@ def test_quality_metrics_for_random_resets(tiny_model_path, tiny_dataset, tmp_pa
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, step_checker=lambda q, t: len(t), reset="random")
     stats = StepStats()
     texts = ["a b c d", "a b", "a b c d e f", "a"]
-    resets = trainer._choose_resets(seeds_of(trainer, texts), [[{"role": "user", "content": QUESTION}]], stats)
+    resets = trainer.rollout._choose_resets(trainer, seeds_of(trainer, texts), [[{"role": "user", "content": QUESTION}]],
+                                            stats)
     steps = [r.step for r in resets]
     sizes = [len(r.ends) for r in resets]
     assert sizes[3] == 1 and max(sizes) >= 3  # thoughts as the tiny tokenizer cuts them at spaces

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import trl_credit.srpo.localize as srpo_localize_module
-import trl_credit.srpo.trainer as srpo_trainer_module
+import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import models
 from trl_credit.chain import check_steps, make_chain_dataset, make_chain_problems, parse_question, solution_text
 from trl_credit.srpo.prompts import localization_prompt, question_of
@@ -135,7 +135,7 @@ def test_prompt_is_token_for_token_what_srpo_trainer_sends(tiny_model_path, tmp_
             return [tokenizer.encode("\\boxed{2}", add_special_tokens=False) for _ in prefix_ids], None
         return [tokenizer.encode(chain, add_special_tokens=False) + [tokenizer.eos_token_id] for _ in prefix_ids], None
 
-    monkeypatch.setattr(srpo_trainer_module, "generate_from_prefixes", fake_generate)
+    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", fake_generate)
     monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", fake_generate)  # the decoded localization
     dataset = make_chain_dataset(num_train=1, num_test=1, seed=0)["train"].select([0, 0])
     args = SRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, reset_groups=1,

@@ -19,8 +19,6 @@ from typing import Any
 import torch
 
 from trl_credit.success import unscorable_rows
-from trl_credit.trainer_logs import replace_logged_advantages
-from trl_credit.trainer_setup import rollout_success, trainer_mode
 
 __all__ = ["ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "trl_groups"]
 
@@ -87,12 +85,16 @@ class RowBatch:
 
     def log_advantages(self, trainer, values: Sequence[float]) -> None:
         """``values`` (one per global row) replace GRPO's advantages in TRL's completions table (``log_completions``)."""
+        from trl_credit.trainer_logs import replace_logged_advantages  # TRL's helpers: the record alone needs no TRL
+
         replace_logged_advantages(trainer, values)
 
 
 def trl_groups(trainer, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:
     """The record of a batch TRL generated itself: groups of ``num_generations`` (``num_generations_eval`` in
     evaluation) consecutive global rows, every row a base row."""
+    from trl_credit.trainer_setup import rollout_success, trainer_mode
+
     size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
     num_rows = rewards_per_func.size(0)
     if num_rows % size:

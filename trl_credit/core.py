@@ -20,18 +20,22 @@ no TRL method itself.
 from __future__ import annotations
 
 import functools
+import importlib
 
-import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.batch import RowBatch, trl_groups
+from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
+from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
 from trl_credit.mixins import RolloutCapture
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.anchors import decided_per_sequence
-from trl_credit.trainer_logs import zero_nonfinite_groups
+from trl_credit.success import total_rewards
+from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success
 
-__all__ = ["Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer"]
+__all__ = [
+    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
+]
 
 
 class Part:
@@ -103,8 +107,14 @@ class GroupRollout(Rollout):
 
 
 class GroupOutcome(Credit):
-    """GRPO's group-normalized outcome: the advantages TRL computed for its own groups, with 0 for every row of a
-    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``; ``nonfinite_metric`` logs their share)."""
+    """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
+    a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
+
+    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
+    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
+    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.advantages`, with TRL's
+    ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
+    out of every statistic, and TRL's completions table shows these advantages."""
 
     name = "outcome"
 
@@ -112,9 +122,61 @@ class GroupOutcome(Credit):
         self.nonfinite_metric = nonfinite_metric
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
-        if batch.group_size is None:
-            raise NotImplementedError("GroupOutcome over groups other than TRL's")
-        return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
+        if batch.group_size is not None:
+            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
+        rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
+        grouped = group_ids != NO_GROUP
+        nonfinite_reward_groups(trainer, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
+                                self.nonfinite_metric)
+        if trainer.multi_objective_aggregation == "normalize_then_sum":
+            # Each reward function z-scored within each group, weighted sum, one batch-wide rescale (TRL's GDPO).
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, trainer.reward_weights,
+                                                       valid=grouped)
+        else:
+            rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # NaN when unscorable
+            advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
+        batch.log_advantages(trainer, advantages.tolist())
+        trl_advantages = output["advantages"]
+        return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
+
+
+# The parts a CreditConfig selects by name (``rollout``, ``credit``, ``modifiers``), as "module:class": the method
+# packages import this module, so they are imported when a part is built.
+PARTS = {
+    "rollout": {
+        "groups": "trl_credit.core:GroupRollout",
+        "resets": "trl_credit.srpo.parts:Resets",
+        "trees": "trl_credit.datpo.parts:Trees",
+    },
+    "credit": {
+        "outcome": "trl_credit.core:GroupOutcome",
+        "oppo": "trl_credit.oppo.parts:ValueRecursion",
+        "blocks": "trl_credit.datpo.parts:BlockCredit",
+    },
+    "modifiers": {"cue": "trl_credit.cue_grpo.parts:RarityWeights"},
+}
+
+
+def build_part(kind: str, name: str) -> Part:
+    """The part ``name`` of ``kind`` ("rollout", "credit" or "modifiers"), with its default constructor."""
+    module, _, cls = PARTS[kind][name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def refusal(rollout: Part, credit: Part, modifiers: list[Part]) -> str | None:
+    """Why these parts cannot form one method, or None. docs/composition.md explains each rule."""
+    names = (rollout.name, credit.name)
+    if rollout.name == "trees" and credit.name != "blocks":
+        return (f"rollout 'trees' with credit {credit.name!r}: DATPO's trees train branch rows that only the block "
+                "Monte Carlo credit ('blocks') values; other credits assume one completion per row of a group.")
+    if credit.name == "blocks" and rollout.name != "trees":
+        return f"credit 'blocks' with rollout {rollout.name!r}: block advantages are defined on DATPO's trees only."
+    if names == ("trees", "blocks") and any(m.name != "cue" for m in modifiers):
+        return "rollout 'trees' takes only the 'cue' modifier (applied to its leaf outcomes)."
+    seen = [m.name for m in modifiers]
+    if len(set(seen)) != len(seen):
+        return f"modifiers {seen} repeat a part: each modifier applies at most once."
+    return None
 
 
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -126,10 +188,20 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     _paper = {"title": None, "id": None, "citation": None}
 
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
-                 credit: Credit | None = None, modifiers=(), **kwargs):
-        self.rollout = rollout if rollout is not None else GroupRollout()
-        self.credit = credit if credit is not None else GroupOutcome()
-        self.modifiers = list(modifiers)
+                 credit: Credit | None = None, modifiers=None, **kwargs):
+        if type(self) is CreditTrainer:  # a composed method: its config selects its parts (a preset has its own)
+            from trl_credit.config import CreditConfig
+            from trl_credit.trainer_setup import resolve_method_args
+
+            if args is None or not isinstance(args, GRPOConfig) or isinstance(args, CreditConfig):
+                args = resolve_method_args(args, CreditConfig, model, "CreditTrainer", "Credit")
+        self.rollout, self.credit, self.modifiers = _selected_parts(args, rollout, credit, modifiers)
+        reason = refusal(self.rollout, self.credit, self.modifiers)
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} cannot combine these parts: {reason}")
+        if type(self) is CreditTrainer:
+            self._name = " x ".join(part.name for part in self.parts)
+            self._tag_names = [*self._tag_names, *(part.name for part in self.parts)]
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
             bind_success(self)
@@ -138,6 +210,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
 
     @property
     def parts(self) -> list[Part]:
+        """The rollout, the credit and the modifiers, in the order their hooks run."""
         return [self.rollout, self.credit, *self.modifiers]
 
     def _through_parts(self, hook: str, trl_method):
@@ -195,3 +268,26 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         for part in self.parts:
             part.set_rng_state(state)
 
+
+
+def _selected_parts(args, rollout, credit, modifiers) -> tuple[Rollout, Credit, list[Modifier]]:
+    """The parts passed, else those the config selects by name (a ``CreditConfig``), else GRPO's. A part passed with a
+    config that selects another is refused: the config's checks and field refusals follow its selection."""
+    selection = {kind: getattr(args, kind, None) for kind in ("rollout", "credit", "modifiers")}
+    chosen = {"rollout": rollout, "credit": credit, "modifiers": None if modifiers is None else list(modifiers)}
+    for kind in ("rollout", "credit"):
+        name = selection[kind]
+        if chosen[kind] is None:
+            chosen[kind] = build_part(kind, name) if name is not None else build_part(kind, PART_DEFAULTS[kind])
+        elif name is not None and chosen[kind].name != name:
+            raise ValueError(f"{kind}={chosen[kind].name!r} (the part passed) but args.{kind}={name!r}: set "
+                             f"args.{kind}={chosen[kind].name!r} so its fields are validated for it.")
+    if chosen["modifiers"] is None:
+        chosen["modifiers"] = [build_part("modifiers", name) for name in selection["modifiers"] or []]
+    elif selection["modifiers"] is not None and [m.name for m in chosen["modifiers"]] != list(selection["modifiers"]):
+        raise ValueError(f"modifiers={[m.name for m in chosen['modifiers']]} (the parts passed) but "
+                         f"args.modifiers={list(selection['modifiers'])}: set args.modifiers to the same names.")
+    return chosen["rollout"], chosen["credit"], chosen["modifiers"]
+
+
+PART_DEFAULTS = {"rollout": "groups", "credit": "outcome"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trl_credit.srpo.localize as srpo_localize_module
-import trl_credit.srpo.trainer as srpo_trainer_module
+import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import SRPOConfig, SRPOTrainer
 from trl_credit.rewards import completion_text
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
@@ -49,7 +49,7 @@ class RecordingSRPOTrainer(SRPOTrainer):
 @pytest.fixture
 def generation_log(monkeypatch):
     calls = []
-    real = srpo_trainer_module.generate_from_prefixes
+    real = srpo_parts_module.generate_from_prefixes
     state = {"localization_answer": None}
 
     def recording(trainer, prefix_ids, **kwargs):
@@ -61,7 +61,7 @@ def generation_log(monkeypatch):
         calls.append({"rows": [list(r) for r in prefix_ids], "kwargs": kwargs, "completions": [list(c) for c in completions]})
         return completions, logprobs
 
-    monkeypatch.setattr(srpo_trainer_module, "generate_from_prefixes", recording)
+    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", recording)
     monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", recording)  # the localization call
     return calls, state
 

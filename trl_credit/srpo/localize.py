@@ -23,11 +23,13 @@ from trl_credit.srpo.step_metrics import StepStats
 __all__ = ["localize", "answer_scores"]
 
 
-def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats) -> None:
+def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats, rng=None) -> None:
     """SRPO's self-localization (§4.2, Appendix D) of multi-thought seeds: the greedy decoded ``\\boxed{N}``
     (``localization="generate"``; an unparsed answer falls back to ``localization_fallback``) or the scored
-    choice (``"scored"``, srpo/localization.py). Every process makes the same calls."""
+    choice (``"scored"``, srpo/localization.py). Every process makes the same calls. ``rng`` draws the random
+    fallback and the scored pick (default: the trainer's reset generator)."""
     args = trainer.args
+    rng = rng if rng is not None else trainer._reset_rng
     questions = [question_of(group_prompts[r.group]) for r in resets]
     is_text = [isinstance(group_prompts[r.group], str) for r in resets]
     to_score = list(range(len(resets)))
@@ -51,7 +53,7 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats) -> N
             if step is not None:
                 reset.step, reset.source = step, "generated"
             elif args.localization_fallback == "random":
-                reset.step, reset.source = random_reset_step(len(reset.ends), trainer._reset_rng), "random"
+                reset.step, reset.source = random_reset_step(len(reset.ends), rng), "random"
             else:
                 to_score.append(index)
         if args.localization_fallback == "random":
@@ -59,7 +61,7 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats) -> N
     if to_score is not None:
         requests = [(questions[i], resets[i].texts, is_text[i]) for i in to_score]
         for i, scores in zip(to_score, answer_scores(trainer, requests, stats)):
-            resets[i].step = pick_step(scores, args.localization_temperature, trainer._reset_rng)
+            resets[i].step = pick_step(scores, args.localization_temperature, rng)
             resets[i].source = "scored"
     for reset in resets:
         stats.generated += reset.source == "generated"

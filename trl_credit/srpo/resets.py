@@ -1,4 +1,5 @@
-"""Seeds, reset indices and training rows of SRPO/RRPO (docs/srpo.md#algorithm, paper §4.2, Algorithm 2). Only stdlib.
+"""Seeds, reset indices and training rows of SRPO/RRPO (docs/srpo.md#algorithm, paper §4.2, Algorithm 2). Only stdlib
+(and the row kinds of :mod:`trl_credit.batch`).
 
 - :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (docs/srpo.md#seeds).
 - :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of docs/srpo.md#reset-index).
@@ -14,6 +15,9 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# Row kinds of the training batch (base rollout, shared-prefix (suffix) row, fallback row): the credit core's.
+from trl_credit.batch import ROW_BASE, ROW_FALLBACK, ROW_SUFFIX
 
 __all__ = [
     "Reset",
@@ -132,9 +136,6 @@ def _logprob(value) -> float | None:
     # vLLM reports a NaN log-prob as None; keep it None so TRL maps it to NaN and leaves that token uncorrected.
     return None if value is None else float(value)
 
-
-#: Row kinds of the training batch: base rollout, shared-prefix (suffix) row, fallback row.
-ROW_BASE, ROW_SUFFIX, ROW_FALLBACK = 0, 1, 2
 
 Rollout = tuple[Sequence[int], Sequence[float] | None]
 
