@@ -77,14 +77,17 @@ def reduced_precision(trainer) -> bool:
 
 
 def records_generation_logps(trainer) -> bool:
-    """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching) and the
-    self-oracle with ``plain_logps="auto"``."""
+    """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching), the
+    self-oracle with ``plain_logps="auto"``, and TRL's own rollouts. A ``rollout_func`` (SRPO's resets) builds its
+    rows from several generation calls (a suffix row's completion is a prefix from one call and a suffix from
+    another, under the rollout's prompt), so no one call's record lines up with the rows: s_t is scored instead."""
     args = trainer.args
     return (
         args.oracle == "self"
         and args.plain_logps == "auto"
         and not trainer.use_vllm
         and not trainer.use_transformers_continuous_batching
+        and getattr(trainer, "rollout_func", None) is None
     )
 
 
@@ -160,7 +163,11 @@ class ValueRecursion(Credit):
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
-        check_single_turn(trainer, "OPPOTrainer")
+        # TRL's rollout_func installed by the rollout part (SRPO's resets, whose setup checked the user's settings
+        # first) is a rollout OPPO credits like any other; one the user passed is refused.
+        rollout_func = getattr(trainer, "rollout_func", None)
+        if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
+            check_single_turn(trainer, "OPPOTrainer")
         bind_success(trainer)
         if trainer._is_vlm:
             raise ValueError(
