@@ -95,7 +95,7 @@ def test_python_block_runs(name, code, skip, tiny_model_path, tmp_path, monkeypa
     import trl_credit
 
     monkeypatch.chdir(tmp_path)  # blocks write their outputs (output_dir, credit.html) to the working directory
-    for method in ("CueGRPO", "OPPO", "DATPO", "SRPO"):
+    for method in ("CueGRPO", "OPPO", "DATPO", "SRPO", "Credit"):
         real = getattr(trl_credit, f"{method}Config")
 
         def tiny_config(*args, _real=real, **kwargs):

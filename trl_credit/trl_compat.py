@@ -6,7 +6,8 @@ Everything of that kind trl_credit uses is listed here, so a TRL release that ch
 training run:
 
 - private functions trl_credit imports come from this module only (with a shim where versions differ);
-- :data:`OVERRIDDEN`: the methods the trainers and their mixins override, with the parameters they receive;
+- :data:`OVERRIDDEN`: the methods the credit core (``CreditTrainer``) and its mixins override, with the parameters
+  they receive (the trainers are presets of the core and override none);
 - :data:`CALLED`: the methods they call (``self._tokenize_prompts(...)``, ``super()._generate_single_turn(...)``)
   beyond those, with the parameters they pass;
 - :data:`ATTRIBUTES` / :data:`VLLM_ATTRIBUTES` / :data:`CONFIG_FIELDS`: what they read or set on the trainer, on
@@ -189,30 +190,30 @@ class Hook:
 # Methods whose definitions in trl_credit replace TRL's (each calls TRL's through super()).
 OVERRIDDEN: dict[str, Hook] = {
     "_generate_and_score_completions": Hook(
-        params=("inputs",), users="all four trainers; OneWeightPushMixin (one vLLM weight push per phase)"
+        params=("inputs",), users="CreditTrainer (rollout -> credit -> modifiers); OneWeightPushMixin (one vLLM weight push per phase)"
     ),
     "_generate": Hook(
         params=("prompts",),
         returns=8,  # prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
-        users="Cue-GRPO, DATPO; EmptyCompletionCheckMixin",
+        users="RolloutCaptureMixin (the batch's rollouts, for the parts); EmptyCompletionCheckMixin",
     ),
     "_generate_single_turn": Hook(
         params=("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
         returns=2,  # completion_ids, logprobs
-        users="OPPO (float32 head + generation record), DATPO (entropy record)",
+        users="CreditTrainer -> parts' generate_single_turn: OPPO (float32 head + generation record), DATPO (entropy record)",
     ),
     "_calculate_rewards": Hook(
-        params=("inputs", "prompts", "completions", "completion_ids_list"), users="all four trainers"
+        params=("inputs", "prompts", "completions", "completion_ids_list"), users="RolloutCaptureMixin (the global rewards of the batch, for the parts)"
     ),
-    "_prepare_inputs": Hook(params=("generation_batch",), users="DATPO (variable row count)"),
-    "_compute_loss": Hook(params=("model", "inputs"), users="OPPO (sequence anchors), DATPO (alpha, renormalization)"),
+    "_prepare_inputs": Hook(params=("generation_batch",), users="CreditTrainer -> parts' prepare_inputs: DATPO (variable row count)"),
+    "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer -> parts' loss: OPPO (sequence anchors), DATPO (alpha, renormalization)"),
     "compute_loss": Hook(
-        params=("model", "inputs", "return_outputs", "num_items_in_batch"), users="DATPO (rows_per_forward)"
+        params=("model", "inputs", "return_outputs", "num_items_in_batch"), users="CreditTrainer -> parts' micro_batch_loss: DATPO (rows_per_forward)"
     ),
     "get_off_policy_mask": Hook(
         params=("advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold"),
         static=True,
-        users="OPPO (decided per sequence)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
     ),
     "get_gamma_weights": Hook(
         params=(
@@ -220,7 +221,7 @@ OVERRIDDEN: dict[str, Hook] = {
             "k_pos", "lambda_pos", "k_neg", "lambda_neg",
         ),
         static=True,
-        users="OPPO (decided per sequence)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
     ),
     "training_step": Hook(
         params=("model", "inputs", "num_items_in_batch"), users="CPUMemoryMixin (small log-prob tiles on the CPU)"

@@ -1,0 +1,32 @@
+"""A composed method: one rollout, one credit and any modifiers, chosen on the command line (docs/composition.md).
+
+    --rollout   groups (GRPO) | resets (SRPO / RRPO) | trees (DATPO)
+    --credit    outcome (GRPO's group-normalized outcome) | oppo (OPPO's value recursion) | blocks (DATPO, with trees)
+    --modifiers cue (Cue-GRPO's rarity weights)
+
+Each part takes its method's fields (`--reset random`, `--oracle self`, `--cue_partition cue`, ...); a field of a part
+not selected is refused. Offline CPU run on SmolLM2-135M-Instruct and the built-in arithmetic task (LoRA r64/α64, a
+short run), e.g. SRPO's resets with OPPO's token credit and Cue-GRPO's rarity weights:
+
+    accelerate launch --config_file examples/accelerate_configs/cpu.yaml --num_cpu_threads_per_process 2 \
+        examples/train_credit.py --rollout resets --credit oppo --modifiers cue --rollout_template lines
+
+Without arguments it is GRPO (rollout groups, credit outcome). Any launcher, model and dataset the method scripts
+take work here too (`--config <recipe.yaml>`, `--model_name_or_path`, `--dataset_name`, `--reward_funcs`, ...).
+"""
+
+from trl_credit import CreditConfig, CreditTrainer
+from trl_credit.scripts import main, offline_defaults
+
+# 8 rollouts per prompt (with resets: 4 base rollouts + 1 reset x 4 suffixes), 2 prompts per step, short answers.
+DEFAULTS = offline_defaults(
+    "credit",
+    num_generations=8,
+    per_device_train_batch_size=16,
+    max_steps=3,
+    max_completion_length=64,
+    loss_type="grpo",
+)
+
+if __name__ == "__main__":
+    main(CreditTrainer, CreditConfig, DEFAULTS)
