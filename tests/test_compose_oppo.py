@@ -18,7 +18,7 @@ from tests.mp import run_torchrun
 from tests.trainers.test_oppo_trainer import _row_logps, parity_row, reference_advantages
 from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
 from trl_credit.config import CreditConfig
-from trl_credit.core import CreditTrainer, GroupRollout
+from trl_credit.core import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.oppo.parts import ValueRecursion
 from trl_credit.oppo.recursion import (
@@ -353,3 +353,98 @@ def test_a_user_rollout_func_is_still_refused(tiny_model_path, tiny_dataset, tmp
     with pytest.raises(ValueError, match="rollout_func"):
         CreditTrainer(tiny_model_path, parity_reward, args=args, train_dataset=tiny_dataset,
                       rollout_func=lambda prompts, trainer: {})
+
+
+# ------------------------------------------------------------------------------------------- two processes
+MP_SCRIPT = "tests/mp_scripts/compose_oppo_two_processes.py"
+
+
+def _reports(out_dir, world):
+    return [json.loads((Path(out_dir) / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.fixture(scope="module")
+def two_process_cue(tiny_model_path, tmp_path_factory):
+    # 3 prompts x 4 generations = 12 rows per step, 6 per process: the second group (rows 4-7) spans both.
+    out = str(tmp_path_factory.mktemp("compose_cue_two"))
+    run_torchrun(MP_SCRIPT, tiny_model_path, out, "cue", "6")
+    return _reports(out, 2)
+
+
+@pytest.mark.multiprocess
+def test_oppo_x_cue_in_two_processes_gives_the_advantages_of_one(two_process_cue, tiny_model_path, tmp_path):
+    for r in two_process_cue:
+        assert r["world"] == 2 and r["steps"] == 2 and len(r["losses"]) == 2
+        assert all(math.isfinite(loss) for loss in r["losses"])
+        assert len([m for m in r["metrics"] if "oppo/value_mean" in m and "cue/frac_groups_redistributed" in m]) == 2
+    assert two_process_cue[0]["metrics"] == two_process_cue[1]["metrics"]  # reduced over processes before logging
+    run_torchrun(MP_SCRIPT, tiny_model_path, str(tmp_path), "cue", "12", nproc=1)
+    (one,) = _reports(tmp_path, 1)
+    rows_one = sorted(one["rows"], key=lambda r: r["row"])
+    rows_two = sorted([row for r in two_process_cue for row in r["rows"]], key=lambda r: r["row"])
+    assert [(r["row"], r["prompt"], r["completion"]) for r in rows_one] == \
+        [(r["row"], r["prompt"], r["completion"]) for r in rows_two]
+    assert any(m.get("cue/frac_groups_redistributed", 0) > 0 for m in one["metrics"]), "Cue redistributed nothing"
+    spanning = [r for r in rows_two if 4 <= r["row"] < 8]
+    assert any(abs(a) > 1e-2 for r in spanning for a in r["advantages"]), "the spanning group has zero advantages"
+    for a, b in zip(rows_one, rows_two):
+        # float32 log-probs of batches padded to other widths differ by ~1e-6; the per-process sign anchors, weights
+        # or group moments of a group split across processes would be off by O(0.1-1).
+        assert a["advantages"] == pytest.approx(b["advantages"], abs=1e-3)
+
+
+@pytest.mark.multiprocess
+def test_resets_x_oppo_trains_in_two_processes(tiny_model_path, tmp_path):
+    # One prompt of 8 rows (4 base + 1 reset group of 4 suffixes) per process and step.
+    run_torchrun(MP_SCRIPT, tiny_model_path, str(tmp_path), "resets", "8")
+    reports = _reports(tmp_path, 2)
+    for r in reports:
+        assert r["world"] == 2 and r["steps"] == 2 and all(math.isfinite(loss) for loss in r["losses"])
+        logged = [m for m in r["metrics"] if "oppo/value_mean" in m]
+        assert len(logged) == 2 and all("srpo/fallback_rate" in m for m in logged)
+    assert reports[0]["metrics"] == reports[1]["metrics"]
+
+
+# ------------------------------------------------------------------------------------------- SmolLM2 (slow)
+def _smollm2_run(tmp_path, loss_type, **selection):
+    from peft import LoraConfig
+
+    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.models import default_model_path
+    from trl_credit.rewards import final_number_reward
+
+    torch.set_num_threads(1)  # shared CPUs: oversubscribed threads make generation many times slower
+    dataset = make_arithmetic_dataset(num_train=16, num_test=2, digits=2, num_operands=2)["train"]
+    args = CreditConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=32,
+                        max_steps=2, learning_rate=5e-5, loss_type=loss_type, report_to="none", use_cpu=True,
+                        save_strategy="no", logging_steps=1, credit="oppo", **selection)
+    trainer = CreditTrainer(default_model_path(), final_number_reward, args=args, train_dataset=dataset,
+                            peft_config=LoraConfig(r=16, lora_alpha=32, task_type="CAUSAL_LM"))
+    lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logs = [log for log in trainer.state.log_history if "oppo/value_mean" in log]
+    assert len(logs) == 2 and all(math.isfinite(log["loss"]) for log in logs)
+    assert all(0.0 < log["oppo/value_mean"] < 1.0 for log in logs)
+    # LoRA B starts at zero; it moves when any token has a non-zero advantage.
+    if any(log["oppo/advantage_abs_mean"] > 0 for log in logs):
+        assert any(not torch.equal(lora_before[n], p.detach()) for n, p in trainer.model.named_parameters()
+                   if n in lora_before)
+    return trainer, logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_smollm2_lora_oppo_x_cue(tmp_path, loss_type):
+    trainer, logs = _smollm2_run(tmp_path, loss_type, num_generations=4, modifiers=["cue"])
+    assert [type(part).__name__ for part in trainer.parts] == ["GroupRollout", "ValueRecursion", "RarityWeights"]
+    assert all("cue/frac_groups_redistributed" in log for log in logs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_smollm2_lora_resets_x_oppo(tmp_path, loss_type):
+    trainer, logs = _smollm2_run(tmp_path, loss_type, num_generations=8, rollout="resets", reset="random",
+                                 max_seed_rounds=2, thought_delimiter="\n", rollout_template="lines")
+    assert [type(part).__name__ for part in trainer.parts] == ["Resets", "ValueRecursion"]
+    assert all(0.0 <= log["srpo/fallback_rate"] <= 1.0 for log in logs)

@@ -1,6 +1,7 @@
 """OPPO's part of the credit core (trl_credit/core.py): :class:`ValueRecursion`, the credit that turns each
-completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). Its
-rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`).
+completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). OPPO's
+rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`); composed, it credits any rollout's groups (SRPO's reset
+sub-groups) and hands the per-row modifiers (Cue-GRPO's) each row's sign(A^seq) (docs/oppo.md#composition).
 
 What it does around TRL, per generation batch:
 - From the batch's record (:class:`~trl_credit.batch.RowBatch`: TRL's global reward matrix, the verifier's
