@@ -667,17 +667,6 @@ def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny
 
 
 
-def test_value_recursion_refuses_groups_other_than_trls():
-    # sign(A^seq) is computed over TRL's contiguous groups: a record of other groups (group_size None, e.g. SRPO's
-    # sub-groups, with a row of no group) is refused with a clear error, not given advantages of the wrong groups.
-    from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
-
-    batch = RowBatch(rewards_per_func=torch.tensor([[1.0], [0.0], [1.0]]), group_ids=torch.tensor([0, 0, NO_GROUP]),
-                     row_kinds=torch.full((3,), ROW_BASE), success=torch.tensor([True, False, True]),
-                     scorable=torch.ones(3, dtype=torch.bool), num_local=3, process_index=0, group_size=None)
-    with pytest.raises(NotImplementedError, match="group_size is None"):
-        ValueRecursion().advantages(None, batch, [], {})
-
 # ------------------------------------------------------------------------------------------- normalize_then_sum
 def parity_alternating_row(text, index):
     return [float(len(text) % 2), float(index % 2)]

@@ -1,6 +1,7 @@
 """OPPO's part of the credit core (trl_credit/core.py): :class:`ValueRecursion`, the credit that turns each
-completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). Its
-rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`).
+completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). OPPO's
+rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`); composed, it credits any rollout's groups (SRPO's reset
+sub-groups) and hands the per-row modifiers (Cue-GRPO's) each row's sign(A^seq) (docs/oppo.md#composition).
 
 What it does around TRL, per generation batch:
 - From the batch's record (:class:`~trl_credit.batch.RowBatch`: TRL's global reward matrix, the verifier's
@@ -43,6 +44,7 @@ from trl_credit.oppo.oracle import (
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
     group_moments,
+    group_success_counts,
     normalize_with_group_moments,
     row_token_moments,
     sequence_anchor_signs,
@@ -76,14 +78,17 @@ def reduced_precision(trainer) -> bool:
 
 
 def records_generation_logps(trainer) -> bool:
-    """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching) and the
-    self-oracle with ``plain_logps="auto"``."""
+    """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching), the
+    self-oracle with ``plain_logps="auto"``, and TRL's own rollouts. A ``rollout_func`` (SRPO's resets) builds its
+    rows from several generation calls (a suffix row's completion is a prefix from one call and a suffix from
+    another, under the rollout's prompt), so no one call's record lines up with the rows: s_t is scored instead."""
     args = trainer.args
     return (
         args.oracle == "self"
         and args.plain_logps == "auto"
         and not trainer.use_vllm
         and not trainer.use_transformers_continuous_batching
+        and getattr(trainer, "rollout_func", None) is None
     )
 
 
@@ -143,13 +148,6 @@ def load_teacher(trainer, teacher, teacher_processing_class):
     return trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
 
 
-def _group_totals(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Per group, the sum of ``values`` (bool or int, one per row) over its rows; rows of NO_GROUP count nowhere."""
-    in_group = group_ids != NO_GROUP
-    totals = torch.zeros(num_groups, dtype=torch.long, device=values.device)
-    return totals.index_add_(0, group_ids[in_group].to(values.device), values[in_group.to(values.device)].long())
-
-
 class ValueRecursion(Credit):
     """OPPO's credit: per-token advantages (B, T) by the Bayesian value recursion, with a self- or teacher-oracle
     (module docstring). ``teacher`` / ``teacher_processing_class``: what ``oracle="teacher"`` scores with (a name or
@@ -166,7 +164,11 @@ class ValueRecursion(Credit):
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
-        check_single_turn(trainer, "OPPOTrainer")
+        # TRL's rollout_func installed by the rollout part (SRPO's resets, whose setup checked the user's settings
+        # first) is a rollout OPPO credits like any other; one the user passed is refused.
+        rollout_func = getattr(trainer, "rollout_func", None)
+        if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
+            check_single_turn(trainer, "OPPOTrainer")
         bind_success(trainer)
         if trainer._is_vlm:
             raise ValueError(
@@ -216,12 +218,6 @@ class ValueRecursion(Credit):
 
     # ------------------------------------------------------------------------------------------------ the credit
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
-        if batch.group_size is None:  # sequence_anchor_signs and the ±inf-group check take contiguous groups
-            raise NotImplementedError(
-                "OPPO's sign(A^seq) (and its check of groups with a ±inf reward) is computed over TRL's groups of "
-                "`num_generations` consecutive rows (RowBatch.group_size); this rollout's groups have another layout "
-                "(RowBatch.group_size is None), which OPPO does not support yet."
-            )
         try:
             # GRPO's advantages, 0 in groups with a ±inf reward: their warning and `oppo/nonfinite_reward_rate`
             output["advantages"] = self.outcome.advantages(trainer, batch, inputs, output)
@@ -231,20 +227,18 @@ class ValueRecursion(Credit):
         return advantages
 
     def _group_statistics(self, trainer, batch: RowBatch):
-        """Per global row: sign(A^seq) (from the rewards, ties exact); per global group: k (correct completions, by
-        the verifier) and the number of scorable completions G."""
+        """Per global row: sign(A^seq) (from the rewards, ties exact; 0 for rows of no group); per global group (the
+        record's ``group_ids``, any layout): k (correct completions, by the verifier) and the number of scorable
+        completions G."""
         rewards_per_func, scorable, correct = batch.rewards_per_func, batch.scorable, batch.success
         anchor_signs = sequence_anchor_signs(
             rewards_per_func,
             trainer.reward_weights,
-            batch.group_size,
+            batch.group_ids,
             trainer._success_index,
             trainer.args.multi_objective_aggregation,
         )
-        in_group = batch.group_ids != NO_GROUP
-        num_groups = int(batch.group_ids.max()) + 1 if bool(in_group.any()) else 0
-        num_correct = _group_totals(correct & scorable, batch.group_ids, num_groups)
-        num_scorable = _group_totals(scorable, batch.group_ids, num_groups)
+        num_correct, num_scorable = group_success_counts(correct, scorable, batch.group_ids)
         # Global rows, so every process logs the same rate: k / G of the whole batch.
         num_scorable_rows = int(scorable.sum())
         log_metric(trainer, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
@@ -318,18 +312,28 @@ class ValueRecursion(Credit):
         group_ids = batch.local_rows(batch.group_ids).to(device)
         row_in_group = group_ids != NO_GROUP
         group_index = group_ids.clamp(min=0)  # a valid index for rows of no group; their credit is masked out
-        anchor_signs, num_correct, num_scorable = (t.to(device) for t in self._group_statistics(trainer, batch))
+        statistics = self._group_statistics(trainer, batch)
+        # Each row's sequence direction, for the modifiers that act per row (Cue-GRPO's positive set, which scales
+        # the positive part of a row's credit).
+        batch.sequence_signs = statistics[0].cpu()
+        anchor_signs, num_correct, num_scorable = (t.to(device) for t in statistics)
         row_scorable = batch.local_rows(batch.scorable).to(device)
         row_credited = row_scorable & row_in_group
         # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
         # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
         seq_advantages = batch.local_rows(anchor_signs).masked_fill(~row_in_group, 0.0).to(output["advantages"].dtype)
-        # Tokens that carry OPPO credit: the loss mask's tokens of scorable rows in a group. Other rows keep TRL's
-        # loss mask but get advantage 0 and stay out of the group's token moments.
+        # Tokens that carry OPPO credit: the completion's tokens of scorable rows in a group. Other rows keep TRL's
+        # loss mask but get advantage 0 and stay out of the group's token moments. The recursion runs over the whole
+        # completion (the oracle scores all of it), but TRL trains only the tokens of its `tool_mask` (SRPO: not a
+        # suffix row's shared prefix), so the group moments are taken over those: Ã is normalized where it is trained.
         credit_mask = completion_mask * row_credited.unsqueeze(1).to(completion_mask.dtype)
+        trained_mask = credit_mask * output["tool_mask"] if "tool_mask" in output else credit_mask
 
-        # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs).
-        prompts = [x["prompt"] for x in inputs]
+        # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs),
+        # from the prompts the completions were generated from (a rollout that rewrites them says so in the record).
+        prompts = batch.extras.get("prompts") or [x["prompt"] for x in inputs]
+        if len(prompts) != len(inputs):
+            raise RuntimeError(f"OPPO: the record holds {len(prompts)} rollout prompts for {len(inputs)} rows.")
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = trainer._tokenize_prompts(oracle_prompts)
 
@@ -381,15 +385,13 @@ class ValueRecursion(Credit):
 
         # Group normalization over the valid tokens of the whole group, which may live on several processes: the
         # gathered per-row moments are the global rows in TRL's order, those of rows in no group left out.
-        row_moments = row_token_moments(credit.advantages, credit_mask)
+        row_moments = row_token_moments(credit.advantages, trained_mask)
         all_row_moments = trainer.accelerator.gather(row_moments)
-        all_group_ids = batch.group_ids.to(device)
-        all_in_group = all_group_ids != NO_GROUP
-        moments = group_moments(all_row_moments[all_in_group], all_group_ids[all_in_group], num_correct.numel())
+        moments = group_moments(all_row_moments, batch.group_ids.to(device), num_correct.numel())
         advantages = normalize_with_group_moments(
-            credit.advantages, credit_mask, group_index, moments, eps=args.advantage_eps
+            credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps
         )
-        self._log_metrics(trainer, credit, advantages, credit_mask, row_scorable, row_credited)
+        self._log_metrics(trainer, credit, advantages, trained_mask, row_scorable, row_credited)
         return advantages.to(output["advantages"].dtype), seq_advantages
 
     @staticmethod

@@ -26,6 +26,8 @@ from trl_credit.success import total_rewards, unscorable_rows
 
 __all__ = [
     "TokenCredit",
+    "group_index",
+    "group_totals",
     "sequence_anchor_signs",
     "evidence_log_ratio",
     "prior_log_odds",
@@ -80,30 +82,52 @@ def prior_log_odds(
     return torch.log((k + prior_strength) / (group - k + prior_strength))
 
 
+def group_index(groups: int | torch.Tensor, num_rows: int) -> torch.Tensor:
+    """(N,) long: each row's group id, from ``groups`` as given ((N,) ids, any layout; a negative id, ``NO_GROUP``,
+    puts the row in no group) or, for an int, groups of that many consecutive rows (TRL's layout)."""
+    if isinstance(groups, int):
+        if groups <= 0 or num_rows % groups:
+            raise ValueError(f"{num_rows} rows do not form groups of {groups} consecutive rows.")
+        return torch.arange(num_rows) // groups
+    ids = torch.as_tensor(groups).flatten()
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.numel() != num_rows:
+        raise ValueError(f"groups must be an int group size or {num_rows} integer group ids, got {groups!r:.80}.")
+    return ids.long()
+
+
+def group_totals(values: torch.Tensor, groups: int | torch.Tensor) -> torch.Tensor:
+    """Per group (ids 0 .. max id, :func:`group_index`), the sum of ``values`` (bool or int, one per row) over its
+    rows, (num_groups,) long; rows in no group count nowhere."""
+    ids = group_index(groups, values.numel()).to(values.device)
+    in_group = ids >= 0
+    num_groups = int(ids.max()) + 1 if bool(in_group.any()) else 0
+    totals = torch.zeros(num_groups, dtype=torch.long, device=values.device)
+    return totals.index_add_(0, ids[in_group], values.flatten()[in_group].long())
+
+
 def group_success_counts(
-    correct: torch.Tensor, scorable: torch.Tensor, group_size: int
+    correct: torch.Tensor, scorable: torch.Tensor, groups: int | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per group (rows grouped contiguously by ``group_size``): k = number of correct completions (the verifier's
-    decision) and G = number of *scorable* completions, the trials of the Beta-smoothed success rate
-    V̂_0 = (k + α)/(G + 2α) of Eq. 20. A completion no reward function could score is no trial: it is neither a
-    success nor a failure, so it counts in neither k nor G."""
+    """Per group (``groups``: a size of consecutive groups, or per-row group ids of any layout, :func:`group_index`):
+    k = number of correct completions (the verifier's decision) and G = number of *scorable* completions, the trials
+    of the Beta-smoothed success rate V̂_0 = (k + α)/(G + 2α) of Eq. 20. A completion no reward function could score
+    is no trial: it is neither a success nor a failure, so it counts in neither k nor G; nor does a row in no group."""
     correct = correct.to(torch.bool) & scorable.to(torch.bool)
-    num_correct = correct.view(-1, group_size).sum(dim=1)
-    num_scorable = scorable.to(torch.bool).view(-1, group_size).sum(dim=1)
-    return num_correct, num_scorable
+    return group_totals(correct, groups), group_totals(scorable.to(torch.bool), groups)
 
 
 def sequence_anchor_signs(
     rewards_per_func: torch.Tensor,
     reward_weights: torch.Tensor,
-    group_size: int,
+    groups: int | torch.Tensor,
     success_index: int,
     aggregation: str = "sum_then_normalize",
     rtol: float = 1e-6,
 ) -> torch.Tensor:
     """sign(A^seq) of every row, (N,) float64 in {−1, 0, +1} (docs/oppo.md#direction-anchoring, paper Eq. 21): where
-    TRL's group-normalized advantage of the row points, computed from the raw rewards (rows grouped contiguously by
-    ``group_size``) so that a tie is a tie.
+    TRL's group-normalized advantage of the row points, computed from the raw rewards so that a tie is a tie, within
+    each group of ``groups`` (a size of consecutive groups, TRL's layout, or per-row group ids of any layout,
+    :func:`group_index`; a row in no group gets 0).
 
     TRL's advantage is the reward minus the group mean (``"sum_then_normalize"``: of the weighted total; or
     ``"normalize_then_sum"``: the weighted sum of each reward function's z-score in the group), times a positive
@@ -127,7 +151,16 @@ def sequence_anchor_signs(
         columns = rewards
     else:
         raise ValueError(f"Unknown multi_objective_aggregation {aggregation!r}.")
-    grouped = columns.view(-1, group_size, columns.size(1))  # (groups, G, columns); NaN = not scored
+    ids = group_index(groups, rewards.size(0)).to(rewards.device)
+    signs = torch.zeros(rewards.size(0), dtype=torch.float64, device=rewards.device)
+    for group in torch.unique(ids[ids >= 0]).tolist():
+        rows = (ids == group).nonzero().flatten()
+        signs[rows] = _group_anchor_signs(columns[rows].unsqueeze(0), weights, rtol)
+    return signs.masked_fill(unscorable, 0.0)
+
+
+def _group_anchor_signs(grouped: torch.Tensor, weights: torch.Tensor, rtol: float) -> torch.Tensor:
+    """sign(A^seq) of the rows of one group, ``grouped`` (1, G, columns) float64, NaN where not scored."""
     valid = ~torch.isnan(grouped)
     values = grouped.nan_to_num(0.0)
     count = valid.sum(dim=1, keepdim=True)
@@ -139,7 +172,7 @@ def sequence_anchor_signs(
     terms = deviation / (std + 1e-4) * weights  # TRL's z-scores (a positive per-group factor for a single column)
     direction = terms.sum(dim=2)
     direction = direction.masked_fill(direction.abs() <= rtol * terms.abs().sum(dim=2), 0.0)
-    return torch.sign(direction).reshape(-1).masked_fill(unscorable, 0.0)
+    return torch.sign(direction).reshape(-1)
 
 
 def value_recursion(
@@ -282,12 +315,14 @@ def row_token_moments(advantages: torch.Tensor, completion_mask: torch.Tensor) -
 
 
 def group_moments(row_moments: torch.Tensor, group_ids: torch.Tensor, num_groups: int | None = None) -> torch.Tensor:
-    """Sum the per-row moments (R, 3) into per-group moments (num_groups, 3); ``group_ids`` (R,) in [0, num_groups)."""
+    """Sum the per-row moments (R, 3) into per-group moments (num_groups, 3); ``group_ids`` (R,) in [0, num_groups),
+    or negative (``NO_GROUP``) for a row in no group, whose moments count nowhere."""
     group_ids = group_ids.to(device=row_moments.device, dtype=torch.long)
+    in_group = group_ids >= 0
     if num_groups is None:
-        num_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+        num_groups = int(group_ids.max().item()) + 1 if bool(in_group.any()) else 0
     totals = torch.zeros(num_groups, 3, dtype=torch.float64, device=row_moments.device)
-    return totals.index_add_(0, group_ids, row_moments.to(torch.float64))
+    return totals.index_add_(0, group_ids[in_group], row_moments.to(torch.float64)[in_group])
 
 
 def normalize_with_group_moments(
@@ -299,21 +334,30 @@ def normalize_with_group_moments(
 ) -> torch.Tensor:
     """Ã = (Â − mean_g) / (std_g + eps) on valid tokens, 0 on padding (docs/oppo.md#group-normalization, paper Eq. 21), with the mean and
     population standard deviation of group g taken over all its valid tokens (``moments`` from
-    :func:`group_moments`, possibly gathered from other processes). A group whose tokens are all 0 stays 0."""
+    :func:`group_moments`, possibly gathered from other processes). A group whose tokens are all 0 stays 0; a row
+    in no group (negative id, ``NO_GROUP``) gets 0."""
     group_ids = group_ids.to(device=advantages.device, dtype=torch.long)
-    sums, sumsq, counts = moments[group_ids].unbind(dim=1)
+    in_group = group_ids >= 0
+    sums, sumsq, counts = moments[group_ids.clamp(min=0)].unbind(dim=1)
     counts = counts.clamp(min=1.0)
     mean = sums / counts
     std = (sumsq / counts - mean * mean).clamp(min=0.0).sqrt()
     normalized = (advantages.to(torch.float64) - mean.unsqueeze(1)) / (std.unsqueeze(1) + eps)
-    normalized = normalized.masked_fill(~completion_mask.to(torch.bool), 0.0)
+    normalized = normalized.masked_fill(~(completion_mask.to(torch.bool) & in_group.unsqueeze(1)), 0.0)
     return normalized.to(_work_dtype(advantages))
 
 
 def normalize_per_group(
-    advantages: torch.Tensor, completion_mask: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    eps: float = 1e-6,
+    statistics_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-group token normalization (docs/oppo.md#group-normalization) when all rows of every group are at hand; ``group_ids`` (B,)
-    labels each row's group (any layout: groups need not be contiguous nor equal in size)."""
-    moments = group_moments(row_token_moments(advantages, completion_mask), group_ids)
+    labels each row's group (any layout: groups need not be contiguous nor equal in size; a negative id, ``NO_GROUP``:
+    in none, advantage 0). ``statistics_mask`` (B, T): the tokens each group's mean and std are taken over, when
+    not all of ``completion_mask``'s (the trained tokens: SRPO's suffix rows train only their suffix)."""
+    moments_mask = completion_mask if statistics_mask is None else statistics_mask
+    moments = group_moments(row_token_moments(advantages, moments_mask), group_ids)
     return normalize_with_group_moments(advantages, completion_mask, group_ids, moments, eps)

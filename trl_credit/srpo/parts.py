@@ -64,7 +64,8 @@ class Resets(Rollout):
 
     ``step_checker``: a callable ``(question, thoughts) -> int | None`` or a named checker, overriding
     ``SRPOConfig.step_checker`` (srpo/localization.py). The record's ``extras["prefix_clean"]`` says, per row, whether
-    a suffix row's reset prefix is clean (1), erroneous (0) or unknown (-1; every other row)."""
+    a suffix row's reset prefix is clean (1), erroneous (0) or unknown (-1; every other row); its
+    ``extras["prompts"]``, this process's rows' prompts as generated from (wrapped in the rollout template)."""
 
     name = "resets"
 
@@ -125,8 +126,13 @@ class Resets(Rollout):
         finally:
             self._inputs = None
         rewards_per_func = capture.rewards(type(trainer).__name__)
+        # The prompts this process's rows were generated from (the rollout template's), for credits that score
+        # the completions under their own prompts (OPPO's oracle prompts).
+        prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
         if self._row_kinds is None:  # evaluation: TRL's iid groups
-            return output, trl_groups(trainer, rewards_per_func, output["completion_ids"].size(0))
+            batch = trl_groups(trainer, rewards_per_func, output["completion_ids"].size(0))
+            batch.extras["prompts"] = prompts
+            return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
         local = torch.tensor(list(zip(self._row_kinds, self._row_clean, self._prefix_lengths)), dtype=torch.long,
                              device=trainer.accelerator.device).view(-1, 3)
@@ -147,7 +153,7 @@ class Resets(Rollout):
             num_local=len(self._row_kinds),
             process_index=trainer.accelerator.process_index,
             prefix_lengths=prefix_lengths,
-            extras={"prefix_clean": clean},
+            extras={"prefix_clean": clean, "prompts": prompts},
         )
         self._log_pass_rates(trainer, batch)
         return output, batch
