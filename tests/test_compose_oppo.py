@@ -348,6 +348,38 @@ def test_resets_x_oppo_one_step_sub_group_statistics(tiny_model_path, tiny_datas
     assert any(log.get("oppo/extra_pass_rows") == 2.0 for log in trainer.state.log_history)
 
 
+def test_resets_x_oppo_x_cue_one_step(tiny_model_path, tiny_dataset, tmp_path):
+    # All three parts: SRPO's sub-groups, OPPO's token credit over them, and in each sub-group the positive tokens of
+    # its P rows (correct, sign > 0, trained) times the CR weights of P's partition.
+    args = tiny_args(tmp_path, rollout="resets", credit="oppo", modifiers=["cue"], per_device_train_batch_size=8,
+                     reset="random", reset_groups=1, suffixes_per_reset=4, seed_candidates_per_round=2,
+                     max_seed_rounds=3, max_completion_length=12, thought_delimiter=" ", rollout_template=TEMPLATE,
+                     cue_partition="callable", cue_alpha=1.0)
+    trainer = CreditTrainer(tiny_model_path, parity_reward, args=args, train_dataset=tiny_dataset,
+                            modifiers=[RarityWeights(partition_fn=three_way_label)])
+    _recording(trainer, srpo_oppo_reference).train()
+    (_, output, (expected, rows)), = trainer.records
+    groups = defaultdict(list)
+    for i, row in enumerate(rows):
+        if row["group"] is not None:
+            groups[row["group"]].append(i)
+    weights = [1.0] * len(rows)
+    for members in groups.values():
+        mean = sum(rows[i]["reward"] for i in members) / len(members)
+        positives = [i for i in members if rows[i]["reward"] == 1 and rows[i]["reward"] > mean]
+        texts = [trainer._tokenizer.decode(rows[i]["completion"], skip_special_tokens=True) for i in positives]
+        for i, w in zip(positives, cr_weights(three_way_label(texts, None), 1.0)):
+            weights[i] = w
+    assert any(w != 1.0 for w in weights), "no row of P: the check would be vacuous"
+    advantages, mask = output["advantages"], output["completion_mask"]
+    for i, row in enumerate(expected):
+        n = int(mask[i].sum())
+        scaled = [a * weights[i] if a > 0 else a for a in row]
+        assert advantages[i, :n].tolist() == pytest.approx(scaled, abs=1e-3), i
+    logs = trainer.state.log_history[0]
+    assert {"cue/frac_groups_redistributed", "oppo/value_mean", "srpo/fallback_rate"} <= set(logs)
+
+
 def test_a_user_rollout_func_is_still_refused(tiny_model_path, tiny_dataset, tmp_path):
     args = tiny_args(tmp_path, credit="oppo")
     with pytest.raises(ValueError, match="rollout_func"):
