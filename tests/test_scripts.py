@@ -169,3 +169,24 @@ def test_readme_recipe_table_matches_the_recipes():
                 assert value == recipes[column].get(name), (name, column, cell)
         checked += 1
     assert checked >= 15
+
+
+def test_the_composed_script_trains_the_parts_named_on_the_command_line(tiny_model_path, tmp_path):
+    # examples/train_credit.py: main(CreditTrainer, CreditConfig, ...) with the parts chosen by flags, as a user runs it
+    from trl_credit import CreditConfig, CreditTrainer
+
+    defaults = offline_defaults("credit", max_steps=1, per_device_train_batch_size=8, num_generations=8,
+                                max_completion_length=8)
+    argv = [
+        "--model_name_or_path", tiny_model_path, "--output_dir", str(tmp_path / "out"),
+        "--arithmetic_num_train", "8", "--arithmetic_num_test", "4", "--lora_target_modules", "q_proj", "v_proj",
+        "--use_cpu", "true", "--rollout", "resets", "--credit", "oppo", "--modifiers", "cue",
+        "--rollout_template", "lines", "--reset", "random", "--cue_partition", "random",
+    ]
+    trainer = main(CreditTrainer, CreditConfig, defaults, argv=argv)
+    assert trainer.state.global_step == 1
+    assert [part.name for part in trainer.parts] == ["resets", "oppo", "cue"]
+    logged = trainer.state.log_history[0]
+    assert {"srpo/fallback_rate", "oppo/value_mean", "cue/frac_groups_redistributed"} <= set(logged)
+    with pytest.raises(ValueError, match="cue_alpha is a field of the 'cue' modifier"):
+        main(CreditTrainer, CreditConfig, defaults, argv=argv[:-8] + ["--cue_alpha", "0.5"])
