@@ -6,10 +6,15 @@ computed the advantages (GRPO's: TRL's group advantages), it gathers them (and t
 completions, from TRL's ``_generate`` in the rollout capture) across processes, computes each group's partition and
 weights over the batch record's groups (:class:`~trl_credit.batch.RowBatch`), multiplies the positive advantages and
 returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
+
+With DATPO's trees (rollout ``trees``, credit ``blocks``) the weights act earlier, on the trees' leaf outcomes before
+the block Monte Carlo aggregation (:meth:`RarityWeights.leaf_outcomes`), and :meth:`RarityWeights.apply` passes the
+block credit through.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +35,10 @@ from .judge import judge_messages, judge_partition, parse_judge_groups
 from .partition import canonical_cluster_ids, partition_skeletons, random_partition
 from .weights import cluster_mass_slope, cluster_masses, compute_rarity_weights
 
-__all__ = ["RarityWeights", "PartitionFn", "positive_sets", "varied_groups", "checked_partition_labels"]
+__all__ = [
+    "RarityWeights", "PartitionFn", "positive_sets", "varied_groups", "checked_partition_labels", "leaf_advantages",
+    "reweighted_leaves",
+]
 
 PartitionFn = Callable[[list[str], object], Sequence]
 
@@ -56,6 +64,7 @@ class RarityWeights(Modifier):
         self.judge_model, self.judge_tokenizer = None, None
         self._judge_is_policy = False
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
+        self._leaves_weighted = False  # the weights of this batch went to DATPO's leaf outcomes (leaf_outcomes)
         self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
     def setup(self, trainer) -> None:
@@ -104,7 +113,19 @@ class RarityWeights(Modifier):
     def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
-        the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md)."""
+        the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
+        (``batch.extras["trees"]``): a pass-through, the weights were applied to the leaf outcomes
+        (:meth:`leaf_outcomes`)."""
+        if "trees" in batch.extras:
+            # DATPO's trees: the rarity weights were applied to the leaf outcomes before the block aggregation
+            # (leaf_outcomes, asked by the BlockCredit credit), so the block credit passes through unweighted.
+            if not self._leaves_weighted:
+                raise RuntimeError(
+                    "Cue-GRPO's rarity weights on DATPO's trees apply to the leaf outcomes, but the credit did not ask "
+                    "for them (RarityWeights.leaf_outcomes): use credit='blocks' (BlockCredit) with rollout='trees'."
+                )
+            self._leaves_weighted = False
+            return advantages
         start = time.perf_counter()
         rollouts = trainer._rollout_capture
         if rollouts is None or rollouts.generated is None:
@@ -136,12 +157,41 @@ class RarityWeights(Modifier):
         """(N,) float64: each global row's rarity weight w_i (1 outside P), from the sequence advantages of every
         row (their sign decides P). Logs the cue/ metrics."""
         args = trainer.args
-        self._cue_round += 1
-
         groups = batch.groups()
         varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
         # Unscorable rows are never correct (success_rows), so they never enter P.
         positives, excluded = positive_sets(advantages, batch.success, in_loss, varied, groups)
+        texts = self._captured_texts(trainer, inputs, batch.local.start)
+        return self._rarity_weights(trainer, positives, excluded, groups, texts, batch.num_rows)
+
+    def leaf_outcomes(self, trainer, batch: RowBatch, leaves) -> torch.Tensor:
+        """DATPO's trees (docs/composition.md): rarity weights on the leaf outcomes, before the block Monte Carlo
+        aggregation (:class:`~trl_credit.datpo.parts.BlockCredit` calls this with the
+        :class:`~trl_credit.datpo.forest.LeafOutcomes` of the forest and aggregates what it returns).
+
+        Within each tree (the prompt's group), the leaves are the base rollouts and the branches (each a full
+        completion: prefix + branch), with their leaf rewards r_l. P = the leaves that are correct (the verifier),
+        scorable and above the tree's mean leaf reward m (a positive outcome advantage r_l − m, m over the scorable
+        leaves), in a tree whose leaf rewards vary, whose last block reaches the loss (not truncated under
+        ``mask_truncated_completions``). P's completion texts are partitioned as a group's (``cue_partition``), the
+        weights w_l come from ``compute_rarity_weights`` and each l in P gets r'_l = m + w_l (r_l − m); the other
+        leaves keep r_l. Returns r' (L,), float64. Logs the cue/ metrics over the trees."""
+        start = time.perf_counter()
+        advantages, varied = leaf_advantages(leaves.rewards, leaves.groups)
+        positives, excluded = positive_sets(advantages, leaves.correct, leaves.in_loss, varied, leaves.groups)
+        weights = self._rarity_weights(trainer, positives, excluded, leaves.groups, leaves.local_texts,
+                                       len(leaves.rewards))
+        self._leaves_weighted = True  # apply() then passes the block credit through
+        rewards = reweighted_leaves(leaves.rewards, advantages, weights)
+        self.overhead_seconds.append(time.perf_counter() - start)
+        return rewards
+
+    def _rarity_weights(self, trainer, positives, excluded, groups, local_texts, num_rows) -> torch.Tensor:
+        """(num_rows,) float64: the rarity weight of each row of P (``positives``: group -> its rows), 1 elsewhere.
+        ``local_texts``: row -> (completion text, prompt) of this process's rows (:meth:`_partitions`). Logs the cue/
+        metrics over ``groups``."""
+        args = trainer.args
+        self._cue_round += 1
         log_metric(trainer, "cue/frac_positive_advantage_excluded", excluded)
         if excluded == 1.0:
             warn_once(
@@ -153,9 +203,9 @@ class RarityWeights(Modifier):
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
                 "`cue/frac_positive_advantage_excluded` logs the rate every step.",
             )
-        partitions, lengths, parse_failures = self._partitions(trainer, inputs, positives, batch.local.start, groups)
+        partitions, lengths, parse_failures = self._partitions(trainer, positives, groups, local_texts)
 
-        weights = torch.ones(batch.num_rows, dtype=torch.float64)
+        weights = torch.ones(num_rows, dtype=torch.float64)
         clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
         for group, members in positives.items():
             result = compute_rarity_weights(
@@ -224,25 +274,26 @@ class RarityWeights(Modifier):
             f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
         )
 
-    def _local_rows(self, trainer, inputs, rows: set[int], offset: int, with_prompt: bool) -> list[tuple]:
-        # (global row, completion text[, prompt]) of the wanted rows held by this process
-        return [
-            (offset + i, completion_text(c), _prompt_of(inputs[i])) if with_prompt else (offset + i, completion_text(c))
-            # trl 1.16.0's _generate: (prompt_ids, completion_ids, tool_mask, completions, ...)
-            for i, c in enumerate(trainer._rollout_capture.generated[3])
-            if offset + i in rows
-        ]
+    @staticmethod
+    def _captured_texts(trainer, inputs, offset: int) -> dict[int, tuple[str, object]]:
+        """Global row -> (completion text, prompt) of this process's rows, from TRL's ``_generate`` (trl 1.16.0:
+        (prompt_ids, completion_ids, tool_mask, completions, ...)) in the rollout capture."""
+        completions = trainer._rollout_capture.generated[3]
+        return {offset + i: (completion_text(c), _prompt_of(inputs[i])) for i, c in enumerate(completions)}
 
-    def _partitions(self, trainer, inputs, positives, offset, groups):
+    def _partitions(self, trainer, positives, groups, local_texts):
         """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton
-        reset (cue/random only) and the judge parse-failure rate (judge only, else None)."""
+        reset (cue/random only) and the judge parse-failure rate (judge only, else None). ``positives``: group ->
+        its rows in P; ``groups``: group -> all its rows (the judge may see them all); ``local_texts``: row ->
+        (completion text, prompt) of the rows this process holds (every process partitions from the gathered
+        texts of the rows it needs)."""
         args = trainer.args
         if args.cue_partition not in ("cue", "random"):
-            return self._external_partitions(trainer, inputs, positives, offset, groups)
+            return self._external_partitions(trainer, positives, groups, local_texts)
         partitions: dict[int, list[int]] = {}
         lengths: dict[int, list[int]] = {}
         rows = [row for members in positives.values() for row in members]
-        texts = dict(gather_rows(trainer, self._local_rows(trainer, inputs, set(rows), offset, with_prompt=False)))
+        texts = dict(gather_rows(trainer, _texts_of(local_texts, set(rows), with_prompt=False)))
         skeletons = dict(zip(rows, extract_cues_batch([texts[row] for row in rows]), strict=True))
         for group, members in positives.items():
             cluster_ids, cleaned_lengths = partition_skeletons(
@@ -256,7 +307,7 @@ class RarityWeights(Modifier):
                 lengths[group] = cleaned_lengths
         return partitions, lengths, None
 
-    def _external_partitions(self, trainer, inputs, positives, offset, groups):
+    def _external_partitions(self, trainer, positives, groups, local_texts):
         # Judge / user callable: groups with |P| <= 1 need no call (one cluster). The others are dealt
         # round-robin to processes; each process partitions its own groups, then the results are shared.
         args = trainer.args
@@ -272,7 +323,7 @@ class RarityWeights(Modifier):
             return list(groups[group]) if need_all else list(positives[group])
 
         needed = {row for group in to_partition for row in shown_rows(group)}
-        shared = gather_rows(trainer, self._local_rows(trainer, inputs, needed, offset, with_prompt=True))
+        shared = gather_rows(trainer, _texts_of(local_texts, needed, with_prompt=True))
         all_texts = {row: text for row, text, _ in shared}
         group_of = {row: group for group, rows in groups.items() for row in rows}
         prompts = {group_of[row]: prompt for row, _, prompt in shared}  # every row of a group has its prompt
@@ -418,6 +469,36 @@ def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, j
     elif judge_model is not None or judge_tokenizer is not None:
         raise ValueError(f"judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
                          f"set {config}(cue_partition='judge') to use a judge")
+
+
+def _texts_of(local_texts: dict[int, tuple[str, object]], rows: set[int], with_prompt: bool) -> list[tuple]:
+    # (row, completion text[, prompt]) of the wanted rows this process holds
+    return [(row, text, prompt) if with_prompt else (row, text)
+            for row, (text, prompt) in local_texts.items() if row in rows]
+
+
+def leaf_advantages(rewards: torch.Tensor, groups: dict[int, list[int]]) -> tuple[torch.Tensor, dict[int, bool]]:
+    """Each outcome's advantage over its group's mean, r_l − m_g (m_g: the mean over the group's scorable outcomes;
+    NaN for an unscorable outcome, and in a group without a finite mean), and whether each group's outcomes vary
+    (two or more scorable, all finite, not all equal: the test of ``success.groups_with_reward_variance``)."""
+    advantages = torch.full_like(rewards, math.nan, dtype=torch.float64)
+    varied = {}
+    for group, rows in groups.items():
+        values = rewards[rows].double()
+        scored = values[~torch.isnan(values)]
+        finite = bool(torch.isfinite(scored).all())
+        varied[group] = len(scored) >= 2 and finite and not bool(
+            torch.isclose(scored.std(), torch.zeros((), dtype=torch.float64)))
+        if len(scored) and finite:
+            advantages[rows] = values - scored.mean()
+    return advantages, varied
+
+
+def reweighted_leaves(rewards: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """r'_l = m + w_l (r_l − m) = r_l + (w_l − 1)·A_l where w_l != 1 (the rarity weight scales the outcome's
+    advantage A_l = r_l − m over its group's mean m); r_l itself (to the bit) where w_l = 1."""
+    scaled = rewards.double() + (weights.double() - 1.0) * advantages.double()
+    return torch.where(weights != 1.0, scaled, rewards.double())
 
 
 def _prompt_of(example):

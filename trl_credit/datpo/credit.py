@@ -8,27 +8,30 @@ import math
 
 import torch
 
-from ..collectives import gather_rows
+from ..collectives import decode_completions, gather_rows
+from ..rewards import completion_text
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
-from .forest import ForestCredit, TreeBatch, is_truncated
+from .forest import ForestCredit, LeafOutcomes, TreeBatch, is_truncated
 from .tree import ROOT
 
-__all__ = ["block_credit", "embedded_sibling_diversity", "grounded_forks"]
+__all__ = ["block_credit", "embedded_sibling_diversity", "grounded_forks", "tree_leaves"]
 
 
-def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None) -> ForestCredit:
+def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards=None) -> ForestCredit:
     """A_base and the gated bonus of every block (``embedder`` embeds the blocks' texts with ``use_diversity``). The
     bonus is kept apart from A_base: α is applied per optimizer step in the loss (``parts.BlockCredit.loss``: the
     schedule runs over optimizer steps, also when a generation batch serves several of them: num_iterations > 1 or
-    steps_per_generation > gradient_accumulation_steps)."""
+    steps_per_generation > gradient_accumulation_steps). ``rewards`` (one per block, as ``Forest.rewards``; default
+    the leaf rewards) are the leaf outcomes A_base aggregates, e.g. re-weighted by a modifier."""
     args = trainer.args
     forest = trees.forest
-    base = forest.block_advantages(args.value_estimate)
+    rewards = forest.rewards() if rewards is None else rewards
+    base = forest.block_advantages(args.value_estimate, rewards)
     diversity = torch.zeros_like(base)
     has_siblings = torch.zeros(len(base), dtype=torch.bool)
     if args.use_diversity:
         diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
-    scale = max([1.0] + [abs(r) for r in trees.base_rewards + trees.branch_rewards if math.isfinite(r)])
+    scale = max([1.0] + [abs(r) for r in rewards if r is not None and math.isfinite(r)])
     gate = bonus_gate(base, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
     # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
     infinite = {block.group for block in forest.blocks if block.reward is not None and math.isinf(block.reward)}
@@ -91,11 +94,8 @@ def grounded_forks(trainer, trees: TreeBatch) -> set:
     """With ``mask_truncated_completions``: the forks whose value V (``value_estimate``) averages over at least one
     finished (not truncated) scorable leaf. A block ending at any other fork would learn only from truncated
     leaves. A collective call (the truncation flags of every process's leaves are gathered)."""
-    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
-    base_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
-    branch_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
-    counts = trees.branch_counts
-    offsets = [sum(counts[:q]) for q in range(len(counts))]
+    base_truncated, branch_truncated = _truncated_leaves(trainer, trees)
+    offsets = _branch_offsets(trees)
     # V of these leaf values is the share of finished leaves among those V averages over (unscorable leaves stay
     # NaN: they count in no value), so a fork is grounded when it is > 0
     finished = []
@@ -110,3 +110,71 @@ def grounded_forks(trainer, trees: TreeBatch) -> set:
             truncated = branch_truncated[offsets[rollout[1]] + rollout[2]]
         finished.append(0.0 if truncated else 1.0)
     return trees.forest.grounded_forks(finished, trainer.args.value_estimate)
+
+
+def _truncated_leaves(trainer, trees: TreeBatch) -> tuple[list[bool], list[bool]]:
+    """Whether each base rollout and each branch (global, process order) ends without EOS (TRL's truncation test).
+    A collective call."""
+    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    base_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
+    branch_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
+    return base_truncated, branch_truncated
+
+
+def _branch_offsets(trees: TreeBatch) -> list[int]:
+    """The global index of each process's first branch."""
+    counts = trees.branch_counts
+    return [sum(counts[:q]) for q in range(len(counts))]
+
+
+def tree_leaves(trainer, trees: TreeBatch) -> LeafOutcomes:
+    """Every leaf of the forest with its reward, the verifier's verdict, whether its last block reaches the loss
+    (``mask_truncated_completions`` masks a truncated leaf's) and, for this process's leaves, the full completion
+    (a branch: prefix + branch) decoded as TRL decodes completions for the reward functions, with its prompt. A
+    collective call with ``mask_truncated_completions`` (the truncation flags are gathered)."""
+    forest = trees.forest
+    offsets = _branch_offsets(trees)
+    masked = trainer.mask_truncated_completions
+    base_truncated, branch_truncated = _truncated_leaves(trainer, trees) if masked else (None, None)
+    blocks, groups, rewards, correct, in_loss = [], {}, [], [], []
+    for b, block in enumerate(forest.blocks):
+        if block.end is not None:
+            continue
+        if block.rollout[0] == "base":
+            row = block.rollout[1]
+            success, truncated = trees.success[row], masked and base_truncated[row]
+        else:
+            _, q, n = block.rollout
+            success, truncated = trees.branch_success[offsets[q] + n], masked and branch_truncated[offsets[q] + n]
+        groups.setdefault(block.group, []).append(len(blocks))
+        blocks.append(b)
+        rewards.append(block.reward)
+        correct.append(bool(success))
+        in_loss.append(not truncated)
+    leaf_of = {b: leaf for leaf, b in enumerate(blocks)}
+    local, responses, rows = [], [], []
+    for b in forest.by_process[trainer.accelerator.process_index]:
+        if b not in leaf_of:
+            continue
+        kind, index, _, _ = forest.blocks[b].source
+        if kind == "base":
+            row, response = index, trees.completion_ids[index]
+        else:
+            row, fork = trees.branch_meta[index]
+            response = trees.completion_ids[row][: trees.forks[row][fork]] + trees.branch_ids[index]
+        local.append(leaf_of[b])
+        responses.append(response)
+        rows.append(row)
+    texts = []
+    if local:
+        prompts = [trees.prompts[row] for row in rows]
+        completions = decode_completions(trainer, prompts, [trees.prompt_ids[row] for row in rows], responses)
+        texts = [completion_text(c) for c in completions]
+    return LeafOutcomes(
+        blocks=blocks,
+        groups=groups,
+        rewards=torch.tensor(rewards, dtype=torch.float64),
+        correct=torch.tensor(correct, dtype=torch.bool),
+        in_loss=torch.tensor(in_loss, dtype=torch.bool),
+        local_texts={leaf: (text, trees.prompts[row]) for leaf, text, row in zip(local, texts, rows)},
+    )

@@ -16,7 +16,10 @@ import torch
 
 from .tree import ROOT, block_advantages, node_values
 
-__all__ = ["Block", "Skeletons", "Forest", "TreeBatch", "ForestCredit", "build_forest", "is_truncated", "sampled_length"]
+__all__ = [
+    "Block", "Skeletons", "Forest", "TreeBatch", "ForestCredit", "LeafOutcomes", "build_forest", "is_truncated",
+    "sampled_length",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +69,13 @@ class Forest:
     def rewards(self) -> list[float | None]:
         return [block.reward for block in self.blocks]
 
-    def block_advantages(self, value_estimate: str) -> torch.Tensor:
-        """A_base of every block (paper Eq. 3), tree by tree, float64."""
+    def block_advantages(self, value_estimate: str, rewards: Sequence[float | None] | None = None) -> torch.Tensor:
+        """A_base of every block (paper Eq. 3), tree by tree, float64; ``rewards`` (one per block, as
+        :meth:`rewards`) replaces the blocks' leaf rewards (the leaf outcomes a modifier re-weighted)."""
         advantages = torch.zeros(len(self.blocks), dtype=torch.float64)
         for members in self.by_group.values():
             advantages[torch.tensor(members)] = block_advantages(
-                *self._tree(members), value_estimate=value_estimate,
+                *self._tree(members, rewards), value_estimate=value_estimate,
                 block_rollout=[self.blocks[b].rollout for b in members],
             )
         return advantages
@@ -98,11 +102,11 @@ class Forest:
                 sums[block.rollout[1]] += float(advantages[b]) * (end - start)
         return [sums[row] / max(length, 1) for row, _, length in records]
 
-    def _tree(self, members: list[int]):
+    def _tree(self, members: list[int], rewards: Sequence[float | None] | None = None):
         return (
             [self.blocks[b].start for b in members],
             [self.blocks[b].end for b in members],
-            [self.blocks[b].reward for b in members],
+            [self.blocks[b].reward if rewards is None else rewards[b] for b in members],
         )
 
 
@@ -155,6 +159,21 @@ class ForestCredit:
     @property
     def advantages(self) -> torch.Tensor:
         return self.base + self.alpha * self.bonus
+
+
+@dataclasses.dataclass
+class LeafOutcomes:
+    """The leaves of every tree of a generation batch as outcomes, for the modifiers that re-weight them before the
+    block Monte Carlo aggregation (``leaf_outcomes`` hook, asked by :class:`~trl_credit.datpo.parts.BlockCredit`).
+    Leaf ``l`` is the terminal block ``blocks[l]`` of the forest: a base rollout, or a branch whose completion is the
+    full response (prefix + branch). Global (the same on every process) except ``local_texts``."""
+
+    blocks: list[int]  # the forest block of each leaf
+    groups: dict[int, list[int]]  # tree (the prompt's group) -> its leaves, in block order
+    rewards: torch.Tensor  # (L,) float64: the leaf rewards r as DATPO uses them (NaN: unscorable)
+    correct: torch.Tensor  # (L,) bool: the verifier (success_reward >= success_threshold)
+    in_loss: torch.Tensor  # (L,) bool: the leaf's own last block reaches the loss (not truncated and masked)
+    local_texts: dict[int, tuple[str, object]]  # this process's leaves: (full completion text, the dataset prompt)
 
 
 def build_forest(skeletons: Skeletons, budgets, base_rewards, branch_rewards, num_generations: int) -> Forest:

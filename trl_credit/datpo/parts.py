@@ -57,7 +57,7 @@ from .batching import sort_rows_by_length, split_rows
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig
-from .credit import block_credit
+from .credit import block_credit, tree_leaves
 from .diversity import annealed_alpha
 from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
 from .forks import select_forks, sentence_spans, token_char_offsets
@@ -382,7 +382,11 @@ class BlockCredit(Credit):
 
     :meth:`advantages` returns a :class:`~.forest.ForestCredit` (per block), not a tensor of the rows: the rows are
     built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
-    would receive that object. The bonus is part of the credit, not a modifier: it is gated by each block's A_base
+    receives that object. A modifier acts on the trees through its ``leaf_outcomes(trainer, batch, leaves) ->
+    rewards`` method instead, which this credit calls before the aggregation (:meth:`leaf_outcomes_of_modifiers`):
+    it re-weights the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo values average
+    (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then passes the
+    credit through. The bonus is part of the credit, not a modifier: it is gated by each block's A_base
     and kept apart from it down to the loss, where :meth:`loss` applies α of the optimizer step being trained (the
     schedule runs over optimizer steps, also when a generation batch serves several of them)."""
 
@@ -420,7 +424,24 @@ class BlockCredit(Credit):
         trees = batch.extras.get("trees")
         if not isinstance(trees, TreeBatch):
             raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
-        return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder)
+        rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
+        return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder, rewards)
+
+    @staticmethod
+    def leaf_outcomes_of_modifiers(trainer, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
+        """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), after every
+        modifier that re-weights leaves (a ``leaf_outcomes(trainer, batch, leaves) -> rewards`` method: Cue-GRPO's
+        rarity weights) did, in order; None when no modifier does (the leaf rewards as they are)."""
+        modifiers = [m for m in getattr(trainer, "modifiers", ()) if hasattr(m, "leaf_outcomes")]
+        if not modifiers:
+            return None
+        leaves = tree_leaves(trainer, trees)
+        for modifier in modifiers:
+            leaves.rewards = modifier.leaf_outcomes(trainer, batch, leaves)
+        rewards = trees.forest.rewards()
+        for leaf, b in enumerate(leaves.blocks):
+            rewards[b] = float(leaves.rewards[leaf])
+        return rewards
 
     def loss(self, trainer, proceed, model, inputs):
         if not trainer.model.training or "datpo_base_advantages" not in inputs:
