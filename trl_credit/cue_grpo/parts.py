@@ -14,7 +14,6 @@ block credit through.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -26,13 +25,13 @@ from ..collectives import gather_rows
 from ..core import Modifier
 from ..generation import generate_from_prefixes
 from ..rewards import completion_text
-from ..success import groups_with_reward_variance
 from ..trainer_logs import log_metric, warn_once
 from ..trainer_setup import outside_zero3_init
 from .config import CueGRPOConfig
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups
 from .partition import canonical_cluster_ids, partition_skeletons, random_partition
+from .positive import checked_partition_labels, leaf_advantages, positive_sets, reweighted_leaves, varied_groups
 from .weights import cluster_mass_slope, cluster_masses, compute_rarity_weights
 
 __all__ = [
@@ -389,67 +388,6 @@ class RarityWeights(Modifier):
 
 
 
-def positive_sets(
-    advantages: torch.Tensor,
-    correct: torch.Tensor,
-    in_loss: torch.Tensor,
-    varied: dict[int, bool],
-    groups: dict[int, list[int]],
-) -> tuple[dict[int, list[int]], float]:
-    """The positive set P of every group that redistribution touches (``groups``: group id -> its rows in the global
-    batch, :meth:`RowBatch.groups`): P = {i : correct_i and A_i > 0 and i reaches the loss}, in groups whose rewards
-    vary (``varied``). The paper's P = {A_i > 0} assumes a 0/1 verifier as the only reward, where the two agree; with
-    several reward functions a wrong but well-formatted answer can have A_i > 0, and boosting its "rare strategy"
-    would reward being wrong. A completion whose loss TRL masks (``mask_truncated_completions``) gets no gradient, so
-    it must not occupy a cluster either. Returns ``(positives, excluded)``: groups with a non-empty P, and the
-    fraction of A_i > 0 rows of varied groups left out of P (0 when there are none)."""
-    values = advantages.tolist()
-    correct, in_loss = correct.tolist(), in_loss.tolist()
-    positives: dict[int, list[int]] = {}
-    candidates = kept = 0
-    for group, rows in groups.items():
-        if not varied[group]:
-            continue
-        rows = [row for row in rows if values[row] > 0]
-        members = [row for row in rows if correct[row] and in_loss[row]]
-        candidates += len(rows)
-        kept += len(members)
-        if members:
-            positives[group] = members
-    return positives, (candidates - kept) / candidates if candidates else 0.0
-
-
-def varied_groups(batch: RowBatch, reward_weights: torch.Tensor, aggregation: str) -> dict[int, bool]:
-    """Group id -> whether its TRL advantages carry a signal (``success.groups_with_reward_variance`` per group)."""
-    return {
-        group: bool(groups_with_reward_variance(batch.rewards_per_func[rows], reward_weights, len(rows), aggregation)[0])
-        for group, rows in batch.groups().items()
-    }
-
-
-def checked_partition_labels(partition_fn, labels, num_completions: int) -> list:
-    """The labels a user ``partition_fn`` returned, as a list, or a ValueError naming the function and what is wrong."""
-    name = getattr(partition_fn, "__qualname__", None) or getattr(partition_fn, "__name__", None) or repr(partition_fn)
-    expected = (f"CueGRPOTrainer(partition_fn={name}) must return one hashable cluster label per completion it is "
-                f"given (a list of {num_completions} labels, e.g. ints or strings)")
-    if labels is None:
-        raise ValueError(f"{expected}; it returned None.")
-    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__iter__"):
-        raise ValueError(f"{expected}; it returned {type(labels).__name__} {labels!r:.80}.")
-    labels = list(labels)
-    if len(labels) != num_completions:
-        raise ValueError(f"{expected}; it returned {len(labels)} labels.")
-    for position, label in enumerate(labels):
-        try:
-            hash(label)
-        except TypeError:
-            raise ValueError(
-                f"{expected}; label {position} is a {type(label).__name__} ({label!r:.60}), which is not hashable "
-                "(use e.g. a tuple or a string instead of a list)."
-            ) from None
-    return labels
-
-
 def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer,
                                owner: str = "CueGRPOTrainer", config: str = "CueGRPOConfig") -> None:
     """The partition source the config selects has what it needs, and nothing is given that it would ignore.
@@ -475,30 +413,6 @@ def _texts_of(local_texts: dict[int, tuple[str, object]], rows: set[int], with_p
     # (row, completion text[, prompt]) of the wanted rows this process holds
     return [(row, text, prompt) if with_prompt else (row, text)
             for row, (text, prompt) in local_texts.items() if row in rows]
-
-
-def leaf_advantages(rewards: torch.Tensor, groups: dict[int, list[int]]) -> tuple[torch.Tensor, dict[int, bool]]:
-    """Each outcome's advantage over its group's mean, r_l − m_g (m_g: the mean over the group's scorable outcomes;
-    NaN for an unscorable outcome, and in a group without a finite mean), and whether each group's outcomes vary
-    (two or more scorable, all finite, not all equal: the test of ``success.groups_with_reward_variance``)."""
-    advantages = torch.full_like(rewards, math.nan, dtype=torch.float64)
-    varied = {}
-    for group, rows in groups.items():
-        values = rewards[rows].double()
-        scored = values[~torch.isnan(values)]
-        finite = bool(torch.isfinite(scored).all())
-        varied[group] = len(scored) >= 2 and finite and not bool(
-            torch.isclose(scored.std(), torch.zeros((), dtype=torch.float64)))
-        if len(scored) and finite:
-            advantages[rows] = values - scored.mean()
-    return advantages, varied
-
-
-def reweighted_leaves(rewards: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """r'_l = m + w_l (r_l − m) = r_l + (w_l − 1)·A_l where w_l != 1 (the rarity weight scales the outcome's
-    advantage A_l = r_l − m over its group's mean m); r_l itself (to the bit) where w_l = 1."""
-    scaled = rewards.double() + (weights.double() - 1.0) * advantages.double()
-    return torch.where(weights != 1.0, scaled, rewards.double())
 
 
 def _prompt_of(example):
