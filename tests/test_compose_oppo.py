@@ -480,3 +480,11 @@ def test_smollm2_lora_resets_x_oppo(tmp_path, loss_type):
                                  max_seed_rounds=2, thought_delimiter="\n", rollout_template="lines")
     assert [type(part).__name__ for part in trainer.parts] == ["Resets", "ValueRecursion"]
     assert all(0.0 <= log["srpo/fallback_rate"] <= 1.0 for log in logs)
+
+
+def test_a_composed_oppo_credit_checks_the_answer_column_at_construction(tiny_model_path, tiny_dataset, tmp_path):
+    # OPPOTrainer refuses a dataset without the answer column before loading; the composed trainer's credit does so
+    # while the trainer is built, not at the first step.
+    args = tiny_args(tmp_path, credit="oppo")
+    with pytest.raises(ValueError, match="answer"):
+        CreditTrainer(tiny_model_path, parity_reward, args=args, train_dataset=tiny_dataset.remove_columns("answer"))

@@ -33,7 +33,7 @@ from trl_credit.anchors import loss_sequence_anchors
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.core import Credit, GroupOutcome
 from trl_credit.generation_hooks import GenerationRecorder
-from trl_credit.oppo.answers import answer_problem, refuse_answer
+from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
 from trl_credit.oppo.oracle import (
     add_float32_head,
     add_float32_teacher_head,
@@ -170,6 +170,9 @@ class ValueRecursion(Credit):
         if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
             check_single_turn(trainer, "OPPOTrainer")
         bind_success(trainer)
+        # OPPOTrainer checks the answer column before loading any model; a composed trainer checks it here.
+        check_answers(trainer.train_dataset, trainer.args.answer_column, "train_dataset")
+        check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset")
         if trainer._is_vlm:
             raise ValueError(
                 "OPPOTrainer does not support vision-language processors: the oracle pass scores text prompts only."
