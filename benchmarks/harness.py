@@ -171,9 +171,8 @@ class Profiler(ModulePatches):
 
         return wrapper
 
-    def wrap_method(self, obj, attr: str, name: str, optional: bool = False, **kw):
-        if optional and not hasattr(obj, attr):  # a method-internal timer whose function a version renamed
-            return
+    def wrap_method(self, obj, attr: str, name: str, **kw):
+        # no silent skip: a timer whose method was renamed or moved fails here instead of reading as zero cost
         setattr(obj, attr, self.timed(name, getattr(obj, attr), **kw))
 
     def wrap_module_function(self, module, attr: str, name: str, **kw):
@@ -187,10 +186,12 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
                          count_rows=True)
     profiler.wrap_method(trainer, "_calculate_rewards", "rewards")
     if method == "cue_grpo":
-        profiler.wrap_method(trainer, "_redistribute_advantages", "cue: cue extraction + partition + weights",
-                             optional=True)
+        from trl_credit.cue_grpo.parts import RarityWeights
+
+        rarity = next(m for m in trainer.modifiers if isinstance(m, RarityWeights))
+        profiler.wrap_method(rarity, "apply", "cue: cue extraction + partition + weights")
     elif method == "oppo":
-        profiler.wrap_method(trainer.credit, "token_advantages", "oppo: oracle pass + recursion", optional=True)
+        profiler.wrap_method(trainer.credit, "token_advantages", "oppo: oracle pass + recursion")
     elif method == "datpo":
         # the tree: forks + branches (the rollout's `grow`), block credit, training rows and their scoring
         for part, attr in ((trainer.rollout, "grow"), (trainer.credit, "advantages"),
@@ -204,8 +205,7 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_module_function(datpo_module, "branch_rewards", "datpo: branch rewards")
         # branches go through `_generate_single_turn` (counted under "generation" too, tokens before the cut to
         # each fork's budget); this counter holds the branch calls alone (tokens after the cut)
-        profiler.wrap_method(trainer.rollout, "generate_branches", "datpo: branch generation", optional=True,
-                             count_tokens=True)
+        profiler.wrap_method(trainer.rollout, "generate_branches", "datpo: branch generation", count_tokens=True)
     elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.localize as srpo_localize
         import trl_credit.srpo.parts as srpo_module
@@ -215,7 +215,7 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
             profiler.wrap_module_function(module, "generate_from_prefixes", "srpo: generate_from_prefixes",
                                           count_tokens=True)
         profiler.wrap_module_function(srpo_localize, "answer_scores", "srpo: scored localization (forward)")
-        profiler.wrap_method(trainer.rollout, "_collect_seeds", "srpo: seed verdicts (rewards)", optional=True)
+        profiler.wrap_method(trainer.rollout, "_collect_seeds", "srpo: seed verdicts (rewards)")
 
 
 def srpo_token_breakdown(events, num_groups: int, base_size: int, per_round: int) -> dict:

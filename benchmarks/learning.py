@@ -64,9 +64,10 @@ SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
-             "eval_temperature", "eval_top_p", "eval_seed")
-# Settings of runs written before a key existed (their value then); the arithmetic runs predate --task.
-LEGACY_SETTINGS = {"task": "arithmetic"}
+             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256")
+# Settings of runs written before a key existed (their value then); the arithmetic runs predate --task, and runs
+# before --model recorded no warm-start digest.
+LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
@@ -84,8 +85,18 @@ def dataset_of(args):
 
 
 def model_path_of(args) -> str:
-    name = TASKS[args.task]["model"]
+    name = args.model or TASKS[args.task]["model"]
     return default_model_path() if name is None else resolve_model_path(name)
+
+
+def warm_start_digest(model_path: str) -> str | None:
+    """The weights digest a ``trl_credit.warm_start`` build records beside its weights (None for other models): part
+    of the settings, so that a grid is never resumed on another build of the same name."""
+    path = os.path.join(model_path, "warm_start.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["weights_sha256"]
 
 
 def training_prompts(config, prompts) -> list:
@@ -189,6 +200,9 @@ def main(argv=None):
     parser.add_argument("--methods", default=None,
                         help=f"comma-separated, from {list(METHODS)} (default: all; srpo_oracle on chain only)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (same for every method)")
+    parser.add_argument("--model", default=None,
+                        help="model name or folder to train from (default: the task's model); e.g. a warm start built "
+                             "with `python -m trl_credit.warm_start --output_dir DIR`")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per optimizer step")
     parser.add_argument("--generations", type=int, default=8, help="rollout budget per prompt (see the docstring)")
@@ -225,10 +239,12 @@ def main(argv=None):
     os.makedirs(args.results_dir, exist_ok=True)
     dataset = dataset_of(args)
     model_path = model_path_of(args)
+    args.model_sha256 = warm_start_digest(model_path)
     task = ("chain (docs/testbed.md), rewards [accuracy, chain_format], held-out reward accuracy"
             if args.task == "chain" else f"built-in arithmetic ({args.digits}-digit, {args.operands} operands, "
             f"{args.operators!r}), reward final_number")
-    info = dict(model=f"{TASKS[args.task]['model'] or 'SmolLM2-135M-Instruct'} (LoRA r=64, all linear layers)",
+    info = dict(model=f"{args.model or TASKS[args.task]['model'] or 'SmolLM2-135M-Instruct'} (LoRA r=64, all linear "
+                      f"layers)",
                 task=task, device="cuda" if torch.cuda.is_available() else "cpu", threads=torch.get_num_threads())
 
     base_path = os.path.join(args.results_dir, "base.json")

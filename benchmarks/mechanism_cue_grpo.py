@@ -3,7 +3,7 @@ positive advantage mass moves from common to rare clusters.
 
 One or more generation batches of CueGRPOTrainer (strategy cues, CR weighting, defaults; no training) on the
 built-in arithmetic task. The script records GRPO's advantages and the redistributed ones
-(``_redistribute_advantages``) and every call of ``compute_rarity_weights`` (cluster ids of a group's positive
+(``RarityWeights.apply``, the Cue-GRPO part of the credit core) and every call of ``compute_rarity_weights`` (cluster ids of a group's positive
 completions, their weights w'_i and pre-floor multipliers), and reports:
 
 - weight against cluster size for every positive completion (paper Eq. 3/8: w ∝ |C|^-α, clipped, floored);
@@ -160,20 +160,21 @@ def main(argv=None):
     json_path, png_path = common.output_paths(args, "cue_grpo")
     start = time.perf_counter()
 
-    import trl_credit.cue_grpo.trainer as cue_trainer
+    import trl_credit.cue_grpo.parts as cue_parts
 
     recorder = common.Recorder()
-    recorder.wrap(cue_trainer, "compute_rarity_weights")
+    recorder.wrap(cue_parts, "compute_rarity_weights")
     trainer = common.build_trainer("cue_grpo", args)
     grpo_advantages = []
-    redistribute = trainer._redistribute_advantages
+    rarity = next(m for m in trainer.modifiers if isinstance(m, cue_parts.RarityWeights))
+    redistribute = rarity.apply
 
     @functools.wraps(redistribute)
-    def recording_redistribute(inputs, local_advantages, *args, **kwargs):
+    def recording_redistribute(trainer, batch, inputs, output, local_advantages, *args, **kwargs):
         grpo_advantages.append(local_advantages.detach().cpu().tolist())
-        return redistribute(inputs, local_advantages, *args, **kwargs)
+        return redistribute(trainer, batch, inputs, output, local_advantages, *args, **kwargs)
 
-    trainer._redistribute_advantages = recording_redistribute
+    rarity.apply = recording_redistribute
 
     def on_output(trainer, inputs, output):
         calls = list(recorder.calls["compute_rarity_weights"])

@@ -110,3 +110,50 @@ def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prom
     config = harness.method_config(harness_method, str(tmp_path / "srpo_arithmetic"), settings)
     wrapped = learning.training_prompts(config, prompts)
     assert wrapped[0][-1]["content"] == LINES_ROLLOUT_TEMPLATE.replace("{question}", prompts[0][-1]["content"])
+
+
+def test_learning_records_the_warm_start_digest_and_refuses_to_resume_on_another_build(tmp_path):
+    """A grid resumed with another build of the warm start (same name, other weights) must not mix runs: learning.py
+    keeps the digest the build wrote beside its weights in the settings, and a run file with another digest stops it."""
+    import argparse
+    import json
+
+    import learning
+
+    build = tmp_path / "build"
+    build.mkdir()
+    assert learning.warm_start_digest(str(build)) is None  # not a warm start: nothing recorded
+    (build / "warm_start.json").write_text(json.dumps({"weights_sha256": "abc123", "config": {}}))
+    assert learning.warm_start_digest(str(build)) == "abc123"
+
+    settings = {k: 0 for k in learning.EVAL_KEYS}
+    run = tmp_path / "base.json"
+    run.write_text(json.dumps({"settings": {**settings, "model_sha256": "abc123"}}))
+    args = argparse.Namespace(**{**settings, "model_sha256": "abc123"}, force=False)
+    assert learning.load_if_same(str(run), learning.EVAL_KEYS, args) is not None
+    args.model_sha256 = "def456"
+    with pytest.raises(SystemExit, match="model_sha256"):
+        learning.load_if_same(str(run), learning.EVAL_KEYS, args)
+    # a run written before the digest was recorded reads as None (the arithmetic grid: no warm start)
+    legacy = {k: v for k, v in settings.items() if k != "model_sha256"}
+    run.write_text(json.dumps({"settings": legacy}))
+    args.model_sha256 = None
+    assert learning.load_if_same(str(run), learning.EVAL_KEYS, args) is not None
+
+
+def test_cue_grpo_timer_wraps_the_rarity_weights_part_and_counts_its_calls(tiny_model_path, tiny_dataset, tmp_path):
+    """The overhead benchmark's Cue-GRPO component timer must time the rarity weighting where the credit core runs it
+    (the RarityWeights modifier), not skip itself silently because the old trainer method is gone."""
+    from trl_credit import CueGRPOConfig, CueGRPOTrainer
+    from trl_credit.rewards import completion_text
+
+    def parity(completions, **kwargs):
+        return [float(len(completion_text(c)) % 2) for c in completions]
+
+    args = CueGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                         max_completion_length=8, max_steps=1, report_to="none", use_cpu=True, save_strategy="no")
+    trainer = CueGRPOTrainer(model=tiny_model_path, reward_funcs=parity, args=args, train_dataset=tiny_dataset)
+    profiler = harness.Profiler()
+    harness.instrument(trainer, "cue_grpo", profiler)
+    harness.run_step(trainer, harness.prepare_manual_stepping(trainer))
+    assert profiler.calls["cue: cue extraction + partition + weights"] == 1
