@@ -64,22 +64,23 @@ SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
-             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256")
+             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction")
 # Settings of runs written before a key existed (their value then); the arithmetic runs predate --task, and runs
 # before --model recorded no warm-start digest.
-LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None}
+LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
                        defaults=dict(num_train=140, num_test=60, tokens=48)),
     "chain": dict(model=CHAIN_MODEL, rewards=[accuracy_reward, chain_format_reward], eval_reward="accuracy",
-                  defaults=dict(num_train=1000, num_test=64, tokens=96)),
+                  defaults=dict(num_train=1000, num_test=64, tokens=96, distributive_fraction=0.5)),
 }
 
 
 def dataset_of(args):
     if args.task == "chain":
-        return make_chain_dataset(num_train=args.num_train, num_test=args.num_test, seed=0)
+        return make_chain_dataset(num_train=args.num_train, num_test=args.num_test, seed=0,
+                                  distributive_fraction=args.distributive_fraction)
     return make_arithmetic_dataset(num_train=args.num_train, num_test=args.num_test, digits=args.digits,
                                    num_operands=args.operands, operators=args.operators, seed=0)
 
@@ -129,10 +130,27 @@ def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
     for entry, question, answer in zip(scored, test["question"], test["answer"]):
         entry.update(question=question, answer=answer)
     report = build_report(scored, settings={k: getattr(args, k) for k in EVAL_KEYS})
+    if args.task == "chain":
+        report["structures"] = structure_counts(texts, list(test["question"]), scored)
     report["eval_seconds"] = time.perf_counter() - start
     # Core-seconds (process CPU time; = wall time on an idle machine with --threads 1): what a grid costs.
     report["eval_cpu_seconds"] = time.process_time() - cpu_start
     return report
+
+
+def structure_counts(texts: list[list[str]], questions: list[str], scored: list[dict]) -> dict:
+    """Chain task: held-out samples per solution structure (plain core; term by term / factored / other for the
+    distributive ones), ``{structure: [correct, samples]}``, correct by the held-out reward. Does a method learn to
+    prefer one structure (docs/testbed.md)?"""
+    from mechanism_cue_grpo import solution_structure
+
+    counts: dict[str, list[int]] = {}
+    for per_problem, question, entry in zip(texts, questions, scored):
+        for text, correct in zip(per_problem, entry["correct"], strict=True):
+            tally = counts.setdefault(solution_structure(question, text), [0, 0])
+            tally[0] += int(correct)
+            tally[1] += 1
+    return counts
 
 
 def method_settings(method: str, args) -> tuple[str, dict]:
@@ -215,6 +233,8 @@ def main(argv=None):
     parser.add_argument("--operators", default="+-")
     parser.add_argument("--num-train", type=int, default=None, help="default: arithmetic 140, chain 1000")
     parser.add_argument("--num-test", type=int, default=None, help="held-out problems (arithmetic 60, chain 64)")
+    parser.add_argument("--distributive-fraction", type=float, default=None,
+                        help="chain task: share of problems with two solution structures (default 0.5, the task's)")
     parser.add_argument("--samples", type=int, default=16, help="samples per held-out problem (pass@k up to this k)")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-top-p", type=float, default=1.0)
@@ -224,6 +244,8 @@ def main(argv=None):
     parser.add_argument("--results-dir", default=RESULTS)
     parser.add_argument("--force", action="store_true", help="overwrite runs whose JSON has other settings")
     args = parser.parse_args(argv)
+    if args.task != "chain" and args.distributive_fraction is not None:
+        raise SystemExit("--distributive-fraction: only --task chain has solution structures")
     for key, value in TASKS[args.task]["defaults"].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

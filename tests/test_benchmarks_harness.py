@@ -157,3 +157,31 @@ def test_cue_grpo_timer_wraps_the_rarity_weights_part_and_counts_its_calls(tiny_
     harness.instrument(trainer, "cue_grpo", profiler)
     harness.run_step(trainer, harness.prepare_manual_stepping(trainer))
     assert profiler.calls["cue: cue extraction + partition + weights"] == 1
+
+
+def test_learning_chain_distributive_fraction_sets_the_problems_and_is_refused_on_arithmetic():
+    import argparse
+
+    import learning
+
+    from trl_credit.chain import parse_question
+
+    args = argparse.Namespace(task="chain", num_train=8, num_test=8, distributive_fraction=1.0)
+    splits = learning.dataset_of(args)
+    assert all(parse_question(q).distributive for split in ("train", "test") for q in splits[split]["question"])
+    args.distributive_fraction = 0.0
+    assert not any(parse_question(q).distributive for q in learning.dataset_of(args)["test"]["question"])
+    with pytest.raises(SystemExit, match="--distributive-fraction"):
+        learning.main(["--task", "arithmetic", "--distributive-fraction", "1.0"])
+
+
+def test_learning_structure_counts_tally_each_sample_by_structure_and_correctness():
+    import learning
+
+    distributive, plain = "6 * 3 + 6 * 5, then subtract 7", "12 - 3, then add 4"
+    texts = [["3 + 5 = 8\n6 * 8 = 48\n48 - 7 = 41\n\\boxed{41}", "6 * 3 = 18\n6 * 5 = 30\n18 + 30 = 49\n\\boxed{42}",
+              "5 * 6 = 30\n3 * 6 = 18\n30 + 18 = 48\n48 - 7 = 41\n\\boxed{41}"],
+             ["12 - 3 = 9\n9 + 4 = 13\n\\boxed{13}", "hello"]]
+    scored = [{"correct": [True, False, True]}, {"correct": [True, False]}]
+    counts = learning.structure_counts(texts, [distributive, plain], scored)
+    assert counts == {"factored": [1, 1], "term": [1, 2], "plain": [1, 2]}
