@@ -7,6 +7,11 @@ The runs are ``benchmarks/learning.py --task chain --methods grpo --seeds 0 --sa
 64 held-out problems (per-problem accuracy c/n; the gain paired over problems, ``plots.paired_problem_se``): they
 carry sampling noise and the draw of problems, not the training seed's variance.
 
+Runs on another warm-start build (``python -m trl_credit.warm_start --epochs 1 ...`` into another cache or
+``--output_dir``, trained with ``learning.py --model``) keep that build's ``warm_start.json`` (its settings and
+weights digest) in their folder, or have the digest in their settings; the summary names the build. A folder whose
+run used a learning rate of ~0 is the evaluation control: trained = base exactly, gain 0 with SE 0.
+
 Grid projection: per seed, every method's training costs GRPO's CPU seconds per step times its cost ratio to GRPO
 (``COST_RATIO``: seconds per step of the committed arithmetic grid, benchmarks/results/learning, divided by GRPO's;
 srpo_oracle taken as RRPO: no localization call; srpo_oppo, the composed method, as SRPO's ratio times OPPO's, an
@@ -38,6 +43,20 @@ def accuracy_se(report: dict) -> tuple[float, float]:
     return m, math.sqrt(sum((r - m) ** 2 for r in rates) / (len(rates) - 1) / len(rates))
 
 
+def warm_start_of(folder: str, run: dict) -> str:
+    """The warm-start build a pilot trained from: its record in the folder, else the digest in the run's settings,
+    else the default build (runs before the digest was recorded)."""
+    record = os.path.join(folder, "warm_start.json")
+    if os.path.exists(record):
+        with open(record) as f:
+            build = json.load(f)
+        config = build["config"]
+        return (f"{build['weights_sha256']}: {config['epochs']:g} epochs, lr {config['learning_rate']:g}, "
+                f"{config['num_examples']} examples")
+    digest = run["settings"].get("model_sha256")
+    return digest or "default smollm2-135m-chain (21424815b972987a)"
+
+
 def cost_ratios() -> dict:
     per_step = {}
     for path in glob.glob(os.path.join(RESULTS, "learning", "*_seed*.json")):
@@ -64,18 +83,21 @@ def main():
             base = json.load(f)["eval"]
         trained = run["eval"]
         gain, se = paired_problem_se(trained, base)
+        build = warm_start_of(folder, run)
         steps, seeds = run["settings"]["steps"], 4
         train_cpu = run["cpu_seconds_per_step"] * steps * sum(ratios[m] for m in METHODS)
         eval_cpu = trained["eval_cpu_seconds"] * len(METHODS)
         settings.append(dict(
-            folder=os.path.relpath(folder, RESULTS), steps=steps, learning_rate=run["settings"]["learning_rate"],
+            folder=os.path.relpath(folder, RESULTS), warm_start=build,
+            distributive_fraction=run["settings"].get("distributive_fraction") or 0.5, steps=steps, learning_rate=run["settings"]["learning_rate"],
             prompts_per_step=run["settings"]["prompts"], generations=run["settings"]["generations"],
             base_accuracy=accuracy_se(base), trained_accuracy=accuracy_se(trained),
             base_pass_at_8=base["pass_at_k"]["8"], trained_pass_at_8=trained["pass_at_k"]["8"],
-            gain=gain, gain_se=se, gain_z=gain / se,
+            gain=gain, gain_se=se, gain_z=gain / se if se > 0 else None,
             train_reward=[c["reward"] for c in run["reward_curve"]],
             cpu_seconds_per_step=run["cpu_seconds_per_step"], eval_cpu_seconds=trained["eval_cpu_seconds"],
-            grid_core_hours=(seeds * (train_cpu + eval_cpu) + trained["eval_cpu_seconds"]) / 3600,
+            grid_core_hours=None if run["settings"]["learning_rate"] < 1e-9 else  # the evaluation control
+            (seeds * (train_cpu + eval_cpu) + trained["eval_cpu_seconds"]) / 3600,
         ))
     out = dict(description=__doc__.split("\n\n")[0], cost_ratio_to_grpo=ratios, grid=f"{len(METHODS)} methods x 4 seeds",
                settings=settings)
@@ -83,10 +105,12 @@ def main():
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     for s in settings:
-        print(f"{s['folder']}: base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
+        z = "n/a" if s["gain_z"] is None else f"{s['gain_z']:.1f}"
+        print(f"{s['folder']} [{s['warm_start']}, distributive {s['distributive_fraction']}]: base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
               f"{s['trained_accuracy'][0]:.3f} ± {s['trained_accuracy'][1]:.3f}, gain {s['gain']:+.3f} (SE "
-              f"{s['gain_se']:.3f}, z {s['gain_z']:.1f}); {s['cpu_seconds_per_step']:.0f} CPU s/step, eval "
-              f"{s['eval_cpu_seconds']:.0f} CPU s; grid {s['grid_core_hours']:.1f} core-hours")
+              f"{s['gain_se']:.3f}, z {z}); {s['cpu_seconds_per_step']:.0f} CPU s/step, eval "
+              f"{s['eval_cpu_seconds']:.0f} CPU s"
+              + ("" if s["grid_core_hours"] is None else f"; grid {s['grid_core_hours']:.1f} core-hours"))
     print(path)
 
 

@@ -242,10 +242,11 @@ def srpo_token_breakdown(events, num_groups: int, base_size: int, per_round: int
     return dict(out)
 
 
-def build_trainer(method: str, config, model_path: str, dataset, reward_funcs, peft_config=None):
+def build_trainer(method: str, config, model_path: str, dataset, reward_funcs, peft_config=None, **trainer_kwargs):
+    """``trainer_kwargs``: the method's own constructor arguments (e.g. Cue-GRPO's ``partition_fn``)."""
     trainer_class, _ = classes(method) if not type(config).__name__ == "GRPOConfig" else classes("grpo")
     return trainer_class(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
-                         peft_config=peft_config)
+                         peft_config=peft_config, **trainer_kwargs)
 
 
 def prepare_manual_stepping(trainer):

@@ -61,7 +61,7 @@ def is_chain(args) -> bool:
     return getattr(args, "task", "arithmetic") == "chain"
 
 
-def build_trainer(method: str, args, own: dict | None = None, lora: bool = True):
+def build_trainer(method: str, args, own: dict | None = None, lora: bool = True, **trainer_kwargs):
     """The method's trainer with its offline settings (harness.METHODS), overridden by the CLI sizes. On the chain
     task: the warm-started ``smollm2-135m-chain``, rewards [accuracy, chain_format], and for SRPO the chain prompt
     as is (``rollout_template="none"``), one thought per line and the chain step checker (as benchmarks/learning.py).
@@ -89,7 +89,7 @@ def build_trainer(method: str, args, own: dict | None = None, lora: bool = True)
     out_dir = tempfile.mkdtemp(prefix=f"mechanism_{method}_")
     config = harness.method_config(method, out_dir, settings)
     trainer = harness.build_trainer(method, config, model_path, dataset["train"], rewards,
-                                    peft_config=harness.lora_config() if lora else None)
+                                    peft_config=harness.lora_config() if lora else None, **trainer_kwargs)
     return trainer
 
 

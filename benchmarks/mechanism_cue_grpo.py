@@ -67,6 +67,16 @@ def solution_structure(question: str, text: str) -> str:
     return "other"
 
 
+def structure_partition(completions: list[str], prompt) -> list[str]:
+    """``partition_fn`` of ``--partition structure`` (chain task): a positive's cluster is its solution structure,
+    read from its first line by :func:`solution_structure` - the control that sees what the cue partition does not."""
+    from trl_credit.srpo.prompts import question_of
+
+    # the chain prompt is CHAIN_INSTRUCTION: "Compute {question}. Write one step per line ..."
+    question = question_of(prompt).removeprefix("Compute ").split(". Write one step per line")[0]
+    return [solution_structure(question, text) for text in completions]
+
+
 def analyse(trainer, record: dict) -> list[dict]:
     """Per group with positives: members, clusters, weights, advantages before/after, mass shares."""
     size = trainer.num_generations
@@ -156,7 +166,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     common.add_common_arguments(parser, prompts=8, generations=8, tokens=64, temperature=1.0, steps=1)
+    parser.add_argument("--partition", choices=["cue", "structure"], default="cue",
+                        help="cue: the paper's strategy-cue partition (default); structure (chain task only): "
+                             "cluster positives by solution structure (cue_partition='callable', partition_fn)")
     args = parser.parse_args(argv)
+    if args.partition == "structure" and not common.is_chain(args):
+        parser.error("--partition structure needs --task chain (the solution structures are the chain task's)")
     json_path, png_path = common.output_paths(args, "cue_grpo")
     start = time.perf_counter()
 
@@ -164,7 +179,11 @@ def main(argv=None):
 
     recorder = common.Recorder()
     recorder.wrap(cue_parts, "compute_rarity_weights")
-    trainer = common.build_trainer("cue_grpo", args)
+    if args.partition == "structure":
+        trainer = common.build_trainer("cue_grpo", args, own=dict(cue_partition="callable"),
+                                       partition_fn=structure_partition)
+    else:
+        trainer = common.build_trainer("cue_grpo", args)
     grpo_advantages = []
     rarity = next(m for m in trainer.modifiers if isinstance(m, cue_parts.RarityWeights))
     redistribute = rarity.apply

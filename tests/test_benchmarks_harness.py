@@ -185,3 +185,17 @@ def test_learning_structure_counts_tally_each_sample_by_structure_and_correctnes
     scored = [{"correct": [True, False, True]}, {"correct": [True, False]}]
     counts = learning.structure_counts(texts, [distributive, plain], scored)
     assert counts == {"factored": [1, 1], "term": [1, 2], "plain": [1, 2]}
+
+
+def test_chain_pilot_names_the_warm_start_build_of_each_pilot(tmp_path):
+    import json
+
+    import chain_pilot
+
+    record = {"weights_sha256": "4699c010c3878b43", "config": {"epochs": 1.0, "learning_rate": 1e-3, "num_examples": 160}}
+    (tmp_path / "warm_start.json").write_text(json.dumps(record))
+    run = {"settings": {"model_sha256": "ignored: the folder's record wins"}}
+    assert chain_pilot.warm_start_of(str(tmp_path), run) == "4699c010c3878b43: 1 epochs, lr 0.001, 160 examples"
+    (tmp_path / "warm_start.json").unlink()
+    assert chain_pilot.warm_start_of(str(tmp_path), {"settings": {"model_sha256": "abc"}}) == "abc"
+    assert "default" in chain_pilot.warm_start_of(str(tmp_path), {"settings": {}})

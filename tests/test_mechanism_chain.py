@@ -46,3 +46,17 @@ def test_line_starts_and_solution_structure():
 def test_wilson_interval(k, n, expected):
     low, high = mechanism_common.wilson(k, n)
     assert low == pytest.approx(expected[0], abs=1e-4) and high == pytest.approx(expected[1], abs=1e-4)
+
+
+def test_structure_partition_reads_the_question_from_the_chain_prompt():
+    import mechanism_cue_grpo
+
+    from trl_credit.chain import make_chain_dataset, parse_question
+
+    test = make_chain_dataset(num_train=0, num_test=40, seed=0)["test"]
+    row = next(r for r in test if parse_question(r["question"]).distributive)
+    a, op, b, c = parse_question(row["question"]).core
+    completions = [f"{b} {op} {c} = 0", f"{a} * {b} = {a * b}", "hello"]
+    assert mechanism_cue_grpo.structure_partition(completions, row["prompt"]) == ["factored", "term", "other"]
+    plain = next(r for r in test if not parse_question(r["question"]).distributive)
+    assert mechanism_cue_grpo.structure_partition(["1 + 1 = 2"], plain["prompt"]) == ["plain"]
