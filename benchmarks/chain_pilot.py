@@ -89,12 +89,15 @@ def main():
         eval_cpu = trained["eval_cpu_seconds"] * len(METHODS)
         settings.append(dict(
             folder=os.path.relpath(folder, RESULTS), warm_start=build,
-            distributive_fraction=run["settings"].get("distributive_fraction") or 0.5, steps=steps, learning_rate=run["settings"]["learning_rate"],
+            distributive_fraction=run["settings"].get("distributive_fraction") or 0.5, steps=steps,
+            learning_rate=run["settings"]["learning_rate"],
             prompts_per_step=run["settings"]["prompts"], generations=run["settings"]["generations"],
             base_accuracy=accuracy_se(base), trained_accuracy=accuracy_se(trained),
             base_pass_at_8=base["pass_at_k"]["8"], trained_pass_at_8=trained["pass_at_k"]["8"],
             gain=gain, gain_se=se, gain_z=gain / se if se > 0 else None,
             train_reward=[c["reward"] for c in run["reward_curve"]],
+            # held-out samples per solution structure, [correct, samples] (runs since learning.py tallies them)
+            base_structures=base.get("structures"), trained_structures=trained.get("structures"),
             cpu_seconds_per_step=run["cpu_seconds_per_step"], eval_cpu_seconds=trained["eval_cpu_seconds"],
             grid_core_hours=None if run["settings"]["learning_rate"] < 1e-9 else  # the evaluation control
             (seeds * (train_cpu + eval_cpu) + trained["eval_cpu_seconds"]) / 3600,
@@ -106,11 +109,15 @@ def main():
         json.dump(out, f, indent=1)
     for s in settings:
         z = "n/a" if s["gain_z"] is None else f"{s['gain_z']:.1f}"
-        print(f"{s['folder']} [{s['warm_start']}, distributive {s['distributive_fraction']}]: base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
+        print(f"{s['folder']} [{s['warm_start']}, distributive {s['distributive_fraction']}]: "
+              f"base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
               f"{s['trained_accuracy'][0]:.3f} ± {s['trained_accuracy'][1]:.3f}, gain {s['gain']:+.3f} (SE "
               f"{s['gain_se']:.3f}, z {z}); {s['cpu_seconds_per_step']:.0f} CPU s/step, eval "
               f"{s['eval_cpu_seconds']:.0f} CPU s"
               + ("" if s["grid_core_hours"] is None else f"; grid {s['grid_core_hours']:.1f} core-hours"))
+        if s["trained_structures"]:
+            print("  held-out samples per structure [correct, samples]: base", s["base_structures"], "-> trained",
+                  s["trained_structures"])
     print(path)
 
 

@@ -3,8 +3,8 @@ positive advantage mass moves from common to rare clusters.
 
 One or more generation batches of CueGRPOTrainer (strategy cues, CR weighting, defaults; no training) on the
 built-in arithmetic task. The script records GRPO's advantages and the redistributed ones
-(``RarityWeights.apply``, the Cue-GRPO part of the credit core) and every call of ``compute_rarity_weights`` (cluster ids of a group's positive
-completions, their weights w'_i and pre-floor multipliers), and reports:
+(``RarityWeights.apply``, the Cue-GRPO part of the credit core) and every call of ``compute_rarity_weights``
+(cluster ids of a group's positive completions, their weights w'_i and pre-floor multipliers), and reports:
 
 - weight against cluster size for every positive completion (paper Eq. 3/8: w ∝ |C|^-α, clipped, floored);
 - per group, the share of the positive advantage mass on minority clusters (all clusters but the largest), under
@@ -17,7 +17,12 @@ completions, their weights w'_i and pre-floor multipliers), and reports:
 With ``--task chain`` (``smollm2-135m-chain``) every positive completion is also labelled with its solution
 structure (:func:`solution_structure`: plain core, or for a distributive core term-by-term vs factored) and the
 summary gives clusters per group and the weights by structure, and whether the cue clusters separate the two
-structures.
+structures. ``--partition structure`` (chain only) is the control: positives clustered by their structure
+(``cue_partition="callable"``, :func:`structure_partition`) instead of by strategy cues.
+
+    python benchmarks/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96
+    python benchmarks/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96 --partition structure \
+        --output benchmarks/results/mechanism_cue_grpo_structure_chain.json
 """
 
 from __future__ import annotations

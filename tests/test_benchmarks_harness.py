@@ -192,7 +192,8 @@ def test_chain_pilot_names_the_warm_start_build_of_each_pilot(tmp_path):
 
     import chain_pilot
 
-    record = {"weights_sha256": "4699c010c3878b43", "config": {"epochs": 1.0, "learning_rate": 1e-3, "num_examples": 160}}
+    config = {"epochs": 1.0, "learning_rate": 1e-3, "num_examples": 160}
+    record = {"weights_sha256": "4699c010c3878b43", "config": config}
     (tmp_path / "warm_start.json").write_text(json.dumps(record))
     run = {"settings": {"model_sha256": "ignored: the folder's record wins"}}
     assert chain_pilot.warm_start_of(str(tmp_path), run) == "4699c010c3878b43: 1 epochs, lr 0.001, 160 examples"
