@@ -62,12 +62,12 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "l
 METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
-            "operators", "num_train", "num_test")
+            "operators", "num_train", "num_test", "beta")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
              "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction")
 # Settings of runs written before a key existed (their value then); the arithmetic runs predate --task, and runs
 # before --model recorded no warm-start digest.
-LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None}
+LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
@@ -156,7 +156,7 @@ def structure_counts(texts: list[list[str]], questions: list[str], scored: list[
 def method_settings(method: str, args) -> tuple[str, dict]:
     """(harness method, settings overriding harness.METHODS) of one method under the shared budget."""
     shared = dict(num_generations=args.generations, temperature=args.temperature, top_p=1.0, loss_type="dapo",
-                  weight_decay=0.0)
+                  weight_decay=0.0, beta=args.beta)
     if method == "datpo":
         shared["num_generations"] = max(2, args.generations // 2)
     if method in SRPO_LIKE:
@@ -228,6 +228,8 @@ def main(argv=None):
                         help="max completion tokens, training and evaluation (default: arithmetic 48, chain 96)")
     parser.add_argument("--temperature", type=float, default=0.7, help="training sampling temperature")
     parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="KL penalty to the starting model (TRL's beta; 0, TRL's default, in every run before it)")
     parser.add_argument("--digits", type=int, default=1)
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--operators", default="+-")

@@ -85,7 +85,7 @@ def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prom
     from trl_credit.srpo.prompts import LINES_ROLLOUT_TEMPLATE
 
     prompts = make_chain_dataset(num_train=0, num_test=2, seed=0)["test"]["prompt"]
-    args = argparse.Namespace(task="chain", generations=8, temperature=0.7)
+    args = argparse.Namespace(task="chain", generations=8, temperature=0.7, beta=0.05)
     budgets = {}
     for method in learning.METHODS:
         harness_method, overrides = learning.method_settings(method, args)
@@ -97,6 +97,7 @@ def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prom
             assert method == "srpo_oracle"  # SRPOConfig without reset="oracle" yet: learning.py skips it
             continue
         assert learning.training_prompts(config, prompts) == prompts, method
+        assert config.beta == 0.05, method  # --beta reaches every method alike
         budgets[method] = config.num_generations
         if method in learning.SRPO_LIKE:
             assert config.thought_delimiter == "\n" and config.suffixes_per_reset == 4
