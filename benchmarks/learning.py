@@ -65,8 +65,9 @@ RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", 
             "operators", "num_train", "num_test", "beta")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
              "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction")
-# Settings of runs written before a key existed (their value then); the arithmetic runs predate --task, and runs
-# before --model recorded no warm-start digest.
+# Settings of runs written before a key existed (their value then): the arithmetic runs predate --task; runs before
+# --model recorded no warm-start digest, before --distributive-fraction none (chain pilots: 0.5, the task's), and
+# every run before --beta trained with TRL's default 0.
 LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {

@@ -194,9 +194,9 @@ def main(argv=None):
     redistribute = rarity.apply
 
     @functools.wraps(redistribute)
-    def recording_redistribute(trainer, batch, inputs, output, local_advantages, *args, **kwargs):
+    def recording_redistribute(owner, batch, inputs, output, local_advantages, *args, **kwargs):
         grpo_advantages.append(local_advantages.detach().cpu().tolist())
-        return redistribute(trainer, batch, inputs, output, local_advantages, *args, **kwargs)
+        return redistribute(owner, batch, inputs, output, local_advantages, *args, **kwargs)
 
     rarity.apply = recording_redistribute
 
