@@ -186,10 +186,7 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
                          count_rows=True)
     profiler.wrap_method(trainer, "_calculate_rewards", "rewards")
     if method == "cue_grpo":
-        from trl_credit.cue_grpo.parts import RarityWeights
-
-        rarity = next(m for m in trainer.modifiers if isinstance(m, RarityWeights))
-        profiler.wrap_method(rarity, "apply", "cue: cue extraction + partition + weights")
+        profiler.wrap_method(trainer.rarity_weights, "apply", "cue: cue extraction + partition + weights")
     elif method == "oppo":
         profiler.wrap_method(trainer.credit, "token_advantages", "oppo: oracle pass + recursion")
     elif method == "datpo":

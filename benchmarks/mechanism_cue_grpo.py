@@ -75,10 +75,12 @@ def solution_structure(question: str, text: str) -> str:
 def structure_partition(completions: list[str], prompt) -> list[str]:
     """``partition_fn`` of ``--partition structure`` (chain task): a positive's cluster is its solution structure,
     read from its first line by :func:`solution_structure` - the control that sees what the cue partition does not."""
+    from trl_credit.chain import CHAIN_INSTRUCTION
+    from trl_credit.srpo.localization import _chain_question
     from trl_credit.srpo.prompts import question_of
 
-    # the chain prompt is CHAIN_INSTRUCTION: "Compute {question}. Write one step per line ..."
-    question = question_of(prompt).removeprefix("Compute ").split(". Write one step per line")[0]
+    # the bare question out of the instruction around it, as SRPO's chain step checker reads it
+    question = _chain_question(question_of(prompt), CHAIN_INSTRUCTION)
     return [solution_structure(question, text) for text in completions]
 
 
@@ -190,7 +192,7 @@ def main(argv=None):
     else:
         trainer = common.build_trainer("cue_grpo", args)
     grpo_advantages = []
-    rarity = next(m for m in trainer.modifiers if isinstance(m, cue_parts.RarityWeights))
+    rarity = trainer.rarity_weights  # CueGRPOTrainer's RarityWeights part
     redistribute = rarity.apply
 
     @functools.wraps(redistribute)
