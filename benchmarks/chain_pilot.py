@@ -89,7 +89,8 @@ def main():
         eval_cpu = trained["eval_cpu_seconds"] * len(METHODS)
         settings.append(dict(
             folder=os.path.relpath(folder, RESULTS), warm_start=build,
-            distributive_fraction=run["settings"].get("distributive_fraction") or 0.5, steps=steps,
+            distributive_fraction=run["settings"].get("distributive_fraction") or 0.5,
+            factor_friendly=run["settings"].get("factor_friendly", False), steps=steps,
             learning_rate=run["settings"]["learning_rate"], beta=run["settings"].get("beta", 0.0),
             prompts_per_step=run["settings"]["prompts"], generations=run["settings"]["generations"],
             base_accuracy=accuracy_se(base), trained_accuracy=accuracy_se(trained),
@@ -109,7 +110,8 @@ def main():
         json.dump(out, f, indent=1)
     for s in settings:
         z = "n/a" if s["gain_z"] is None else f"{s['gain_z']:.1f}"
-        print(f"{s['folder']} [{s['warm_start']}, distributive {s['distributive_fraction']}, beta {s['beta']:g}]: "
+        print(f"{s['folder']} [{s['warm_start']}, distributive {s['distributive_fraction']}"
+              f"{' factor-friendly' if s['factor_friendly'] else ''}, beta {s['beta']:g}]: "
               f"base {s['base_accuracy'][0]:.3f} ± {s['base_accuracy'][1]:.3f} -> trained "
               f"{s['trained_accuracy'][0]:.3f} ± {s['trained_accuracy'][1]:.3f}, gain {s['gain']:+.3f} (SE "
               f"{s['gain_se']:.3f}, z {z}); {s['cpu_seconds_per_step']:.0f} CPU s/step, eval "

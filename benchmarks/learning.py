@@ -64,11 +64,12 @@ SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test", "beta")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
-             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction")
+             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction", "factor_friendly")
 # Settings of runs written before a key existed (their value then): the arithmetic runs predate --task; runs before
-# --model recorded no warm-start digest, before --distributive-fraction none (chain pilots: 0.5, the task's), and
-# every run before --beta trained with TRL's default 0.
-LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0}
+# --model recorded no warm-start digest, before --distributive-fraction none (chain pilots: 0.5, the task's), every
+# run before --beta trained with TRL's default 0, and none before --factor-friendly had it.
+LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0,
+                   "factor_friendly": False}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
@@ -81,7 +82,8 @@ TASKS = {
 def dataset_of(args):
     if args.task == "chain":
         return make_chain_dataset(num_train=args.num_train, num_test=args.num_test, seed=0,
-                                  distributive_fraction=args.distributive_fraction)
+                                  distributive_fraction=args.distributive_fraction,
+                                  factor_friendly=args.factor_friendly)
     return make_arithmetic_dataset(num_train=args.num_train, num_test=args.num_test, digits=args.digits,
                                    num_operands=args.operands, operators=args.operators, seed=0)
 
@@ -238,6 +240,9 @@ def main(argv=None):
     parser.add_argument("--num-test", type=int, default=None, help="held-out problems (arithmetic 60, chain 64)")
     parser.add_argument("--distributive-fraction", type=float, default=None,
                         help="chain task: share of problems with two solution structures (default 0.5, the task's)")
+    parser.add_argument("--factor-friendly", action="store_true",
+                        help="chain task: distributive problems whose factored structure is the easy one (b + c = 10 "
+                             "or b - c in 1..2), so that the structure choice changes the outcome")
     parser.add_argument("--samples", type=int, default=16, help="samples per held-out problem (pass@k up to this k)")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-top-p", type=float, default=1.0)
@@ -249,6 +254,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.task != "chain" and args.distributive_fraction is not None:
         raise SystemExit("--distributive-fraction: only --task chain has solution structures")
+    if args.task != "chain" and args.factor_friendly:
+        raise SystemExit("--factor-friendly: only --task chain has solution structures")
     for key, value in TASKS[args.task]["defaults"].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -167,13 +167,18 @@ def test_learning_chain_distributive_fraction_sets_the_problems_and_is_refused_o
 
     from trl_credit.chain import parse_question
 
-    args = argparse.Namespace(task="chain", num_train=8, num_test=8, distributive_fraction=1.0)
+    args = argparse.Namespace(task="chain", num_train=8, num_test=8, distributive_fraction=1.0, factor_friendly=False)
     splits = learning.dataset_of(args)
     assert all(parse_question(q).distributive for split in ("train", "test") for q in splits[split]["question"])
-    args.distributive_fraction = 0.0
+    args.factor_friendly = True
+    cores = [parse_question(q).core for split in ("train", "test") for q in learning.dataset_of(args)[split]["question"]]
+    assert all(b + c == 10 if op == "+" else b - c in (1, 2) for _, op, b, c in cores)
+    args.distributive_fraction, args.factor_friendly = 0.0, False
     assert not any(parse_question(q).distributive for q in learning.dataset_of(args)["test"]["question"])
     with pytest.raises(SystemExit, match="--distributive-fraction"):
         learning.main(["--task", "arithmetic", "--distributive-fraction", "1.0"])
+    with pytest.raises(SystemExit, match="--factor-friendly"):
+        learning.main(["--task", "arithmetic", "--factor-friendly"])
 
 
 def test_learning_structure_counts_tally_each_sample_by_structure_and_correctness():

@@ -143,6 +143,32 @@ def test_generator_ranges_structures_and_step_counts():
             assert len(term) == len(factored) + 1 and term[-1][3] == factored[-1][3]
 
 
+def test_factor_friendly_cores_make_the_factored_structure_the_easy_one():
+    # the default draws are those of every earlier run (golden, from the generator before the option existed)
+    assert [p.question for p in make_chain_problems(3, seed=0, distributive_fraction=1.0)] == [
+        "4 * 7 - 4 * 6, then add 4, then add 6",
+        "4 * 4 - 4 * 3, then multiply by 3, then add 6, then subtract 2",
+        "4 * 5 + 4 * 6, then subtract 3, then subtract 3",
+    ]
+    problems = make_chain_problems(300, seed=0, factor_friendly=True)
+    distributive = [p for p in problems if p.distributive]
+    assert 0.35 < len(distributive) / len(problems) < 0.65
+    assert {p.core[1] for p in distributive} == {"+", "-"}
+    for problem in distributive:
+        a, op, b, c = problem.core
+        assert (b + c == 10 and b != c) if op == "+" else b - c in (1, 2)
+        term, factored = chain_solutions(problem)
+        assert factored[0][3] in (1, 2, 10) and term[-1][3] == factored[-1][3] <= 60
+    # plain problems are drawn as before, with the same odds; train and test stay disjoint
+    assert sum(not p.distributive for p in problems) > 100
+    splits = make_chain_dataset(num_train=40, num_test=20, seed=0, factor_friendly=True)
+    assert not set(splits["train"]["question"]) & set(splits["test"]["question"])
+    assert load_task_dataset("chain", num_train=40, num_test=20, seed=0, factor_friendly=True)["test"].to_list() == \
+        splits["test"].to_list()
+    with pytest.raises(ValueError, match="factor_friendly needs max_operand >= 6"):
+        make_chain_problems(3, max_operand=5, factor_friendly=True)
+
+
 def test_dataset_is_seeded_disjoint_and_prompts_state_the_format():
     first = load_task_dataset("chain", num_train=50, num_test=20, seed=3)
     assert first["train"].to_list() == make_chain_dataset(num_train=50, num_test=20, seed=3)["train"].to_list()

@@ -160,14 +160,25 @@ def solution_text(problem: ChainProblem, structure: str = "term") -> str:
     return "\n".join(f"{x} {op} {y} = {z}" for x, op, y, z in steps) + f"\n\\boxed{{{steps[-1][3]}}}"
 
 
+def _factor_friendly_pairs(max_operand: int) -> dict[str, list[tuple[int, int]]]:
+    """The ``(b, c)`` of a factor-friendly distributive core: ``b + c = 10`` or ``b - c`` in 1..2, distinct operands
+    in ``2..max_operand``."""
+    operands = range(2, max_operand + 1)
+    return {"+": [(b, c) for b in operands for c in operands if b != c and b + c == 10],
+            "-": [(b, c) for b in operands for c in operands if b - c in (1, 2)]}
+
+
 def _random_problem(rng: random.Random, min_ops: int, max_ops: int, max_value: int, max_operand: int,
-                    distributive_fraction: float) -> ChainProblem:
+                    distributive_fraction: float, factor_friendly: bool = False) -> ChainProblem:
     while True:
         if rng.random() < distributive_fraction:
             a, op = rng.randint(2, 5), rng.choice("+-")
-            b, c = sorted(rng.sample(range(2, max_operand + 1), 2), reverse=True)  # b > c: a * (b - c) > 0
-            if op == "+" and rng.random() < 0.5:
-                b, c = c, b
+            if factor_friendly:
+                b, c = rng.choice(_factor_friendly_pairs(max_operand)[op])
+            else:
+                b, c = sorted(rng.sample(range(2, max_operand + 1), 2), reverse=True)  # b > c: a * (b - c) > 0
+                if op == "+" and rng.random() < 0.5:
+                    b, c = c, b
             core = (a, op, b, c)
         else:
             op = rng.choice("+-*")
@@ -198,13 +209,16 @@ def make_chain_problems(
     max_operand: int = 9,
     distributive_fraction: float = 0.5,
     exclude: set[str] | None = None,
+    factor_friendly: bool = False,
 ) -> list[ChainProblem]:
     """``num_problems`` distinct problems (by question), none of whose question is in ``exclude``; deterministic in
     ``seed``. ``min_ops``..``max_ops`` operations follow the core: add or subtract ``2..max_operand``, multiply by
     2 or 3; every intermediate value stays in ``[0, max_value]``. ``distributive_fraction`` of the cores are
     ``a * b +/- a * c`` (``a`` in 2..5, ``b``, ``c`` in ``2..max_operand``: two solution structures); the others
     ``a +/- b`` (``a`` up to ``max_value // 2``, ``b`` up to ``max_operand``) or ``a * b`` (``a`` up to 9, ``b``
-    up to 5)."""
+    up to 5). ``factor_friendly`` keeps only distributive cores whose factored structure is the easy one (``b + c =
+    10``, or ``b - c`` is 1 or 2: ``7 * 6 - 7 * 5`` is ``7 * 1``, or ``42 - 35`` term by term), so that the choice of
+    structure changes how hard the problem is (docs/testbed.md); the default draws are unchanged."""
     if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 0:
         raise ValueError(f"num_problems must be an integer >= 0, got {num_problems!r}")
     if not 1 <= min_ops <= max_ops:
@@ -217,11 +231,14 @@ def make_chain_problems(
         )
     if not 0 <= distributive_fraction <= 1:
         raise ValueError(f"distributive_fraction must be in [0, 1], got {distributive_fraction}")
+    if factor_friendly and max_operand < 6:
+        raise ValueError(f"factor_friendly needs max_operand >= 6 (b + c = 10 with distinct b, c), got {max_operand}")
     rng = random.Random(seed)
     seen = set(exclude or ())
     problems = []
     while len(problems) < num_problems:  # the pool holds millions of problems: collisions are rare
-        problem = _random_problem(rng, min_ops, max_ops, max_value, max_operand, distributive_fraction)
+        problem = _random_problem(rng, min_ops, max_ops, max_value, max_operand, distributive_fraction,
+                                  factor_friendly)
         if problem.question not in seen:
             seen.add(problem.question)
             problems.append(problem)
@@ -239,6 +256,7 @@ def make_chain_dataset(
     distributive_fraction: float = 0.5,
     instruction: str = CHAIN_INSTRUCTION,
     system_prompt: str | None = None,
+    factor_friendly: bool = False,
 ):
     """A ``datasets.DatasetDict`` with disjoint ``train``/``test`` splits (``prompt``, ``answer``, ``question``).
 
@@ -248,7 +266,7 @@ def make_chain_dataset(
     if "{question}" not in instruction:
         raise ValueError(f"instruction must contain the placeholder '{{question}}', got {instruction!r}")
     settings = dict(min_ops=min_ops, max_ops=max_ops, max_value=max_value, max_operand=max_operand,
-                    distributive_fraction=distributive_fraction)
+                    distributive_fraction=distributive_fraction, factor_friendly=factor_friendly)
     test = make_chain_problems(num_test, seed=seed + 1, **settings)
     train = make_chain_problems(num_train, seed=seed, exclude={p.question for p in test}, **settings)
 
