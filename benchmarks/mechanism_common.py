@@ -193,6 +193,24 @@ def wilson(k: int, n: int) -> list[float] | None:
     return srpo_wilson(k, n)
 
 
+def cluster_bootstrap(values: list[float], clusters: list, draws: int = 2000, seed: int = 0) -> list[float] | None:
+    """95% percentile interval of the mean of ``values`` when they come in correlated ``clusters`` (e.g. the
+    completions of one prompt): clusters are resampled with replacement, the mean taken over their values."""
+    import random
+
+    groups = {}
+    for value, cluster in zip(values, clusters):
+        groups.setdefault(cluster, []).append(float(value))
+    if not groups:
+        return None
+    rng, keys, means = random.Random(seed), list(groups), []
+    for _ in range(draws):
+        picked = [v for key in rng.choices(keys, k=len(keys)) for v in groups[key]]
+        means.append(sum(picked) / len(picked))
+    means.sort()
+    return [means[int(0.025 * (draws - 1))], means[int(0.975 * (draws - 1))]]
+
+
 def mean(values) -> float:
     values = [float(v) for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")

@@ -127,7 +127,8 @@ def chain_regions(records: list[dict], tokenizer) -> list[dict]:
             if verdict.step is None:
                 continue
             lines = common.line_of_token(common.token_pieces(ids, tokenizer))
-            out.append(dict(first_wrong=verdict.step, reason=verdict.reason, lines=max(lines), tokens=length,
+            out.append(dict(question=record["inputs"][i]["question"], text=text,
+                            first_wrong=verdict.step, reason=verdict.reason, lines=max(lines), tokens=length,
                             loss=region_shares(lines, output["advantages"][i, :length].tolist(), verdict.step),
                             anchored=region_shares(lines, credit["advantages"][i, :length].tolist(),
                                                    verdict.step)))
@@ -148,6 +149,25 @@ def summarize_regions(regions: list[dict]) -> dict:
             entry[f"{kind}_share_on_after_above_tokens"] = common.mean(
                 (c[kind]["mass"]["on"] + c[kind]["mass"]["after"]) > (c[kind]["tokens"]["on"] + c[kind]["tokens"]["after"])
                 for c in have)
+            # ... and the first wrong line alone; its mass share with a 95% interval over prompts (the completions
+            # of one prompt are correlated, often the same text)
+            entry[f"{kind}_share_on_above_tokens"] = common.mean(
+                c[kind]["mass"]["on"] > c[kind]["tokens"]["on"] for c in have)
+            if all("question" in c for c in have):
+                entry[f"{kind}_on_mass_interval_over_prompts"] = common.cluster_bootstrap(
+                    [c[kind]["mass"]["on"] for c in have], [c["question"] for c in have])
+        if all("question" in c for c in subset):
+            entry["prompts"] = len({c["question"] for c in subset})
+            entry["distinct_texts"] = len({(c["question"], c["text"]) for c in subset})
+            entry["on_token_interval_over_prompts"] = common.cluster_bootstrap(
+                [c["loss"]["tokens"]["on"] for c in subset], [c["question"] for c in subset])
+        entry["by_first_wrong_line"] = {
+            h: dict(completions=len(at), token_share={r: common.mean(c["loss"]["tokens"][r] for c in at) for r in REGIONS},
+                    loss_negative_mass_share={r: common.mean(c["loss"]["mass"][r] for c in at
+                                                             if c["loss"]["mass"]["before"] is not None)
+                                              for r in REGIONS})
+            for h in sorted({c["first_wrong"] for c in subset})
+            for at in [[c for c in subset if c["first_wrong"] == h]]}
         return entry
 
     reasons = {}

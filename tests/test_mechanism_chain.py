@@ -30,6 +30,39 @@ def test_region_shares_of_negative_advantage_mass():
     assert mechanism_oppo.region_shares([1, 2], [0.5, 0.0], 1)["mass"]["on"] is None
 
 
+def test_cluster_bootstrap_resamples_whole_clusters():
+    # one cluster: every draw is its mean
+    assert mechanism_common.cluster_bootstrap([0.2, 0.4], ["q", "q"], draws=50) == pytest.approx([0.3, 0.3])
+    # clusters a = [0, 0, 0, 0], b = [1]: a quarter of the draws are (b, b), mean 1, so the upper end is 1; resampling
+    # the five completions instead would need five draws of the one 1 (probability 1/5**5) for a mean of 1
+    low, high = mechanism_common.cluster_bootstrap([0.0] * 4 + [1.0], ["a"] * 4 + ["b"], draws=400)
+    assert (low, high) == (0.0, 1.0)
+    assert mechanism_common.cluster_bootstrap([], []) is None
+
+
+def test_summarize_regions_counts_prompts_texts_and_the_wrong_line_above_its_tokens():
+    import mechanism_oppo
+
+    def completion(question, text, first_wrong, tokens, mass):
+        shares = dict(tokens=dict(zip(mechanism_oppo.REGIONS, tokens)), mass=dict(zip(mechanism_oppo.REGIONS, mass)))
+        return dict(question=question, text=text, first_wrong=first_wrong, reason="arithmetic", loss=shares,
+                    anchored=shares)
+
+    regions = [completion("q1", "x", 2, (0.5, 0.25, 0.25), (0.0, 1.0, 0.0)),   # on: 1.0 > 0.25
+               completion("q1", "x", 2, (0.5, 0.25, 0.25), (0.0, 1.0, 0.0)),   # the same text again
+               completion("q2", "y", 1, (0.0, 0.5, 0.5), (0.0, 0.4, 0.6))]     # on: 0.4 < 0.5, on+after 1.0 = 1.0
+    entry = mechanism_oppo.summarize_regions(regions)["all"]
+    assert (entry["prompts"], entry["distinct_texts"], entry["completions"]) == (2, 2, 3)
+    assert entry["loss_share_on_above_tokens"] == pytest.approx(2 / 3)
+    assert entry["loss_share_on_after_above_tokens"] == pytest.approx(2 / 3)
+    assert entry["loss_negative_mass_share"]["on"] == pytest.approx(2.4 / 3)
+    # over prompts: q1's completions [1.0, 1.0], q2's [0.4]: means 1.0, 0.4 or 2.4 / 3
+    low, high = entry["loss_on_mass_interval_over_prompts"]
+    assert (low, high) == (pytest.approx(0.4), pytest.approx(1.0))
+    assert entry["by_first_wrong_line"][2]["completions"] == 2
+    assert entry["by_first_wrong_line"][1]["loss_negative_mass_share"]["after"] == pytest.approx(0.6)
+
+
 def test_line_starts_and_solution_structure():
     import mechanism_cue_grpo
     import mechanism_datpo
