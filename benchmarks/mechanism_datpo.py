@@ -19,7 +19,9 @@ App. D.1), the rollout's ``generate_branches`` (the branches, each cut to its fo
 With ``--task chain`` (``smollm2-135m-chain``, one step per line) every sentence is also marked by whether it starts
 at a real step boundary (its first non-whitespace token is the first token of a line,
 ``mechanism_common.line_of_token``), and the summary gives the share of chosen forks at step boundaries, the
-sentences and lines per rollout, and the trainer's token-entropy fallback rate.
+sentences and lines per rollout, and the trainer's token-entropy fallback rate; in incorrect base rollouts it puts the
+chosen forks against the chain step checker's first wrong line h_o (before / on / after, next to where all sentences
+are) with the share of correct branches grown from each (:func:`fork_regions`).
 """
 
 from __future__ import annotations
@@ -72,22 +74,32 @@ def reconstruct(trainer, record: dict, calls: dict, chain: bool = False) -> list
             shift = 1 if k.get("position", "after_token") == "after_token" else 0
             sentences = [dict(start=s, end=e, entropy=sum(entropies[s:e]) / (e - s) if e > s and entropies else None,
                               chosen=s + shift in forks) for s, e in spans]
+            first_wrong = None
             if chain:
+                from trl_credit.chain import first_wrong_step
+
                 ids = record["output"]["completion_ids"][i, :lengths[i]].tolist()
                 pieces = common.token_pieces(ids, trainer.processing_class)
-                starts = line_starts(pieces)
+                starts, token_lines = line_starts(pieces), common.line_of_token(pieces)
                 for sentence in sentences:
                     first = next((j for j in range(sentence["start"], sentence["end"]) if pieces[j].strip()), None)
                     sentence["step_boundary"] = first in starts
+                    sentence["line"] = token_lines[sentence["start"] if first is None else first]
                 prompt.setdefault("lines", []).append(len(starts))
+                # the checker's first wrong line of this base rollout (None: every step holds)
+                text = trainer.processing_class.decode(ids, skip_special_tokens=True)
+                first_wrong = first_wrong_step(record["inputs"][i]["question"], text)
             length = k.get("num_tokens", lengths[i])
-            prompt["rollouts"].append(dict(forks=list(forks), length=length, sentences=sentences))
+            prompt["rollouts"].append(dict(forks=list(forks), length=length, sentences=sentences,
+                                           first_wrong=first_wrong))
+            fork_lines = {s["start"] + shift: s.get("line") for s in sentences}
             for fork in forks:
                 for _ in range(b_hat):
                     if cursor < len(branch_ids):
                         verdict = branch_success[cursor] if cursor < len(branch_success) else None
                         prompt["branches"].append(dict(fork=int(fork), base_length=length,
-                                                       generated=len(branch_ids[cursor]), correct=verdict))
+                                                       generated=len(branch_ids[cursor]), correct=verdict,
+                                                       fork_line=fork_lines.get(int(fork)), first_wrong=first_wrong))
                     cursor += 1
         leaves = N + len(prompt["branches"])
         generated = sum(prompt["base_lengths"]) + sum(b["generated"] for b in prompt["branches"])
@@ -152,6 +164,30 @@ def plot(prompts: list[dict], summary: dict, path: str, title: str) -> None:
     ax.set_title(f"Cost per leaf (mean ratio {summary['tokens_per_leaf_over_answer_length']:.2f})")
     ax.legend(fontsize=8)
     common.save_figure(fig, path, title)
+
+
+def fork_regions(prompts: list[dict]) -> dict:
+    """Chain task: in forked base rollouts with a wrong line h_o (the checker's), where the chosen forks are against
+    h_o (their sentence's line before / on / after it) next to where all the rollout's sentences are (a uniform
+    choice), and how often a branch grown from each region is correct. A fork on h_o keeps its first token
+    (``after_token``) and resamples the rest of the wrong line."""
+    def region(line, first_wrong):
+        return "before" if line < first_wrong else "on" if line == first_wrong else "after"
+
+    rollouts = [r for p in prompts for r in p["rollouts"] if r["forks"] and r.get("first_wrong") is not None]
+    chosen = [region(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"] if s["chosen"]]
+    every = [region(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"]]
+    branches = [b for p in prompts for b in p["branches"]
+                if b.get("first_wrong") is not None and b.get("fork_line") is not None and b["correct"] is not None]
+    corrected = {}
+    for name in ("before", "on", "after"):
+        grown = [b["correct"] for b in branches if region(b["fork_line"], b["first_wrong"]) == name]
+        corrected[name] = dict(correct=sum(grown), branches=len(grown),
+                               ci95=common.wilson(sum(grown), len(grown)) if grown else None)
+    return dict(incorrect_forked_rollouts=len(rollouts), chosen_forks=len(chosen),
+                chosen_share={name: chosen.count(name) / len(chosen) if chosen else None for name in ("before", "on", "after")},
+                sentence_share={name: every.count(name) / len(every) if every else None for name in ("before", "on", "after")},
+                branch_correct_by_region=corrected)
 
 
 def summarize(prompts: list[dict]) -> dict:
@@ -242,7 +278,8 @@ def main(argv=None):
             sentences_per_rollout=common.mean(len(r["sentences"]) for r in forked),
             lines_per_rollout=common.mean(n for p in prompts for n in p.get("lines", [])),
             fork_fallback_rate_logged=common.harness.last_metrics(trainer).get("datpo/fork_fallback_rate"),
-            fork_position=trainer.args.fork_position)
+            fork_position=trainer.args.fork_position,
+            forks_against_first_wrong_line=fork_regions(prompts))
     metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("datpo/")}
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start, summary=summary,
                    trainer_metrics_last_batch=metrics, prompts=prompts)

@@ -63,6 +63,33 @@ def test_summarize_regions_counts_prompts_texts_and_the_wrong_line_above_its_tok
     assert entry["by_first_wrong_line"][1]["loss_negative_mass_share"]["after"] == pytest.approx(0.6)
 
 
+def test_datpo_fork_regions_against_the_first_wrong_line():
+    import mechanism_datpo
+
+    def sentence(line, chosen):
+        return dict(line=line, chosen=chosen)
+
+    # rollout 1: wrong at line 2, lines 1-4, forks chosen on lines 2 and 4; rollout 2: correct (not counted);
+    # rollout 3: wrong at line 1, fork on line 3
+    prompts = [dict(rollouts=[
+        dict(forks=[5, 15], first_wrong=2, sentences=[sentence(1, False), sentence(2, True), sentence(3, False),
+                                                       sentence(4, True)]),
+        dict(forks=[4], first_wrong=None, sentences=[sentence(1, True), sentence(2, False)]),
+        dict(forks=[9], first_wrong=1, sentences=[sentence(1, False), sentence(2, False), sentence(3, True)]),
+    ], branches=[dict(fork_line=2, first_wrong=2, correct=True), dict(fork_line=2, first_wrong=2, correct=False),
+                 dict(fork_line=4, first_wrong=2, correct=False), dict(fork_line=1, first_wrong=None, correct=True),
+                 dict(fork_line=3, first_wrong=1, correct=None)])]
+    out = mechanism_datpo.fork_regions(prompts)
+    assert (out["incorrect_forked_rollouts"], out["chosen_forks"]) == (2, 3)
+    assert out["chosen_share"] == pytest.approx({"before": 0.0, "on": 1 / 3, "after": 2 / 3})
+    # all 7 sentences of the two incorrect rollouts: before 1 (line 1 of rollout 1), on 2, after 4
+    assert out["sentence_share"] == pytest.approx({"before": 1 / 7, "on": 2 / 7, "after": 4 / 7})
+    corrected = out["branch_correct_by_region"]
+    assert (corrected["on"]["correct"], corrected["on"]["branches"]) == (1, 2)
+    assert (corrected["after"]["correct"], corrected["after"]["branches"]) == (0, 1)  # the unscored branch is left out
+    assert corrected["before"] == dict(correct=0, branches=0, ci95=None)
+
+
 def test_line_starts_and_solution_structure():
     import mechanism_cue_grpo
     import mechanism_datpo
