@@ -217,7 +217,7 @@ def make_chain_problems(
     ``a * b +/- a * c`` (``a`` in 2..5, ``b``, ``c`` in ``2..max_operand``: two solution structures); the others
     ``a +/- b`` (``a`` up to ``max_value // 2``, ``b`` up to ``max_operand``) or ``a * b`` (``a`` up to 9, ``b``
     up to 5). ``factor_friendly`` keeps only distributive cores whose factored structure is the easy one (``b + c =
-    10``, or ``b - c`` is 1 or 2: ``7 * 6 - 7 * 5`` is ``7 * 1``, or ``42 - 35`` term by term), so that the choice of
+    10``, or ``b - c`` is 1 or 2: ``5 * 7 - 5 * 6`` is ``5 * 1``, or ``35 - 30`` term by term), so that the choice of
     structure changes how hard the problem is (docs/testbed.md); the default draws are unchanged."""
     if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 0:
         raise ValueError(f"num_problems must be an integer >= 0, got {num_problems!r}")
