@@ -70,6 +70,23 @@ def cost_ratios() -> dict:
     return ratios
 
 
+def other_methods(folder: str, base: dict, grpo: dict) -> dict:
+    """Other methods run in a pilot's folder at its setting (``learning.py --methods M``, seed 0): held-out accuracy,
+    the paired change against the base and against GRPO's run, and the per-structure tally."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*_seed0.json"))):
+        method = os.path.basename(path)[: -len("_seed0.json")]
+        if method == "grpo":
+            continue
+        with open(path) as f:
+            run = json.load(f)
+        trained = run["eval"]
+        out[method] = dict(accuracy=accuracy_se(trained), gain=paired_problem_se(trained, base),
+                           vs_grpo=paired_problem_se(trained, grpo), pass_at_8=trained["pass_at_k"]["8"],
+                           structures=trained.get("structures"), cpu_seconds_per_step=run["cpu_seconds_per_step"])
+    return out
+
+
 def main():
     ratios = cost_ratios()
     settings = []
@@ -102,6 +119,7 @@ def main():
             cpu_seconds_per_step=run["cpu_seconds_per_step"], eval_cpu_seconds=trained["eval_cpu_seconds"],
             grid_core_hours=None if run["settings"]["learning_rate"] < 1e-9 else  # the evaluation control
             (seeds * (train_cpu + eval_cpu) + trained["eval_cpu_seconds"]) / 3600,
+            other_methods=other_methods(folder, base, trained),
         ))
     out = dict(description=__doc__.split("\n\n")[0], cost_ratio_to_grpo=ratios, grid=f"{len(METHODS)} methods x 4 seeds",
                settings=settings)
@@ -120,6 +138,10 @@ def main():
         if s["trained_structures"]:
             print("  held-out samples per structure [correct, samples]: base", s["base_structures"], "-> trained",
                   s["trained_structures"])
+        for method, m in s["other_methods"].items():
+            print(f"  {method} (same setting, seed 0): {m['accuracy'][0]:.3f} ± {m['accuracy'][1]:.3f}, vs base "
+                  f"{m['gain'][0]:+.3f} (SE {m['gain'][1]:.3f}), vs GRPO {m['vs_grpo'][0]:+.3f} (SE {m['vs_grpo'][1]:.3f}); "
+                  f"{m['cpu_seconds_per_step']:.0f} CPU s/step; per structure {m['structures']}")
     print(path)
 
 

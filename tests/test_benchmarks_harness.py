@@ -193,6 +193,28 @@ def test_learning_structure_counts_tally_each_sample_by_structure_and_correctnes
     assert counts == {"factored": [1, 1], "term": [1, 2], "plain": [1, 2]}
 
 
+def test_chain_pilot_reports_other_methods_of_a_pilot_against_base_and_grpo(tmp_path):
+    import json
+
+    import chain_pilot
+
+    def report(*correct):  # two problems, 4 samples each
+        return {"problems": [{"question": q, "num_correct": c, "num_samples": 4} for q, c in zip("ab", correct)],
+                "pass_at_k": {"8": 0.5}, "structures": {"factored": [sum(correct), 8]}}
+
+    base, grpo, oppo = report(1, 2), report(2, 2), report(3, 3)
+    for name, eval_report in (("grpo", grpo), ("oppo", oppo)):
+        (tmp_path / f"{name}_seed0.json").write_text(json.dumps({"eval": eval_report, "cpu_seconds_per_step": 9.0}))
+    out = chain_pilot.other_methods(str(tmp_path), base, grpo)
+    assert list(out) == ["oppo"]
+    # per problem: oppo 0.75, 0.75; base 0.25, 0.5 -> +0.5, +0.25; grpo 0.5, 0.5 -> +0.25, +0.25
+    assert out["oppo"]["gain"][0] == pytest.approx(0.375)
+    assert out["oppo"]["gain"][1] == pytest.approx(0.125)  # sd 0.1768 / sqrt(2)
+    assert out["oppo"]["vs_grpo"] == (pytest.approx(0.25), pytest.approx(0.0))
+    assert out["oppo"]["accuracy"][0] == pytest.approx(0.75)
+    assert out["oppo"]["structures"] == {"factored": [6, 8]}
+
+
 def test_chain_pilot_names_the_warm_start_build_of_each_pilot(tmp_path):
     import json
 
