@@ -110,10 +110,11 @@ def method_config(method: str, out_dir: str, settings: dict, grpo_like: str | No
     return config_class(output_dir=out_dir, **kwargs)
 
 
-def lora_config():
+def lora_config(rank: int = 64):
+    """The benchmarks' LoRA: ``rank`` (64 in every run before learning.py's ``--lora-rank``), alpha = rank (scale 1)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=64, lora_alpha=64, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    return LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
 
 
 class ModulePatches:

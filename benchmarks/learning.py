@@ -62,14 +62,15 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "l
 METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
-            "operators", "num_train", "num_test", "beta")
+            "operators", "num_train", "num_test", "beta", "lora_rank")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
              "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction", "factor_friendly")
 # Settings of runs written before a key existed (their value then): the arithmetic runs predate --task; runs before
 # --model recorded no warm-start digest, before --distributive-fraction none (chain pilots: 0.5, the task's), every
-# run before --beta trained with TRL's default 0, and none before --factor-friendly had it.
+# run before --beta trained with TRL's default 0, none before --factor-friendly had it, and every run before
+# --lora-rank trained a rank-64 LoRA.
 LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0,
-                   "factor_friendly": False}
+                   "factor_friendly": False, "lora_rank": 64}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
@@ -194,7 +195,7 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     settings.update(overrides)
     config = harness.method_config(harness_method, tempfile.mkdtemp(prefix=f"learning_{method}_"), settings)
     trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
-                                    peft_config=harness.lora_config())
+                                    peft_config=harness.lora_config(args.lora_rank))
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     train_seconds = time.perf_counter() - start
@@ -233,6 +234,7 @@ def main(argv=None):
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--beta", type=float, default=0.0,
                         help="KL penalty to the starting model (TRL's beta; 0, TRL's default, in every run before it)")
+    parser.add_argument("--lora-rank", type=int, default=64, help="LoRA rank (alpha = rank), the same for every method")
     parser.add_argument("--digits", type=int, default=1)
     parser.add_argument("--operands", type=int, default=2)
     parser.add_argument("--operators", default="+-")
@@ -254,6 +256,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.task != "chain" and args.distributive_fraction is not None:
         raise SystemExit("--distributive-fraction: only --task chain has solution structures")
+    if args.lora_rank < 1:
+        raise SystemExit(f"--lora-rank: a LoRA rank >= 1, got {args.lora_rank}")
     if args.task != "chain" and args.factor_friendly:
         raise SystemExit("--factor-friendly: only --task chain has solution structures")
     for key, value in TASKS[args.task]["defaults"].items():

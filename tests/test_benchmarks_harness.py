@@ -142,6 +142,27 @@ def test_learning_records_the_warm_start_digest_and_refuses_to_resume_on_another
     assert learning.load_if_same(str(run), learning.EVAL_KEYS, args) is not None
 
 
+def test_learning_lora_rank_is_a_run_setting_with_the_old_rank_for_old_runs(tmp_path):
+    import argparse
+    import json
+
+    import harness
+    import learning
+
+    assert (harness.lora_config().r, harness.lora_config(8).r, harness.lora_config(8).lora_alpha) == (64, 8, 8)
+    keys = learning.RUN_KEYS + learning.EVAL_KEYS
+    settings = {k: 0 for k in keys if k != "lora_rank"}
+    run = tmp_path / "grpo_seed0.json"
+    run.write_text(json.dumps({"settings": settings}))  # written before --lora-rank: rank 64
+    args = argparse.Namespace(**settings, lora_rank=64, force=False)
+    assert learning.load_if_same(str(run), keys, args) is not None
+    args.lora_rank = 8
+    with pytest.raises(SystemExit, match="lora_rank"):
+        learning.load_if_same(str(run), keys, args)
+    with pytest.raises(SystemExit, match="--lora-rank"):
+        learning.main(["--task", "chain", "--lora-rank", "0"])
+
+
 def test_cue_grpo_timer_wraps_the_rarity_weights_part_and_counts_its_calls(tiny_model_path, tiny_dataset, tmp_path):
     """The overhead benchmark's Cue-GRPO component timer must time the rarity weighting where the credit core runs it
     (the RarityWeights modifier), not skip itself silently because the old trainer method is gone."""
