@@ -193,6 +193,14 @@ def wilson(k: int, n: int) -> list[float] | None:
     return srpo_wilson(k, n)
 
 
+# Chain analyses: where a line lies against the checker's first wrong line h_o.
+REGIONS = ("before", "on", "after")
+
+
+def region_of(line: int, first_wrong: int) -> str:
+    return "before" if line < first_wrong else "on" if line == first_wrong else "after"
+
+
 def cluster_bootstrap(values: list[float], clusters: list, draws: int = 2000, seed: int = 0) -> list[float] | None:
     """95% percentile interval of the mean of ``values`` when they come in correlated ``clusters`` (e.g. the
     completions of one prompt): clusters are resampled with replacement, the mean taken over their values."""

@@ -171,22 +171,19 @@ def fork_regions(prompts: list[dict]) -> dict:
     h_o (their sentence's line before / on / after it) next to where all the rollout's sentences are (a uniform
     choice), and how often a branch grown from each region is correct. A fork on h_o keeps its first token
     (``after_token``) and resamples the rest of the wrong line."""
-    def region(line, first_wrong):
-        return "before" if line < first_wrong else "on" if line == first_wrong else "after"
-
     rollouts = [r for p in prompts for r in p["rollouts"] if r["forks"] and r.get("first_wrong") is not None]
-    chosen = [region(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"] if s["chosen"]]
-    every = [region(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"]]
+    chosen = [common.region_of(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"] if s["chosen"]]
+    every = [common.region_of(s["line"], r["first_wrong"]) for r in rollouts for s in r["sentences"]]
     branches = [b for p in prompts for b in p["branches"]
                 if b.get("first_wrong") is not None and b.get("fork_line") is not None and b["correct"] is not None]
     corrected = {}
-    for name in ("before", "on", "after"):
-        grown = [b["correct"] for b in branches if region(b["fork_line"], b["first_wrong"]) == name]
+    for name in common.REGIONS:
+        grown = [b["correct"] for b in branches if common.region_of(b["fork_line"], b["first_wrong"]) == name]
         corrected[name] = dict(correct=sum(grown), branches=len(grown),
                                ci95=common.wilson(sum(grown), len(grown)) if grown else None)
     return dict(incorrect_forked_rollouts=len(rollouts), chosen_forks=len(chosen),
-                chosen_share={name: chosen.count(name) / len(chosen) if chosen else None for name in ("before", "on", "after")},
-                sentence_share={name: every.count(name) / len(every) if every else None for name in ("before", "on", "after")},
+                chosen_share={name: chosen.count(name) / len(chosen) if chosen else None for name in common.REGIONS},
+                sentence_share={name: every.count(name) / len(every) if every else None for name in common.REGIONS},
                 branch_correct_by_region=corrected)
 
 

@@ -94,14 +94,14 @@ def analyse(records: list[dict]) -> dict:
     return rows
 
 
-REGIONS = ("before", "on", "after")
+REGIONS = common.REGIONS
 
 
 def region_shares(lines: list[int], advantages: list[float], first_wrong: int) -> dict:
     """Share of the negative advantage mass sum(-min(A_t, 0)) and of the tokens before / on / after the first wrong
     line (tokens before the first line, line 0, count as before it). Mass shares are None when no token has A_t < 0.
     """
-    region = ["before" if line < first_wrong else "on" if line == first_wrong else "after" for line in lines]
+    region = [common.region_of(line, first_wrong) for line in lines]
     negative = [max(-a, 0.0) for a in advantages]
     total = sum(negative)
     return dict(tokens={r: region.count(r) / len(region) for r in REGIONS},
@@ -153,21 +153,19 @@ def summarize_regions(regions: list[dict]) -> dict:
             # of one prompt are correlated, often the same text)
             entry[f"{kind}_share_on_above_tokens"] = common.mean(
                 c[kind]["mass"]["on"] > c[kind]["tokens"]["on"] for c in have)
-            if all("question" in c for c in have):
-                entry[f"{kind}_on_mass_interval_over_prompts"] = common.cluster_bootstrap(
-                    [c[kind]["mass"]["on"] for c in have], [c["question"] for c in have])
-        if all("question" in c for c in subset):
-            entry["prompts"] = len({c["question"] for c in subset})
-            entry["distinct_texts"] = len({(c["question"], c["text"]) for c in subset})
-            entry["on_token_interval_over_prompts"] = common.cluster_bootstrap(
-                [c["loss"]["tokens"]["on"] for c in subset], [c["question"] for c in subset])
-        entry["by_first_wrong_line"] = {
-            h: dict(completions=len(at), token_share={r: common.mean(c["loss"]["tokens"][r] for c in at) for r in REGIONS},
-                    loss_negative_mass_share={r: common.mean(c["loss"]["mass"][r] for c in at
-                                                             if c["loss"]["mass"]["before"] is not None)
-                                              for r in REGIONS})
-            for h in sorted({c["first_wrong"] for c in subset})
-            for at in [[c for c in subset if c["first_wrong"] == h]]}
+            entry[f"{kind}_on_mass_interval_over_prompts"] = common.cluster_bootstrap(
+                [c[kind]["mass"]["on"] for c in have], [c["question"] for c in have])
+        entry["prompts"] = len({c["question"] for c in subset})
+        entry["distinct_texts"] = len({(c["question"], c["text"]) for c in subset})
+        entry["on_token_interval_over_prompts"] = common.cluster_bootstrap(
+            [c["loss"]["tokens"]["on"] for c in subset], [c["question"] for c in subset])
+        entry["by_first_wrong_line"] = {}
+        for h in sorted({c["first_wrong"] for c in subset}):
+            at = [c for c in subset if c["first_wrong"] == h]
+            have = [c for c in at if c["loss"]["mass"]["before"] is not None]
+            entry["by_first_wrong_line"][h] = dict(
+                completions=len(at), token_share={r: common.mean(c["loss"]["tokens"][r] for c in at) for r in REGIONS},
+                loss_negative_mass_share={r: common.mean(c["loss"]["mass"][r] for c in have) for r in REGIONS})
         return entry
 
     reasons = {}

@@ -169,12 +169,12 @@ def _factor_friendly_pairs(max_operand: int) -> dict[str, list[tuple[int, int]]]
 
 
 def _random_problem(rng: random.Random, min_ops: int, max_ops: int, max_value: int, max_operand: int,
-                    distributive_fraction: float, factor_friendly: bool = False) -> ChainProblem:
+                    distributive_fraction: float, friendly_pairs: dict | None = None) -> ChainProblem:
     while True:
         if rng.random() < distributive_fraction:
             a, op = rng.randint(2, 5), rng.choice("+-")
-            if factor_friendly:
-                b, c = rng.choice(_factor_friendly_pairs(max_operand)[op])
+            if friendly_pairs:  # factor_friendly: _factor_friendly_pairs, built once per make_chain_problems
+                b, c = rng.choice(friendly_pairs[op])
             else:
                 b, c = sorted(rng.sample(range(2, max_operand + 1), 2), reverse=True)  # b > c: a * (b - c) > 0
                 if op == "+" and rng.random() < 0.5:
@@ -233,12 +233,13 @@ def make_chain_problems(
         raise ValueError(f"distributive_fraction must be in [0, 1], got {distributive_fraction}")
     if factor_friendly and max_operand < 6:
         raise ValueError(f"factor_friendly needs max_operand >= 6 (b + c = 10 with distinct b, c), got {max_operand}")
+    friendly_pairs = _factor_friendly_pairs(max_operand) if factor_friendly else None
     rng = random.Random(seed)
     seen = set(exclude or ())
     problems = []
     while len(problems) < num_problems:  # the pool holds millions of problems: collisions are rare
         problem = _random_problem(rng, min_ops, max_ops, max_value, max_operand, distributive_fraction,
-                                  factor_friendly)
+                                  friendly_pairs)
         if problem.question not in seen:
             seen.add(problem.question)
             problems.append(problem)
