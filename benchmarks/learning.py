@@ -8,8 +8,12 @@ Two tasks (``--task``), LoRA (r=64, all linear layers) on a model each:
   64 held-out problems, 96 completion tokens), rewards ``[accuracy, chain_format]`` as the example scripts default
   to (accuracy first: the methods' verifier), held-out reward ``accuracy``. Here SRPO/RRPO roll out on the dataset
   prompt itself (``rollout_template="none"``: it already asks for one step per line, ``thought_delimiter="\n"``),
-  so every method trains and is evaluated on the same prompt; ``srpo_oracle`` is SRPO with ``reset="oracle"`` and
-  the chain step checker (skipped, with a message, when the installed ``SRPOConfig`` does not accept them);
+  so every method trains and is evaluated on the same prompt; every SRPO-like run carries the chain step checker,
+  which grades its resets (h* against the first wrong step, recorded per reset in its JSON:
+  ``benchmarks/chain_resets.py``) and, in ``srpo_oracle`` (SRPO with ``reset="oracle"``; skipped, with a message,
+  when the installed ``SRPOConfig`` does not accept it), places them; ``cue_grpo_structure`` (chain only, in the
+  chain grid instead of ``cue_grpo``) is Cue-GRPO with its positives partitioned by solution structure
+  (``cue_partition="callable"``): the default cue partition sees one cluster in every chain group (BENCHMARKS.md 2b);
   ``srpo_oppo`` is a composed method (docs/composition.md): SRPO's resets with OPPO's token credit, next to its
   two parts with the same seeds.
 
@@ -47,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
+import mechanism_common  # noqa: E402
 import torch  # noqa: E402
 
 from trl_credit.chain import chain_format_reward, make_chain_dataset  # noqa: E402
@@ -59,8 +64,15 @@ from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt  # noq
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "learning")
 # Methods of the comparison: the harness's trainers, RRPO = SRPO with uniformly random resets, and SRPO with the
 # reset just before the step checker's first wrong step (chain task only).
-METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
+METHODS = ("grpo", "cue_grpo", "cue_grpo_structure", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 SRPO_LIKE = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
+# Methods that need the chain task (a step checker, solution structures), and the default list per task. On chain,
+# Cue-GRPO runs with a partition by solution structure: its default cue partition finds one cluster in every group
+# there (chain lines carry no strategy cue; BENCHMARKS.md section 2b), which makes it GRPO with positive advantages
+# x 1.05, and its own warning says to partition otherwise.
+CHAIN_ONLY = ("cue_grpo_structure", "srpo_oracle")
+DEFAULT_METHODS = {"arithmetic": tuple(m for m in METHODS if m not in CHAIN_ONLY),
+                   "chain": tuple(m for m in METHODS if m != "cue_grpo")}
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test", "beta", "lora_rank")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
@@ -163,15 +175,19 @@ def method_settings(method: str, args) -> tuple[str, dict]:
                   weight_decay=0.0, beta=args.beta)
     if method == "datpo":
         shared["num_generations"] = max(2, args.generations // 2)
+    if method == "cue_grpo_structure":
+        shared["cue_partition"] = "callable"  # partition_fn: run_one passes mechanism_cue_grpo.structure_partition
     if method in SRPO_LIKE:
         half = args.generations // 2
         reset = {"srpo": "self", "rrpo": "random", "srpo_oracle": "oracle", "srpo_oppo": "self"}[method]
         shared.update(reset_groups=1, suffixes_per_reset=half, reset=reset)
-        if method == "srpo_oracle":
-            shared["step_checker"] = "chain"
         if args.task == "chain":  # the chain prompt already asks for one step per line: roll out on it as is
-            shared.update(rollout_template="none", thought_delimiter="\n")
-    return ("srpo_oppo" if method == "srpo_oppo" else "srpo" if method in SRPO_LIKE else method), shared
+            # The step checker places the oracle's resets; for SRPO and RRPO it only grades theirs (h* vs the first
+            # wrong step, logged as srpo/localization_* and recorded per reset), it never moves them.
+            shared.update(rollout_template="none", thought_delimiter="\n", step_checker="chain")
+    harness_method = ("srpo_oppo" if method == "srpo_oppo" else "srpo" if method in SRPO_LIKE
+                      else "cue_grpo" if method == "cue_grpo_structure" else method)
+    return harness_method, shared
 
 
 def load_if_same(path: str, keys, args) -> dict | None:
@@ -189,13 +205,28 @@ def load_if_same(path: str, keys, args) -> dict | None:
     return previous
 
 
-def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
+def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
+    """(config, trainer) of one (method, seed) run: the shared settings, the method's own, LoRA."""
     harness_method, overrides = method_settings(method, args)
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, seed, args.learning_rate)
     settings.update(overrides)
     config = harness.method_config(harness_method, tempfile.mkdtemp(prefix=f"learning_{method}_"), settings)
+    own = {}
+    if method == "cue_grpo_structure":
+        from mechanism_cue_grpo import structure_partition
+
+        own["partition_fn"] = structure_partition
     trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
-                                    peft_config=harness.lora_config(args.lora_rank))
+                                    peft_config=harness.lora_config(args.lora_rank), **own)
+    return config, trainer
+
+
+def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
+    harness_method, _ = method_settings(method, args)
+    config, trainer = build_run_trainer(method, seed, args, dataset, model_path)
+    # Chain task: every reset of an SRPO-like run against the checker (paper Fig. 4 pooled over a grid's seeds,
+    # benchmarks/chain_resets.py).
+    resets = mechanism_common.record_resets(trainer) if method in SRPO_LIKE and args.task == "chain" else None
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
     train_seconds = time.perf_counter() - start
@@ -211,7 +242,8 @@ def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
                 train_cpu_seconds=train_cpu_seconds, cpu_seconds_per_step=train_cpu_seconds / args.steps,
                 reward_curve=curve, eval=report, eval_prompt_example=prompts[0],
                 trainer_settings={k: getattr(config, k) for k in ("num_generations", "temperature", "top_p",
-                                                                   "loss_type", "per_device_train_batch_size")})
+                                                                   "loss_type", "per_device_train_batch_size")},
+                **({} if resets is None else {"resets": resets}))
 
 
 def main(argv=None):
@@ -264,13 +296,13 @@ def main(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     torch.set_num_threads(args.threads)
-    default_methods = METHODS if args.task == "chain" else tuple(m for m in METHODS if m != "srpo_oracle")
-    methods = [m.strip() for m in (args.methods or ",".join(default_methods)).split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or ",".join(DEFAULT_METHODS[args.task])).split(",") if m.strip()]
     for method in methods:
         if method not in METHODS:
             raise SystemExit(f"--methods: unknown method {method!r}; choose from {list(METHODS)}")
-        if method == "srpo_oracle" and args.task != "chain":
-            raise SystemExit("--methods: srpo_oracle needs a step checker, which only --task chain has")
+        if method in CHAIN_ONLY and args.task != "chain":
+            raise SystemExit(f"--methods: {method} needs the chain task's step checker and solution structures "
+                             "(--task chain)")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     os.makedirs(args.results_dir, exist_ok=True)
     dataset = dataset_of(args)

@@ -219,6 +219,77 @@ def cluster_bootstrap(values: list[float], clusters: list, draws: int = 2000, se
     return [means[int(0.025 * (draws - 1))], means[int(0.975 * (draws - 1))]]
 
 
+def reset_position(h: int, h_o: int | None) -> str | None:
+    """A reset h* against the checker's first wrong thought h_o (SRPO paper Fig. 4): the kept prefix (thoughts
+    1..h*-1) is clean when h* <= h_o; None when the checker found no wrong thought."""
+    if h_o is None:
+        return None
+    return "exact" if h == h_o else "before" if h < h_o else "after"
+
+
+def reset_summary(resets: list[dict]) -> dict:
+    """Where resets land against the checker and how often their suffixes are right, from per-reset records
+    ``{h, h_o, suffixes, suffixes_correct}`` (h_o None: the checker found no wrong thought). Correction rates come
+    with two intervals: Wilson over suffixes (too narrow: a reset's suffixes share its prefix) and a bootstrap over
+    resets (``cluster_bootstrap``, the suffixes of one reset resampled together)."""
+    checked = [r for r in resets if r["h_o"] is not None]
+    positions = [reset_position(r["h"], r["h_o"]) for r in checked]
+
+    def rate(rows):
+        n = sum(r["suffixes"] for r in rows)
+        k = sum(r["suffixes_correct"] for r in rows)
+        values, clusters = [], []
+        for index, r in enumerate(rows):
+            values += [1.0] * r["suffixes_correct"] + [0.0] * (r["suffixes"] - r["suffixes_correct"])
+            clusters += [index] * r["suffixes"]
+        return dict(correct=k, suffixes=n, resets=len(rows), rate=k / n if n else None,
+                    ci95=wilson(k, n) if n else None, ci95_over_resets=cluster_bootstrap(values, clusters))
+
+    summary = dict(resets=len(resets), checked=len(checked), unchecked=len(resets) - len(checked),
+                   **{p: positions.count(p) for p in ("before", "exact", "after")},
+                   mean_deviation=mean(r["h"] - r["h_o"] for r in checked),
+                   correction_clean_prefix=rate([r for r in checked if r["h"] <= r["h_o"]]),
+                   correction_erroneous_prefix=rate([r for r in checked if r["h"] > r["h_o"]]))
+    for p in ("before", "exact", "after"):
+        summary[f"{p}_rate_ci95"] = wilson(summary[p], len(checked)) if checked else None
+    return summary
+
+
+def record_resets(trainer) -> list[dict]:
+    """Record every reset an SRPOTrainer makes while it trains (one process): h*, the checker's h_o (with a step
+    checker), the seed's thoughts H, who chose h*, and how many of its suffixes the verifier scored / found right.
+    Wraps the rollout's ``_choose_resets`` (the resets of a generation batch, in slot order) and
+    ``_log_pass_rates`` (that batch's rows: the suffix rows come in the same order, ``suffixes_per_reset`` per
+    reset, srpo/parts.py ``_training_rows``). Returns the list the records are appended to."""
+    from trl_credit.srpo.parts import ROW_SUFFIX
+
+    rollout, records, pending = trainer.rollout, [], []
+    choose, log_pass_rates = rollout._choose_resets, rollout._log_pass_rates
+
+    def choose_and_record(*args, **kwargs):
+        resets = choose(*args, **kwargs)
+        pending.append(resets)
+        return resets
+
+    def log_and_record(trainer_, batch):
+        resets = pending.pop(0)
+        per_reset = trainer_.args.suffixes_per_reset
+        suffix_rows = (batch.row_kinds == ROW_SUFFIX).nonzero().flatten().tolist()
+        if len(suffix_rows) != per_reset * len(resets):
+            raise RuntimeError(f"record_resets: {len(suffix_rows)} suffix rows for {len(resets)} resets x {per_reset}"
+                               " (one process only)")
+        for index, reset in enumerate(resets):
+            rows = suffix_rows[index * per_reset:(index + 1) * per_reset]
+            scorable = [row for row in rows if bool(batch.scorable[row])]
+            records.append(dict(step=trainer_.state.global_step, h=int(reset.step), h_o=reset.oracle,
+                                H=len(reset.ends), source=reset.source, suffixes=len(scorable),
+                                suffixes_correct=sum(bool(batch.success[row]) for row in scorable)))
+        return log_pass_rates(trainer_, batch)
+
+    rollout._choose_resets, rollout._log_pass_rates = choose_and_record, log_and_record
+    return records
+
+
 def mean(values) -> float:
     values = [float(v) for v in values if v == v]
     return sum(values) / len(values) if values else float("nan")

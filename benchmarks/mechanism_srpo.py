@@ -113,29 +113,13 @@ def chain_resets(recorder, steps, trainer) -> dict:
             slot_of[reset.group] = slot + 1
             first = reset.group * size + base + slot * suffixes
             rows = step["rows"][first:first + suffixes]
-            position = None if reset.oracle is None else (
-                "exact" if reset.step == reset.oracle else "before" if reset.step < reset.oracle else "after")
-            out.append(dict(h=int(reset.step), h_o=reset.oracle, H=len(reset.ends), position=position,
+            out.append(dict(h=int(reset.step), h_o=reset.oracle, H=len(reset.ends),
+                            position=common.reset_position(reset.step, reset.oracle),
                             source=getattr(reset, "source", None),
                             clean=None if reset.oracle is None else reset.step <= reset.oracle,
                             suffixes_correct=sum(r["correct"] for r in rows if r["kind"] == ROW_SUFFIX),
                             suffixes=sum(r["kind"] == ROW_SUFFIX for r in rows)))
-    checked = [r for r in out if r["position"] is not None]
-
-    def rate(rows):
-        n = sum(r["suffixes"] for r in rows)
-        k = sum(r["suffixes_correct"] for r in rows)
-        return dict(correct=k, suffixes=n, resets=len(rows), rate=k / n if n else None,
-                    ci95=common.wilson(k, n) if n else None)
-
-    summary = dict(resets=len(out), checked=len(checked), unchecked=len(out) - len(checked),
-                   **{p: sum(r["position"] == p for r in checked) for p in ("before", "exact", "after")},
-                   mean_deviation=common.mean(r["h"] - r["h_o"] for r in checked),
-                   correction_clean_prefix=rate([r for r in checked if r["clean"]]),
-                   correction_erroneous_prefix=rate([r for r in checked if not r["clean"]]))
-    for p in ("before", "exact", "after"):
-        summary[f"{p}_rate_ci95"] = common.wilson(summary[p], len(checked)) if checked else None
-    return dict(summary=summary, resets=out)
+    return dict(summary=common.reset_summary(out), resets=out)
 
 
 def plot_chain(chain: dict, path: str, title: str) -> None:

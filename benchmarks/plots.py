@@ -19,13 +19,13 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green", "srpo": "tab:red",
-          "rrpo": "tab:purple", "srpo_base": "tab:brown", "srpo_oracle": "tab:pink",
-          "srpo_oppo": "tab:olive"}
-LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO",
-          "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)", "srpo_oracle": "SRPO\n(oracle reset)",
-          "srpo_oppo": "SRPO x OPPO"}
-METHOD_ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo"]
+COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "cue_grpo_structure": "tab:cyan", "oppo": "tab:orange",
+          "datpo": "tab:green", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_base": "tab:brown",
+          "srpo_oracle": "tab:pink", "srpo_oppo": "tab:olive"}
+LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "cue_grpo_structure": "Cue-GRPO\n(structure partition)",
+          "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO", "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)",
+          "srpo_oracle": "SRPO\n(oracle reset)", "srpo_oppo": "SRPO x OPPO"}
+METHOD_ORDER = ["grpo", "cue_grpo", "cue_grpo_structure", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo"]
 
 
 def plot_rewards(learning: dict, path: str) -> str:
@@ -150,7 +150,7 @@ def markdown_tables(learning: dict | None, overhead: dict | None) -> str:
                 time_x += f" [{spread['min']:.2f}, {spread['max']:.2f}]"
                 spread = r["token_ratios"]
                 token_x += f" [{spread['min']:.2f}, {spread['max']:.2f}]"
-            lines.append(f"| {LABELS.get(m, m)} | {r['settings']['num_generations']} | {r['grpo_median_seconds']:.1f} | "
+            lines.append(f"| {label_text(m)} | {r['settings']['num_generations']} | {r['grpo_median_seconds']:.1f} | "
                          f"{r['method_median_seconds']:.1f} | {time_x} | {own} | {token_x} | {parts} |")
         lines.append("")
     if learning:
@@ -163,7 +163,7 @@ def markdown_tables(learning: dict | None, overhead: dict | None) -> str:
         for m, r in learning["methods"].items():
             curve = r["reward_curve"]
             first, last = (curve[0]["reward"], curve[-1]["reward"]) if curve else (float("nan"),) * 2
-            lines.append(f"| {LABELS.get(m, m)} | {r['seconds_per_step']:.0f} | {first:.2f} / {last:.2f} "
+            lines.append(f"| {label_text(m)} | {r['seconds_per_step']:.0f} | {first:.2f} / {last:.2f} "
                          f"(mean {sum(c['reward'] for c in curve) / max(len(curve), 1):.2f}) | "
                          f"{r['eval']['accuracy']:.3f} | "
                          + " | ".join(f"{r['eval']['pass_at_k'][str(k)]:.3f}" for k in ks) + " |")
@@ -333,6 +333,11 @@ def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
     return path
 
 
+def label_text(method: str) -> str:
+    """A method's label on one line (figure labels break lines; a markdown table row cannot)."""
+    return LABELS.get(method, method).replace("\n", " ")
+
+
 def learning_markdown(data: dict, summary: dict) -> str:
     base = data["base"]
     lines = []
@@ -353,7 +358,7 @@ def learning_markdown(data: dict, summary: dict) -> str:
         diff = entry.get("diff_accuracy")
         diff_text = "-" if diff is None else f"{diff[0]:+.3f} ± {diff[1]:.3f} (n={diff[2]})"
         acc_text = f"{acc:.3f}" + ("" if half != half else f" ± {half:.3f}")
-        lines.append(f"| {LABELS.get(m, m)} | {n} | {entry['seconds_per_step']:.0f} | {acc_text} | "
+        lines.append(f"| {label_text(m)} | {n} | {entry['seconds_per_step']:.0f} | {acc_text} | "
                      + " | ".join(cells) + f" | {diff_text} |")
     lines.append("")
     lines.append("Per-run held-out gain over the base model (paired over problems; z = gain / SE):")
@@ -361,11 +366,11 @@ def learning_markdown(data: dict, summary: dict) -> str:
     for m, entry in summary.items():
         gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
                           for g in entry.get("gain_over_base", []))
-        lines.append(f"- {LABELS.get(m, m)}: {gains}")
+        lines.append(f"- {label_text(m)}: {gains}")
     lines += ["", "Per-seed difference in accuracy vs GRPO (same seed; 95% CI paired over problems):", ""]
     for m, entry in summary.items():
         if entry.get("diff_per_seed_problem_ci"):
-            lines.append(f"- {LABELS.get(m, m)}: " + ", ".join(
+            lines.append(f"- {label_text(m)}: " + ", ".join(
                 f"seed {s}: {d:+.3f} ± {h:.3f}" for s, (d, h) in entry["diff_per_seed_problem_ci"].items()))
     return "\n".join(lines)
 

@@ -101,6 +101,7 @@ def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prom
         budgets[method] = config.num_generations
         if method in learning.SRPO_LIKE:
             assert config.thought_delimiter == "\n" and config.suffixes_per_reset == 4
+            assert config.step_checker == "chain"  # grades every reset against the first wrong step (Fig. 4)
     assert budgets["grpo"] == budgets["cue_grpo"] == budgets["oppo"] == budgets["srpo"] == budgets["rrpo"] == 8
     assert budgets["datpo"] == 4  # base rollouts; its tree grows to ~8 leaves
 
@@ -249,3 +250,32 @@ def test_chain_pilot_names_the_warm_start_build_of_each_pilot(tmp_path):
     (tmp_path / "warm_start.json").unlink()
     assert chain_pilot.warm_start_of(str(tmp_path), {"settings": {"model_sha256": "abc"}}) == "abc"
     assert "default" in chain_pilot.warm_start_of(str(tmp_path), {"settings": {}})
+
+
+def test_learning_chain_grid_runs_cue_grpo_with_the_structure_partition(tiny_model_path, tmp_path):
+    """On chain the grid's Cue-GRPO partitions its positives by solution structure (the cue partition finds one
+    cluster there); it is refused on arithmetic, which has no structures, and the arithmetic grid keeps cue_grpo."""
+    import argparse
+
+    import learning
+    import mechanism_cue_grpo
+
+    from trl_credit.chain import make_chain_dataset, parse_question
+
+    chain_methods = learning.DEFAULT_METHODS["chain"]
+    assert "cue_grpo_structure" in chain_methods and "cue_grpo" not in chain_methods
+    assert "cue_grpo" in learning.DEFAULT_METHODS["arithmetic"]
+    assert not set(learning.CHAIN_ONLY) & set(learning.DEFAULT_METHODS["arithmetic"])
+    dataset = make_chain_dataset(num_train=8, num_test=2, seed=0, distributive_fraction=1.0)
+    args = argparse.Namespace(task="chain", generations=4, temperature=0.7, beta=0.0, prompts=1, tokens=16, steps=1,
+                              learning_rate=1e-4, lora_rank=4)
+    config, trainer = learning.build_run_trainer("cue_grpo_structure", 0, args, dataset, tiny_model_path)
+    assert type(trainer).__name__ == "CueGRPOTrainer" and config.cue_partition == "callable"
+    assert trainer.rarity_weights.partition_fn is mechanism_cue_grpo.structure_partition
+    # Each positive is labelled by its first line: b op c first is factored, a * b first is term by term.
+    a, op, b, c = parse_question(dataset["train"][0]["question"]).core
+    factored, term = f"{b} {op} {c} = {eval(f'{b} {op} {c}')}", f"{a} * {b} = {a * b}"
+    labels = trainer.rarity_weights.partition_fn([term, factored, factored], dataset["train"][0]["prompt"])
+    assert labels == ["term", "factored", "factored"]
+    with pytest.raises(SystemExit, match="cue_grpo_structure needs the chain task"):
+        learning.main(["--task", "arithmetic", "--methods", "cue_grpo_structure"])

@@ -120,3 +120,111 @@ def test_structure_partition_reads_the_question_from_the_chain_prompt():
     assert mechanism_cue_grpo.structure_partition(completions, row["prompt"]) == ["factored", "term", "other"]
     plain = next(r for r in test if not parse_question(r["question"]).distributive)
     assert mechanism_cue_grpo.structure_partition(["1 + 1 = 2"], plain["prompt"]) == ["plain"]
+
+
+def test_reset_summary_by_hand():
+    """Three checked resets (before, exact, after h_o) and one the checker found nothing wrong in."""
+    resets = [dict(h=1, h_o=3, suffixes=4, suffixes_correct=2),   # before: clean prefix
+              dict(h=2, h_o=2, suffixes=4, suffixes_correct=1),   # exact: clean prefix
+              dict(h=4, h_o=2, suffixes=3, suffixes_correct=0),   # after: the prefix keeps the error
+              dict(h=1, h_o=None, suffixes=4, suffixes_correct=4)]
+    summary = mechanism_common.reset_summary(resets)
+    assert (summary["resets"], summary["checked"], summary["unchecked"]) == (4, 3, 1)
+    assert (summary["before"], summary["exact"], summary["after"]) == (1, 1, 1)
+    assert summary["mean_deviation"] == pytest.approx((-2 + 0 + 2) / 3)
+    clean, erroneous = summary["correction_clean_prefix"], summary["correction_erroneous_prefix"]
+    assert (clean["correct"], clean["suffixes"], clean["resets"], clean["rate"]) == (3, 8, 2, 3 / 8)
+    assert (erroneous["correct"], erroneous["suffixes"], erroneous["resets"], erroneous["rate"]) == (0, 3, 1, 0.0)
+    # Over resets: the two clean resets are right 2/4 and 1/4, so any resample's mean lies in [1/4, 2/4].
+    low, high = clean["ci95_over_resets"]
+    assert 0.25 <= low <= high <= 0.5
+    assert erroneous["ci95_over_resets"] == [0.0, 0.0]
+
+
+def test_record_resets_pairs_each_reset_with_its_suffix_rows():
+    """Suffix rows come ``suffixes_per_reset`` per reset, in reset order, between base and fallback rows; unscorable
+    suffix rows are not counted."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trl_credit.srpo.parts import ROW_BASE, ROW_FALLBACK, ROW_SUFFIX
+    from trl_credit.srpo.resets import Reset
+
+    first = Reset(0, [1, 2, 3], None, [1, 2, 3], step=2, source="random", oracle=3)
+    second = Reset(2, [4, 5], None, [1, 2], step=1, source="random", oracle=None)
+    calls = []
+
+    class Rollout:
+        def _choose_resets(self, trainer, seeds, prompts, stats):
+            return [first, second]
+
+        def _log_pass_rates(self, trainer, batch):
+            calls.append(batch)
+
+    trainer = SimpleNamespace(rollout=Rollout(), args=SimpleNamespace(suffixes_per_reset=2),
+                              state=SimpleNamespace(global_step=7))
+    records = mechanism_common.record_resets(trainer)
+    # prompt 0: 2 base + reset `first`; prompt 1: 2 base + fallback (no seed); prompt 2: 2 base + reset `second`
+    kinds = [ROW_BASE] * 2 + [ROW_SUFFIX] * 2 + [ROW_BASE] * 2 + [ROW_FALLBACK] * 2 + [ROW_BASE] * 2 + [ROW_SUFFIX] * 2
+    success = [1, 1, 1, 0, 0, 0, 1, 1, 0, 0, 1, 1]
+    scorable = [True] * 11 + [False]
+    batch = SimpleNamespace(row_kinds=torch.tensor(kinds), success=torch.tensor(success, dtype=torch.bool),
+                            scorable=torch.tensor(scorable))
+    trainer.rollout._choose_resets(trainer, None, None, None)
+    trainer.rollout._log_pass_rates(trainer, batch)
+    assert calls == [batch]  # the trainer's own metrics still run
+    assert records == [dict(step=7, h=2, h_o=3, H=3, source="random", suffixes=2, suffixes_correct=1),
+                       dict(step=7, h=1, h_o=None, H=2, source="random", suffixes=1, suffixes_correct=1)]
+    trainer.rollout._choose_resets(trainer, None, None, None)
+    with pytest.raises(RuntimeError, match="suffix rows"):
+        trainer.rollout._log_pass_rates(trainer, SimpleNamespace(row_kinds=torch.tensor(kinds[:6]),
+                                                                  success=batch.success, scorable=batch.scorable))
+
+
+def test_record_resets_agrees_with_the_trainers_own_metrics(tiny_model_path, tiny_dataset, tmp_path):
+    """On a real SRPOTrainer step (RRPO's draw, a checker that calls the last thought wrong): every record's h_o is
+    the checker's, and the records' pooled correction and exact rates are the ones the trainer logs itself."""
+    from tests.test_srpo_localization import make_trainer
+
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, step_checker=lambda q, t: len(t), reset="random")
+    records = mechanism_common.record_resets(trainer)
+    trainer.train()
+    log = next(entry for entry in trainer.state.log_history if "srpo/fallback_rate" in entry)
+    assert records and all(r["h_o"] == r["H"] and 1 <= r["h"] <= r["H"] for r in records)
+    assert sum(r["suffixes"] for r in records) == len(records) * trainer.args.suffixes_per_reset
+    correct = sum(r["suffixes_correct"] for r in records) / sum(r["suffixes"] for r in records)
+    assert correct == pytest.approx(log["srpo/correction_rate"])
+    exact = sum(r["h"] == r["h_o"] for r in records) / len(records)
+    assert exact == pytest.approx(log["srpo/localization_exact_rate"])
+
+
+def test_chain_resets_pools_each_methods_resets_over_seeds(tmp_path, capsys):
+    """benchmarks/chain_resets.py: the resets SRPO-like learning runs recorded, pooled per method over seeds; runs
+    without resets (GRPO) are skipped; a folder with none is refused."""
+    import json
+
+    import chain_resets
+
+    def run(method, seed, resets=None):
+        payload = dict(method=method, seed=seed, **({} if resets is None else {"resets": resets}))
+        (tmp_path / f"{method}_seed{seed}.json").write_text(json.dumps(payload))
+
+    with pytest.raises(SystemExit, match="--learning-dir"):
+        chain_resets.main(["--learning-dir", str(tmp_path)])
+    run("grpo", 0)
+    run("srpo", 0, [dict(step=1, h=1, h_o=2, H=3, source="scored", suffixes=4, suffixes_correct=3)])
+    run("srpo", 1, [dict(step=1, h=3, h_o=2, H=3, source="scored", suffixes=4, suffixes_correct=0),
+                    dict(step=2, h=2, h_o=None, H=2, source="scored", suffixes=4, suffixes_correct=4)])
+    run("srpo_oracle", 0, [dict(step=1, h=2, h_o=2, H=4, source="oracle", suffixes=4, suffixes_correct=2)])
+    out = chain_resets.main(["--learning-dir", str(tmp_path)])
+    assert list(out) == ["srpo", "srpo_oracle"]
+    srpo = out["srpo"]
+    assert srpo["seeds"] == [0, 1]
+    s = srpo["summary"]
+    assert (s["resets"], s["checked"], s["before"], s["exact"], s["after"]) == (3, 2, 1, 0, 1)
+    assert s["correction_clean_prefix"]["rate"] == 0.75 and s["correction_erroneous_prefix"]["rate"] == 0.0
+    assert out["srpo_oracle"]["summary"]["exact"] == 1
+    table = capsys.readouterr().out
+    assert "| SRPO | 2 | 3 (2) | 1 = 0.50" in table and "| SRPO (oracle reset) | 1 |" in table
+    assert (tmp_path / "resets.png").exists() and json.loads((tmp_path / "resets.json").read_text()) == out
