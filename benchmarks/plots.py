@@ -205,6 +205,22 @@ def paired_problem_se(after: dict, before: dict) -> tuple[float, float]:
     return m, sd / math.sqrt(n)
 
 
+def pooled_gain(afters: list[dict], before: dict) -> tuple[float, float]:
+    """Held-out gain of several trained models (one per seed) over the base model, pooled over seeds and paired over
+    problems: d_p = mean over seeds of accuracy_p(after) − accuracy_p(before), SE = sd(d_p)/sqrt(P). The seeds'
+    samples average out sampling noise; which problems were drawn stays; the seeds' spread is in the t-interval over
+    the per-seed gains instead."""
+    import math
+
+    rate = {p["question"]: p["num_correct"] / p["num_samples"] for p in before["problems"]}
+    after_rates = [{p["question"]: p["num_correct"] / p["num_samples"] for p in after["problems"]} for after in afters]
+    diffs = [sum(r[q] for r in after_rates) / len(after_rates) - rate[q] for q in rate]
+    n = len(diffs)
+    m = sum(diffs) / n
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1)) if n > 1 else float("nan")
+    return m, sd / math.sqrt(n)
+
+
 def pass_curve(report: dict) -> dict:
     """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.metrics.pass_at_k``), averaged
     over problems; ``report["pass_at_k"]`` only holds the budgets 1, 4, 8, ..."""
@@ -252,6 +268,9 @@ def learning_summary(data: dict) -> dict:
             gains = [paired_problem_se(runs[s]["eval"], base) for s in seeds]
             entry["gain_over_base"] = [dict(seed=s, gain=g, se=se, z=g / se if se else float("nan"))
                                        for s, (g, se) in zip(seeds, gains)]
+            g, se = pooled_gain([runs[s]["eval"] for s in seeds], base)
+            entry["gain_over_base_pooled"] = dict(gain=g, se=se, z=g / se if se else float("nan"),
+                                                  seeds_ci=mean_ci([gain for gain, _ in gains]))
         if method != "grpo":
             paired = [s for s in seeds if s in grpo]
             entry["paired_seeds"] = paired
@@ -366,6 +385,11 @@ def learning_markdown(data: dict, summary: dict) -> str:
     for m, entry in summary.items():
         gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
                           for g in entry.get("gain_over_base", []))
+        pooled = entry.get("gain_over_base_pooled")
+        if pooled and len(entry["seeds"]) > 1:
+            g, half, n = pooled["seeds_ci"]
+            gains += (f"; pooled over the {n} seeds {pooled['gain']:+.3f} (SE {pooled['se']:.3f} over problems, "
+                      f"z {pooled['z']:.1f}; 95% t-interval over seeds ± {half:.3f})")
         lines.append(f"- {label_text(m)}: {gains}")
     lines += ["", "Per-seed difference in accuracy vs GRPO (same seed; 95% CI paired over problems):", ""]
     for m, entry in summary.items():

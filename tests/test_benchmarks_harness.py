@@ -279,3 +279,18 @@ def test_learning_chain_grid_runs_cue_grpo_with_the_structure_partition(tiny_mod
     assert labels == ["term", "factored", "factored"]
     with pytest.raises(SystemExit, match="cue_grpo_structure needs the chain task"):
         learning.main(["--task", "arithmetic", "--methods", "cue_grpo_structure"])
+
+
+def test_pooled_gain_averages_seeds_per_problem_then_pairs_with_the_base():
+    """Two problems, two seeds, 4 samples each (hand-worked): per problem the seeds' mean accuracy minus the base's,
+    q1: (2/4 + 4/4)/2 - 1/4 = 0.5, q2: (2/4 + 1/4)/2 - 2/4 = -0.125; mean 0.1875, SE = |0.5 + 0.125|/sqrt(2)/sqrt(2)."""
+    import plots
+
+    def report(counts):
+        return {"problems": [dict(question=q, num_correct=k, num_samples=4) for q, k in counts.items()]}
+
+    base = report({"q1": 1, "q2": 2})
+    gain, se = plots.pooled_gain([report({"q1": 2, "q2": 2}), report({"q2": 1, "q1": 4})], base)
+    assert gain == pytest.approx(0.1875) and se == pytest.approx(0.3125)
+    assert plots.pooled_gain([report({"q1": 2, "q2": 2})], base) == pytest.approx(plots.paired_problem_se(
+        report({"q1": 2, "q2": 2}), base))  # one seed: the per-run paired gain
