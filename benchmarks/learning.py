@@ -205,6 +205,12 @@ def load_if_same(path: str, keys, args) -> dict | None:
     return previous
 
 
+def base_eval_args(args) -> argparse.Namespace:
+    """The settings the base model is evaluated with: the trained models' ones, with ``--base-samples`` samples per
+    problem (a paired gain's noise has the base's sampling noise in it, paid once for the whole grid)."""
+    return argparse.Namespace(**{**vars(args), "samples": args.base_samples or args.samples})
+
+
 def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
     """(config, trainer) of one (method, seed) run: the shared settings, the method's own, LoRA."""
     harness_method, overrides = method_settings(method, args)
@@ -278,6 +284,9 @@ def main(argv=None):
                         help="chain task: distributive problems whose factored structure is the easy one (b + c = 10 "
                              "or b - c in 1..2), so that the structure choice changes the outcome")
     parser.add_argument("--samples", type=int, default=16, help="samples per held-out problem (pass@k up to this k)")
+    parser.add_argument("--base-samples", type=int, default=None,
+                        help="samples per held-out problem for the base model (default: --samples): evaluated once, "
+                             "its sampling noise enters every paired gain, so more samples there buy power cheaply")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-top-p", type=float, default=1.0)
     parser.add_argument("--eval-seed", type=int, default=1234)
@@ -290,6 +299,9 @@ def main(argv=None):
         raise SystemExit("--distributive-fraction: only --task chain has solution structures")
     if args.lora_rank < 1:
         raise SystemExit(f"--lora-rank: a LoRA rank >= 1, got {args.lora_rank}")
+    if args.base_samples is not None and args.base_samples < args.samples:
+        raise SystemExit(f"--base-samples: at least --samples ({args.samples}), so that the base model has every "
+                         f"pass@k the trained ones have; got {args.base_samples}")
     if args.task != "chain" and args.factor_friendly:
         raise SystemExit("--factor-friendly: only --task chain has solution structures")
     for key, value in TASKS[args.task]["defaults"].items():
@@ -316,16 +328,18 @@ def main(argv=None):
                 task=task, device="cuda" if torch.cuda.is_available() else "cpu", threads=torch.get_num_threads())
 
     base_path = os.path.join(args.results_dir, "base.json")
-    if load_if_same(base_path, EVAL_KEYS, args) is None:
+    base_args = base_eval_args(args)
+    if load_if_same(base_path, EVAL_KEYS, base_args) is None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        report = evaluate_model(model, tokenizer, dataset["test"], args)
+        report = evaluate_model(model, tokenizer, dataset["test"], base_args)
         with open(base_path, "w") as f:
-            json.dump(dict(settings={k: getattr(args, k) for k in EVAL_KEYS}, info=info, eval=report), f, indent=1)
-        print(f"base: accuracy {report['accuracy']:.3f} pass@{args.samples} "
-              f"{report['pass_at_k'][str(args.samples)]:.3f} ({report['eval_seconds']:.0f} s) -> {base_path}",
+            json.dump(dict(settings={k: getattr(base_args, k) for k in EVAL_KEYS}, info=info, eval=report), f,
+                      indent=1)
+        print(f"base: accuracy {report['accuracy']:.3f} pass@{base_args.samples} "
+              f"{report['pass_at_k'][str(base_args.samples)]:.3f} ({report['eval_seconds']:.0f} s) -> {base_path}",
               flush=True)
         del model
 

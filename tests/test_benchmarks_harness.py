@@ -294,3 +294,19 @@ def test_pooled_gain_averages_seeds_per_problem_then_pairs_with_the_base():
     assert gain == pytest.approx(0.1875) and se == pytest.approx(0.3125)
     assert plots.pooled_gain([report({"q1": 2, "q2": 2})], base) == pytest.approx(plots.paired_problem_se(
         report({"q1": 2, "q2": 2}), base))  # one seed: the per-run paired gain
+
+
+def test_learning_base_samples_evaluates_only_the_base_model_with_more_samples():
+    import argparse
+
+    import learning
+
+    args = argparse.Namespace(samples=8, base_samples=32, task="chain", num_test=64, eval_seed=1234)
+    base = learning.base_eval_args(args)
+    assert base.samples == 32 and args.samples == 8  # the trained runs keep theirs
+    assert {k: v for k, v in vars(base).items() if k != "samples"} == {k: v for k, v in vars(args).items()
+                                                                       if k != "samples"}
+    args.base_samples = None
+    assert learning.base_eval_args(args).samples == 8
+    with pytest.raises(SystemExit, match="--base-samples: at least --samples"):
+        learning.main(["--task", "chain", "--samples", "8", "--base-samples", "4"])
