@@ -30,12 +30,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from learning import DEFAULT_METHODS  # noqa: E402
 from plots import paired_problem_se  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PILOT = os.path.join(RESULTS, "learning_chain_pilot")
-# The chain grid's methods (learning.DEFAULT_METHODS["chain"]: Cue-GRPO with its structure partition there).
-METHODS = ("grpo", "cue_grpo_structure", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
+METHODS = DEFAULT_METHODS["chain"]  # the chain grid's methods (Cue-GRPO with its structure partition there)
 
 
 def accuracy_se(report: dict) -> tuple[float, float]:

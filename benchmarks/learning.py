@@ -212,7 +212,7 @@ def base_eval_args(args) -> argparse.Namespace:
 
 
 def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
-    """(config, trainer) of one (method, seed) run: the shared settings, the method's own, LoRA."""
+    """(harness method, config, trainer) of one (method, seed) run: the shared settings, the method's own, LoRA."""
     harness_method, overrides = method_settings(method, args)
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, seed, args.learning_rate)
     settings.update(overrides)
@@ -224,12 +224,11 @@ def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
         own["partition_fn"] = structure_partition
     trainer = harness.build_trainer(harness_method, config, model_path, dataset["train"], TASKS[args.task]["rewards"],
                                     peft_config=harness.lora_config(args.lora_rank), **own)
-    return config, trainer
+    return harness_method, config, trainer
 
 
 def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
-    harness_method, _ = method_settings(method, args)
-    config, trainer = build_run_trainer(method, seed, args, dataset, model_path)
+    harness_method, config, trainer = build_run_trainer(method, seed, args, dataset, model_path)
     # Chain task: every reset of an SRPO-like run against the checker (paper Fig. 4 pooled over a grid's seeds,
     # benchmarks/chain_resets.py).
     resets = mechanism_common.record_resets(trainer) if method in SRPO_LIKE and args.task == "chain" else None

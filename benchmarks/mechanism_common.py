@@ -224,7 +224,8 @@ def reset_position(h: int, h_o: int | None) -> str | None:
     1..h*-1) is clean when h* <= h_o; None when the checker found no wrong thought."""
     if h_o is None:
         return None
-    return "exact" if h == h_o else "before" if h < h_o else "after"
+    region = region_of(h, h_o)
+    return "exact" if region == "on" else region
 
 
 def reset_summary(resets: list[dict]) -> dict:

@@ -195,14 +195,7 @@ def paired_problem_se(after: dict, before: dict) -> tuple[float, float]:
     """Held-out gain of one trained model over the base model and its standard error, paired over problems:
     d_p = accuracy_p(after) − accuracy_p(before) (same problems, same number of samples), SE = sd(d_p)/sqrt(P).
     Carries both the sampling noise and which problems were drawn; not the training seed's variance."""
-    import math
-
-    rate = {p["question"]: p["num_correct"] / p["num_samples"] for p in before["problems"]}
-    diffs = [p["num_correct"] / p["num_samples"] - rate[p["question"]] for p in after["problems"]]
-    n = len(diffs)
-    m = sum(diffs) / n
-    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1)) if n > 1 else float("nan")
-    return m, sd / math.sqrt(n)
+    return pooled_gain([after], before)
 
 
 def pooled_gain(afters: list[dict], before: dict) -> tuple[float, float]:

@@ -269,7 +269,9 @@ def test_learning_chain_grid_runs_cue_grpo_with_the_structure_partition(tiny_mod
     dataset = make_chain_dataset(num_train=8, num_test=2, seed=0, distributive_fraction=1.0)
     args = argparse.Namespace(task="chain", generations=4, temperature=0.7, beta=0.0, prompts=1, tokens=16, steps=1,
                               learning_rate=1e-4, lora_rank=4)
-    config, trainer = learning.build_run_trainer("cue_grpo_structure", 0, args, dataset, tiny_model_path)
+    harness_method, config, trainer = learning.build_run_trainer("cue_grpo_structure", 0, args, dataset,
+                                                                 tiny_model_path)
+    assert harness_method == "cue_grpo"
     assert type(trainer).__name__ == "CueGRPOTrainer" and config.cue_partition == "callable"
     assert trainer.rarity_weights.partition_fn is mechanism_cue_grpo.structure_partition
     # Each positive is labelled by its first line: b op c first is factored, a * b first is term by term.
@@ -292,8 +294,8 @@ def test_pooled_gain_averages_seeds_per_problem_then_pairs_with_the_base():
     base = report({"q1": 1, "q2": 2})
     gain, se = plots.pooled_gain([report({"q1": 2, "q2": 2}), report({"q2": 1, "q1": 4})], base)
     assert gain == pytest.approx(0.1875) and se == pytest.approx(0.3125)
-    assert plots.pooled_gain([report({"q1": 2, "q2": 2})], base) == pytest.approx(plots.paired_problem_se(
-        report({"q1": 2, "q2": 2}), base))  # one seed: the per-run paired gain
+    # One seed: the per-run paired gain, diffs 0.25 and 0 -> mean 0.125, SE = 0.25/sqrt(2)/sqrt(2) = 0.125.
+    assert plots.paired_problem_se(report({"q1": 2, "q2": 2}), base) == pytest.approx((0.125, 0.125))
 
 
 def test_learning_base_samples_evaluates_only_the_base_model_with_more_samples():
