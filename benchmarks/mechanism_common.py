@@ -232,7 +232,8 @@ def reset_summary(resets: list[dict]) -> dict:
     """Where resets land against the checker and how often their suffixes are right, from per-reset records
     ``{h, h_o, suffixes, suffixes_correct}`` (h_o None: the checker found no wrong thought). Correction rates come
     with two intervals: Wilson over suffixes (too narrow: a reset's suffixes share its prefix) and a bootstrap over
-    resets (``cluster_bootstrap``, the suffixes of one reset resampled together)."""
+    resets (``cluster_bootstrap``, the suffixes of one reset resampled together; Wilson's over resets when every
+    suffix is wrong, or every one right, where the bootstrap has no width)."""
     checked = [r for r in resets if r["h_o"] is not None]
     positions = [reset_position(r["h"], r["h_o"]) for r in checked]
 
@@ -243,8 +244,13 @@ def reset_summary(resets: list[dict]) -> dict:
         for index, r in enumerate(rows):
             values += [1.0] * r["suffixes_correct"] + [0.0] * (r["suffixes"] - r["suffixes_correct"])
             clusters += [index] * r["suffixes"]
+        over_resets = cluster_bootstrap(values, clusters)
+        if n and k in (0, n):
+            # Every resample of all-wrong (all-right) resets has the same mean: the bootstrap's [0, 0] would read as
+            # certainty. Wilson's interval with one draw per reset is the honest width when suffixes share a prefix.
+            over_resets = wilson(k and len(rows), len(rows))
         return dict(correct=k, suffixes=n, resets=len(rows), rate=k / n if n else None,
-                    ci95=wilson(k, n) if n else None, ci95_over_resets=cluster_bootstrap(values, clusters))
+                    ci95=wilson(k, n) if n else None, ci95_over_resets=over_resets)
 
     summary = dict(resets=len(resets), checked=len(checked), unchecked=len(resets) - len(checked),
                    **{p: positions.count(p) for p in ("before", "exact", "after")},

@@ -138,7 +138,23 @@ def test_reset_summary_by_hand():
     # Over resets: the two clean resets are right 2/4 and 1/4, so any resample's mean lies in [1/4, 2/4].
     low, high = clean["ci95_over_resets"]
     assert 0.25 <= low <= high <= 0.5
-    assert erroneous["ci95_over_resets"] == [0.0, 0.0]
+    # One reset, all its suffixes wrong: resampling resets gives [0, 0], which would read as certainty. The interval
+    # is then Wilson's over resets (a reset's suffixes counted as one draw), here 0 of 1: [0, 0.7935] by hand,
+    # centre = half = (z^2/2)/(1 + z^2) with z = 1.96.
+    low, high = erroneous["ci95_over_resets"]
+    assert low == 0.0 and high == pytest.approx(2 * (1.96 ** 2 / 2) / (1 + 1.96 ** 2), abs=1e-4)
+
+
+def test_reset_interval_when_every_reset_agrees():
+    """8 resets with no correct suffix (the grid's erroneous prefixes) and 3 with all suffixes correct: the
+    interval over resets is Wilson's with n = resets, not the zero-width bootstrap."""
+    wrong = [dict(h=3, h_o=1, suffixes=4, suffixes_correct=0)] * 8
+    right = [dict(h=1, h_o=2, suffixes=4, suffixes_correct=4)] * 3
+    summary = mechanism_common.reset_summary(wrong + right)
+    # Wilson 0 of 8: centre = half = (z^2/16)/(1 + z^2/8) = 0.24010/1.48020 = 0.16221 -> [0, 0.3244].
+    assert summary["correction_erroneous_prefix"]["ci95_over_resets"] == pytest.approx([0.0, 0.3244], abs=1e-4)
+    # Wilson 3 of 3: the mirror image of 0 of 3, (z^2/6)/(1 + z^2/3) = 0.64027/2.28053 = 0.28076 -> [0.4385, 1].
+    assert summary["correction_clean_prefix"]["ci95_over_resets"] == pytest.approx([0.4385, 1.0], abs=1e-4)
 
 
 def test_record_resets_pairs_each_reset_with_its_suffix_rows():
