@@ -244,11 +244,10 @@ def reset_summary(resets: list[dict]) -> dict:
         for index, r in enumerate(rows):
             values += [1.0] * r["suffixes_correct"] + [0.0] * (r["suffixes"] - r["suffixes_correct"])
             clusters += [index] * r["suffixes"]
-        over_resets = cluster_bootstrap(values, clusters)
-        if n and k in (0, n):
-            # Every resample of all-wrong (all-right) resets has the same mean: the bootstrap's [0, 0] would read as
-            # certainty. Wilson's interval with one draw per reset is the honest width when suffixes share a prefix.
-            over_resets = wilson(k and len(rows), len(rows))
+        # Every resample of all-wrong (all-right) resets has the same mean: the bootstrap's [0, 0] would read as
+        # certainty. Wilson's interval with one draw per reset is the honest width when suffixes share a prefix.
+        over_resets = (wilson(k and len(rows), len(rows)) if n and k in (0, n)
+                       else cluster_bootstrap(values, clusters))
         return dict(correct=k, suffixes=n, resets=len(rows), rate=k / n if n else None,
                     ci95=wilson(k, n) if n else None, ci95_over_resets=over_resets)
 
