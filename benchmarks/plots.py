@@ -303,8 +303,9 @@ def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
         halves = [summary[m]["pass_at_k"][k][1] for k in ks]
         ax.plot(ks, means, marker="o", ms=3, color=COLORS.get(m), label=LABELS.get(m, m))
         if all(h == h for h in halves):
-            ax.fill_between(ks, [a - h for a, h in zip(means, halves)], [a + h for a, h in zip(means, halves)],
-                            color=COLORS.get(m), alpha=0.12)
+            # pass@k is a probability: a t-interval over 2-3 seeds can reach past [0, 1], the band stops there
+            ax.fill_between(ks, [max(a - h, 0.0) for a, h in zip(means, halves)],
+                            [min(a + h, 1.0) for a, h in zip(means, halves)], color=COLORS.get(m), alpha=0.12)
     if base is not None:
         base_curve = pass_curve(base)
         ax.plot(list(base_curve), list(base_curve.values()), "k--", lw=1, label="base model")
