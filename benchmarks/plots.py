@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 
 import matplotlib
 
@@ -25,6 +26,13 @@ COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "cue_grpo_structure": "tab:cy
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO", "cue_grpo_structure": "Cue-GRPO\n(structure partition)",
           "oppo": "OPPO (self)", "datpo": "DATPO", "srpo": "SRPO", "rrpo": "RRPO", "srpo_base": "SRPO\n(base seeds)",
           "srpo_oracle": "SRPO\n(oracle reset)", "srpo_oppo": "SRPO x OPPO"}
+
+
+def tick_label(method: str) -> str:
+    """A method's label wrapped to ~10 characters a line: eight methods side by side on one axis overlap otherwise."""
+    return "\n".join(textwrap.fill(line, 10) for line in LABELS.get(method, method).split("\n"))
+
+
 METHOD_ORDER = ["grpo", "cue_grpo", "cue_grpo_structure", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo"]
 
 
@@ -292,7 +300,7 @@ def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
     if base is not None:
         ax.axhline(base["accuracy"], color="gray", ls="--", label=f"base model {base['accuracy']:.3f}")
         ax.legend(fontsize=8)
-    ax.set_xticks(range(len(methods)), [LABELS.get(m, m) for m in methods])
+    ax.set_xticks(range(len(methods)), [tick_label(m) for m in methods], fontsize=8)
     ax.set_ylabel("held-out accuracy (pass@1)")
     ax.set_title("Held-out accuracy: mean, 95% CI over seeds, each seed")
 
@@ -323,7 +331,7 @@ def plot_learning_dir(data: dict, summary: dict, path: str) -> str:
         per_seed = summary[m].get("diff_per_seed", {})
         ax.scatter([i + 0.15] * len(per_seed), list(per_seed.values()), color=COLORS.get(m), s=12, alpha=0.6)
     ax.axhline(0.0, color="black", lw=1)
-    ax.set_xticks(range(len(others)), [LABELS.get(m, m) for m in others])
+    ax.set_xticks(range(len(others)), [tick_label(m) for m in others], fontsize=8)
     ax.set_ylabel("accuracy − GRPO's (same seed)")
     ax.set_title("Paired difference vs GRPO: mean, 95% CI, each seed")
 
