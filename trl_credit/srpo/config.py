@@ -267,7 +267,7 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
             answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
         localization_temperature (`float`, defaults to `0.0`): 0 = argmax of the scores; > 0 samples from
             `softmax(scores / temperature)`.
-        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`); a callable can be
+        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`, `"sums"`); a callable can be
             passed to `SRPOTrainer(step_checker=...)` instead. Needed by `reset="oracle"`; with any reset it adds the
             localization quality metrics.
         reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:

@@ -117,7 +117,14 @@ def _chain_question(text: str, instruction: str) -> str:
 
 
 #: Step checkers a config can name (``SRPOConfig.step_checker``, ``--step_checker chain``).
-STEP_CHECKERS: dict[str, StepChecker] = {"chain": chain_step_checker}
+def sums_step_checker(question: str, thoughts: Sequence[str]) -> int | None:
+    """Step checker of the tiny testbed's sums task (trl_credit/testbed/sums.py, docs/testbed.md#the-tiny-testbed)."""
+    from trl_credit.testbed.sums import step_checker
+
+    return step_checker(question, list(thoughts))
+
+
+STEP_CHECKERS: dict[str, StepChecker] = {"chain": chain_step_checker, "sums": sums_step_checker}
 
 
 def resolve_step_checker(value) -> StepChecker | None:

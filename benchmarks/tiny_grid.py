@@ -1,0 +1,230 @@
+"""The tiny-testbed grid: every method against GRPO, its learning rate tuned on seeds and problems kept apart, then
+16+ paired seeds (docs/testbed.md#the-tiny-testbed, BENCHMARKS.md section 4).
+
+One command runs it all and resumes (a run whose JSON exists with the same settings is skipped)::
+
+    python benchmarks/tiny_grid.py                 # build the model if needed, sweep, grid, report
+    python benchmarks/tiny_grid.py --phase report  # tables and figures from the JSONs only
+
+1. **Sweep** (``sweep/``): each method at each of ``--learning-rates`` on the sweep seeds (``--sweep-seeds``,
+   100 and 101: never reported) and on *validation* problems (256, disjoint from the training and the held-out
+   ones). A method's learning rate is the one with the best mean area under its validation learning curve
+   (accuracy at steps 0, 5, ..., ``--steps``, trapezoids, divided by the steps): the fastest learner at this budget,
+   not the last point alone.
+2. **Grid**: each method at its learning rate on ``--seeds`` (default 0-15), the same seed for every method: the
+   same initial model, the same prompts at every step (TRL's sampler draws them from ``seed``), evaluated on the
+   same 256 held-out problems x 8 samples with the same evaluation seed, with the training prompt.
+3. **Report** (``benchmarks/tiny_report.py``): tables, paired differences to GRPO, figures, the claims table.
+
+Runs are spread over ``--workers`` processes of one thread each. Every run records its training and evaluation CPU
+seconds. Methods: trl_credit.testbed.runner.METHODS (``process`` only where ``credit="process"`` exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny")
+RUN_KEYS = ("steps", "eval_every", "eval_samples", "model_digest")
+#: the validation problems of the sweep: drawn apart from the train and test splits of sums.make_dataset
+VALIDATION_SEED, VALIDATION_SIZE = 7, 256
+
+
+def _setup_worker():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def validation_split():
+    import random
+
+    from datasets import Dataset
+
+    from trl_credit.testbed import sums
+
+    data = sums.make_dataset()
+    taken = {sums.question_digits(q) for split in ("train", "test") for q in data[split]["question"]}
+    problems = sums.make_problems(VALIDATION_SIZE, random.Random(VALIDATION_SEED), exclude=taken)
+    return Dataset.from_dict({"prompt": [p.question for p in problems], "question": [p.question for p in problems],
+                              "answer": [str(p.answer) for p in problems]})
+
+
+def area_under_curve(curve: list[dict]) -> float:
+    """Mean accuracy over the run: trapezoids over the evaluated steps, divided by the last step."""
+    points = sorted((c["step"], c["accuracy"]) for c in curve)
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(points, points[1:]))
+    return area / (points[-1][0] - points[0][0])
+
+
+def one_run(job: dict) -> dict:
+    """A worker's job: train one (method, learning rate, seed), evaluate it, write its JSON."""
+    _setup_worker()
+    from trl_credit.testbed import runner
+
+    spec = runner.method_spec(job["method"])
+    test = validation_split() if job["split"] == "validation" else None
+    base = job["base"]
+    result = runner.run(spec["trainer"], spec["config"], seed=job["seed"], learning_rate=job["learning_rate"],
+                        steps=job["steps"], eval_every=job["eval_every"], eval_samples=job["eval_samples"],
+                        test=test, trainer_kwargs=spec["kwargs"], model_path=job["model_path"], **spec["fields"])
+    result["curve"].insert(0, dict(base, step=0, generated_tokens=0, generate_calls=0))
+    result.update(method=job["method"], seed=job["seed"], learning_rate=job["learning_rate"], split=job["split"],
+                  settings={k: job[k] for k in RUN_KEYS}, auc=area_under_curve(result["curve"]))
+    with open(job["path"], "w") as f:
+        json.dump(result, f)
+    return dict(path=job["path"], auc=result["auc"], final=result["curve"][-1]["accuracy"],
+                cpu=result["train_cpu_seconds"] + result["eval_cpu_seconds"])
+
+
+def base_report(split: str, args, model_path: str, path: str) -> dict:
+    """The starting model's evaluation (step 0 of every curve: the same model and evaluation seed for all)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = json.load(f)
+        if saved["settings"] == _settings(args):
+            return saved["eval"]
+    _setup_worker()
+    from transformers import LlamaForCausalLM
+
+    from trl_credit.testbed import runner, sums
+    from trl_credit.testbed.model import make_tokenizer
+
+    test = validation_split() if split == "validation" else sums.make_dataset()["test"]
+    model = LlamaForCausalLM.from_pretrained(model_path)
+    start = time.process_time()
+    report = runner.evaluate(model, make_tokenizer(), test, samples=args.eval_samples)
+    report["eval_cpu_seconds"] = time.process_time() - start
+    with open(path, "w") as f:
+        json.dump(dict(settings=_settings(args), eval=report), f)
+    return report
+
+
+def _settings(args) -> dict:
+    return {k: getattr(args, k) for k in RUN_KEYS}
+
+
+def _done(path: str, args) -> bool:
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return json.load(f).get("settings") == _settings(args)
+
+
+def run_jobs(jobs: list[dict], workers: int) -> None:
+    if not jobs:
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(one_run, job): job for job in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            try:
+                done = future.result()
+            except Exception as error:  # one failed run is reported and the grid goes on
+                print(f"FAILED {job['method']} lr {job['learning_rate']} seed {job['seed']}: {error!r}", flush=True)
+                continue
+            print(f"{job['method']} lr {job['learning_rate']:g} seed {job['seed']}: AUC {done['auc']:.3f}, final "
+                  f"{done['final']:.3f}, {done['cpu']:.0f} CPU s -> {os.path.relpath(done['path'])}", flush=True)
+
+
+def chosen_learning_rates(sweep_dir: str, methods, rates) -> dict:
+    """Per method, the learning rate with the best mean sweep AUC (only where every sweep run is in)."""
+    chosen = {}
+    for method in methods:
+        means = {}
+        for rate in rates:
+            aucs = [json.load(open(os.path.join(sweep_dir, name)))["auc"] for name in os.listdir(sweep_dir)
+                    if name.startswith(f"{method}_lr{rate:g}_seed")]
+            if aucs:
+                means[rate] = sum(aucs) / len(aucs)
+        if means:
+            chosen[method] = dict(learning_rate=max(means, key=means.get), sweep_auc={f"{r:g}": a for r, a in
+                                                                                       means.items()})
+    return chosen
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--phase", choices=("all", "sweep", "grid", "report"), default="all")
+    parser.add_argument("--methods", default=None, help="comma-separated (default: every method available)")
+    parser.add_argument("--seeds", default="0-15", help="reported seeds, e.g. 0-15 or 0,1,2")
+    parser.add_argument("--sweep-seeds", default="100,101", help="seeds of the learning-rate sweep (never reported)")
+    parser.add_argument("--learning-rates", default="3e-5,1e-4,3e-4")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-samples", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--results-dir", default=RESULTS)
+    parser.add_argument("--model", default=None, help="a testbed model folder (default: the default recipe's build)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _setup_worker()
+    from trl_credit.testbed import runner
+    from trl_credit.testbed.model import testbed_model_path
+
+    model_path = args.model or testbed_model_path(progress=True)
+    with open(os.path.join(model_path, "build.json")) as f:
+        args.model_digest = json.load(f)["weights_sha256"]
+    methods = [m for m in (args.methods.split(",") if args.methods else runner.METHODS) if m]
+    available = []
+    for method in methods:
+        try:
+            runner.method_spec(method)
+            if method == "process":
+                import trl_credit.process  # noqa: F401
+            available.append(method)
+        except (ImportError, AttributeError, ValueError) as error:
+            print(f"{method}: not available here ({error}); skipped", flush=True)
+    rates = [float(r) for r in args.learning_rates.split(",")]
+    seeds = _seeds(args.seeds)
+    sweep_dir = os.path.join(args.results_dir, "sweep")
+    os.makedirs(sweep_dir, exist_ok=True)
+    common = dict(steps=args.steps, eval_every=args.eval_every, eval_samples=args.eval_samples,
+                  model_digest=args.model_digest, model_path=model_path)
+    if args.phase in ("all", "sweep"):
+        base = base_report("validation", args, model_path, os.path.join(sweep_dir, "base.json"))
+        jobs = [dict(common, method=m, learning_rate=r, seed=s, split="validation", base=base,
+                     path=os.path.join(sweep_dir, f"{m}_lr{r:g}_seed{s}.json"))
+                for s in _seeds(args.sweep_seeds) for r in rates for m in available]
+        run_jobs([j for j in jobs if not _done(j["path"], args)], args.workers)
+    if args.phase in ("all", "grid"):
+        chosen = chosen_learning_rates(sweep_dir, available, rates)
+        with open(os.path.join(args.results_dir, "learning_rates.json"), "w") as f:
+            json.dump(chosen, f, indent=1)
+        base = base_report("test", args, model_path, os.path.join(args.results_dir, "base.json"))
+        jobs = [dict(common, method=m, learning_rate=chosen[m]["learning_rate"], seed=s, split="test", base=base,
+                     path=os.path.join(args.results_dir, f"{m}_seed{s}.json"))
+                for s in seeds for m in available if m in chosen]
+        run_jobs([j for j in jobs if not _done(j["path"], args)], args.workers)
+    if args.phase in ("all", "report"):
+        import tiny_report
+
+        tiny_report.main(["--results-dir", args.results_dir])
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text and "," not in text:
+        low, high = text.split("-")
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in text.split(",") if s.strip()]
+
+
+if __name__ == "__main__":
+    main()

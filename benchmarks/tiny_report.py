@@ -1,0 +1,241 @@
+"""Tables, figures and the claims table of the tiny-testbed grid (``benchmarks/tiny_grid.py``; BENCHMARKS.md section 4).
+
+    python benchmarks/tiny_report.py [--results-dir benchmarks/results/tiny]
+
+Writes ``summary.json``, ``report.md`` (the tables pasted into BENCHMARKS.md), ``curves.png`` (held-out accuracy vs
+optimizer step and vs generated tokens, mean and 95% band over seeds) and ``passk.png``. Every interval is a 95%
+t-interval over seeds; a paired difference is the mean over seeds of (method - GRPO) at the same seed. The minimum
+detectable effect (MDE) is the paired difference this many seeds detects with 80% power at alpha 0.05 (two-sided),
+from the observed spread of the paired differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from scipy import stats  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny")
+ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo", "process"]
+LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO (structure)", "oppo": "OPPO (self)", "datpo": "DATPO (adaptive)",
+          "datpo_matched": "DATPO (<= G leaves)", "srpo": "SRPO (self)", "rrpo": "RRPO", "srpo_oracle":
+          "SRPO (oracle reset)", "srpo_oppo": "SRPO x OPPO", "process": "process credit (oracle)"}
+COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green",
+          "datpo_matched": "tab:olive", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_oracle": "tab:pink",
+          "srpo_oppo": "tab:brown", "process": "tab:gray"}
+THRESHOLD = 0.85  # held-out accuracy a run must reach for "steps / tokens to threshold"
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95% t-interval); half-width NaN under two values."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def minimum_detectable(values: list[float]) -> float:
+    """Paired difference detected with 80% power at alpha 0.05 (two-sided) by len(values) seeds of this spread."""
+    n = len(values)
+    if n < 3:
+        return math.nan
+    return (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+
+
+def seeds_for(effect: float, sd: float) -> int:
+    """Seeds a paired comparison needs to detect ``effect`` (80% power, alpha 0.05) at this spread."""
+    if not sd > 0 or not effect > 0:
+        return 0
+    n = 3
+    while (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / math.sqrt(n) > effect and n < 10000:
+        n += 1
+    return n
+
+
+def first_reaching(curve: list[dict], key: str, threshold: float) -> float | None:
+    for point in curve:
+        if point["accuracy"] >= threshold:
+            return point[key]
+    return None
+
+
+def load_runs(directory: str) -> dict[str, dict[int, dict]]:
+    runs: dict[str, dict[int, dict]] = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json") and "_seed" in name:
+            with open(os.path.join(directory, name)) as f:
+                run = json.load(f)
+            runs.setdefault(run["method"], {})[run["seed"]] = run
+    return runs
+
+
+def mean_metric(run: dict, key: str) -> float | None:
+    values = [log[key] for log in run["logs"] if key in log and log[key] is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summarize(runs: dict[str, dict[int, dict]]) -> dict:
+    grpo = runs.get("grpo", {})
+    summary = {}
+    for method in [m for m in ORDER if m in runs] + [m for m in runs if m not in ORDER]:
+        by_seed = runs[method]
+        seeds = sorted(by_seed)
+        finals = [by_seed[s]["curve"][-1]["accuracy"] for s in seeds]
+        aucs = [by_seed[s]["auc"] for s in seeds]
+        pass8 = [by_seed[s]["curve"][-1]["pass_at_k"]["8"] for s in seeds]
+        paired = [s for s in seeds if s in grpo]
+        diff_final = [by_seed[s]["curve"][-1]["accuracy"] - grpo[s]["curve"][-1]["accuracy"] for s in paired]
+        diff_auc = [by_seed[s]["auc"] - grpo[s]["auc"] for s in paired]
+        diff_pass8 = [by_seed[s]["curve"][-1]["pass_at_k"]["8"] - grpo[s]["curve"][-1]["pass_at_k"]["8"]
+                      for s in paired]
+        steps = [by_seed[s]["settings"]["steps"] for s in seeds]
+        cpu_step = [by_seed[s]["train_cpu_seconds"] / n for s, n in zip(seeds, steps)]
+        tokens = [by_seed[s]["curve"][-1]["generated_tokens"] / n for s, n in zip(seeds, steps)]
+        reach_steps = [first_reaching(by_seed[s]["curve"], "step", THRESHOLD) for s in seeds]
+        reach_tokens = [first_reaching(by_seed[s]["curve"], "generated_tokens", THRESHOLD) for s in seeds]
+        backward = [_share(by_seed[s]["curve"][-1]["structures"], "backward") for s in seeds]
+        entry = dict(
+            seeds=len(seeds), learning_rate=by_seed[seeds[0]]["learning_rate"],
+            final=interval(finals), auc=interval(aucs), pass8=interval(pass8),
+            diff_final=interval(diff_final) if paired else None, diff_auc=interval(diff_auc) if paired else None,
+            diff_pass8=interval(diff_pass8) if paired else None,
+            wins_final=sum(d > 0 for d in diff_final), paired=len(paired),
+            mde_final=minimum_detectable(diff_final) if len(paired) > 2 else None,
+            sd_diff_final=statistics.stdev(diff_final) if len(paired) > 1 else None,
+            cpu_per_step=statistics.fmean(cpu_step), tokens_per_step=statistics.fmean(tokens),
+            reached=sum(r is not None for r in reach_steps),
+            steps_to_threshold=statistics.fmean([r for r in reach_steps if r is not None]) if any(reach_steps)
+            else None,
+            tokens_to_threshold=statistics.fmean([r for r in reach_tokens if r is not None]) if any(reach_tokens)
+            else None,
+            backward_share=statistics.fmean(backward),
+            train_cpu_seconds=sum(by_seed[s]["train_cpu_seconds"] for s in seeds),
+            eval_cpu_seconds=sum(by_seed[s]["eval_cpu_seconds"] for s in seeds),
+        )
+        for key in ("srpo/localization_exact_rate", "srpo/localization_clean_rate", "srpo/localization_parse_rate",
+                    "srpo/correction_rate_clean_prefix", "srpo/correction_rate_erroneous_prefix",
+                    "datpo/leaves_per_prompt", "cue/frac_groups_redistributed", "oppo/advantage_abs_mean"):
+            values = [v for v in (mean_metric(by_seed[s], key) for s in seeds) if v is not None]
+            if values:
+                entry[key] = statistics.fmean(values)
+        summary[method] = entry
+    return summary
+
+
+def _share(structures: dict, name: str) -> float:
+    total = sum(count for _, count in structures.values())
+    return structures.get(name, [0, 0])[1] / total if total else 0.0
+
+
+def _fmt(pair, digits: int = 3) -> str:
+    if pair is None:
+        return "-"
+    mean, half = pair
+    return f"{mean:+.{digits}f} ± {half:.{digits}f}" if not math.isnan(half) else f"{mean:+.{digits}f}"
+
+
+def markdown(summary: dict, base: dict, rates: dict) -> str:
+    grpo = summary.get("grpo")
+    lines = [f"Base model (step 0): held-out accuracy {base['accuracy']:.3f}, pass@8 {base['pass_at_k']['8']:.3f}.",
+             "",
+             "| method | lr (sweep) | seeds | final accuracy | AUC | vs GRPO: final (wins) | vs GRPO: AUC | "
+             "pass@8 vs GRPO | MDE (final) | CPU s/step | gen. tokens/step | steps to 0.85 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for method, s in summary.items():
+        ratio = f" ({s['cpu_per_step'] / grpo['cpu_per_step']:.1f}x)" if grpo else ""
+        tok_ratio = f" ({s['tokens_per_step'] / grpo['tokens_per_step']:.2f}x)" if grpo else ""
+        reach = (f"{s['steps_to_threshold']:.0f} ({s['reached']}/{s['seeds']})" if s["steps_to_threshold"]
+                 else f"- (0/{s['seeds']})")
+        mde = "-" if method == "grpo" or not s["mde_final"] else f"{s['mde_final']:.3f}"
+        vs = "-" if method == "grpo" else f"{_fmt(s['diff_final'])} ({s['wins_final']}/{s['paired']})"
+        lines.append(
+            f"| {LABELS.get(method, method)} | {s['learning_rate']:g} | {s['seeds']} | {_fmt(s['final'])[1:]} | "
+            f"{_fmt(s['auc'])[1:]} | {vs} | {'-' if method == 'grpo' else _fmt(s['diff_auc'])} | "
+            f"{'-' if method == 'grpo' else _fmt(s['diff_pass8'])} | "
+            f"{mde} | "
+            f"{s['cpu_per_step']:.2f}{ratio} | {s['tokens_per_step']:.0f}{tok_ratio} | {reach} |")
+    lines += ["", "Learning rates chosen on the sweep (mean validation AUC per rate):", ""]
+    for method, chosen in rates.items():
+        aucs = ", ".join(f"{r}: {a:.3f}" for r, a in chosen["sweep_auc"].items())
+        lines.append(f"- {LABELS.get(method, method)}: {chosen['learning_rate']:g} ({aucs})")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: dict, base: dict, path: str) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for method in [m for m in ORDER if m in runs]:
+        by_seed = runs[method]
+        seeds = sorted(by_seed)
+        steps = [c["step"] for c in by_seed[seeds[0]]["curve"]]
+        acc = [[by_seed[s]["curve"][i]["accuracy"] for s in seeds] for i in range(len(steps))]
+        toks = [statistics.fmean(by_seed[s]["curve"][i]["generated_tokens"] for s in seeds) for i in
+                range(len(steps))]
+        means = [interval(a) for a in acc]
+        low = [m - (0 if math.isnan(h) else h) for m, h in means]
+        high = [m + (0 if math.isnan(h) else h) for m, h in means]
+        for ax, x in zip(axes, (steps, toks)):
+            ax.plot(x, [m for m, _ in means], color=COLORS.get(method), label=f"{LABELS.get(method, method)}")
+            ax.fill_between(x, low, high, color=COLORS.get(method), alpha=0.15)
+    axes[0].set_xlabel("optimizer step")
+    axes[1].set_xlabel("generated tokens (all generation calls)")
+    axes[1].set_xscale("log")
+    for ax in axes:
+        ax.set_ylabel("held-out accuracy (8 samples, T=1)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Tiny testbed: held-out accuracy, mean and 95% band over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_pass_at_k(runs: dict, base: dict, path: str) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ks = sorted(int(k) for k in base["pass_at_k"])
+    ax.plot(ks, [base["pass_at_k"][str(k)] for k in ks], "k--", label="base")
+    for method in [m for m in ORDER if m in runs]:
+        by_seed = runs[method]
+        ax.plot(ks, [statistics.fmean(r["curve"][-1]["pass_at_k"][str(k)] for r in by_seed.values()) for k in ks],
+                color=COLORS.get(method), label=LABELS.get(method, method))
+    ax.set_xlabel("k")
+    ax.set_ylabel("held-out pass@k (final)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir", default=RESULTS)
+    args = parser.parse_args(argv)
+    runs = load_runs(args.results_dir)
+    if not runs:
+        raise SystemExit(f"no runs in {args.results_dir}")
+    with open(os.path.join(args.results_dir, "base.json")) as f:
+        base = json.load(f)["eval"]
+    rates_path = os.path.join(args.results_dir, "learning_rates.json")
+    rates = json.load(open(rates_path)) if os.path.exists(rates_path) else {}
+    summary = summarize(runs)
+    with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
+        json.dump(dict(base=dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"]), methods=summary), f,
+                  indent=1)
+    text = markdown(summary, base, rates)
+    with open(os.path.join(args.results_dir, "report.md"), "w") as f:
+        f.write(text)
+    plot_curves(runs, base, os.path.join(args.results_dir, "curves.png"))
+    plot_pass_at_k(runs, base, os.path.join(args.results_dir, "passk.png"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

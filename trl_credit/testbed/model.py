@@ -1,0 +1,228 @@
+"""The tiny testbed's model: a character tokenizer and a ~0.3M-parameter Llama trained from scratch on the sums task.
+
+:func:`build_model` is deterministic: one thread, seeded data and initialisation, a plain supervised loop (loss on
+completion tokens only). Its result is cached under ``~/.cache/trl_credit/testbed/<digest>`` (``TRL_CREDIT_CACHE``
+moves the root), where the digest hashes the recipe (:class:`Recipe`, the vocabulary and :data:`BUILD_VERSION`),
+so a changed recipe never loads a stale model. ``build.json`` beside the weights records the recipe, the weights'
+SHA-256, the held-out numbers the build measured and its CPU time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from trl_credit.testbed import sums
+
+__all__ = ["VOCAB", "Recipe", "make_tokenizer", "model_config", "build_model", "testbed_model_path", "weights_digest"]
+
+#: Bump when the build changes in a way the recipe does not show (the training loop, the data mix's code).
+BUILD_VERSION = 1
+#: Every character the task, OPPO's oracle prompt and SRPO's localization prompt use (``Step k: `` and
+#: ``\boxed{k}`` included), after the three special tokens.
+VOCAB = ["<pad>", "<s>", "</s>", *"0123456789", "+", "=", "\n", " ", ":", "\\", "{", "}",
+         *"SATLN", *"tepboxd"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the built weights (hashed into the cache folder's name)."""
+
+    hidden_size: int = 96
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    steps: int = 2000
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 100
+    num_train: int = 2000
+    num_test: int = 256
+    data_seed: int = 0
+    seed: int = 0
+    slip_rate: float = 0.6
+    backward_rate: float = 0.15
+    carry_weight: float = 4.0
+    oracle_rate: float = 0.2
+    localization_rate: float = 0.25
+
+    def digest(self) -> str:
+        text = json.dumps({"recipe": dataclasses.asdict(self), "vocab": VOCAB, "version": BUILD_VERSION},
+                          sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_tokenizer():
+    """A ``PreTrainedTokenizerFast`` with one token per character of :data:`VOCAB` (no BOS added; EOS ``</s>``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({token: index for index, token in enumerate(VOCAB)}, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                        unk_token="<pad>", padding_side="left")
+    tokenizer.model_max_length = 512
+    return tokenizer
+
+
+def model_config(recipe: Recipe):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(VOCAB), hidden_size=recipe.hidden_size,
+                       intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_layers,
+                       num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_heads,
+                       max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2, rms_norm_eps=1e-5)
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of the weights, parameter by parameter in name order (what 'the same build' means)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("TRL_CREDIT_CACHE", Path.home() / ".cache" / "trl_credit")) / "testbed"
+
+
+def testbed_model_path(recipe: Recipe | None = None, build: bool = True, progress: bool = False) -> str:
+    """The folder of the model ``recipe`` builds (default recipe), built first when it is not cached."""
+    recipe = recipe or Recipe()
+    path = _cache_root() / recipe.digest()
+    if not (path / "build.json").exists():
+        if not build:
+            raise FileNotFoundError(f"no tiny testbed model at {path}: run `python -m trl_credit.testbed.build`.")
+        build_model(recipe, str(path), progress=progress)
+    return str(path)
+
+
+def _batches(examples, tokenizer, batch_size: int, rng: random.Random):
+    """Endless shuffled batches: (input_ids, attention_mask, labels) with prompt tokens and padding labelled -100."""
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        chosen, order = order[:batch_size], order[batch_size:]
+        rows, labels = [], []
+        for index in chosen:
+            prompt, completion = examples[index]
+            p = tokenizer.encode(prompt, add_special_tokens=False)
+            c = tokenizer.encode(completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+            rows.append(p + c)
+            labels.append([-100] * len(p) + c)
+        width = max(map(len, rows))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        target = torch.full((len(rows), width), -100, dtype=torch.long)
+        for i, (row, label) in enumerate(zip(rows, labels)):  # right padding: positions start at 0
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
+            target[i, : len(row)] = torch.tensor(label)
+        yield ids, mask, target
+
+
+@torch.no_grad()
+def _greedy(model, tokenizer, prompts, max_new_tokens: int, batch_size: int = 128) -> list[str]:
+    texts = []
+    for start in range(0, len(prompts), batch_size):
+        batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
+                          add_special_tokens=False)
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        texts += tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
+    return texts
+
+
+def diagnostics(model, tokenizer, problems, seed: int = 0) -> dict:
+    """Greedy held-out accuracy with the plain and the oracle prompt, and greedy self-localization on slipped
+    solutions of the held-out problems (exact: the first wrong step; uniform: a uniform draw's expected exact rate)."""
+    from trl_credit.srpo.prompts import localization_prompt, parse_reset_step
+
+    model.eval()
+    answers = [str(p.answer) for p in problems]
+    plain = _greedy(model, tokenizer, [p.question for p in problems], 48)
+    oracle = _greedy(model, tokenizer, [p.question + sums.ORACLE_TEMPLATE.format(answer=p.answer) for p in problems], 48)
+    rng = random.Random(seed)
+    chains = []
+    for p in problems:
+        clean = sums.solve(p, "forward")
+        lines = sums.solution_lines(sums.solve(p, "forward", slip_at=rng.randint(1, len(clean)), slip=1))
+        chains.append((p, lines, sums.step_checker(p.question, lines)))
+    picks = _greedy(model, tokenizer, [localization_prompt(p.question, lines, sums.LOCALIZATION_TEMPLATE)
+                                       for p, lines, _ in chains], 12)
+    exact = [parse_reset_step(text, len(lines)) == wrong for text, (_, lines, wrong) in zip(picks, chains)]
+    return {"greedy_accuracy": sum(sums.accuracy_reward(plain, answers)) / len(problems),
+            "greedy_accuracy_oracle_prompt": sum(sums.accuracy_reward(oracle, answers)) / len(problems),
+            "localization_exact": sum(exact) / len(exact),
+            "localization_exact_uniform": sum(1 / len(lines) for _, lines, _ in chains) / len(chains)}
+
+
+def build_model(recipe: Recipe, output_dir: str, progress: bool = False) -> dict:
+    """Train the tiny model from scratch (module docstring) into ``output_dir``; returns its ``build.json``."""
+    from transformers import LlamaForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same float sums wherever it runs (a CPU reduction depends on the thread split)
+    start = time.process_time()
+    try:
+        torch.manual_seed(recipe.seed)
+        tokenizer = make_tokenizer()
+        model = LlamaForCausalLM(model_config(recipe))
+        data = sums.make_dataset(recipe.num_train, recipe.num_test, recipe.data_seed)
+        train_problems = [sums.SumsProblem(sums.question_digits(q)) for q in data["train"]["question"]]
+        rng = random.Random(recipe.seed)
+        examples = []
+        for _ in range(4):  # four draws of the mix per problem: slips, structures and kinds vary across copies
+            examples += sums.sft_examples(train_problems, rng, recipe.slip_rate, recipe.backward_rate,
+                                          recipe.carry_weight, recipe.oracle_rate, recipe.localization_rate)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
+
+        def lr_at(step):  # linear warm-up, cosine decay to 10%
+            if step < recipe.warmup_steps:
+                return (step + 1) / recipe.warmup_steps
+            progress_ = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+        batches = _batches(examples, tokenizer, recipe.batch_size, rng)
+        model.train()
+        losses = []
+        for step in range(recipe.steps):
+            ids, mask, labels = next(batches)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            if progress and (step + 1) % 100 == 0:
+                print(f"testbed build: step {step + 1}/{recipe.steps} loss {sum(losses[-100:]) / 100:.4f}",
+                      flush=True)
+        model.eval()
+        test_problems = [sums.SumsProblem(sums.question_digits(q)) for q in data["test"]["question"]]
+        measured = diagnostics(model, tokenizer, test_problems)
+        os.makedirs(output_dir, exist_ok=True)
+        model.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        info = {"recipe": dataclasses.asdict(recipe), "digest": recipe.digest(), "version": BUILD_VERSION,
+                "weights_sha256": weights_digest(model), "parameters": sum(p.numel() for p in model.parameters()),
+                "final_loss": sum(losses[-100:]) / min(100, len(losses)), "build_cpu_seconds": time.process_time() - start,
+                **measured}
+        with open(os.path.join(output_dir, "build.json"), "w") as f:
+            json.dump(info, f, indent=1)
+        return info
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,214 @@
+"""Train any trainer on the tiny testbed and measure it (docs/testbed.md#the-tiny-testbed).
+
+:func:`run` builds a trainer of the given class on a fresh copy of the testbed model (full fine-tuning: the model is
+0.3M parameters), trains it ``steps`` optimizer steps on the sums task with ``[accuracy, format]`` rewards, and
+evaluates it on held-out problems every ``eval_every`` steps with the training prompt: sampled accuracy (pass@1),
+pass@k, solution structures, generated tokens so far. Evaluation draws from its own random state and restores the
+training one, so a run with evaluation trains exactly as one without. :data:`METHODS` holds the settings of every
+method of the grid (benchmarks/tiny_grid.py); a user's own credit method runs the same way::
+
+    from trl_credit.testbed.runner import run
+    result = run(MyTrainer, MyConfig, seed=0, learning_rate=1e-4, steps=40, **my_fields)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from trl_credit.testbed import sums
+from trl_credit.testbed.model import make_tokenizer, testbed_model_path
+
+__all__ = ["METHODS", "method_spec", "run", "evaluate", "pass_at_k"]
+
+#: Shared by every method: prompts per step, rollouts per prompt (G), sampling, completion cap, TRL's default loss.
+SHARED = dict(num_generations=8, temperature=1.0, top_p=1.0, max_completion_length=48, loss_type="dapo", beta=0.0)
+PROMPTS_PER_STEP = 8
+_SRPO = dict(rollout_template="none", thought_delimiter="\n", reset_groups=1, suffixes_per_reset=4,
+             localization_template=sums.LOCALIZATION_TEMPLATE, localization_max_tokens=12)
+_OPPO = dict(oracle="self", oracle_template=sums.ORACLE_TEMPLATE, answer_column="answer")
+
+
+def method_spec(name: str) -> dict:
+    """``{"trainer": class, "config": class, "fields": {...}, "kwargs": {...}}`` of a grid method."""
+    import trl
+
+    import trl_credit
+
+    if name == "grpo":
+        return dict(trainer=trl.GRPOTrainer, config=trl.GRPOConfig, fields={}, kwargs={})
+    if name == "cue_grpo":  # rarity over the solution structures (the default cue partition sees no cue in digits)
+        return dict(trainer=trl_credit.CueGRPOTrainer, config=trl_credit.CueGRPOConfig,
+                    fields=dict(cue_partition="callable"), kwargs=dict(partition_fn=sums.structure_partition))
+    if name == "oppo":
+        return dict(trainer=trl_credit.OPPOTrainer, config=trl_credit.OPPOConfig, fields=dict(_OPPO), kwargs={})
+    if name == "datpo":  # the paper's adaptive budget: N = G/2 base rollouts, K_max 3, B_max 4
+        return dict(trainer=trl_credit.DATPOTrainer, config=trl_credit.DATPOConfig, fields=dict(num_generations=4),
+                    kwargs={})
+    if name == "datpo_matched":  # at most G leaves per prompt: 2 base rollouts, 1 fork each, up to 3 branches
+        return dict(trainer=trl_credit.DATPOTrainer, config=trl_credit.DATPOConfig,
+                    fields=dict(num_generations=2, max_forks=1, max_branches=3), kwargs={})
+    if name in ("srpo", "rrpo", "srpo_oracle"):
+        # SRPO decodes the policy's \boxed{k} answer as the paper does (the model learned the localization prompt);
+        # an unparsed answer resets uniformly (the paper's fallback)
+        reset = {"srpo": "self", "rrpo": "random", "srpo_oracle": "oracle"}[name]
+        fields = dict(_SRPO, reset=reset, localization="generate", localization_fallback="random",
+                      step_checker="sums")
+        return dict(trainer=trl_credit.SRPOTrainer, config=trl_credit.SRPOConfig, fields=fields, kwargs={})
+    if name == "srpo_oppo":
+        fields = dict(_SRPO, **_OPPO, rollout="resets", credit="oppo", reset="self", localization="generate",
+                      localization_fallback="random", step_checker="sums")
+        return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig, fields=fields, kwargs={})
+    if name == "process":  # the oracle token credit: the step checker's per-step rewards (DeepSeekMath §4.1.3)
+        return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
+                    fields=dict(credit="process", process_step_reward="sums"), kwargs={})
+    raise ValueError(f"unknown testbed method {name!r}; choose from {list(METHODS)}")
+
+
+METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo",
+           "process")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of n samples with c correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def _generated_tokens(sequences: torch.Tensor, prompt_width: int, eos_id: int, pad_id: int) -> int:
+    """Tokens generated up to and including each row's first EOS (padding after it not counted)."""
+    new = sequences[:, prompt_width:]
+    total = 0
+    for row in new.tolist():
+        length = len(row)
+        for index, token in enumerate(row):
+            if token == eos_id:
+                length = index + 1
+                break
+            if token == pad_id:
+                length = index
+                break
+        total += length
+    return total
+
+
+class _RandomState:
+    """Saves torch's, numpy's and Python's global random states and restores them on exit."""
+
+    def __enter__(self):
+        self.states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+    def __exit__(self, *exc):
+        torch.set_rng_state(self.states[0])
+        np.random.set_state(self.states[1])
+        random.setstate(self.states[2])
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, test, samples: int = 8, temperature: float = 1.0, seed: int = 1234,
+             batch_size: int = 512, max_new_tokens: int = 48) -> dict:
+    """Sampled held-out evaluation with the training prompt: accuracy (mean over samples = pass@1), pass@k for k =
+    1..samples, correct samples per structure and the mean completion length. Seeded; global random state kept."""
+    was_training = model.training
+    model.eval()
+    prompts = [p for p in test["prompt"] for _ in range(samples)]
+    texts = []
+    with _RandomState():
+        torch.manual_seed(seed)
+        generate = type(model).generate  # the class's own: not the token-counting wrapper on the instance
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
+                              add_special_tokens=False)
+            out = generate(model, **batch, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
+                           max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                           eos_token_id=tokenizer.eos_token_id)
+            texts += tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
+    if was_training:
+        model.train()
+    answers = [a for a in test["answer"] for _ in range(samples)]
+    correct = sums.accuracy_reward(texts, answers)
+    per_problem = [int(sum(correct[i * samples : (i + 1) * samples])) for i in range(len(test["prompt"]))]
+    structures: dict[str, list[int]] = {}
+    for prompt, text, ok in zip(prompts, texts, correct):
+        tally = structures.setdefault(sums.solution_structure(prompt, text), [0, 0])
+        tally[0] += int(ok)
+        tally[1] += 1
+    return dict(accuracy=sum(correct) / len(correct),
+                pass_at_k={k: sum(pass_at_k(samples, c, k) for c in per_problem) / len(per_problem)
+                           for k in range(1, samples + 1)},
+                correct_per_problem=per_problem, structures=structures,
+                mean_length=sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts) / len(texts))
+
+
+def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int = 40, eval_every: int = 5,
+        eval_samples: int = 8, test=None, trainer_kwargs: dict | None = None, model_path: str | None = None,
+        evaluate_at_start: bool = False, **fields) -> dict:
+    """Train a ``trainer_class`` (``config_class`` with the shared settings, ``fields`` on top) from the testbed
+    model and return its curve: per evaluation, the step, generated tokens so far and :func:`evaluate`'s report."""
+    from transformers import LlamaForCausalLM, PrinterCallback, TrainerCallback
+
+    model_path = model_path or testbed_model_path()
+    data = sums.make_dataset()
+    test = data["test"] if test is None else test
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    counted = {"tokens": 0, "calls": 0}
+    original_generate = model.generate
+
+    def counting_generate(*args, **kwargs):  # every rollout, seed, branch and localization call of any trainer
+        out = original_generate(*args, **kwargs)
+        width = (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).size(1)
+        counted["tokens"] += _generated_tokens(out if torch.is_tensor(out) else out.sequences, width,
+                                               tokenizer.eos_token_id, tokenizer.pad_token_id)
+        counted["calls"] += 1
+        return out
+
+    model.generate = counting_generate
+    curve: list[dict] = []
+    cpu = {"eval": 0.0}
+
+    def record(step):
+        start = time.process_time()
+        report = evaluate(model, tokenizer, test, samples=eval_samples)
+        cpu["eval"] += time.process_time() - start
+        curve.append(dict(step=step, generated_tokens=counted["tokens"], generate_calls=counted["calls"], **report))
+
+    class EvalCallback(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % eval_every == 0 or state.global_step == steps:
+                record(state.global_step)
+
+    settings = dict(SHARED, output_dir=tempfile.mkdtemp(prefix="tiny_testbed_"), learning_rate=learning_rate,
+                    max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", seed=seed, use_cpu=True,
+                    disable_tqdm=True)
+    settings.update(fields)
+    settings["per_device_train_batch_size"] = PROMPTS_PER_STEP * settings["num_generations"]
+    config = config_class(**settings)
+    trainer = trainer_class(model=model, reward_funcs=[sums.accuracy_reward, sums.format_reward], args=config,
+                            train_dataset=data["train"], processing_class=tokenizer, callbacks=[EvalCallback()],
+                            **(trainer_kwargs or {}))
+    trainer.remove_callback(PrinterCallback)  # disable_tqdm's replacement prints every log line
+    if evaluate_at_start:
+        record(0)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    trainer.train()
+    train_cpu = time.process_time() - cpu_start - cpu["eval"]
+    logs = [log for log in trainer.state.log_history if "reward" in log]
+    os.environ.get("TRL_CREDIT_KEEP_OUTPUT") or _remove(settings["output_dir"])
+    return dict(curve=curve, logs=logs, train_cpu_seconds=train_cpu, eval_cpu_seconds=cpu["eval"],
+                wall_seconds=time.perf_counter() - start, settings={k: v for k, v in settings.items()
+                                                                    if k != "output_dir"})
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
