@@ -9,7 +9,7 @@ One command runs it all and resumes (a run whose JSON exists with the same setti
 1. **Sweep** (``sweep/``): each method at each of ``--learning-rates`` on the sweep seeds (``--sweep-seeds``,
    100 and 101: never reported) and on *validation* problems (256, disjoint from the training and the held-out
    ones). A method's learning rate is the one with the best mean area under its validation learning curve
-   (accuracy at steps 0, 5, ..., ``--steps``, trapezoids, divided by the steps): the fastest learner at this budget,
+   (accuracy at steps 0, 10, ..., ``--steps``, trapezoids, divided by the steps): the fastest learner at this budget,
    not the last point alone.
 2. **Grid**: each method at its learning rate on ``--seeds`` (default 0-15), the same seed for every method: the
    same initial model, the same prompts at every step (TRL's sampler draws them from ``seed``), evaluated on the
@@ -166,9 +166,9 @@ def main(argv=None):
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method available)")
     parser.add_argument("--seeds", default="0-15", help="reported seeds, e.g. 0-15 or 0,1,2")
     parser.add_argument("--sweep-seeds", default="100,101", help="seeds of the learning-rate sweep (never reported)")
-    parser.add_argument("--learning-rates", default="3e-5,1e-4,3e-4")
+    parser.add_argument("--learning-rates", default="1e-4,3e-4,1e-3")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--results-dir", default=RESULTS)

@@ -40,7 +40,7 @@ class Recipe:
     intermediate_size: int = 256
     num_layers: int = 2
     num_heads: int = 4
-    steps: int = 2000
+    steps: int = 1500
     batch_size: int = 64
     learning_rate: float = 3e-3
     warmup_steps: int = 100
