@@ -266,3 +266,45 @@ def test_groups_with_cue(tiny_model_path, tiny_dataset, tmp_path):
     correct = [r for r in range(4) if len(rows[r]["text"]) % 2 == 1]
     assert len(correct) == 2 and sorted(sequence[r] > 0 for r in correct) == [False, True]
     check_loss_inputs(batch, losses, expected)
+
+
+# ------------------------------------------------------------------------------------------- LoRA, loss types, chain
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_lora_two_steps_per_token_advantages_train_the_adapter(loss_type, tiny_model_path, tiny_dataset, tmp_path):
+    from peft import LoraConfig
+
+    args = tiny_args(tmp_path, loss_type=loss_type, max_steps=2, seed=2)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset,
+                            credit=ProcessCredit(step_reward=step_scores),
+                            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                   task_type="CAUSAL_LM"))
+    adapter = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_B" in name}
+    batches, losses = recorded(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(batches) == 2
+    for batch in batches:  # each step's advantages are the paper's formula on that step's completions
+        expected, _, _ = reference(trainer.processing_class, batch, groups_of(8, 4))
+        torch.testing.assert_close(batch["advantages"], torch.tensor(expected, dtype=batch["advantages"].dtype),
+                                   rtol=0, atol=1e-5)
+    assert any(batch["advantages"].abs().sum() > 0 for batch in batches)
+    moved = [name for name, p in trainer.model.named_parameters() if name in adapter and not torch.equal(p, adapter[name])]
+    assert moved, "the LoRA adapter did not move"
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_the_chain_built_in_in_training(tiny_model_path, tmp_path):
+    """The chain task's step checker by name, on the chain dataset: the random tiny model writes no valid step, so
+    every completion's first step is wrong (0 from it on), and the credit says so in its metrics."""
+    from trl_credit.chain import make_chain_dataset
+    from trl_credit.chain import chain_format_reward
+    from trl_credit.rewards import accuracy_reward as accuracy
+
+    dataset = make_chain_dataset(num_train=8, num_test=2, seed=0)["train"]
+    args = tiny_args(tmp_path, process_step_reward="chain", process_thought_delimiter="\n")
+    trainer = CreditTrainer(tiny_model_path, [accuracy, chain_format_reward], args=args, train_dataset=dataset)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    log = next(entry for entry in trainer.state.log_history if "process/steps_per_completion" in entry)
+    assert log["process/zero_step_rate"] == 1.0 and log["process/first_zero_step_mean"] == 1.0
+    assert log["process/unscored_step_rate"] == 0.0
+    assert batches[0]["advantages"].abs().sum() == 0  # all step rewards 0 in every group: no spread, as GRPO
