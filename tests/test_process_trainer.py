@@ -5,6 +5,7 @@ On GRPO's groups, SRPO's resets (sub-groups, the shared prefix out of the statis
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 
@@ -308,3 +309,52 @@ def test_the_chain_built_in_in_training(tiny_model_path, tmp_path):
     assert log["process/zero_step_rate"] == 1.0 and log["process/first_zero_step_mean"] == 1.0
     assert log["process/unscored_step_rate"] == 0.0
     assert batches[0]["advantages"].abs().sum() == 0  # all step rewards 0 in every group: no spread, as GRPO
+
+
+# ------------------------------------------------------------------------------------------- two processes
+def _process_run(model_path, out_dir, nproc):
+    import json
+    import os
+
+    from tests.mp import run_torchrun
+
+    os.makedirs(out_dir)
+    run_torchrun("tests/mp_scripts/process_two_processes.py", model_path, out_dir, nproc=nproc, timeout=600)
+    reports = [json.load(open(os.path.join(out_dir, f"result_{rank}.json"))) for rank in range(nproc)]
+    assert all(report["world"] == nproc and report["steps"] == 2 for report in reports)
+    assert all(report["logs"] == reports[0]["logs"] for report in reports)  # metrics over the global batch
+    rows = {(step, row): (text, advantages) for report in reports for step, row, text, advantages in report["records"]}
+    return rows, reports[0]["logs"]
+
+
+@pytest.mark.multiprocess
+def test_two_processes_equal_one_process(tiny_model_path, tmp_path):
+    """One group of 8 rows spanning both processes (4 rows each) or all on one: the same rows get the same per-token
+    advantages (the group's step rewards gathered from both), and the process/ and cue/ metrics are the same."""
+    rows_two, logs_two = _process_run(tiny_model_path, str(tmp_path / "two"), 2)
+    rows_one, logs_one = _process_run(tiny_model_path, str(tmp_path / "one"), 1)
+    assert len(rows_one) == 16 and rows_two.keys() == rows_one.keys()  # 2 steps x 8 rows
+    for key, (text, advantages) in rows_one.items():
+        assert rows_two[key][0] == text
+        assert rows_two[key][1] == pytest.approx(advantages, rel=1e-6, abs=1e-7), key
+    assert any(abs(a) > 0.1 for _, advantages in rows_one.values() for a in advantages)
+    assert len(logs_one) == 2 and logs_one[0]["process/steps_per_completion"] > 1
+    for log_one, log_two in zip(logs_one, logs_two, strict=True):
+        assert log_two == pytest.approx(log_one)
+    # By hand, step 0 (generation call 1: row r writes text (r + 1) mod 5 of the script): rows 0-7 are B C D E A B C D
+    # with step rewards B [1, 0, 0], C [None, 1, 1], D [0, 0], E and A [1, 1, 1]. R: 12 ones and 8 zeros, mean 0.6,
+    # unbiased variance (12 * 0.4² + 8 * 0.6²) / 19 = 4.8 / 19; r~ = 0.4 / s for a 1, -0.6 / s for a 0.
+    s = math.sqrt(4.8 / 19) + EPS
+    # Row 0 (B, wrong, outside Cue-GRPO's P): step 1's tokens 0.4 - 0.6 - 0.6 = -0.8 / s, step 2's -1.2 / s, step 3's
+    # (and the EOS) -0.6 / s. Row 2 (D): -1.2 / s, then -0.6 / s.
+    assert runs(rows_one[(0, 0)][1]) == pytest.approx([-0.8 / s, -1.2 / s, -0.6 / s])
+    assert runs(rows_one[(0, 2)][1]) == pytest.approx([-1.2 / s, -0.6 / s])
+
+
+def runs(values):
+    """The values of consecutive runs of equal values (the tokens of one step share their advantage)."""
+    collapsed = []
+    for value in values:
+        if not collapsed or abs(collapsed[-1] - value) > 1e-6:
+            collapsed.append(value)
+    return collapsed
