@@ -203,3 +203,21 @@ def test_core_refuses_trees_with_the_process_credit():
     assert credit.name == "process"
     assert "credits assume one completion per row" in refusal(build_part("rollout", "trees"), credit, [])
     assert refusal(build_part("rollout", "resets"), credit, [build_part("modifiers", "cue")]) is None
+
+
+def test_the_loss_decides_per_sequence_from_the_rows_sequence_advantages():
+    # TRL's per-sequence decisions (off_policy_mask_threshold, VESPO) read each row's sequence advantage while the
+    # loss runs (trl_credit/anchors.py), as for OPPO; (B, T) advantages without them are refused.
+    import torch
+
+    from trl_credit.anchors import _sequence_level
+    from trl_credit.process.parts import ProcessCredit
+
+    credit = ProcessCredit()
+    per_token = torch.tensor([[0.5, -0.2], [-1.0, 0.3]])
+    seen = []
+    inputs = {"advantages": per_token, "process_sequence_advantages": torch.tensor([0.3, -0.7])}
+    credit.loss(None, lambda model, batch: seen.append(_sequence_level(batch["advantages"])), None, inputs)
+    assert seen[0].flatten().tolist() == pytest.approx([0.3, -0.7])
+    with pytest.raises(RuntimeError, match="without their rows' sequence advantages"):
+        credit.loss(None, lambda model, batch: None, None, {"advantages": per_token})
