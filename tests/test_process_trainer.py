@@ -358,3 +358,10 @@ def runs(values):
         if not collapsed or abs(collapsed[-1] - value) > 1e-6:
             collapsed.append(value)
     return collapsed
+
+
+def test_resets_with_another_step_delimiter_is_warned(tiny_model_path, tiny_dataset, tmp_path):
+    args = resets_args(tmp_path, process_step_reward="chain")  # thought_delimiter " ", process delimiter "\n"
+    args.process_thought_delimiter = "\n"
+    with pytest.warns(UserWarning, match="a reset point may fall inside a step"):
+        CreditTrainer(tiny_model_path, [accuracy_reward], args=args, train_dataset=tiny_dataset)

@@ -17,6 +17,8 @@ supervision (DeepSeekMath §4.1.3; docs/process.md). Per generation batch:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from trl_credit.anchors import loss_sequence_anchors
@@ -56,6 +58,15 @@ class ProcessCredit(Credit):
             check_single_turn(trainer, "credit='process'")
         source = self._step_reward_arg
         self.step_reward = resolve_step_reward(source if source is not None else _arg(trainer, "process_step_reward"))
+        srpo_delimiter = getattr(trainer.args, "thought_delimiter", None)
+        if getattr(trainer.rollout, "name", None) == "resets" and srpo_delimiter != _arg(trainer,
+                                                                                           "process_thought_delimiter"):
+            warnings.warn(
+                f"credit='process' with rollout='resets': SRPO resets at thoughts ending with thought_delimiter="
+                f"{srpo_delimiter!r} but the process steps end with process_thought_delimiter="
+                f"{_arg(trainer, 'process_thought_delimiter')!r}, so a reset point may fall inside a step (which is "
+                "then scored and trained as one step across the prefix and the suffix). Set both to the same text.",
+                UserWarning, stacklevel=2)
         if self.step_reward is None:
             raise ValueError(
                 "credit='process' needs a step-reward function: set process_step_reward to a registered name "
