@@ -288,7 +288,8 @@ def test_lora_two_steps_per_token_advantages_train_the_adapter(loss_type, tiny_m
         torch.testing.assert_close(batch["advantages"], torch.tensor(expected, dtype=batch["advantages"].dtype),
                                    rtol=0, atol=1e-5)
     assert any(batch["advantages"].abs().sum() > 0 for batch in batches)
-    moved = [name for name, p in trainer.model.named_parameters() if name in adapter and not torch.equal(p, adapter[name])]
+    moved = [name for name, p in trainer.model.named_parameters()
+             if name in adapter and not torch.equal(p, adapter[name])]
     assert moved, "the LoRA adapter did not move"
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
@@ -296,8 +297,7 @@ def test_lora_two_steps_per_token_advantages_train_the_adapter(loss_type, tiny_m
 def test_the_chain_built_in_in_training(tiny_model_path, tmp_path):
     """The chain task's step checker by name, on the chain dataset: the random tiny model writes no valid step, so
     every completion's first step is wrong (0 from it on), and the credit says so in its metrics."""
-    from trl_credit.chain import make_chain_dataset
-    from trl_credit.chain import chain_format_reward
+    from trl_credit.chain import chain_format_reward, make_chain_dataset
     from trl_credit.rewards import accuracy_reward as accuracy
 
     dataset = make_chain_dataset(num_train=8, num_test=2, seed=0)["train"]
