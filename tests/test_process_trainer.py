@@ -365,3 +365,18 @@ def test_resets_with_another_step_delimiter_is_warned(tiny_model_path, tiny_data
     args.process_thought_delimiter = "\n"
     with pytest.warns(UserWarning, match="a reset point may fall inside a step"):
         CreditTrainer(tiny_model_path, [accuracy_reward], args=args, train_dataset=tiny_dataset)
+
+
+def test_evaluation_and_off_policy_masking(tiny_model_path, tmp_path):
+    """Evaluation batches get process credit too (metrics under eval_process/), and TRL's per-sequence
+    off_policy_mask_threshold decides from each row's sequence advantage with the (B, T) advantages."""
+    from trl_credit.data import make_arithmetic_dataset
+
+    data = make_arithmetic_dataset(num_train=8, num_test=4, seed=0)
+    args = tiny_args(tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8,
+                     off_policy_mask_threshold=0.5)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=data["train"],
+                            eval_dataset=data["test"], credit=ProcessCredit(step_reward=step_scores))
+    trainer.train()
+    evaluation = next(log for log in trainer.state.log_history if "eval_loss" in log)
+    assert evaluation["eval_process/steps_per_completion"] >= 1 and math.isfinite(evaluation["eval_loss"])
