@@ -2,6 +2,7 @@
 
     --rollout   groups (GRPO) | resets (SRPO / RRPO) | trees (DATPO)
     --credit    outcome (GRPO's group-normalized outcome) | oppo (OPPO's value recursion) | blocks (DATPO, with trees)
+                | process (per-step rewards, DeepSeekMath; e.g. --process_step_reward chain --dataset_name chain)
     --modifiers cue (Cue-GRPO's rarity weights)
 
 Each part takes its method's fields (`--reset random`, `--oracle self`, `--cue_partition cue`, ...); a field of a part

@@ -16,6 +16,7 @@ from trl import GRPOConfig
 from trl_credit.cue_grpo.config import CueGRPOFields
 from trl_credit.datpo.config import DATPOFields
 from trl_credit.oppo.config import OPPOFields
+from trl_credit.process.config import ProcessFields
 from trl_credit.srpo.config import SRPOFields
 from trl_credit.success import SuccessArguments
 from trl_credit.viz import CreditLoggingArguments
@@ -31,6 +32,7 @@ CREDITS = {
     "outcome": "GRPO's group-normalized outcome",
     "oppo": "OPPO's token value recursion",
     "blocks": "DATPO's block Monte Carlo advantages",
+    "process": "process supervision: per-step rewards as token advantages (DeepSeekMath)",
 }
 MODIFIERS = {"cue": "Cue-GRPO's rarity weights"}
 
@@ -38,6 +40,7 @@ MODIFIERS = {"cue": "Cue-GRPO's rarity weights"}
 PART_FIELDS = (
     (CueGRPOFields, "modifiers", "cue"),
     (OPPOFields, "credit", "oppo"),
+    (ProcessFields, "credit", "process"),
     (DATPOFields, "rollout", "trees"),
     (SRPOFields, "rollout", "resets"),
 )
@@ -53,10 +56,10 @@ def _default(f):
 
 # Mixins before GRPOConfig: dataclass fields follow the reversed MRO, so GRPOConfig's fields keep their positions
 # (`CreditConfig("my_run")` is the output dir); the shared mixins' fields, the parts' fields (SRPO, DATPO, OPPO,
-# Cue-GRPO) and the selection come after them.
+# Cue-GRPO, process) and the selection come after them.
 @dataclass
-class CreditConfig(CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, CreditLoggingArguments, SuccessArguments,
-                   GRPOConfig):
+class CreditConfig(ProcessFields, CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, CreditLoggingArguments,
+                   SuccessArguments, GRPOConfig):
     r"""GRPOConfig plus the fields of every part, and the choice of parts: ``rollout``, ``credit``, ``modifiers``.
 
     Parts and the fields they own (see the method configs for each field's meaning):
@@ -66,7 +69,8 @@ class CreditConfig(CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, CreditLog
       :class:`~trl_credit.datpo.DATPOConfig`: ``max_forks``, ...); needs ``credit="blocks"``.
     - ``credit="outcome"`` (default): GRPO's group-normalized outcome. ``"oppo"``: OPPO's value recursion (fields of
       :class:`~trl_credit.oppo.OPPOConfig`: ``oracle``, ``evidence_clip``, ...). ``"blocks"``: DATPO's block Monte
-      Carlo advantages; needs ``rollout="trees"``.
+      Carlo advantages; needs ``rollout="trees"``. ``"process"``: process supervision (DeepSeekMath; fields
+      ``process_step_reward``, ``process_thought_delimiter``, ``process_outcome``; docs/process.md).
     - ``modifiers`` (default none): ``"cue"``, Cue-GRPO's rarity weights (the ``cue_*`` fields of
       :class:`~trl_credit.cue_grpo.CueGRPOConfig`). Each at most once.
 
@@ -96,6 +100,8 @@ class CreditConfig(CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, CreditLog
         self._check_selection()
         if self.rollout == "resets":
             self._check_srpo_fields()
+        if self.credit == "process":
+            self._check_process_fields()
         super().__post_init__()
         if self.rollout == "resets":
             self._check_srpo_after_grpo()

@@ -152,6 +152,7 @@ PARTS = {
         "outcome": "trl_credit.core:GroupOutcome",
         "oppo": "trl_credit.oppo.parts:ValueRecursion",
         "blocks": "trl_credit.datpo.parts:BlockCredit",
+        "process": "trl_credit.process.parts:ProcessCredit",
     },
     "modifiers": {"cue": "trl_credit.cue_grpo.parts:RarityWeights"},
 }

@@ -1,0 +1,191 @@
+"""The process credit as a part of the credit core (trl_credit/core.py): :class:`ProcessCredit`, GRPO's process
+supervision (DeepSeekMath §4.1.3; docs/process.md). Per generation batch:
+
+- Each credited row (scorable, in a group, its group free of ±inf rewards) of this process is split into steps on
+  its sampled tokens (``process_thought_delimiter``, SRPO's token-exact thought splitting) and scored by the
+  step-reward function; with ``process_outcome="final_step"`` TRL's weighted total reward is one more step ending at
+  the last token. Other rows get advantage 0 on every token and stay out of every statistic.
+- A suffix row of SRPO's resets (``RowBatch.prefix_lengths``) keeps out of its group's statistics the steps that end
+  inside its shared prefix (the loss masks those tokens): the step rewards are normalized over what is trained.
+- Every row's step rewards are gathered (rows of a group may live on several processes), normalized per group
+  (:func:`~trl_credit.process.advantages.normalized_step_rewards`) and summed into per-token advantages (B, T)
+  (:func:`~trl_credit.process.advantages.token_advantages`).
+- Each row's sequence-level direction is its first trained token's advantage (the sum of its normalized step
+  rewards): ``RowBatch.sequence_signs`` for the per-row modifiers (Cue-GRPO's positive set), TRL's per-sequence
+  loss decisions (``off_policy_mask_threshold``, VESPO) and TRL's completions table.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from trl_credit.anchors import loss_sequence_anchors
+from trl_credit.batch import NO_GROUP, RowBatch
+from trl_credit.collectives import gather_rows
+from trl_credit.core import Credit
+from trl_credit.process.advantages import normalized_step_rewards, token_advantages
+from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
+from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+from trl_credit.success import total_rewards
+from trl_credit.trainer_logs import log_metric, nonfinite_reward_groups, warn_once
+from trl_credit.trainer_setup import check_single_turn
+
+__all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
+
+#: |sum of a row's normalized step rewards| at or below this is direction 0 (float sums of opposite terms).
+SIGN_TOLERANCE = 1e-9
+ANCHORS_KEY = "process_sequence_advantages"
+
+
+class ProcessCredit(Credit):
+    """Per-token advantages from per-step rewards (module docstring). ``step_reward``: a step-reward function
+    (``(prompt, completion, steps, **row) -> list[float | None]``) or a registered name, overriding the config's
+    ``process_step_reward``."""
+
+    name = "process"
+
+    def __init__(self, step_reward=None):
+        self._step_reward_arg = step_reward
+        self.step_reward = None
+
+    def setup(self, trainer) -> None:
+        # A rollout part's own rollout function (SRPO's resets) is a rollout like any other; a user's is refused, as
+        # are tool loops (the steps would hold tool output).
+        rollout_func = getattr(trainer, "rollout_func", None)
+        if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
+            check_single_turn(trainer, "credit='process'")
+        source = self._step_reward_arg
+        self.step_reward = resolve_step_reward(source if source is not None else _arg(trainer, "process_step_reward"))
+        srpo_delimiter = getattr(trainer.args, "thought_delimiter", None)
+        if getattr(trainer.rollout, "name", None) == "resets" and srpo_delimiter != _arg(trainer,
+                                                                                           "process_thought_delimiter"):
+            warnings.warn(
+                f"credit='process' with rollout='resets': SRPO resets at thoughts ending with thought_delimiter="
+                f"{srpo_delimiter!r} but the process steps end with process_thought_delimiter="
+                f"{_arg(trainer, 'process_thought_delimiter')!r}, so a reset point may fall inside a step (which is "
+                "then scored and trained as one step across the prefix and the suffix). Set both to the same text.",
+                UserWarning, stacklevel=2)
+        if self.step_reward is None:
+            raise ValueError(
+                "credit='process' needs a step-reward function: set process_step_reward to a registered name "
+                "('chain', or one added with trl_credit.process.register_step_reward) or pass "
+                "CreditTrainer(..., credit=ProcessCredit(step_reward=callable))."
+            )
+
+    # TRL's per-sequence decisions (off_policy_mask_threshold, VESPO) read each row's sequence advantage with the
+    # (B, T) advantages (trl_credit/anchors.py), as for OPPO.
+    def loss(self, trainer, proceed, model, inputs):
+        anchors = inputs.get(ANCHORS_KEY)
+        if anchors is None and inputs["advantages"].dim() == 2:
+            raise RuntimeError(
+                f"credit='process': per-token advantages reached the loss without their rows' sequence advantages "
+                f"(`{ANCHORS_KEY}` of the batch), so TRL's per-sequence decisions could not be made per sequence. A "
+                "subclass or modifier that rebuilds the batch must keep that key."
+            )
+        with loss_sequence_anchors(anchors):
+            return proceed(model, inputs)
+
+    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        num_local, num_tokens = completion_ids.shape
+        # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
+        grouped = batch.group_ids != NO_GROUP
+        nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
+        nonfinite[grouped] = nonfinite_reward_groups(
+            trainer, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
+            "process/nonfinite_reward_rate").cpu()
+        credited = batch.local_rows(batch.scorable & grouped & ~nonfinite).tolist()
+        prefixes = [0] * num_local if batch.prefix_lengths is None else batch.local_rows(batch.prefix_lengths).tolist()
+        outcome = None
+        if _arg(trainer, "process_outcome") == "final_step":
+            outcome = batch.local_rows(total_rewards(batch.rewards_per_func, trainer.reward_weights).cpu()).tolist()
+
+        # This process's rows: step ends and rewards (the outcome as a last step), and what enters the statistics.
+        local_steps, local_records = [], []
+        for i in range(num_local):
+            if not credited[i]:
+                local_steps.append(None)
+                local_records.append(None)
+                continue
+            ids = completion_ids[i][completion_mask[i].bool()].tolist()
+            ends, rewards = self._step_rewards(trainer, inputs[i], ids, i)
+            record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
+            record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
+            if outcome is not None:
+                ends, rewards = [*ends, len(ids)], [*rewards, outcome[i]]
+            # Steps ending inside a shared prefix (SRPO's suffix rows) are not trained: out of the statistics.
+            record["rewards"] = [r if end > prefixes[i] else None for end, r in zip(ends, rewards)]
+            local_steps.append(ends)
+            local_records.append(record)
+
+        records = gather_rows(trainer, local_records)  # every row of the batch, in TRL's global order
+        if len(records) != batch.num_rows:
+            raise RuntimeError(f"credit='process': {len(records)} rows of step rewards for {batch.num_rows} rows.")
+        normalized = normalized_step_rewards(
+            [None if r is None else r["rewards"] for r in records], batch.group_ids.tolist(),
+            scale=trainer.scale_rewards)
+        sequence = [sum(values) for values in normalized]  # a row's first trained token's advantage
+        batch.log_advantages(trainer, sequence)
+        batch.sequence_signs = torch.tensor(
+            [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
+
+        advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64)
+        for i, (ends, values) in enumerate(zip(local_steps, batch.local_rows(normalized))):
+            if ends is not None:
+                length = int(completion_mask[i].sum())
+                advantages[i, :length] = torch.tensor(token_advantages(ends, values, length), dtype=torch.float64)
+        self._log_metrics(trainer, records)
+        dtype, device = output["advantages"].dtype, output["advantages"].device
+        output[ANCHORS_KEY] = torch.tensor(batch.local_rows(sequence), dtype=dtype, device=device)
+        return advantages.to(dtype=dtype, device=device)
+
+    def _step_rewards(self, trainer, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
+        """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked."""
+        tokenizer, delimiter = trainer._tokenizer, _arg(trainer, "process_thought_delimiter")
+        ends = split_thoughts(ids, tokenizer, delimiter)
+        if not ends:
+            return [], []
+        steps = thought_texts(ids, ends, tokenizer, delimiter)
+        text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        columns = {key: value for key, value in row.items() if key != "prompt"}
+        rewards = self.step_reward(row["prompt"], text, steps, **columns)
+        name = getattr(self.step_reward, "__name__", repr(self.step_reward))
+        where = f"row {index} of this process's batch (step {trainer.state.global_step})"
+        return ends, checked_rewards(rewards, len(ends), repr(name), where)
+
+    @staticmethod
+    def _log_metrics(trainer, records: list) -> None:
+        """Global metrics (every process holds every row's record): each over the credited rows."""
+        rows = [r for r in records if r is not None]
+        if not rows:
+            return
+        steps = sum(r["steps"] for r in rows)
+        unscored_rows = sum(r["steps"] == r["unscored"] for r in rows)  # no step scored (or no step at all)
+        one_step = sum(r["steps"] == 1 for r in rows)
+        first_zero = [r["first_zero"] for r in rows if r["first_zero"] is not None]
+        log_metric(trainer, "process/steps_per_completion", steps / len(rows))
+        log_metric(trainer, "process/unscored_step_rate", sum(r["unscored"] for r in rows) / max(steps, 1))
+        log_metric(trainer, "process/unscored_row_rate", unscored_rows / len(rows))
+        log_metric(trainer, "process/no_delimiter_rate", one_step / len(rows))
+        log_metric(trainer, "process/zero_step_rate", len(first_zero) / len(rows))
+        if first_zero:
+            log_metric(trainer, "process/first_zero_step_mean", sum(first_zero) / len(first_zero))
+        if unscored_rows:
+            warn_once(trainer, "process_unscored",
+                      "credit='process': the step-reward function scored no step of some completions (every step "
+                      "None, or an empty completion), so they get no process credit (advantage 0 unless "
+                      "process_outcome='final_step'). `process/unscored_row_rate` logs their share.")
+        if one_step:
+            warn_once(trainer, "process_one_step",
+                      "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
+                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
+                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
+
+
+def _arg(trainer, name: str):
+    """A process field of the trainer's config, its default under a config without it (a plain GRPOConfig)."""
+    from trl_credit.process.config import ProcessFields
+
+    return getattr(trainer.args, name, ProcessFields.__dataclass_fields__[name].default)
