@@ -56,9 +56,15 @@ def test_rewards_on_hand_written_completions():
 
 
 def test_step_rewards_are_one_up_to_the_first_wrong_step():
-    assert sums.step_rewards(Q, FORWARD) == [1.0] * 5
-    assert sums.step_rewards(Q, "3+5=8\n8+2=1\n1+8=9\n9+1=0\nA0") == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert sums.step_rewards(Q, "3+5=8\n8+2=0") == [1.0, 1.0]  # no answer: wrong one past the last line
+    slipped = "3+5=8\n8+2=1\n1+8=9\n9+1=0\nA0"
+    assert sums.step_rewards(Q, FORWARD, FORWARD.split("\n")) == [1.0] * 5
+    assert sums.step_rewards(Q, slipped, slipped.split("\n")) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # no answer: wrong one past the last line, charged to the last step
+    assert sums.step_rewards(Q, "3+5=8\n8+2=0", ["3+5=8", "8+2=0"]) == [1.0, 0.0]
+    # the process credit finds it by name
+    from trl_credit.process.step_rewards import resolve_step_reward
+
+    assert resolve_step_reward("sums")(Q, slipped, slipped.split("\n"))[:2] == [1.0, 0.0]
 
 
 def test_structures_and_partition():
@@ -157,7 +163,7 @@ def test_build_is_deterministic_and_cached_by_recipe(reduced_model, tmp_path):
     assert other["weights_sha256"] != first["weights_sha256"]
 
 
-@pytest.mark.parametrize("method", [m for m in runner.METHODS if m != "process"])
+@pytest.mark.parametrize("method", runner.METHODS)
 def test_every_grid_method_trains_two_steps_on_the_reduced_model(method, reduced_model):
     spec = runner.method_spec(method)
     test = sums.make_dataset(200, 16)["test"]

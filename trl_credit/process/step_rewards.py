@@ -30,6 +30,7 @@ StepReward = Callable[..., "list[float | None]"]
 #: Step-reward functions a config can name (``process_step_reward``): a callable, or ``"module:function"``.
 STEP_REWARDS: dict[str, StepReward | str] = {
     "chain": "trl_credit.process.step_rewards:chain_step_rewards",
+    "sums": "trl_credit.testbed.sums:step_rewards",  # the tiny testbed's checker (docs/testbed.md#the-tiny-testbed)
 }
 
 

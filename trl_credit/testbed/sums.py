@@ -205,15 +205,16 @@ def step_checker(question: str, thoughts: list[str]) -> int | None:
     return owner[wrong - 1] if wrong <= len(owner) else len(thoughts)
 
 
-def step_rewards(prompt: str, completion: str, **row) -> list[float]:
-    """Per step line 1 up to the first wrong step, 0 there and after (a process reward from the checker); the answer
-    line is a step."""
-    lines = _lines(completion)
-    wrong = first_wrong_step(prompt, completion)
-    count = max(len(lines), 1)
+def step_rewards(prompt: str, completion: str, steps: list[str], **row) -> list[float]:
+    """The process credit's step rewards (``process_step_reward="sums"``, docs/process.md): 1.0 for every step before
+    the checker's first wrong one, 0.0 for it and every step after it (``steps``: the completion's thoughts, the
+    answer line the last; a missing answer line is charged to the last step, as :func:`step_checker` does)."""
+    if not steps:
+        return []
+    wrong = step_checker(prompt, list(steps))
     if wrong is None:
-        return [1.0] * count
-    return [1.0 if k < wrong else 0.0 for k in range(1, count + 1)]
+        return [1.0] * len(steps)
+    return [1.0] * (wrong - 1) + [0.0] * (len(steps) - wrong + 1)
 
 
 def solution_structure(question: str, completion: str) -> str:
