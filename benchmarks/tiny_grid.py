@@ -144,20 +144,11 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
                   f"{done['final']:.3f}, {done['cpu']:.0f} CPU s -> {os.path.relpath(done['path'])}", flush=True)
 
 
-def chosen_learning_rates(sweep_dir: str, methods, rates) -> dict:
-    """Per method, the learning rate with the best mean sweep AUC (only where every sweep run is in)."""
-    chosen = {}
-    for method in methods:
-        means = {}
-        for rate in rates:
-            aucs = [json.load(open(os.path.join(sweep_dir, name)))["auc"] for name in os.listdir(sweep_dir)
-                    if name.startswith(f"{method}_lr{rate:g}_seed")]
-            if aucs:
-                means[rate] = sum(aucs) / len(aucs)
-        if means:
-            chosen[method] = dict(learning_rate=max(means, key=means.get), sweep_auc={f"{r:g}": a for r, a in
-                                                                                       means.items()})
-    return chosen
+def chosen_learning_rates(sweep_dir: str, methods) -> dict:
+    """Per method, the learning rate with the best mean sweep AUC (tiny_report.sweep_choices)."""
+    import tiny_report
+
+    return {m: c for m, c in tiny_report.sweep_choices(sweep_dir).items() if m in methods}
 
 
 def main(argv=None):
@@ -175,6 +166,7 @@ def main(argv=None):
     parser.add_argument("--model", default=None, help="a testbed model folder (default: the default recipe's build)")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     _setup_worker()
     from trl_credit.testbed import runner
     from trl_credit.testbed.model import testbed_model_path
@@ -205,9 +197,7 @@ def main(argv=None):
                 for s in _seeds(args.sweep_seeds) for r in rates for m in available]
         run_jobs([j for j in jobs if not _done(j["path"], args)], args.workers)
     if args.phase in ("all", "grid"):
-        chosen = chosen_learning_rates(sweep_dir, available, rates)
-        with open(os.path.join(args.results_dir, "learning_rates.json"), "w") as f:
-            json.dump(chosen, f, indent=1)
+        chosen = chosen_learning_rates(sweep_dir, available)
         base = base_report("test", args, model_path, os.path.join(args.results_dir, "base.json"))
         jobs = [dict(common, method=m, learning_rate=chosen[m]["learning_rate"], seed=s, split="test", base=base,
                      path=os.path.join(args.results_dir, f"{m}_seed{s}.json"))

@@ -67,6 +67,24 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
     return None
 
 
+def sweep_choices(sweep_dir: str) -> dict:
+    """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
+    grid trained with: benchmarks/tiny_grid.py)."""
+    aucs: dict[str, dict[float, list[float]]] = {}
+    for name in sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []:
+        if name.endswith(".json") and "_seed" in name:
+            with open(os.path.join(sweep_dir, name)) as f:
+                run = json.load(f)
+            aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run["auc"])
+    chosen = {}
+    for method, by_rate in aucs.items():
+        means = {rate: statistics.fmean(values) for rate, values in sorted(by_rate.items())}
+        chosen[method] = dict(learning_rate=max(means, key=means.get), sweep_auc={f"{r:g}": a for r, a in
+                                                                                   means.items()},
+                              sweep_runs={f"{r:g}": len(v) for r, v in sorted(by_rate.items())})
+    return chosen
+
+
 def load_runs(directory: str) -> dict[str, dict[int, dict]]:
     runs: dict[str, dict[int, dict]] = {}
     for name in sorted(os.listdir(directory)):
@@ -223,8 +241,7 @@ def main(argv=None):
         raise SystemExit(f"no runs in {args.results_dir}")
     with open(os.path.join(args.results_dir, "base.json")) as f:
         base = json.load(f)["eval"]
-    rates_path = os.path.join(args.results_dir, "learning_rates.json")
-    rates = json.load(open(rates_path)) if os.path.exists(rates_path) else {}
+    rates = sweep_choices(os.path.join(args.results_dir, "sweep"))
     summary = summarize(runs)
     with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
         json.dump(dict(base=dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"]), methods=summary), f,
