@@ -230,13 +230,18 @@ def _main(trainer_class, config_class, defaults, argv):
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    # The card names the method, its paper and hyperparameters, and the base model (push_to_hub rewrites it).
-    trainer.create_model_card(
-        model_name=os.path.basename(os.path.normpath(training_args.output_dir)), dataset_name=script_args.dataset_name
-    )
     if training_args.push_to_hub:
+        # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
+        # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
+        # Trainer.save_model pushes on its own ("Model save").
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    else:
+        trainer.save_model(training_args.output_dir)
+        # The card names the method, its paper and hyperparameters, and the base model.
+        trainer.create_model_card(
+            model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
+            dataset_name=script_args.dataset_name,
+        )
     trainer.accelerator.print(training_summary(trainer, script_args, model_args))
     return trainer
 
