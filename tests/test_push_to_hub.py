@@ -1,5 +1,5 @@
 """``--push_to_hub`` end to end against a local Hub (tests/local_hub.py, on 127.0.0.1): the example runner pushes
-the adapter and its card in one commit; the pushed card's quick start, run as written by someone
+the adapter and its card in one commit and says where; the pushed card's quick start, run as written by someone
 else (fresh process, empty Hugging Face cache), loads base and adapter by repo id and gives the trained model's
 logits.
 
@@ -106,7 +106,8 @@ def test_push_to_hub_round_trip(local_hub, tiny_model_path, tmp_path):
         "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
         "--use_cpu", "true",
     ]
-    _run(TRAIN, [str(tmp_path / "trained.pt"), *train_argv], _online_env(local_hub, tmp_path / "hf1"), cwd=ROOT)
+    printed = _run(TRAIN, [str(tmp_path / "trained.pt"), *train_argv], _online_env(local_hub, tmp_path / "hf1"),
+                   cwd=ROOT)
 
     # One push per run: the Hub's initial commit, then the end-of-training commit with adapter and card.
     assert local_hub.commit_messages(ADAPTER) == ["initial commit", "End of training"]
@@ -117,6 +118,10 @@ def test_push_to_hub_round_trip(local_hub, tiny_model_path, tmp_path):
     card = local_hub.read(ADAPTER, "README.md")
     assert f"base_model: {BASE}" in card
     assert f'base_model = "{BASE}"' in card and f'.from_pretrained(base_model), "{ADAPTER}")' in card
+
+    # The closing summary names the Hub the push went to (HF_ENDPOINT here), not huggingface.co.
+    assert f"Pushed to {local_hub.endpoint}/{ADAPTER}\n" in printed
+    assert "huggingface.co" not in printed
 
     # Someone else runs the pushed quick start: by repo id, from an empty cache, in another folder.
     elsewhere = tmp_path / "elsewhere"

@@ -285,7 +285,11 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
     base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
     lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
     if args.push_to_hub and getattr(trainer, "hub_model_id", None):
-        lines.append(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+        # The Hub the push went to: Trainer.push_to_hub uploads to huggingface_hub's default endpoint, which is
+        # HF_ENDPOINT when set (a mirror, a private Hub), https://huggingface.co otherwise.
+        from huggingface_hub import constants
+
+        lines.append(f"Pushed to {constants.ENDPOINT.rstrip('/')}/{trainer.hub_model_id}")
     command = ["trl-credit-eval"]
     model = model_args.model_name_or_path
     if model_args.use_peft:
