@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from trl_credit.rewards import completion_text
 
@@ -117,6 +118,8 @@ def test_push_to_hub_round_trip(local_hub, tiny_model_path, tmp_path):
     assert json.loads(local_hub.read(ADAPTER, "adapter_config.json"))["base_model_name_or_path"] == BASE
     card = local_hub.read(ADAPTER, "README.md")
     assert f"base_model: {BASE}" in card
+    tags = yaml.safe_load(card.split("---")[1])["tags"]
+    assert "srpo" in tags and "rrpo" not in tags  # the runner's default reset="self": SRPO, not RRPO
     assert f'base_model = "{BASE}"' in card and f'.from_pretrained(base_model), "{ADAPTER}")' in card
 
     # The closing summary names the Hub the push went to (HF_ENDPOINT here), not huggingface.co.
