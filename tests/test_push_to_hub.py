@@ -71,7 +71,7 @@ def local_hub(tmp_path):
         import olah  # noqa: F401
     except ImportError:  # a dev dependency: missing it is a failure to report, not a reason to skip
         pytest.fail('the local Hub needs olah: pip install -e ".[dev]"')
-    with LocalHub(str(tmp_path / "hub"), max_seconds=300) as hub:
+    with LocalHub(str(tmp_path / "hub"), max_seconds=600) as hub:  # outlives both runs' timeouts
         yield hub
 
 
