@@ -3,14 +3,13 @@
 Reads are served by olah (PyPI ``olah``, a maintained Hub mirror server): in offline mode it serves the repos it
 finds as git repositories under its ``mirrors_path`` (``<root>/mirror/models/<org>/<name>``), the way the Hub serves
 them: ``/<repo>/resolve/<rev>/<file>`` with the ``X-Repo-Commit``/``ETag`` headers ``hf_hub_download`` needs,
-``/api/models/<repo>`` and the tree/paths-info/commits listings. olah is read-only: no package serves the Hub's
-upload API by itself, so this file adds, in front of olah's routes, the few write endpoints huggingface_hub's
-``create_repo`` and ``upload_folder`` call (``/api/repos/create``, ``/api/validate-yaml``, ``preupload``, the NDJSON
-``commit``, ``/api/whoami-v2``), each writing a real git commit into olah's mirror, plus the one read olah gets wrong
-offline: a file absent from a local repo, which olah answers with the 401 "repository not found" of its upstream
-fallback where the Hub answers 404 ``EntryNotFound``, so ``from_pretrained`` by repo id (which probes for optional
-files such as ``model.safetensors.index.json``) fails. Every file is committed as a plain git blob
-(``uploadMode: regular``): no LFS or Xet storage to emulate.
+``/api/models/<repo>/revision/<rev>`` and the tree/paths-info/commits listings. olah is read-only: no package serves
+the Hub's upload API by itself, so this file adds, in front of olah's routes, the few write endpoints
+huggingface_hub's ``create_repo`` and ``upload_folder`` call (``/api/repos/create``, ``/api/validate-yaml``,
+``preupload``, the NDJSON ``commit``, ``/api/whoami-v2``), each commit a real git commit in olah's mirror, and the
+two reads olah gets wrong offline (``offline_reads`` below): an absent file or folder, and a repo's latest metadata
+(``model_info``), which olah answers with its upstream fallback's 401 "repository not found". Every file is
+committed as a plain git blob (``uploadMode: regular``): no LFS or Xet storage to emulate.
 
 Run as a subprocess (:class:`LocalHub`), so the test's own process keeps its offline huggingface_hub settings; the
 server stops when the test stops it, when its parent process exits, or after ``max_seconds``, whichever is first.

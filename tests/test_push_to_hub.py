@@ -18,7 +18,7 @@ import yaml
 
 from trl_credit.rewards import completion_text
 
-from tests.local_hub import LocalHub
+from tests.local_hub import LocalHub, repo_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE, ADAPTER = "tiny-org/tiny-llama", "local-user/srpo-tiny"
@@ -137,3 +137,42 @@ def test_push_to_hub_round_trip(local_hub, tiny_model_path, tmp_path):
     # the adapter moved the model, so the match above needs the pushed adapter, not just the base model
     assert (reloaded["base_logits"] - trained["logits"]).abs().max() > 1e-3
     assert local_hub.commit_messages(ADAPTER) == ["initial commit", "End of training"]  # reading pushed nothing
+
+
+# The local Hub itself answers as the Hub does where the round trip above relies on it.
+HUB_CALLS = """
+import json, sys
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+api, seeded, new = HfApi(), sys.argv[1], "local-user/new-repo"
+out = {"sha": api.model_info(seeded).sha, "config": json.load(open(hf_hub_download(seeded, "config.json")))}
+try:
+    hf_hub_download(seeded, "absent.json")
+except EntryNotFoundError:
+    out["absent"] = "EntryNotFound"
+try:
+    api.model_info("local-user/nothing-here")
+except RepositoryNotFoundError:
+    out["no_repo"] = "RepositoryNotFound"
+out["url"] = api.create_repo(new)
+out["url_again"] = api.create_repo(new, exist_ok=True)
+api.upload_file(path_or_fileobj=b"hello", path_in_repo="a/b.txt", repo_id=new, commit_message="add b")
+out["files"] = sorted(api.list_repo_files(new))
+print(json.dumps(out))
+"""
+
+
+def test_local_hub_answers_as_the_hub(local_hub, tiny_model_path, tmp_path):
+    local_hub.seed(BASE, tiny_model_path)
+    printed = _run(HUB_CALLS, [BASE], _online_env(local_hub, tmp_path / "hf"), cwd=tmp_path, timeout=120)
+    out = json.loads(printed.strip().splitlines()[-1])
+    head = subprocess.run(["git", "-C", repo_dir(local_hub.root, BASE), "rev-parse", "main"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert out["sha"] == head
+    with open(os.path.join(tiny_model_path, "config.json")) as f:
+        assert out["config"] == json.load(f)
+    assert out["absent"] == "EntryNotFound" and out["no_repo"] == "RepositoryNotFound"
+    assert out["url"] == out["url_again"] == f"{local_hub.endpoint}/local-user/new-repo"
+    assert out["files"] == [".gitattributes", "a/b.txt"]
+    assert local_hub.commit_messages("local-user/new-repo") == ["initial commit", "add b"]
+    assert local_hub.read("local-user/new-repo", "a/b.txt") == "hello"
