@@ -163,3 +163,22 @@ def test_user_old_checkpointing_name_still_applies(tmp_path):
     recipe.write_text("gradient_checkpointing: false\n")
     args, _ = _parse_recording_warnings(["--config", str(recipe), "--output_dir", str(tmp_path)])
     assert args.gradient_checkpointing is False
+
+
+@pytest.mark.parametrize("reset, tagged_rrpo", [("self", False), ("random", True), ("oracle", False)])
+def test_srpo_card_is_tagged_rrpo_only_with_random_resets(reset, tagged_rrpo, tiny_model_path, tiny_dataset, tmp_path):
+    # RRPO is SRPO's random-reset variant (paper §4.2): a self- or oracle-reset run is not RRPO. The tags reach the
+    # card twice: the card's own, and the model's tags (TRL's add_model_tags), which push_to_hub passes on.
+    from huggingface_hub import ModelCard
+
+    from trl_credit import SRPOConfig, SRPOTrainer
+
+    args = SRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=8, max_steps=1,
+                      reset=reset, use_cpu=True, report_to="none", save_strategy="no")
+    trainer = SRPOTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=args, train_dataset=tiny_dataset, step_checker=lambda question, thoughts: 1)
+    trainer.create_model_card(tags=list(trainer.model.model_tags))
+    tags = ModelCard.load(tmp_path / "README.md").data.tags
+    assert "srpo" in tags and "trl_credit" in tags
+    assert ("rrpo" in tags) is tagged_rrpo
+    assert ("rrpo" in trainer.model.model_tags) is tagged_rrpo

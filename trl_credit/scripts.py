@@ -230,13 +230,18 @@ def _main(trainer_class, config_class, defaults, argv):
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    # The card names the method, its paper and hyperparameters, and the base model (push_to_hub rewrites it).
-    trainer.create_model_card(
-        model_name=os.path.basename(os.path.normpath(training_args.output_dir)), dataset_name=script_args.dataset_name
-    )
     if training_args.push_to_hub:
+        # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
+        # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
+        # Trainer.save_model pushes on its own ("Model save").
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    else:
+        trainer.save_model(training_args.output_dir)
+        # The card names the method, its paper and hyperparameters, and the base model.
+        trainer.create_model_card(
+            model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
+            dataset_name=script_args.dataset_name,
+        )
     trainer.accelerator.print(training_summary(trainer, script_args, model_args))
     return trainer
 
@@ -280,7 +285,11 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
     base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
     lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
     if args.push_to_hub and getattr(trainer, "hub_model_id", None):
-        lines.append(f"Pushed to https://huggingface.co/{trainer.hub_model_id}")
+        # The Hub the push went to: Trainer.push_to_hub uploads to huggingface_hub's default endpoint, which is
+        # HF_ENDPOINT when set (a mirror, a private Hub), https://huggingface.co otherwise.
+        from huggingface_hub import constants
+
+        lines.append(f"Pushed to {constants.ENDPOINT.rstrip('/')}/{trainer.hub_model_id}")
     command = ["trl-credit-eval"]
     model = model_args.model_name_or_path
     if model_args.use_peft:

@@ -30,7 +30,7 @@ class SRPOTrainer(CreditTrainer):
     metrics. The ``srpo/`` metrics are listed in docs/srpo.md#metrics (srpo/step_metrics.py logs them).
     """
 
-    _tag_names = ["trl", "srpo", "rrpo", "trl_credit"]
+    _tag_names = ["trl", "srpo", "trl_credit"]  # + "rrpo" with reset="random" (__init__)
     _name = "SRPO"
     _paper = {
         "title": "Credit Assignment with Resets in Language Model Reasoning",
@@ -69,6 +69,10 @@ class SRPOTrainer(CreditTrainer):
                 "No reward source provided. Pass `reward_funcs`: SRPOTrainer's seeds are the rollouts the "
                 "`success_reward` function scores as incorrect."
             )
+        if args.reset == "random":
+            # RRPO is the random-reset variant only: set before GRPOTrainer.__init__, which copies the tags onto the
+            # model (add_model_tags), whence push_to_hub adds them to the card.
+            self._tag_names = [*self._tag_names, "rrpo"]
         super().__init__(
             model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
             processing_class=processing_class, reward_processing_classes=reward_processing_classes,
