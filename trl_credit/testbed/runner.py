@@ -149,7 +149,7 @@ def evaluate(model, tokenizer, test, samples: int = 8, temperature: float = 1.0,
 
 def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int = 40, eval_every: int = 5,
         eval_samples: int = 8, test=None, trainer_kwargs: dict | None = None, model_path: str | None = None,
-        evaluate_at_start: bool = False, **fields) -> dict:
+        evaluate_at_start: bool = False, on_trainer=None, **fields) -> dict:
     """Train a ``trainer_class`` (``config_class`` with the shared settings, ``fields`` on top) from the testbed
     model and return its curve: per evaluation, the step, generated tokens so far and :func:`evaluate`'s report."""
     from transformers import LlamaForCausalLM, PrinterCallback, TrainerCallback
@@ -196,6 +196,8 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
                             train_dataset=data["train"], processing_class=tokenizer, callbacks=[EvalCallback()],
                             **(trainer_kwargs or {}))
     trainer.remove_callback(PrinterCallback)  # disable_tqdm's replacement prints every log line
+    if on_trainer is not None:  # e.g. a hook that records what reaches the loss (benchmarks/tiny_mechanisms.py)
+        on_trainer(trainer)
     if evaluate_at_start:
         record(0)
     start, cpu_start = time.perf_counter(), time.process_time()
