@@ -120,11 +120,13 @@ def _settings(args) -> dict:
     return {k: getattr(args, k) for k in RUN_KEYS}
 
 
-def _done(path: str, args) -> bool:
-    if not os.path.exists(path):
+def _done(job: dict, args) -> bool:
+    """The job's JSON exists with the same settings and learning rate (a grid run at another rate is redone)."""
+    if not os.path.exists(job["path"]):
         return False
-    with open(path) as f:
-        return json.load(f).get("settings") == _settings(args)
+    with open(job["path"]) as f:
+        saved = json.load(f)
+    return saved.get("settings") == _settings(args) and saved.get("learning_rate") == job["learning_rate"]
 
 
 def run_jobs(jobs: list[dict], workers: int) -> None:
@@ -144,11 +146,11 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
                   f"{done['final']:.3f}, {done['cpu']:.0f} CPU s -> {os.path.relpath(done['path'])}", flush=True)
 
 
-def chosen_learning_rates(sweep_dir: str, methods) -> dict:
-    """Per method, the learning rate with the best mean sweep AUC (tiny_report.sweep_choices)."""
+def chosen_learning_rates(sweep_dir: str, methods, rates) -> dict:
+    """Per method, the learning rate of ``rates`` with the best mean sweep AUC (tiny_report.sweep_choices)."""
     import tiny_report
 
-    return {m: c for m, c in tiny_report.sweep_choices(sweep_dir).items() if m in methods}
+    return {m: c for m, c in tiny_report.sweep_choices(sweep_dir, rates).items() if m in methods}
 
 
 def main(argv=None):
@@ -157,7 +159,7 @@ def main(argv=None):
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method available)")
     parser.add_argument("--seeds", default="0-15", help="reported seeds, e.g. 0-15 or 0,1,2")
     parser.add_argument("--sweep-seeds", default="100,101", help="seeds of the learning-rate sweep (never reported)")
-    parser.add_argument("--learning-rates", default="1e-4,3e-4,1e-3")
+    parser.add_argument("--learning-rates", default="3e-4,1e-3,3e-3")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-samples", type=int, default=8)
@@ -195,14 +197,14 @@ def main(argv=None):
         jobs = [dict(common, method=m, learning_rate=r, seed=s, split="validation", base=base,
                      path=os.path.join(sweep_dir, f"{m}_lr{r:g}_seed{s}.json"))
                 for s in _seeds(args.sweep_seeds) for r in rates for m in available]
-        run_jobs([j for j in jobs if not _done(j["path"], args)], args.workers)
+        run_jobs([j for j in jobs if not _done(j, args)], args.workers)
     if args.phase in ("all", "grid"):
-        chosen = chosen_learning_rates(sweep_dir, available)
+        chosen = chosen_learning_rates(sweep_dir, available, rates)
         base = base_report("test", args, model_path, os.path.join(args.results_dir, "base.json"))
         jobs = [dict(common, method=m, learning_rate=chosen[m]["learning_rate"], seed=s, split="test", base=base,
                      path=os.path.join(args.results_dir, f"{m}_seed{s}.json"))
                 for s in seeds for m in available if m in chosen]
-        run_jobs([j for j in jobs if not _done(j["path"], args)], args.workers)
+        run_jobs([j for j in jobs if not _done(j, args)], args.workers)
     if args.phase in ("all", "report"):
         import tiny_report
 

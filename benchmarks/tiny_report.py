@@ -67,7 +67,7 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
     return None
 
 
-def sweep_choices(sweep_dir: str) -> dict:
+def sweep_choices(sweep_dir: str, rates=None) -> dict:
     """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
     grid trained with: benchmarks/tiny_grid.py)."""
     aucs: dict[str, dict[float, list[float]]] = {}
@@ -75,7 +75,8 @@ def sweep_choices(sweep_dir: str) -> dict:
         if name.endswith(".json") and "_seed" in name:
             with open(os.path.join(sweep_dir, name)) as f:
                 run = json.load(f)
-            aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run["auc"])
+            if rates is None or run["learning_rate"] in rates:
+                aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run["auc"])
     chosen = {}
     for method, by_rate in aucs.items():
         means = {rate: statistics.fmean(values) for rate, values in sorted(by_rate.items())}
