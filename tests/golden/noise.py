@@ -11,7 +11,7 @@ token ids stay equal. Measured on the recording machine vs a newer one: log-prob
 What: for each such scenario the recorder reruns it ``len(SEEDS)`` times with OPPO's o_t and s_t moved by one ulp
 each, in a random direction per token (:func:`perturbed_evidence`: what a CPU rounding differently does), and stores,
 per recorded quantity (:func:`band_key`: a tensor of one loss call, one logged metric, one parameter statistic), the
-largest deviation of any of its values from the unperturbed run. tests/test_golden.py admits ``MARGIN`` times that
+largest deviation of any of its values from the unperturbed run. ``compare`` admits ``record.NOISE_MARGIN`` times that
 band (never less than its rtol/atol). Token ids, masks and counts stay exact.
 """
 
