@@ -1,7 +1,9 @@
-"""DATPO's trees x Cue-GRPO's rarity weights (issue 22): the rarity weights act on the trees' leaf outcomes before the
-block Monte Carlo aggregation. Within a tree, P = the correct, scorable leaves above the tree's mean leaf reward m (in
-a tree whose leaf rewards vary); each l in P gets r'_l = m + w_l (r_l - m), the others keep r_l, and DATPO's block
-advantages are computed from r' as usual."""
+"""DATPO's trees x Cue-GRPO's rarity weights. Within a tree, P = the correct, scorable leaves above the tree's mean leaf
+reward m (in a tree whose leaf rewards vary), partitioned and weighted as Cue-GRPO's positive set.
+``cue_tree_credit="rows"`` (default, Cue-GRPO's rule): DATPO's block advantages from the rewards as they are, then the
+positive advantages of the blocks each leaf of P's row trains are multiplied by its weight w_l; nothing else moves.
+``cue_tree_credit="leaves"``: each l in P gets r'_l = m + w_l (r_l - m) before the block Monte Carlo aggregation, the
+others keep r_l, and DATPO's block advantages are computed from r' (so shared blocks move too)."""
 
 import math
 from collections import Counter
@@ -12,7 +14,9 @@ from trl import GRPOTrainer
 
 from trl_credit.config import CreditConfig
 from trl_credit.core import CreditTrainer
-from trl_credit.cue_grpo.parts import RarityWeights, leaf_advantages, positive_sets, reweighted_leaves
+from trl_credit.cue_grpo.parts import (
+    RarityWeights, leaf_advantages, positive_sets, reweighted_leaves, reweighted_rows,
+)
 from trl_credit.cue_grpo.weights import compute_rarity_weights
 from trl_credit.datpo.parts import Trees
 from trl_credit.datpo.tree import ROOT, block_advantages
@@ -77,6 +81,30 @@ def test_hand_worked_forest():
     assert plain1.tolist() == pytest.approx([0.25, 0.0, 0.0, 0.0, -0.75])
 
 
+def test_hand_worked_forest_under_cue_grpos_rule():
+    # cue_tree_credit="rows": the trees of test_hand_worked_forest, DATPO's block advantages from the rewards as they
+    # are, then Cue-GRPO's rule per training row: a row whose leaf is in P (weight w) gets w x each of its positive
+    # block advantages; every other advantage is DATPO's, bit for bit.
+    # Tree 0, blocks root->f (row a), f->a (row a), f->b (row b), root->c (row c); DATPO alone 0.25, 0.25, -0.25, -0.5
+    # (V(root) = 1, V(f) = 1.25). P = {a}, w_a = 1.2: 0.25 * 1.2 = 0.3 on both of a's blocks; b (correct, not above
+    # m) and c (wrong) keep theirs.
+    tree0 = reweighted_rows(torch.tensor([0.25, 0.25, -0.25, -0.5], dtype=torch.float64),
+                            ["a", "a", "b", "c"], {"a": 1.2})
+    assert tree0.tolist() == pytest.approx([0.3, 0.3, -0.25, -0.5], abs=1e-12)
+    assert tree0[[2, 3]].tolist() == [-0.25, -0.5]
+    # Tree 1, blocks root->g (row d), g->d (row d), g->e1, g->e2, root->h; DATPO alone 0.25, 0, 0, 0, -0.75
+    # (V(root) = 0.75, V(g) = 1). P = {d, e1, e2}, w = 1.95, 1.2, 1.2: d's root->g block 0.25 * 1.95 = 0.4875; its
+    # leaf block and e1's, e2's are 0, not positive, so they stay 0; the wrong h keeps -0.75 (under "leaves" it falls
+    # to -0.834375 and e1, e2 to -0.0625: test_hand_worked_forest).
+    tree1 = reweighted_rows(torch.tensor([0.25, 0.0, 0.0, 0.0, -0.75], dtype=torch.float64),
+                            ["d", "d", "e1", "e2", "h"], {"d": 1.95, "e1": 1.2, "e2": 1.2})
+    assert tree1.tolist() == pytest.approx([0.4875, 0.0, 0.0, 0.0, -0.75], abs=1e-12)
+    assert tree1[4].item() == -0.75
+    # a weight below 1 (a common strategy under 'uarl') shrinks positive credit the same way, negatives untouched
+    assert reweighted_rows(torch.tensor([0.5, -0.5], dtype=torch.float64), ["x", "x"], {"x": 0.5}).tolist() == [
+        0.25, -0.5]
+
+
 def test_leaf_advantages_leave_out_unscorable_and_nonfinite_trees():
     nan, inf = math.nan, math.inf
     rewards = torch.tensor([1.0, nan, 0.0, 1.0, inf, 2.0, 2.0], dtype=torch.float64)
@@ -127,11 +155,13 @@ def _composed(tmp_path, model, partition_fn=length_partition, peft_config=None, 
     return trainer, credit
 
 
-def _expected_leaves(trees, tokenizer, partition_fn, alpha, tau, gamma_min=0.3, gamma_max=3.0, exclude=()):
+def _expected_leaves(trees, tokenizer, partition_fn, alpha, tau, gamma_min=0.3, gamma_max=3.0, exclude=(),
+                     with_weights=False):
     """(kind, index) -> r' of every leaf ("base", row) / ("branch", n), and the leaves (tree, kind, index, reward,
-    correct, response ids), computed from the trees' reward matrices (one process, reward weights 1, verifier = the
-    first function, CR weights), independently of the trainer's code. ``exclude``: leaves kept out of P."""
-    leaves = []
+    correct, response ids) (``with_weights``: instead of the leaves, (kind, index) -> w of P's leaves), computed from
+    the trees' reward matrices (one process, reward weights 1, verifier = the first function, CR weights),
+    independently of the trainer's code. ``exclude``: leaves kept out of P."""
+    leaves, all_weights = [], {}
     for i, ids in enumerate(trees.completion_ids):
         r = trees.rewards_per_func[i].double()
         leaves.append((i // 4, "base", i, float(r.sum()), bool(r[0] >= 1.0), list(ids)))
@@ -156,17 +186,27 @@ def _expected_leaves(trees, tokenizer, partition_fn, alpha, tau, gamma_min=0.3, 
             omega = [min(max(x / (sum(raw) / len(raw)), gamma_min), gamma_max) for x in raw]
             shift = max(0.0, tau - min(omega))
             weights = {(leaf[1], leaf[2]): w + shift for leaf, w in zip(positive, omega)}
+        all_weights.update(weights)
         for leaf in members:
             reweighted[(leaf[1], leaf[2])] = mean + weights.get((leaf[1], leaf[2]), 1.0) * (leaf[3] - mean)
-    return reweighted, leaves
+    return (reweighted, all_weights) if with_weights else (reweighted, leaves)
 
 
-def _expected_rows(trees, tokenizer, partition_fn, alpha, tau):
-    """(prompt ids, completion ids) -> expected per-token advantages (subtree values of r', one process), sorted;
-    and how many leaves the weights changed."""
+def _expected_rows(trees, tokenizer, partition_fn, alpha, tau, rule="rows"):
+    """(prompt ids, completion ids) -> expected per-token advantages, sorted, and how many leaves the weights
+    changed (one process). ``rule="leaves"``: the subtree values of r'. ``rule="rows"``: the subtree values of r, and
+    each row whose leaf has weight w gets w x its positive block advantages."""
     n_base = len(trees.completion_ids)
     reweighted, leaves = _expected_leaves(trees, tokenizer, partition_fn, alpha, tau)
     weights_changed = sum(reweighted[(leaf[1], leaf[2])] != leaf[3] for leaf in leaves)
+    _, row_weight = _expected_leaves(trees, tokenizer, partition_fn, alpha, tau, with_weights=True)
+    if rule == "rows":
+        reweighted = {(leaf[1], leaf[2]): leaf[3] for leaf in leaves}  # DATPO's values: the rewards as they are
+    else:
+        row_weight = {}
+
+    def weighted(advantage, row):
+        return advantage * row_weight[row] if row in row_weight and advantage > 0 else advantage
 
     def value(i, j):
         """V(fork j of base row i) (subtree): row i's own leaf and the branches of its forks j' >= j."""
@@ -187,13 +227,25 @@ def _expected_rows(trees, tokenizer, partition_fn, alpha, tau):
         for k in range(len(cuts) - 1):
             start = roots[i // 4] if k == 0 else value(i, k - 1)
             end = reweighted[("base", i)] if k == len(forks) else value(i, k)
-            advantages += [end - start] * (cuts[k + 1] - cuts[k])
+            advantages += [weighted(end - start, ("base", i))] * (cuts[k + 1] - cuts[k])
         rows.append(((tuple(trees.prompt_ids[i]), tuple(ids)), advantages))
     for n, ids in enumerate(trees.branch_ids):
         i, j = trees.branch_meta[n]
         prompt = tuple(trees.prompt_ids[i]) + tuple(trees.completion_ids[i][: trees.forks[i][j]])
-        rows.append(((prompt, tuple(ids)), [reweighted[("branch", n)] - value(i, j)] * len(ids)))
+        rows.append(((prompt, tuple(ids)), [weighted(reweighted[("branch", n)] - value(i, j), ("branch", n))] * len(ids)))
     return sorted(rows), weights_changed
+
+
+def _leaf_keys(trees, tokenizer):
+    """(prompt ids, completion ids) of each training row -> whether the leaf it ends in is correct."""
+    _, leaves = _expected_leaves(trees, tokenizer, length_partition, 1.0, 1.2)
+    correct = {(leaf[1], leaf[2]): leaf[4] for leaf in leaves}
+    keys = {(tuple(trees.prompt_ids[i]), tuple(ids)): correct[("base", i)] for i, ids in enumerate(trees.completion_ids)}
+    for n, ids in enumerate(trees.branch_ids):
+        i, j = trees.branch_meta[n]
+        prompt = tuple(trees.prompt_ids[i]) + tuple(trees.completion_ids[i][: trees.forks[i][j]])
+        keys[(prompt, tuple(ids))] = correct[("branch", n)]
+    return keys
 
 
 def _record_loss_rows(monkeypatch):
@@ -213,7 +265,8 @@ def _record_loss_rows(monkeypatch):
     return rows
 
 
-def test_one_step_trains_the_reweighted_block_advantages(tiny_model_path, tiny_tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rule", ["rows", "leaves"])
+def test_one_step_trains_the_reweighted_block_advantages(rule, tiny_model_path, tiny_tokenizer, tmp_path, monkeypatch):
     calls = []
 
     def partition_fn(texts, prompt):
@@ -221,11 +274,18 @@ def test_one_step_trains_the_reweighted_block_advantages(tiny_model_path, tiny_t
         return length_partition(texts, prompt)
 
     loss_rows = _record_loss_rows(monkeypatch)
-    trainer, credit = _composed(tmp_path, tiny_model_path, partition_fn=partition_fn)
+    settings = {} if rule == "rows" else {"cue_tree_credit": rule}  # "rows" is the default
+    trainer, credit = _composed(tmp_path, tiny_model_path, partition_fn=partition_fn, **settings)
     trainer.train()
     (trees,) = credit.trees
-    expected, changed = _expected_rows(trees, tiny_tokenizer, length_partition, alpha=1.0, tau=1.2)
+    expected, changed = _expected_rows(trees, tiny_tokenizer, length_partition, alpha=1.0, tau=1.2, rule=rule)
     assert changed > 0, "no leaf was re-weighted: the scenario does not exercise the composition"
+    if rule == "rows":  # Cue-GRPO's rule: the rows of incorrect leaves train DATPO's own advantages
+        datpo, _ = _expected_rows(trees, tiny_tokenizer, lambda texts, prompt: [0] * len(texts), alpha=1.0, tau=1.0,
+                                  rule="rows")  # one cluster, tau 1: every weight 1, DATPO alone
+        correct = {key for key, leaf_correct in _leaf_keys(trees, tiny_tokenizer).items() if leaf_correct}
+        moved = [key for (key, a), (_, b) in zip(expected, datpo) if a != b]
+        assert moved and all(key in correct for key in moved)
     assert len(trees.branch_ids) > 0 and calls  # branches grew, and the partition saw P's full completions
     got = sorted(loss_rows)
     assert [key for key, _ in got] == [key for key, _ in expected]
@@ -248,6 +308,19 @@ def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
         RarityWeights(partition_fn=length_partition).apply(None, Batch(), None, {}, torch.zeros(2))
 
 
+def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():
+    from trl_credit.cue_grpo import CueGRPOConfig
+
+    common = dict(output_dir="out", use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="cue_tree_credit='blocks'; accepted"):
+        CreditConfig(rollout="trees", credit="blocks", modifiers=["cue"], cue_tree_credit="blocks", **common)
+    with pytest.raises(ValueError, match="applies only to DATPO's trees, but rollout='groups'"):
+        CreditConfig(modifiers=["cue"], cue_tree_credit="leaves", **common)
+    with pytest.raises(ValueError, match="CueGRPOTrainer has none"):
+        CueGRPOConfig(cue_tree_credit="leaves", **common)
+    assert CreditConfig(rollout="trees", credit="blocks", modifiers=["cue"], **common).cue_tree_credit == "rows"
+
+
 def test_composed_trainer_refuses_a_partition_fn_the_config_ignores(tiny_model_path, tmp_path):
     with pytest.raises(ValueError, match="partition_fn was given but cue_partition='cue'"):
         _composed(tmp_path, tiny_model_path, cue_partition="cue", cue_weighting="cr", cue_alpha=1.0)
@@ -255,7 +328,8 @@ def test_composed_trainer_refuses_a_partition_fn_the_config_ignores(tiny_model_p
 
 def test_truncated_leaves_stay_out_of_p_under_mask_truncated_completions(tiny_model_path, tiny_tokenizer, tmp_path):
     # A truncated leaf's last block is masked out of the loss: as Cue-GRPO keeps loss-masked completions out of P,
-    # it is not re-weighted (but still counts in its tree's mean).
+    # it is not re-weighted (but still counts in its tree's mean). P is the same under both rules; the "leaves" rule
+    # shows it in the outcomes leaf_outcomes returns.
     seen = []
 
     class RecordingWeights(RarityWeights):
@@ -264,7 +338,7 @@ def test_truncated_leaves_stay_out_of_p_under_mask_truncated_completions(tiny_mo
             seen.append((leaves, rewards))
             return rewards
 
-    trainer, credit = _composed(tmp_path, tiny_model_path, mask_truncated_completions=True,
+    trainer, credit = _composed(tmp_path, tiny_model_path, mask_truncated_completions=True, cue_tree_credit="leaves",
                                 modifier=RecordingWeights(partition_fn=length_partition))
     trainer.train()
     (trees,), ((leaves, rewards),) = credit.trees, seen

@@ -111,6 +111,11 @@ class CreditConfig(ProcessFields, CueGRPOFields, OPPOFields, DATPOFields, SRPOFi
             self._check_oppo_after_grpo()
         if "cue" in self.modifiers:
             self._check_cue_grpo_after_grpo()
+            if self.rollout != "trees" and self.cue_tree_credit != "rows":
+                raise ValueError(
+                    f"cue_tree_credit={self.cue_tree_credit!r} applies only to DATPO's trees, but "
+                    f"rollout={self.rollout!r}: set rollout='trees' or leave cue_tree_credit at 'rows'."
+                )
 
     def _check_selection(self) -> None:
         if self.rollout not in ROLLOUTS:

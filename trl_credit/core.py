@@ -173,7 +173,7 @@ def refusal(rollout: Part, credit: Part, modifiers: list[Part]) -> str | None:
     if credit.name == "blocks" and rollout.name != "trees":
         return f"credit 'blocks' with rollout {rollout.name!r}: block advantages are defined on DATPO's trees only."
     if names == ("trees", "blocks") and any(m.name != "cue" for m in modifiers):
-        return "rollout 'trees' takes only the 'cue' modifier (applied to its leaf outcomes)."
+        return "rollout 'trees' takes only the 'cue' modifier (its P and weights come from the leaf outcomes)."
     seen = [m.name for m in modifiers]
     if len(set(seen)) != len(seen):
         return f"modifiers {seen} repeat a part: each modifier applies at most once."

@@ -14,6 +14,7 @@ from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
 __all__ = ["CueGRPOConfig", "CueGRPOFields", "PARTITION_SOURCES"]
 
 PARTITION_SOURCES = ("cue", "random", "judge", "callable")
+TREE_CREDIT_RULES = ("rows", "leaves")  # cue_tree_credit: where the weights act on DATPO's trees
 
 
 @dataclass
@@ -97,6 +98,18 @@ class CueGRPOFields:
         default="auto", metadata={"help": "torch dtype for loading a separate judge model by name ('auto', "
                                           "'bfloat16', 'float16', 'float32')."}
     )
+    cue_tree_credit: str = field(
+        default="rows",
+        metadata={
+            "help": "Only with DATPO's trees (CreditConfig rollout='trees', credit='blocks', modifiers=['cue']): "
+            "where the rarity weight w of a leaf of P acts. 'rows' (Cue-GRPO's rule): DATPO's block advantages are "
+            "computed from the leaf rewards as they are, then the positive advantages of the blocks the leaf's row "
+            "trains are multiplied by w; every other advantage is DATPO's. 'leaves': the leaf outcome becomes "
+            "m + w (r - m) before the block Monte Carlo aggregation, so the values of blocks shared with other "
+            "leaves move too (incorrect leaves' advantages included); a path's advantages still sum to its "
+            "re-weighted outcome advantage. See docs/composition.md."
+        },
+    )
 
     def _check_cue_grpo_after_grpo(self) -> None:
         """Validate the Cue-GRPO fields (run after GRPOConfig's ``__post_init__``)."""
@@ -128,6 +141,8 @@ class CueGRPOFields:
         for name in ("cue_judge_head_chars", "cue_judge_tail_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}; accepted: an integer >= 0")
+        if self.cue_tree_credit not in TREE_CREDIT_RULES:
+            raise ValueError(f"cue_tree_credit={self.cue_tree_credit!r}; accepted: {list(TREE_CREDIT_RULES)}")
         if self.cue_judge_dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(
                 f"cue_judge_dtype={self.cue_judge_dtype!r}; accepted: 'auto', 'bfloat16', 'float16', 'float32'"
@@ -171,3 +186,8 @@ class CueGRPOConfig(CueGRPOFields, CreditLoggingArguments, SuccessArguments, GRP
         self._validate_success_arguments()
         super().__post_init__()
         self._check_cue_grpo_after_grpo()
+        if self.cue_tree_credit != "rows":  # a field CueGRPOTrainer would ignore: it grows no trees
+            raise ValueError(
+                f"cue_tree_credit={self.cue_tree_credit!r} applies only to DATPO's trees (CreditConfig with "
+                "rollout='trees', credit='blocks', modifiers=['cue']); CueGRPOTrainer has none: leave it at 'rows'."
+            )

@@ -7,9 +7,10 @@ completions, from TRL's ``_generate`` in the rollout capture) across processes, 
 weights over the batch record's groups (:class:`~trl_credit.batch.RowBatch`), multiplies the positive advantages and
 returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
 
-With DATPO's trees (rollout ``trees``, credit ``blocks``) the weights act earlier, on the trees' leaf outcomes before
-the block Monte Carlo aggregation (:meth:`RarityWeights.leaf_outcomes`), and :meth:`RarityWeights.apply` passes the
-block credit through.
+With DATPO's trees (rollout ``trees``, credit ``blocks``) P and the weights come from the trees' leaf outcomes
+(:meth:`RarityWeights.leaf_outcomes`, asked by the block credit before its aggregation); ``cue_tree_credit`` decides
+where they act: on the positive block advantages of the rows of P's leaves (``"rows"``, Cue-GRPO's rule, in
+:meth:`RarityWeights.apply`), or on the leaf outcomes before the block Monte Carlo aggregation (``"leaves"``).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from .config import CueGRPOConfig
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups
 from .partition import canonical_cluster_ids, partition_skeletons, random_partition
-from .positive import checked_partition_labels, leaf_advantages, positive_sets, reweighted_leaves, varied_groups
+from .positive import (
+    checked_partition_labels, leaf_advantages, positive_sets, reweighted_leaves, reweighted_rows, varied_groups,
+)
 from .weights import cluster_mass_slope, cluster_masses, compute_rarity_weights
 
 __all__ = [
     "RarityWeights", "PartitionFn", "positive_sets", "varied_groups", "checked_partition_labels", "leaf_advantages",
-    "reweighted_leaves",
+    "reweighted_leaves", "reweighted_rows",
 ]
 
 PartitionFn = Callable[[list[str], object], Sequence]
@@ -63,7 +66,8 @@ class RarityWeights(Modifier):
         self.judge_model, self.judge_tokenizer = None, None
         self._judge_is_policy = False
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
-        self._leaves_weighted = False  # the weights of this batch went to DATPO's leaf outcomes (leaf_outcomes)
+        self._leaves_weighted = False  # this batch's weights were computed from DATPO's leaf outcomes (leaf_outcomes)
+        self._row_weights_on_trees: dict = {}  # cue_tree_credit="rows": rollout of a leaf of P -> its weight
         self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
     def setup(self, trainer) -> None:
@@ -113,17 +117,25 @@ class RarityWeights(Modifier):
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
         the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
-        (``batch.extras["trees"]``): a pass-through, the weights were applied to the leaf outcomes
-        (:meth:`leaf_outcomes`)."""
+        (``batch.extras["trees"]``, ``advantages`` a :class:`~trl_credit.datpo.forest.ForestCredit`): with
+        ``cue_tree_credit="rows"`` the positive block advantages of the rows of P's leaves are multiplied by their
+        weights (:func:`~.positive.reweighted_rows`); with ``"leaves"`` a pass-through, the weights were applied to
+        the leaf outcomes (:meth:`leaf_outcomes`)."""
         if "trees" in batch.extras:
-            # DATPO's trees: the rarity weights were applied to the leaf outcomes before the block aggregation
-            # (leaf_outcomes, asked by the BlockCredit credit), so the block credit passes through unweighted.
+            # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, asked by the BlockCredit
+            # credit before its aggregation).
             if not self._leaves_weighted:
                 raise RuntimeError(
-                    "Cue-GRPO's rarity weights on DATPO's trees apply to the leaf outcomes, but the credit did not ask "
-                    "for them (RarityWeights.leaf_outcomes): use credit='blocks' (BlockCredit) with rollout='trees'."
+                    "Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf outcomes, but the credit did "
+                    "not ask for them (RarityWeights.leaf_outcomes): use credit='blocks' (BlockCredit) with "
+                    "rollout='trees'."
                 )
             self._leaves_weighted = False
+            row_weights, self._row_weights_on_trees = self._row_weights_on_trees, {}
+            if trainer.args.cue_tree_credit == "rows":
+                # The diversity bonus's gate was read from DATPO's A_base; w > 0 keeps every sign, so it holds.
+                rows = [block.rollout for block in batch.extras["trees"].forest.blocks]
+                advantages.base = reweighted_rows(advantages.base, rows, row_weights)
             return advantages
         start = time.perf_counter()
         rollouts = trainer._rollout_capture
@@ -174,14 +186,23 @@ class RarityWeights(Modifier):
         leaves), in a tree whose leaf rewards vary, whose last block reaches the loss (not truncated under
         ``mask_truncated_completions``). P's completion texts are partitioned as a group's (``cue_partition``), the
         weights w_l come from ``compute_rarity_weights`` and each l in P gets r'_l = m + w_l (r_l − m); the other
-        leaves keep r_l. Returns r' (L,), float64. Logs the cue/ metrics over the trees."""
+        leaves keep r_l. Returns r' (L,), float64, with ``cue_tree_credit="leaves"``; with ``"rows"`` (Cue-GRPO's
+        rule) it returns r unchanged and keeps the weights for :meth:`apply`, which scales the positive block
+        advantages of the rows of P's leaves. Logs the cue/ metrics over the trees."""
         start = time.perf_counter()
         advantages, varied = leaf_advantages(leaves.rewards, leaves.groups)
         positives, excluded = positive_sets(advantages, leaves.correct, leaves.in_loss, varied, leaves.groups)
         weights = self._rarity_weights(trainer, positives, excluded, leaves.groups, leaves.local_texts,
                                        len(leaves.rewards))
-        self._leaves_weighted = True  # apply() then passes the block credit through
-        rewards = reweighted_leaves(leaves.rewards, advantages, weights)
+        self._leaves_weighted = True  # apply() then acts on (or passes through) the block credit
+        if trainer.args.cue_tree_credit == "rows":
+            blocks = batch.extras["trees"].forest.blocks
+            self._row_weights_on_trees = {
+                blocks[b].rollout: float(w) for b, w in zip(leaves.blocks, weights.tolist()) if w != 1.0
+            }
+            rewards = leaves.rewards
+        else:
+            rewards = reweighted_leaves(leaves.rewards, advantages, weights)
         self.overhead_seconds.append(time.perf_counter() - start)
         return rewards
 

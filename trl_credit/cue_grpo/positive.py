@@ -10,7 +10,10 @@ import torch
 from ..batch import RowBatch
 from ..success import groups_with_reward_variance
 
-__all__ = ["positive_sets", "varied_groups", "checked_partition_labels", "leaf_advantages", "reweighted_leaves"]
+__all__ = [
+    "positive_sets", "varied_groups", "checked_partition_labels", "leaf_advantages", "reweighted_leaves",
+    "reweighted_rows",
+]
 
 
 def positive_sets(
@@ -96,3 +99,13 @@ def reweighted_leaves(rewards: torch.Tensor, advantages: torch.Tensor, weights: 
     advantage A_l = r_l − m over its group's mean m); r_l itself (to the bit) where w_l = 1."""
     scaled = rewards.double() + (weights.double() - 1.0) * advantages.double()
     return torch.where(weights != 1.0, scaled, rewards.double())
+
+
+def reweighted_rows(block_advantages: torch.Tensor, block_rows: list, row_weights: dict) -> torch.Tensor:
+    """Cue-GRPO's rule on DATPO's blocks (``cue_tree_credit="rows"``, docs/composition.md): A_b -> w A_b where
+    A_b > 0 and block b's tokens belong to a row (``block_rows[b]``: the rollout the block is trained on) whose leaf
+    is in P with weight w (``row_weights``: row -> w); every other block keeps A_b to the bit, as Cue-GRPO leaves the
+    advantages of incorrect completions, and the non-positive ones of correct completions, unchanged."""
+    weights = torch.tensor([row_weights.get(row, 1.0) for row in block_rows], dtype=torch.float64)
+    scaled = block_advantages.double() * weights
+    return torch.where((block_advantages > 0) & (weights != 1.0), scaled, block_advantages.double())

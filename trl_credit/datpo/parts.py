@@ -384,9 +384,9 @@ class BlockCredit(Credit):
     built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
     receives that object. A modifier acts on the trees through its ``leaf_outcomes(trainer, batch, leaves) ->
     rewards`` method instead, which this credit calls before the aggregation (:meth:`leaf_outcomes_of_modifiers`):
-    it re-weights the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo values average
-    (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then passes the
-    credit through. The bonus is part of the credit, not a modifier: it is gated by each block's A_base
+    it reads (and may re-weight) the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo
+    values average (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then
+    gets this credit's :class:`~.forest.ForestCredit` (Cue-GRPO's rule scales its rows' positive blocks there). The bonus is part of the credit, not a modifier: it is gated by each block's A_base
     and kept apart from it down to the loss, where :meth:`loss` applies α of the optimizer step being trained (the
     schedule runs over optimizer steps, also when a generation batch serves several of them)."""
 
