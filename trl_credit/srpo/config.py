@@ -148,9 +148,11 @@ class SRPOFields:
         if not isinstance(self.localization_temperature, (int, float)) or not self.localization_temperature >= 0:
             raise ValueError(f"localization_temperature must be a number >= 0, got {self.localization_temperature!r}.")
         if self.step_checker is not None and self.step_checker not in STEP_CHECKERS:
+            passed = ("CreditTrainer(rollout=Resets(step_checker=...))" if hasattr(self, "rollout")
+                      else "SRPOTrainer(step_checker=...)")
             raise ValueError(
-                f"step_checker must be one of {sorted(STEP_CHECKERS)} (or pass a callable to "
-                f"SRPOTrainer(step_checker=...)), got {self.step_checker!r}."
+                f"step_checker must be one of {sorted(STEP_CHECKERS)} (or pass a callable to {passed}), got "
+                f"{self.step_checker!r}."
             )
         if self.seed_source not in ("fresh", "base"):
             raise ValueError(f"seed_source must be 'fresh' or 'base', got {self.seed_source!r}.")
@@ -200,8 +202,9 @@ class SRPOFields:
         # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
         per_process = self.generation_batch_size // max(1, self.world_size)
         if per_process % self.num_generations != 0:
+            who = f"{type(self).__name__} (resets rollout)" if hasattr(self, "rollout") else type(self).__name__
             raise ValueError(
-                f"SRPOTrainer needs whole prompt groups on each process: the per-process generation batch "
+                f"{who}: SRPO's resets need whole prompt groups on each process: the per-process generation batch "
                 f"(per_device_train_batch_size * steps_per_generation = {per_process}) must be a multiple of "
                 f"num_generations ({self.num_generations})."
             )
