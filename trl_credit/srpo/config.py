@@ -12,7 +12,7 @@ from trl_credit.viz import CreditLoggingArguments
 from trl_credit.srpo.localization import STEP_CHECKERS
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
-__all__ = ["SRPOConfig", "SRPOFields", "default_suffixes"]
+__all__ = ["SRPOConfig", "SRPOFields", "default_suffixes", "implied_thought_delimiter"]
 
 
 @dataclass
@@ -66,11 +66,12 @@ class SRPOFields:
             "GRPO on the base group (its rows are masked). Every process runs the same number of rounds."
         },
     )
-    thought_delimiter: str = field(
-        default="</thought>",
+    thought_delimiter: str | None = field(
+        default=None,
         metadata={
-            "help": "Text ending a thought (paper: '</thought>'). Use '\\n' with rollout_template='lines' for small "
-            "models. A response without the delimiter is one thought."
+            "help": "Text ending a thought. None: the one the rollout template asks for ('\\n' with "
+            "rollout_template='lines', else '</thought>', the paper's). A response without the delimiter is one "
+            "thought."
         },
     )
     rollout_template: str | None = field(
@@ -173,13 +174,10 @@ class SRPOFields:
                 f"suffixes_per_reset must be an integer >= 2 (a group of one has no group-relative advantage), "
                 f"got {self.suffixes_per_reset!r}."
             )
-        if not isinstance(self.thought_delimiter, str) or not self.thought_delimiter:
-            raise ValueError(f"thought_delimiter must be a non-empty string, got {self.thought_delimiter!r}.")
-        # Literal "\n" from a YAML/CLI string means a newline.
-        self.thought_delimiter = self.thought_delimiter.replace("\\n", "\n")
         if isinstance(self.rollout_template, str) and self.rollout_template.lower() in ("none", "null", ""):
             self.rollout_template = "none"
         resolve_rollout_template(self.rollout_template)  # raises with the accepted values
+        self.thought_delimiter = implied_thought_delimiter(self.rollout_template, self.thought_delimiter)
         missing = [p for p in ("{question}", "{steps}", "{num_steps}") if p not in self.localization_template]
         if missing:
             raise ValueError(f"localization_template must contain the placeholders {missing}.")
@@ -288,7 +286,9 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
             None = the first).
         success_threshold (`float`, defaults to `1.0`): a rollout is correct when the verifier's raw reward is
             `>= success_threshold`.
-        thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
+        thought_delimiter (`str` or `None`, defaults to `None`): text that ends a thought; None = the one the
+            rollout template asks for (`"\\n"` for `"lines"`, else `"</thought>"`). `"lines"` with another one is
+            refused.
         rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
         localization_template (`str`): the self-localization prompt (Appendix D).
         localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
@@ -300,6 +300,26 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
         self._check_srpo_fields()
         super().__post_init__()
         self._check_srpo_after_grpo()
+
+
+def implied_thought_delimiter(rollout_template: str | None, thought_delimiter: str | None) -> str:
+    """The thought delimiter of a run: ``thought_delimiter`` when given (a literal ``\\n`` from YAML or the command
+    line means a newline), else the one ``rollout_template`` asks the model to write: ``"\\n"`` for ``"lines"`` (one
+    step per line), ``"</thought>"`` (the paper's) for any other. ``"lines"`` with another delimiter is refused: the
+    model writes no such text, so every seed would be one thought and every reset would go to the question."""
+    if thought_delimiter is None or thought_delimiter in ("none", "null"):  # YAML null / CLI "None"
+        return "\n" if rollout_template == "lines" else "</thought>"
+    if not isinstance(thought_delimiter, str) or not thought_delimiter:
+        raise ValueError(f"thought_delimiter must be a non-empty string or None, got {thought_delimiter!r}.")
+    thought_delimiter = thought_delimiter.replace("\\n", "\n")
+    if rollout_template == "lines" and thought_delimiter != "\n":
+        raise ValueError(
+            f"rollout_template='lines' asks for one step per line, so thoughts end at '\\n', but "
+            f"thought_delimiter={thought_delimiter!r}: every seed would be one thought and every reset would go to "
+            "the question (SRPO as GRPO on two groups). Leave thought_delimiter unset (it follows the template) or "
+            "set thought_delimiter='\\n'."
+        )
+    return thought_delimiter
 
 
 def default_suffixes(num_generations: int) -> int:

@@ -117,8 +117,11 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
                 f"{speaker(trainer, 'resets')}: {s.single_thought:.0f} of {s.seeds:.0f} seeds have a single thought "
                 f"(srpo/single_thought_rate), so they can only reset at the question and SRPO degenerates to "
                 f"GRPO on two groups. Cause: the model does not write thought_delimiter={args.thought_delimiter!r}. "
-                "Fix: set `thought_delimiter` to what the model writes between steps (e.g. '\\n' with "
-                "rollout_template='lines' for small models), or a `rollout_template` the model follows.",
+                + ("Fix: the model writes its answers on one line although rollout_template='lines' asks for one step "
+                   "per line: a larger max_completion_length, or a rollout_template the model follows."
+                   if args.rollout_template == "lines" else
+                   "Fix: rollout_template='lines' (one step per line; thoughts then end at '\\n'), or set "
+                   "`thought_delimiter` to what the model writes between steps."),
             )
     _log_localization(trainer, s, log_sources, has_checker)
     generated = s.base_tokens + s.seed_tokens + s.localization_tokens + s.suffix_tokens
