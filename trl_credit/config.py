@@ -18,6 +18,7 @@ from trl_credit.datpo.config import DATPOFields
 from trl_credit.oppo.config import OPPOFields
 from trl_credit.srpo.config import SRPOFields
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 __all__ = ["CreditConfig", "ROLLOUTS", "CREDITS", "MODIFIERS"]
@@ -93,6 +94,7 @@ class CreditConfig(CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, CreditLog
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         self._check_selection()
         if self.rollout == "resets":
             self._check_srpo_fields()

@@ -32,6 +32,7 @@ from trl_credit.anchors import decided_per_sequence
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
+from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
@@ -204,7 +205,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         if type(self) is CreditTrainer:
             self._name = " x ".join(part.name for part in self.parts)
             self._tag_names = [*self._tag_names, *(part.name for part in self.parts)]
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        with hidden_library_deprecations():  # PEFT's checkpointing calls (trl_compat)
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
             bind_success(self)
         for part in self.parts:
@@ -228,7 +230,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return super()._generate_and_score_completions(inputs)
 
     def _generate_and_score_completions(self, inputs):
-        with self._capturing_rollouts() as capture:  # TRL's rollouts and the global rewards of this batch
+        # TRL's rollouts and the global rewards of this batch; TRL's generation context calls renamed methods
+        with self._capturing_rollouts() as capture, hidden_library_deprecations():
             output, batch = self.rollout.generate_and_score(self, inputs, capture)
             if batch is None:
                 return output

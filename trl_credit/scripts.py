@@ -13,7 +13,6 @@ import importlib
 import os
 import shlex
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
@@ -22,6 +21,7 @@ from trl_credit.chain import chain_format_reward
 from trl_credit.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
+from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
     "CreditScriptArguments",
@@ -185,21 +185,11 @@ def _load_dataset(script_args: CreditScriptArguments):
     return load_task_dataset(script_args.dataset_name, script_args.dataset_config)
 
 
-# transformers >= 5.2x renamed the models' `gradient_checkpointing*` methods; PEFT 0.21 (get_peft_model) and TRL 1.16
-# (its generation context) still call the old names on every trainer, whatever the arguments, and no argument of
-# ours can avoid it. These three exact messages are hidden while the runner trains; every other warning is shown.
-_LIBRARY_INTERNAL_DEPRECATIONS = (
-    r"`is_gradient_checkpointing` is deprecated",
-    r"`gradient_checkpointing_enable` is deprecated",
-    r"`gradient_checkpointing_disable` is deprecated",
-)
-
-
 def main(trainer_class, config_class, defaults: dict | None = None, argv: list[str] | None = None):
     """Parse arguments, build the trainer, train, save (and push) the model or adapter. Returns the trainer."""
-    with warnings.catch_warnings():
-        for message in _LIBRARY_INTERNAL_DEPRECATIONS:
-            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    # The library-internal checkpointing deprecations (trl_compat.hidden_library_deprecations), also for a plain
+    # GRPOTrainer run through this script.
+    with hidden_library_deprecations():
         return _main(trainer_class, config_class, defaults, argv)
 
 

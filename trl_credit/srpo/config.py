@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.srpo.localization import STEP_CHECKERS
@@ -297,6 +298,7 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         self._check_srpo_fields()
         super().__post_init__()
         self._check_srpo_after_grpo()
