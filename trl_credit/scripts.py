@@ -291,7 +291,8 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
             lines.append((f"  {key:<{width}}  {shown:<16}" + (f"  {span}" if key == "reward" else marker)).rstrip())
     checked = sum(bool(marker) for marker in markers)
     if notes:
-        lines.append(f"Is it working? {len(notes)} of {checked} checked metrics ended outside their healthy range (<<):")
+        lines.append(f"Is it working? {len(notes)} of {checked} checked metrics ended outside their healthy range "
+                     "(<<):")
         lines += notes
     elif checked:
         lines.append(f"Is it working? The {checked} checked metrics ended inside their healthy ranges.")

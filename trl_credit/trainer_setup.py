@@ -1,7 +1,8 @@
 """What every method trainer does at construction, and the mode it runs in: a config of the right class
-(:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only (:func:`check_single_turn`), the verifier column that
-decides correct/incorrect (:func:`bind_success` / :func:`rollout_success`, :mod:`trl_credit.success`), and frozen
-helper models loaded whole under ZeRO-3 (:func:`outside_zero3_init`)."""
+(:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only
+(:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
+:func:`rollout_success`, :mod:`trl_credit.success`), and frozen helper models loaded whole under ZeRO-3
+(:func:`outside_zero3_init`)."""
 
 from __future__ import annotations
 

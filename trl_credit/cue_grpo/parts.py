@@ -121,7 +121,8 @@ class RarityWeights(Modifier):
             # (leaf_outcomes, asked by the BlockCredit credit), so the block credit passes through unweighted.
             if not self._leaves_weighted:
                 raise RuntimeError(
-                    f"{speaker(trainer, self)}: Cue-GRPO's rarity weights on DATPO's trees apply to the leaf outcomes, but the credit did not ask "
+                    f"{speaker(trainer, self)}: Cue-GRPO's rarity weights on DATPO's trees apply to the leaf outcomes, "
+                    "but the credit did not ask "
                     "for them (RarityWeights.leaf_outcomes): use credit='blocks' (BlockCredit) with rollout='trees'."
                 )
             self._leaves_weighted = False
@@ -129,7 +130,8 @@ class RarityWeights(Modifier):
         start = time.perf_counter()
         rollouts = trainer._rollout_capture
         if rollouts is None or rollouts.generated is None:
-            raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass _generate?)")
+            raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass "
+                               "_generate?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
         mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
         in_loss = trainer.accelerator.gather((mask.sum(dim=1) > 0).long()).bool().cpu()
@@ -138,10 +140,12 @@ class RarityWeights(Modifier):
         elif batch.sequence_signs is not None:
             sequence = batch.sequence_signs.double().cpu()
         else:
-            raise ValueError(f"{speaker(trainer, self)}: Cue-GRPO's rarity weights got per-token advantages from a credit that gives no sequence "
+            raise ValueError(f"{speaker(trainer, self)}: Cue-GRPO's rarity weights got per-token advantages from a "
+                             "credit that gives no sequence "
                              "direction per row (RowBatch.sequence_signs).")
         if sequence.numel() != batch.num_rows:
-            raise RuntimeError(f"{speaker(trainer, self)}: {sequence.numel()} advantages for a batch record of {batch.num_rows} rows")
+            raise RuntimeError(f"{speaker(trainer, self)}: {sequence.numel()} advantages for a batch record of "
+                               f"{batch.num_rows} rows")
         weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
         local_weights = batch.local_rows(weights).to(advantages.device)
         if advantages.dim() == 1:
@@ -197,7 +201,8 @@ class RarityWeights(Modifier):
             warn_once(
                 trainer,
                 "cue_no_correct_positive",
-                f"{speaker(trainer, self)} found completions with A_i > 0 but none of them correct (or all with a masked loss), so "
+                f"{speaker(trainer, self)} found completions with A_i > 0 but none of them correct (or all with a "
+                "masked loss), so "
                 "this step was plain GRPO. Correct means the `success_reward` function "
                 f"({trainer.reward_func_names[trainer._success_index]!r}) returned >= success_threshold "
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
@@ -269,7 +274,8 @@ class RarityWeights(Modifier):
         warn_once(
             trainer,
             "cue_single_cluster",
-            f"{speaker(trainer, self)}: in {rate:.0%} of the groups with two or more correct positive completions, these formed one "
+            f"{speaker(trainer, self)}: in {rate:.0%} of the groups with two or more correct positive completions, "
+            "these formed one "
             f"cluster, so their rarity weights were uniform and those groups got GRPO{boost} "
             f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
         )

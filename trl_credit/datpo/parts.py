@@ -342,7 +342,8 @@ class Trees(Rollout):
             # micro-batch only.
             warn_once(
                 trainer, "datpo_rows_per_forward_deepspeed",
-                f"{speaker(trainer, self)}: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed (rows_per_forward="
+                f"{speaker(trainer, self)}: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed "
+                "(rows_per_forward="
                 f"{cap} applies only without DeepSpeed); lower per_device_train_batch_size or raise "
                 "steps_per_generation if it does not fit in memory.",
             )

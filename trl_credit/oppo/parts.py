@@ -179,7 +179,8 @@ class ValueRecursion(Credit):
         check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset", who, config)
         if trainer._is_vlm:
             raise ValueError(
-                f"{speaker(trainer, self)} does not support vision-language processors: the oracle pass scores text prompts only."
+                f"{speaker(trainer, self)} does not support vision-language processors: the oracle pass scores text "
+                "prompts only."
             )
         # TRL 1.16's `use_liger_kernel` only swaps layer kernels (its fused loss is refused by GRPOTrainer); the loss is
         # still `_compute_loss`, which takes (B, T) advantages, so it needs no refusal here.
@@ -215,7 +216,8 @@ class ValueRecursion(Credit):
         anchors = inputs.get("oppo_sequence_advantages")
         if anchors is None and inputs["advantages"].dim() == 2:
             raise RuntimeError(
-                f"{speaker(trainer, self)}: per-token advantages reached the loss without their sequences' anchors sign(A^seq) "
+                f"{speaker(trainer, self)}: per-token advantages reached the loss without their sequences' anchors "
+                "sign(A^seq) "
                 "(`oppo_sequence_advantages` of the batch, set with OPPO's advantages), so TRL's per-sequence "
                 "decisions (off_policy_mask_threshold / loss_type='vespo') could not be made per sequence. A "
                 "subclass or modifier that rebuilds the batch must keep that key."
@@ -255,7 +257,8 @@ class ValueRecursion(Credit):
             warn_once(
                 trainer,
                 "oppo_verifier_none",
-                f"{speaker(trainer, self)}: the `success_reward` function ({name!r}) returned None for every completion other reward "
+                f"{speaker(trainer, self)}: the `success_reward` function ({name!r}) returned None for every "
+                "completion other reward "
                 "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
                 "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
                 "k/G.",
@@ -340,7 +343,8 @@ class ValueRecursion(Credit):
         # from the prompts the completions were generated from (a rollout that rewrites them says so in the record).
         prompts = batch.extras.get("prompts") or [x["prompt"] for x in inputs]
         if len(prompts) != len(inputs):
-            raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for {len(inputs)} rows.")
+            raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for "
+                               f"{len(inputs)} rows.")
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = trainer._tokenize_prompts(oracle_prompts)
 
@@ -350,7 +354,8 @@ class ValueRecursion(Credit):
             warn_once(
                 trainer,
                 "oppo_plain_logps",
-                f"{speaker(trainer, self)} could not take the plain log-probs s_t from the generation (its record did not line up with "
+                f"{speaker(trainer, self)} could not take the plain log-probs s_t from the generation (its record did "
+                "not line up with "
                 "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
                 "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
                 "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",

@@ -143,7 +143,8 @@ class Resets(Rollout):
                              device=trainer.accelerator.device).view(-1, 3)
         kinds, clean, prefix_lengths = trainer.accelerator.gather(local).cpu().unbind(dim=1)
         if kinds.numel() != rewards_per_func.size(0):
-            raise RuntimeError(f"{speaker(trainer, self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} rewards.")
+            raise RuntimeError(f"{speaker(trainer, self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} "
+                               "rewards.")
         args = trainer.args
         num_prompts = kinds.numel() // trainer.num_generations
         group_ids = torch.tensor(
@@ -209,12 +210,14 @@ class Resets(Rollout):
         """Per prompt group (``num_generations`` consecutive rows): the prompt, its input row and its token ids."""
         size = trainer.num_generations
         if len(prompts) % size != 0:
-            raise RuntimeError(f"{speaker(trainer, self)} got {len(prompts)} prompt rows, not a multiple of num_generations={size}.")
+            raise RuntimeError(f"{speaker(trainer, self)} got {len(prompts)} prompt rows, not a multiple of "
+                               f"num_generations={size}.")
         num_groups = len(prompts) // size
         for group in range(num_groups):
             if any(prompt != prompts[group * size] for prompt in prompts[group * size : (group + 1) * size]):
                 raise RuntimeError(
-                    f"{speaker(trainer, self)} needs the num_generations rows of a prompt consecutive on one process (TRL's "
+                    f"{speaker(trainer, self)} needs the num_generations rows of a prompt consecutive on one process "
+                    "(TRL's "
                     "RepeatSampler layout); this batch mixes prompts inside a group."
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
@@ -320,7 +323,8 @@ class Resets(Rollout):
         suffixes, logprobs = generate_from_prefixes(
             trainer, rows, max_new_tokens=budgets if max_length is not None else None
         )
-        refuse_empty_completions(trainer, suffixes, "the generation of suffixes", part=self)  # training rows, as TRL's own
+        # training rows, as TRL's own
+        refuse_empty_completions(trainer, suffixes, "the generation of suffixes", part=self)
         stats.suffix_tokens = sum(len(ids) for ids in suffixes)
         return suffixes, logprobs
 

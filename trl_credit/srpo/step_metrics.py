@@ -78,7 +78,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/empty_candidate",
-            f"{speaker(trainer, 'resets')}: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were empty (0 "
+            f"{speaker(trainer, 'resets')}: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were "
+            "empty (0 "
             "tokens), so they have no thought to reset from and were not taken as seeds (srpo/empty_candidate_rate). "
             "HF generate and vLLM return the EOS token when the model stops at once; check a custom generation.",
         )
@@ -88,7 +89,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/no_seed",
-            f"{speaker(trainer, 'resets')} found no incorrect seed for any prompt of a step, so it trained {trained_as} "
+            f"{speaker(trainer, 'resets')} found no incorrect seed for any prompt of a step, so it trained "
+            f"{trained_as} "
             f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
             f"function {trainer.reward_func_names[trainer._success_index]!r}) scores below success_threshold="
             f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
@@ -98,7 +100,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/no_base_group_fallback",
-            f"{speaker(trainer, 'resets')}: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect seed "
+            f"{speaker(trainer, 'resets')}: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect "
+            "seed "
             f"(srpo/fallback_rate), and the split num_generations={trainer.num_generations} = reset_groups x "
             f"suffixes_per_reset ({args.reset_groups} x {args.suffixes_per_reset}) has no base group to fall back to, "
             "so those prompts add nothing to the loss (their rows are masked). Fix: num_generations >= 4 (the "
