@@ -7,7 +7,8 @@ built-in arithmetic task, LoRA r64/α64, a short run; the adapter is saved to ou
 
 (`accelerate launch examples/train_srpo.py` runs the same job, but first prints the defaults accelerate chose for
 the values no config file gave it.) The run ends with a summary: reward and SRPO metrics from the first to the
-last step, where the adapter is, and the `trl-credit-eval` command that evaluates it.
+last step (those with a healthy range marked `<<` when outside it), where the adapter is, and the `trl-credit-eval`
+command that evaluates it on its training prompt next to its base model.
 RRPO (random resets) instead of SRPO: add `--reset random`. On the chain task (docs/testbed.md) a step checker gives
 oracle resets and localization quality metrics: `--dataset_name chain --model_name_or_path smollm2-135m-chain
 --rollout_template none --reset oracle --step_checker chain` (or any --reset with --step_checker chain). Paper recipe on GPUs, any Hub model/dataset:

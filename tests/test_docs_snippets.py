@@ -110,6 +110,15 @@ def test_python_block_runs(name, code, skip, tiny_model_path, tmp_path, monkeypa
         assert trainer.state.global_step == 1  # TINY_RUN reached the config: the block ran one step, not a full run
 
 
+@pytest.mark.parametrize("page", ["srpo", "oppo", "datpo", "cue_grpo", "composition"])
+def test_quick_starts_stop_after_a_few_steps(page):
+    # The method pages' quick starts run as written on a CPU: without max_steps TRL trains 3 epochs over the dataset.
+    blocks = [code for _, code, _ in code_blocks(ROOT / "docs" / f"{page}.md", "python") if "trainer.train()" in code]
+    assert blocks, f"docs/{page}.md has no training block"
+    match = re.search(r"max_steps=(\d+),\s*#", blocks[0])
+    assert match and int(match.group(1)) <= 20, f"docs/{page}.md's quick start sets no small max_steps with a comment"
+
+
 # ------------------------------------------------------------------------------------------------- shell commands
 def shell_commands(path: Path):
     """Commands of the ```bash blocks (continuation lines joined, comments dropped), with their opening line."""

@@ -11,6 +11,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
 from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.rewards import final_number_reward
 from trl_credit.models import DEFAULT_MODEL, DEFAULT_MODEL_HUB_ID, hub_id_of, resolve_model_path
 from trl_credit.scripts import (
     CreditScriptArguments,
@@ -110,6 +111,10 @@ def test_saved_adapter_records_hub_base_and_reloads_offline(offline_default_is_t
     # The quick start runs as written once the Hub id is served by the local copy.
     code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
     assert "PeftModel.from_pretrained" in code and f'"{DEFAULT_MODEL_HUB_ID}"' in code
+    # Offline, as the card says: its commented line loads trl_credit's local copy of the Hub id (the tiny model here).
+    offline = "# from trl_credit.models import resolve_model_path; base_model = resolve_model_path(base_model)\n"
+    assert offline in code
+    exec(compile(code.replace(offline, offline[2:]), "quick_start_offline", "exec"), {})
     code = code.replace(f'"{DEFAULT_MODEL_HUB_ID}"', repr(offline_default_is_tiny))
     exec(compile(code, "quick_start", "exec"), {})  # raises if the card's code does not run
 
@@ -182,3 +187,35 @@ def test_srpo_card_is_tagged_rrpo_only_with_random_resets(reset, tagged_rrpo, ti
     assert "srpo" in tags and "trl_credit" in tags
     assert ("rrpo" in tags) is tagged_rrpo
     assert ("rrpo" in trainer.model.model_tags) is tagged_rrpo
+
+
+def test_card_of_a_resets_run_prompts_with_the_rollout_template(tiny_model_path, tiny_dataset, tmp_path):
+    # SRPO trains on the question wrapped in its rollout template: the card's quick start must ask the same prompt.
+    from peft import LoraConfig
+
+    from trl_credit import CreditConfig, CreditTrainer, SRPOConfig, SRPOTrainer
+
+    question = tiny_dataset[0]["prompt"][-1]["content"]
+    lines = ("Solve the problem one reasoning step at a time. Write each step on its own line: one observation, "
+             "calculation, or deduction per line. Put the final answer in \\boxed{answer}.\n\nQ: " + question)
+    common = dict(use_cpu=True, report_to="none", per_device_train_batch_size=8, num_generations=8)
+    for name, build in (
+        ("srpo", lambda out: SRPOTrainer(model=tiny_model_path, reward_funcs=final_number_reward,
+                                         train_dataset=tiny_dataset, peft_config=LoraConfig(r=4),
+                                         args=SRPOConfig(output_dir=out, rollout_template="lines", **common))),
+        ("credit", lambda out: CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward,
+                                             train_dataset=tiny_dataset, peft_config=LoraConfig(r=4),
+                                             args=CreditConfig(output_dir=out, rollout="resets",
+                                                               rollout_template="lines", **common))),
+    ):
+        trainer = build(str(tmp_path / name))
+        trainer.create_model_card()
+        code = re.search(r"```python\n(.*?)```", (tmp_path / name / "README.md").read_text(), re.S).group(1)
+        assert f"question = {json.dumps(lines)}" in code
+        assert 'rollout template ("lines")' in code
+    # A run on the dataset prompts (rollout groups) asks the bare question.
+    plain = CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
+                          peft_config=LoraConfig(r=4), args=CreditConfig(output_dir=str(tmp_path / "plain"), **common))
+    plain.create_model_card()
+    card = (tmp_path / "plain" / "README.md").read_text()
+    assert f"question = {json.dumps(question)}" in card and "rollout template" not in card

@@ -171,7 +171,7 @@ def test_readme_recipe_table_matches_the_recipes():
     assert checked >= 15
 
 
-def test_the_composed_script_trains_the_parts_named_on_the_command_line(tiny_model_path, tmp_path):
+def test_the_composed_script_trains_the_parts_named_on_the_command_line(tiny_model_path, tmp_path, capsys):
     # examples/train_credit.py: main(CreditTrainer, CreditConfig, ...) with the parts chosen by flags, as a user runs it
     from trl_credit import CreditConfig, CreditTrainer
 
@@ -186,7 +186,80 @@ def test_the_composed_script_trains_the_parts_named_on_the_command_line(tiny_mod
     trainer = main(CreditTrainer, CreditConfig, defaults, argv=argv)
     assert trainer.state.global_step == 1
     assert [part.name for part in trainer.parts] == ["resets", "oppo", "cue"]
+    assert trainer.args.thought_delimiter == "\n"  # the lines template's: one thought per line
+    printed = capsys.readouterr().out
+    command = next(line for line in printed.splitlines() if "trl-credit-eval" in line)
+    assert "--rollout_template lines" in command  # evaluated on the prompt it trained on
     logged = trainer.state.log_history[0]
     assert {"srpo/fallback_rate", "oppo/value_mean", "cue/frac_groups_redistributed"} <= set(logged)
     with pytest.raises(ValueError, match="cue_alpha is a field of the 'cue' modifier"):
         main(CreditTrainer, CreditConfig, defaults, argv=argv[:-8] + ["--cue_alpha", "0.5"])
+
+
+def _finished_run(tmp_path, history, rollout=None, rollout_template="thought_mdp", name="resets x oppo x cue"):
+    """What training_summary reads of a finished trainer: its args, state, model config, parts and name."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(output_dir=str(tmp_path / "run"), max_completion_length=64, push_to_hub=False,
+                           rollout_template=rollout_template)
+    return SimpleNamespace(
+        args=args, state=SimpleNamespace(log_history=history, global_step=len(history)), _name=name,
+        model=SimpleNamespace(config=SimpleNamespace(_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")),
+        rollout=SimpleNamespace(name=rollout) if rollout else None,
+    )
+
+
+def test_summary_marks_metrics_outside_their_healthy_range_and_evaluates_on_the_training_prompt(tmp_path):
+    from trl import ModelConfig
+
+    from trl_credit.scripts import CreditScriptArguments, training_summary
+
+    history = [
+        {"step": 1, "reward": 0.25, "frac_reward_zero_std": 0.5, "srpo/single_thought_rate": 1.0,
+         "srpo/fallback_rate": 0.0, "srpo/seed_rounds": 1.0},
+        {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.0, "srpo/single_thought_rate": 1.0,
+         "srpo/fallback_rate": 0.0, "srpo/seed_rounds": 2.0},
+    ]
+    summary = training_summary(_finished_run(tmp_path, history, rollout="resets", rollout_template="lines"),
+                               CreditScriptArguments(), ModelConfig(model_name_or_path="smollm2-135m-instruct-offline",
+                                                                    use_peft=True))
+    lines = summary.splitlines()
+    row = next(line for line in lines if line.strip().startswith("srpo/single_thought_rate"))
+    assert "1 -> 1" in row and row.endswith("<< healthy <= 0.5")  # seeds of one thought: degenerate
+    row = next(line for line in lines if line.strip().startswith("srpo/fallback_rate"))
+    assert row.endswith("healthy < 1") and "<<" not in row
+    row = next(line for line in lines if line.strip().startswith("srpo/seed_rounds"))
+    assert "healthy" not in row  # no range for it
+    assert "Is it working? 1 of 3 checked metrics ended outside their healthy range (<<):" in summary
+    assert "srpo/single_thought_rate = 1: seeds with one thought" in summary and "docs/srpo.md#is-it-working" in summary
+    out = str(tmp_path / "run")
+    command = next(line for line in lines if "trl-credit-eval" in line)
+    # the prompt it trained on, next to (not inside) the adapter folder, and its base model with the same settings
+    assert "--rollout_template lines" in command
+    assert f"--output_dir {out}-eval" in command and f"{out}/eval" not in command
+    assert command.endswith("--compare_base")
+
+
+def test_summary_of_other_rollouts_and_tasks(tmp_path):
+    from trl import ModelConfig
+
+    from trl_credit.scripts import CreditScriptArguments, training_summary
+
+    history = [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 1.0}]
+    # A CreditConfig keeps rollout_template at its default with rollout="groups": the prompts were not wrapped.
+    summary = training_summary(_finished_run(tmp_path, history, rollout="groups"),
+                               CreditScriptArguments(dataset_name="chain", chain_num_test=4),
+                               ModelConfig(model_name_or_path="m", use_peft=False))
+    assert "--rollout_template" not in summary and "does not build the chain task" not in summary
+    assert "Is it working? 1 of 1 checked metrics ended outside" in summary  # every group had equal rewards
+    commands = [line.strip() for line in summary.splitlines() if "trl-credit-eval" in line]
+    out = str(tmp_path / "run")
+    assert commands == [
+        f"trl-credit-eval --model {out} --dataset chain --data_seed 0 --num_problems 4 --max_new_tokens 64 "
+        f"--output_dir {out}-eval",
+        f"trl-credit-eval --model m --dataset chain --data_seed 0 --num_problems 4 --max_new_tokens 64 "
+        f"--output_dir {out}-eval-base",
+    ]
+    healthy = training_summary(_finished_run(tmp_path, [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 0.5}]),
+                               CreditScriptArguments(), ModelConfig(model_name_or_path="m", use_peft=True))
+    assert "Is it working? The 1 checked metrics ended inside their healthy ranges." in healthy

@@ -3,7 +3,7 @@ that imports from it). Nothing method-specific lives in them; the private TRL na
 :mod:`trl_credit.trl_compat` (supported TRL versions and shims).
 
 - :mod:`trl_credit.trainer_setup`: construction (:func:`resolve_method_args`, :func:`check_single_turn`,
-  :func:`bind_success` / :func:`rollout_success`, :func:`outside_zero3_init`) and :func:`trainer_mode`.
+  :func:`bind_success` / :func:`rollout_success`, :func:`outside_zero3_init`), :func:`speaker` and :func:`trainer_mode`.
 - :mod:`trl_credit.trainer_logs`: :func:`log_metric`, :func:`warn_once`, :func:`nonfinite_reward_groups` /
   :func:`zero_nonfinite_groups`, :func:`replace_logged_advantages`.
 - :mod:`trl_credit.collectives`: :func:`gather_rows` / :func:`gather_counts`, :func:`fill_rows` (filler rows for
@@ -62,6 +62,7 @@ from trl_credit.trainer_setup import (
     outside_zero3_init,
     resolve_method_args,
     rollout_success,
+    speaker,
     trainer_mode,
 )
 
@@ -76,6 +77,7 @@ __all__ = [
     "log_metric",
     "pad_rows",
     "trainer_mode",
+    "speaker",
     "check_single_turn",
     "outside_zero3_init",
     "resolve_method_args",

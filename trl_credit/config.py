@@ -19,6 +19,7 @@ from trl_credit.oppo.config import OPPOFields
 from trl_credit.process.config import ProcessFields
 from trl_credit.srpo.config import SRPOFields
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 __all__ = ["CreditConfig", "ROLLOUTS", "CREDITS", "MODIFIERS"]
@@ -97,6 +98,7 @@ class CreditConfig(ProcessFields, CueGRPOFields, OPPOFields, DATPOFields, SRPOFi
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         self._check_selection()
         if self.rollout == "resets":
             self._check_srpo_fields()

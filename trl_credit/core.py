@@ -31,7 +31,8 @@ from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.anchors import decided_per_sequence
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
-from trl_credit.trainer_setup import bind_success
+from trl_credit.trainer_setup import bind_success, speaker
+from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
@@ -78,7 +79,7 @@ class Rollout(Part):
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
         None as the record when no credit applies (the batch is trained as TRL built it)."""
         output = trainer._trl_generate_and_score_completions(inputs)
-        return output, trl_groups(trainer, capture.rewards(type(trainer).__name__), output["completion_ids"].size(0))
+        return output, trl_groups(trainer, capture.rewards(speaker(trainer, self)), output["completion_ids"].size(0))
 
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages) -> dict:
         """The rows TRL trains on, with the advantages (this process's rows) the credit and modifiers computed."""
@@ -118,16 +119,18 @@ class GroupOutcome(Credit):
 
     name = "outcome"
 
-    def __init__(self, nonfinite_metric: str = "credit/nonfinite_reward_rate"):
+    def __init__(self, nonfinite_metric: str = "credit/nonfinite_reward_rate", speaks_as: str | None = None):
         self.nonfinite_metric = nonfinite_metric
+        self.speaks_as = speaks_as  # the part whose computation this is (OPPO's credit uses one), for messages
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         if batch.group_size is not None:
-            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric)
+            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
+                                         part=self.speaks_as or self)
         rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
         grouped = group_ids != NO_GROUP
         nonfinite_reward_groups(trainer, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
-                                self.nonfinite_metric)
+                                self.nonfinite_metric, part=self.speaks_as or self)
         if trainer.multi_objective_aggregation == "normalize_then_sum":
             # Each reward function z-scored within each group, weighted sum, one batch-wide rescale (TRL's GDPO).
             advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, trainer.reward_weights,
@@ -203,7 +206,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         if type(self) is CreditTrainer:
             self._name = " x ".join(part.name for part in self.parts)
             self._tag_names = [*self._tag_names, *(part.name for part in self.parts)]
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        with hidden_library_deprecations():  # PEFT's checkpointing calls (trl_compat)
+            super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
             bind_success(self)
         for part in self.parts:
@@ -227,7 +231,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return super()._generate_and_score_completions(inputs)
 
     def _generate_and_score_completions(self, inputs):
-        with self._capturing_rollouts() as capture:  # TRL's rollouts and the global rewards of this batch
+        # TRL's rollouts and the global rewards of this batch; TRL's generation context calls renamed methods
+        with self._capturing_rollouts() as capture, hidden_library_deprecations():
             output, batch = self.rollout.generate_and_score(self, inputs, capture)
             if batch is None:
                 return output

@@ -434,6 +434,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
     parser.add_argument("--output_dir", default="eval_results", help="Folder for report.json and pass_at_k.png.")
     parser.add_argument("--save_completions", action="store_true", help="Also write completions.jsonl.")
+    parser.add_argument("--compare_base", action="store_true",
+                        help="With --adapter: also evaluate its base model with the same settings (into "
+                        "<output_dir>-base) and print the accuracy difference with its 95%% interval "
+                        "(trl_credit.compare).")
     parser.add_argument("--no_progress", action="store_true", help="Hide the progress bar.")
     return parser.parse_args(argv)
 
@@ -453,7 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if value is not None
     }
-    report = evaluate(
+    if args.compare_base and not args.adapter:
+        raise SystemExit("--compare_base compares an adapter with its base model: pass --adapter <dir>")
+    settings = dict(
         model=args.model, adapter=args.adapter, dataset=args.dataset, dataset_config=args.dataset_config,
         split=args.split, prompt_column=args.prompt_column, answer_column=args.answer_column,
         num_problems=args.num_problems, builtin_kwargs=builtin_kwargs, rollout_template=args.rollout_template,
@@ -462,9 +468,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_new_tokens=args.max_new_tokens, seed=args.seed, dtype=args.dtype, device=args.device,
         output_dir=args.output_dir, save_completions=args.save_completions, progress=not args.no_progress,
     )
+    report = evaluate(**settings)
     print(format_summary(report))
     print(f"\nreport: {report['files']['report']}\nplot: {report['files']['plot']}")
+    if args.compare_base:
+        from .compare import format_difference, paired_difference
+
+        base_model = args.model or adapter_base_model(args.adapter)
+        base = evaluate(**{**settings, "model": base_model, "adapter": None,
+                           "output_dir": os.path.normpath(args.output_dir) + "-base"})
+        print(f"\nbase model {base_model}: report {base['files']['report']}")
+        print(format_difference(paired_difference(report, base)))
     return 0
+
+
+def adapter_base_model(adapter: str) -> str | None:
+    """The base model an adapter records (``adapter_config.json``'s ``base_model_name_or_path``), or None."""
+    path = os.path.join(adapter, "adapter_config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle).get("base_model_name_or_path")
 
 
 if __name__ == "__main__":

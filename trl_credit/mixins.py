@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from trl_credit.trainer_logs import warn_once
+from trl_credit.trainer_setup import speaker
 from trl_credit.trl_compat import small_logprob_tiles
 
 __all__ = [
@@ -127,13 +128,14 @@ class MethodRNGStateMixin:
             self._set_method_rng_state(json.load(f))
 
 
-def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], source: str) -> None:
+def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], source: str, part=None) -> None:
     """Raise a clear error for completions of 0 tokens, which TRL 1.16's GRPOTrainer cannot train on: its
-    ``_generate`` reads the last token of every completion (an IndexError on an empty one)."""
+    ``_generate`` reads the last token of every completion (an IndexError on an empty one). ``part``: the part whose
+    generation it was, named in a composed trainer (``trainer_setup.speaker``)."""
     empty = [row for row, ids in enumerate(completion_ids) if len(ids) == 0]
     if empty:
         raise ValueError(
-            f"{type(trainer).__name__}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
+            f"{speaker(trainer, part)}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
             f"{len(completion_ids)} rows (first: row {empty[0]}). GRPOTrainer cannot train on one either (TRL reads "
             "each completion's last token). HF generate, continuous batching and vLLM return the EOS token when the "
             "model stops at once; a custom generation or rollout_func must return it too."

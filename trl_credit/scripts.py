@@ -13,15 +13,17 @@ import importlib
 import os
 import shlex
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_credit.chain import chain_format_reward
 from trl_credit.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
+from trl_credit.health import health_check
+from trl_credit.model_card import trained_rollout_template
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
+from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
     "CreditScriptArguments",
@@ -185,21 +187,11 @@ def _load_dataset(script_args: CreditScriptArguments):
     return load_task_dataset(script_args.dataset_name, script_args.dataset_config)
 
 
-# transformers >= 5.2x renamed the models' `gradient_checkpointing*` methods; PEFT 0.21 (get_peft_model) and TRL 1.16
-# (its generation context) still call the old names on every trainer, whatever the arguments, and no argument of
-# ours can avoid it. These three exact messages are hidden while the runner trains; every other warning is shown.
-_LIBRARY_INTERNAL_DEPRECATIONS = (
-    r"`is_gradient_checkpointing` is deprecated",
-    r"`gradient_checkpointing_enable` is deprecated",
-    r"`gradient_checkpointing_disable` is deprecated",
-)
-
-
 def main(trainer_class, config_class, defaults: dict | None = None, argv: list[str] | None = None):
     """Parse arguments, build the trainer, train, save (and push) the model or adapter. Returns the trainer."""
-    with warnings.catch_warnings():
-        for message in _LIBRARY_INTERNAL_DEPRECATIONS:
-            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    # The library-internal checkpointing deprecations (trl_compat.hidden_library_deprecations), also for a plain
+    # GRPOTrainer run through this script.
+    with hidden_library_deprecations():
         return _main(trainer_class, config_class, defaults, argv)
 
 
@@ -266,9 +258,27 @@ def method_metric_names(log_history: list[dict]) -> list[str]:
     return names
 
 
+def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[str]]:
+    """Per metric key the marker column of the summary (``"<<"`` when its last logged value lies outside the
+    healthy range of :mod:`trl_credit.health`, with the range), and the notes explaining each marked one."""
+    columns, notes = [], []
+    for key in keys:
+        check, values = health_check(key), _first_last(history, key)
+        if check is None or values is None:
+            columns.append("")
+        elif check.holds(values[1]):
+            columns.append(f"     healthy {check.healthy}")
+        else:
+            columns.append(f"  << healthy {check.healthy}")
+            notes.append(f"  {key} = {values[1]:.4g}: {check.meaning} ({check.page})")
+    return columns, notes
+
+
 def training_summary(trainer, script_args: CreditScriptArguments, model_args: ModelConfig) -> str:
-    """A closing summary: steps, reward and method metrics (first -> last logged step), where the result is saved,
-    and the ``trl-credit-eval`` command that evaluates it."""
+    """A closing summary: steps, reward and method metrics (first -> last logged step), each "is it working" metric
+    marked when its last value lies outside its healthy range (:mod:`trl_credit.health`), where the result is
+    saved, and the ``trl-credit-eval`` command that evaluates it on the prompt it trained on, next to its base model
+    (``--compare_base``)."""
     args = trainer.args
     history = [entry for entry in trainer.state.log_history if "step" in entry]
     out = args.output_dir
@@ -276,11 +286,21 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
              f"{trainer.state.global_step} optimizer steps =="]
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
     span = f"(step {logged_steps[0]} -> step {logged_steps[-1]})" if logged_steps else ""
-    rows = [(key, _first_last(history, key)) for key in ["reward", *method_metric_names(history)]]
+    keys = ["reward", "frac_reward_zero_std", *method_metric_names(history)]
+    rows = [(key, _first_last(history, key)) for key in keys]
+    markers, notes = _health_rows(history, keys)
     width = max(len(key) for key, _ in rows)
-    for key, values in rows:
+    for (key, values), marker in zip(rows, markers):
         if values is not None:
-            lines.append(f"  {key:<{width}}  {values[0]:.4g} -> {values[1]:.4g}" + (f"  {span}" if key == "reward" else ""))
+            shown = f"{values[0]:.4g} -> {values[1]:.4g}"
+            lines.append((f"  {key:<{width}}  {shown:<16}" + (f"  {span}" if key == "reward" else marker)).rstrip())
+    checked = sum(bool(marker) for marker in markers)
+    if notes:
+        lines.append(f"Is it working? {len(notes)} of {checked} checked metrics ended outside their healthy range "
+                     "(<<):")
+        lines += notes
+    elif checked:
+        lines.append(f"Is it working? The {checked} checked metrics ended inside their healthy ranges.")
     what = "Adapter" if model_args.use_peft else "Model"
     base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
     lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
@@ -298,20 +318,32 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
         command += ["--adapter", out]
     else:
         command += ["--model", out]
-    if script_args.dataset_name == CHAIN_DATASET:
-        lines.append("(trl-credit-eval does not build the chain task; see docs/testbed.md)")
-        return "\n".join(lines)
     if script_args.dataset_name in (None, "", BUILTIN_DATASET):
         command += ["--digits", str(script_args.arithmetic_digits),
                     "--num_operands", str(script_args.arithmetic_operands),
                     "--data_seed", str(script_args.arithmetic_seed)]
         if script_args.arithmetic_num_test < 20:  # the evaluator's built-in test split holds 20 problems
             command += ["--num_problems", str(script_args.arithmetic_num_test)]
+    elif script_args.dataset_name == CHAIN_DATASET:
+        command += ["--dataset", CHAIN_DATASET, "--data_seed", str(script_args.chain_seed)]
+        if script_args.chain_num_test < 200:  # the evaluator's chain test split holds 200 problems
+            command += ["--num_problems", str(script_args.chain_num_test)]
     else:
         command += ["--dataset", script_args.dataset_name, "--split", script_args.dataset_test_split]
         if script_args.dataset_config:
             command += ["--dataset_config", script_args.dataset_config]
-    command += ["--max_new_tokens", str(args.max_completion_length), "--output_dir", os.path.join(out, "eval")]
-    lines.append("Evaluate it (pass@k on the test split):")
-    lines.append("  " + shlex.join(command))
+    template = trained_rollout_template(trainer)
+    if template is not None:  # SRPO/RRPO trained on wrapped prompts: evaluate on the same
+        command += ["--rollout_template", template]
+    # Next to the saved folder, not inside it: pushing the adapter folder must not publish the evaluation.
+    command += ["--max_new_tokens", str(args.max_completion_length), "--output_dir", os.path.normpath(out) + "-eval"]
+    if model_args.use_peft:
+        lines.append("Evaluate it next to its base model (pass@k on the test split; the base model with the same "
+                     "settings, and the accuracy difference with its 95% interval):")
+        lines.append("  " + shlex.join(command + ["--compare_base"]))
+    else:
+        lines.append("Evaluate it, and its base model with the same settings (pass@k on the test split):")
+        lines.append("  " + shlex.join(command))
+        base_command = [command[0], "--model", model or DEFAULT_MODEL, *command[3:-1], command[-1] + "-base"]
+        lines.append("  " + shlex.join(base_command))
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """What every method trainer does at construction, and the mode it runs in: a config of the right class
-(:func:`resolve_method_args`), single-turn rollouts only (:func:`check_single_turn`), the verifier column that
-decides correct/incorrect (:func:`bind_success` / :func:`rollout_success`, :mod:`trl_credit.success`), and frozen
-helper models loaded whole under ZeRO-3 (:func:`outside_zero3_init`)."""
+(:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only
+(:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
+:func:`rollout_success`, :mod:`trl_credit.success`), and frozen helper models loaded whole under ZeRO-3
+(:func:`outside_zero3_init`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from trl_credit.trl_compat import check_trl_can_train
 
 __all__ = [
     "trainer_mode",
+    "speaker",
+    "is_composed",
     "resolve_method_args",
     "check_single_turn",
     "bind_success",
@@ -24,6 +27,28 @@ __all__ = [
 
 def trainer_mode(trainer) -> str:
     return "train" if trainer.model.training else "eval"
+
+
+def is_composed(trainer) -> bool:
+    """Whether ``trainer``'s class composes its parts from its config (``CreditTrainer`` and subclasses that name no
+    method of their own) rather than being a preset that fixes them (``SRPOTrainer``, ``OPPOTrainer``, ...: each
+    sets the class attribute ``_name``)."""
+    return getattr(type(trainer), "_name", None) in (None, "GRPO")
+
+
+def speaker(trainer, part=None) -> str:
+    """Who a warning, refusal or metric note speaks as: the class the user built, and in a composed trainer also the
+    part that speaks (``part``: a part or its name). ``SRPOTrainer(...)`` -> ``"SRPOTrainer"``;
+    ``CreditTrainer(rollout="resets")`` -> ``"CreditTrainer (resets rollout)"``; OPPO's credit in it ->
+    ``"CreditTrainer (oppo credit)"``; Cue-GRPO's weights -> ``"CreditTrainer (cue modifier)"``."""
+    name = type(trainer).__name__
+    if part is None or not is_composed(trainer):
+        return name
+    part_name = getattr(part, "name", part)
+    kinds = [("rollout", getattr(trainer, "rollout", None)), ("credit", getattr(trainer, "credit", None))]
+    kinds += [("modifier", m) for m in getattr(trainer, "modifiers", None) or []]
+    kind = next((kind for kind, p in kinds if p is not None and (p is part or p.name == part_name)), None)
+    return f"{name} ({part_name} {kind})" if kind else f"{name} ({part_name})"
 
 
 def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix: str):
@@ -43,7 +68,8 @@ def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix
 
 
 def check_single_turn(trainer, method: str) -> None:
-    """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that."""
+    """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that. ``method``:
+    who refuses (:func:`speaker`)."""
     # environment_factory first: TRL turns an environment's methods into `tools`, so the tools check would name the
     # wrong argument.
     if getattr(trainer, "environment_factories", None) is not None:

@@ -73,6 +73,8 @@ __all__ = [
     "TRL_FUNCTIONS",
     "TRL_LOGPS_NEED_TRITON",
     "add_fused_lm_head",
+    "adopt_activation_checkpointing",
+    "hidden_library_deprecations",
     "check_trl_can_train",
     "create_model_from_path",
     "disable_dropout_in_model",
@@ -298,3 +300,38 @@ TRL_FUNCTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "shuffle_sequence_dict": ("trl.trainer.utils", ("seq_dict",)),
     "use_adapter": ("trl.trainer.utils", ("model", "adapter_name")),
 }
+
+
+# transformers >= 5.2x renamed `gradient_checkpointing*` to `activation_checkpointing*`. TRL's configs still default
+# the old name to True, so every config built with defaults warned (FutureWarning) about a name the user never set.
+def adopt_activation_checkpointing(config) -> None:
+    """Before ``TrainingArguments.__post_init__``: TRL's default ``gradient_checkpointing`` passed on under the new
+    name, so a config built with defaults does not warn about the old one. A value the user set under the old name
+    (anything but TRL's default) keeps it, and the warning about it, which is theirs."""
+    names = {f.name: f for f in dataclasses.fields(config)}
+    if "activation_checkpointing" not in names or config.activation_checkpointing is not None:
+        return  # older transformers (nothing renamed), or the new name is set
+    if config.gradient_checkpointing == names["gradient_checkpointing"].default:
+        config.activation_checkpointing, config.gradient_checkpointing = config.gradient_checkpointing, None
+        kwargs = names["gradient_checkpointing_kwargs"]
+        if "activation_checkpointing_kwargs" in names and config.gradient_checkpointing_kwargs == kwargs.default:
+            config.activation_checkpointing_kwargs = config.gradient_checkpointing_kwargs
+            config.gradient_checkpointing_kwargs = None
+
+
+# PEFT 0.21 (building the adapter) and TRL 1.16 (its generation context) call the models' renamed
+# `gradient_checkpointing*` methods whatever the arguments; no argument of ours avoids it. These exact messages are
+# hidden while our trainers build and generate (and while the example scripts run); every other warning is shown.
+LIBRARY_INTERNAL_DEPRECATIONS = (
+    r"`is_gradient_checkpointing` is deprecated",
+    r"`gradient_checkpointing_enable` is deprecated",
+    r"`gradient_checkpointing_disable` is deprecated",
+)
+
+
+@contextlib.contextmanager
+def hidden_library_deprecations() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for message in LIBRARY_INTERNAL_DEPRECATIONS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+        yield

@@ -925,3 +925,67 @@ def test_resume_from_checkpoint_reproduces_the_straight_run(reset, tiny_model_pa
     for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b), f"{name} differs by {(a - b).abs().max().item():.3g} after resuming"
     assert resumed._reset_rng.getstate() == straight._reset_rng.getstate()
+
+
+# ---------------------------------------------------------------- the rollout template implies the thought delimiter
+
+
+def always_wrong_reward(completions, **kwargs):
+    return [0.0 for _ in completions]  # every rollout is incorrect: every prompt has a seed
+
+
+TWO_LINE_COMPLETION = "3 + 4 = 7\nSo 7."
+
+
+@pytest.fixture
+def two_line_generations(monkeypatch):
+    """Every sampled completion is the same two lines, so a seed's thoughts are known: 2 with '\\n', 1 with
+    '</thought>' (which the completion does not contain)."""
+
+    def two_lines(trainer, prefix_ids, **kwargs):
+        ids = trainer.processing_class.encode(TWO_LINE_COMPLETION, add_special_tokens=False)
+        return [list(ids) for _ in prefix_ids], None
+
+    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", two_lines)
+    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", two_lines)
+
+
+def test_lines_template_splits_thoughts_at_newlines_in_the_preset_and_the_composed_trainer(
+    tiny_model_path, tiny_dataset, tmp_path, two_line_generations
+):
+    # The composed command of the docs (`--rollout resets --credit oppo --modifiers cue --rollout_template lines`)
+    # set no thought_delimiter: it used to stay '</thought>', every seed was one thought and every reset went to the
+    # question (srpo/single_thought_rate 1). With 'lines' the delimiter is '\n': the two-line seed has 2 thoughts.
+    from trl_credit import CreditConfig, CreditTrainer
+
+    common = dict(per_device_train_batch_size=8, num_generations=8, max_completion_length=12, max_steps=1,
+                  learning_rate=1e-2, rollout_template="lines", localization_template=SHORT_LOCALIZATION,
+                  localization_max_tokens=6, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1)
+    trainers = [
+        SRPOTrainer(model=tiny_model_path, reward_funcs=always_wrong_reward, train_dataset=tiny_dataset,
+                    args=SRPOConfig(output_dir=str(tmp_path / "srpo"), **common)),
+        CreditTrainer(model=tiny_model_path, reward_funcs=always_wrong_reward, train_dataset=tiny_dataset,
+                      args=CreditConfig(output_dir=str(tmp_path / "credit"), rollout="resets", credit="oppo",
+                                        modifiers=["cue"], cue_partition="random", **common)),
+    ]
+    for trainer in trainers:
+        assert trainer.args.thought_delimiter == "\n"
+        trainer.train()
+        log = next(entry for entry in trainer.state.log_history if "srpo/single_thought_rate" in entry)
+        assert log["srpo/single_thought_rate"] == 0.0
+        assert log["srpo/thoughts_per_seed"] == 2.0
+
+
+def test_the_thought_delimiter_follows_the_template_and_a_mismatch_is_refused_at_construction():
+    from trl_credit import CreditConfig
+
+    common = dict(output_dir="unused", use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    assert SRPOConfig(**common).thought_delimiter == "</thought>"  # thought_mdp, the paper's
+    assert SRPOConfig(rollout_template="lines", **common).thought_delimiter == "\n"
+    assert SRPOConfig(rollout_template="Q: {question}", **common).thought_delimiter == "</thought>"
+    assert SRPOConfig(rollout_template="lines", thought_delimiter="\\n", **common).thought_delimiter == "\n"
+    assert SRPOConfig(thought_delimiter=" ", **common).thought_delimiter == " "  # any other template: as given
+    assert CreditConfig(rollout="resets", rollout_template="lines", **common).thought_delimiter == "\n"
+    for config_class, extra in ((SRPOConfig, {}), (CreditConfig, {"rollout": "resets"})):
+        with pytest.raises(ValueError, match=r"rollout_template='lines'.*thought_delimiter='</thought>'.*unset"):
+            config_class(rollout_template="lines", thought_delimiter="</thought>", **extra, **common)

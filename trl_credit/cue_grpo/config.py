@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
@@ -184,6 +185,7 @@ class CueGRPOConfig(CueGRPOFields, CreditLoggingArguments, SuccessArguments, GRP
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
         self._check_cue_grpo_after_grpo()
         if self.cue_tree_credit != "rows":  # a field CueGRPOTrainer would ignore: it grows no trees

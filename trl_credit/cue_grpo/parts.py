@@ -27,7 +27,7 @@ from ..core import Modifier
 from ..generation import generate_from_prefixes
 from ..rewards import completion_text
 from ..trainer_logs import log_metric, warn_once
-from ..trainer_setup import outside_zero3_init
+from ..trainer_setup import is_composed, outside_zero3_init, speaker
 from .config import CueGRPOConfig
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups
@@ -75,8 +75,9 @@ class RarityWeights(Modifier):
         judge_model, judge_tokenizer = self._judge_source
         # CueGRPOTrainer checked these before loading the model; a composed trainer built this part itself (or took
         # it from the user), so the check runs here, before the first step could ignore or miss a partition source.
-        _check_partition_arguments(args, self.partition_fn, judge_model, judge_tokenizer, "RarityWeights",
-                                   type(args).__name__)
+        owner = "RarityWeights" if is_composed(trainer) else type(trainer).__name__
+        _check_partition_arguments(args, self.partition_fn, judge_model, judge_tokenizer, owner,
+                                   type(args).__name__, speaker(trainer, self))
         self._judge_source = (None, None)
         self._judge_is_policy = args.cue_partition == "judge" and judge_model is None and args.cue_judge_model == "policy"
         if args.cue_partition == "judge" and not self._judge_is_policy:
@@ -126,9 +127,9 @@ class RarityWeights(Modifier):
             # credit before its aggregation).
             if not self._leaves_weighted:
                 raise RuntimeError(
-                    "Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf outcomes, but the credit did "
-                    "not ask for them (RarityWeights.leaf_outcomes): use credit='blocks' (BlockCredit) with "
-                    "rollout='trees'."
+                    f"{speaker(trainer, self)}: Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf "
+                    "outcomes, but the credit did not ask for them (RarityWeights.leaf_outcomes): use credit='blocks' "
+                    "(BlockCredit) with rollout='trees'."
                 )
             self._leaves_weighted = False
             row_weights, self._row_weights_on_trees = self._row_weights_on_trees, {}
@@ -140,7 +141,8 @@ class RarityWeights(Modifier):
         start = time.perf_counter()
         rollouts = trainer._rollout_capture
         if rollouts is None or rollouts.generated is None:
-            raise RuntimeError("Cue-GRPO: the completions were not captured (did a subclass bypass _generate?)")
+            raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass "
+                               "_generate?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
         mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
         in_loss = trainer.accelerator.gather((mask.sum(dim=1) > 0).long()).bool().cpu()
@@ -149,10 +151,12 @@ class RarityWeights(Modifier):
         elif batch.sequence_signs is not None:
             sequence = batch.sequence_signs.double().cpu()
         else:
-            raise ValueError("Cue-GRPO's rarity weights got per-token advantages from a credit that gives no sequence "
+            raise ValueError(f"{speaker(trainer, self)}: Cue-GRPO's rarity weights got per-token advantages from a "
+                             "credit that gives no sequence "
                              "direction per row (RowBatch.sequence_signs).")
         if sequence.numel() != batch.num_rows:
-            raise RuntimeError(f"Cue-GRPO: {sequence.numel()} advantages for a batch record of {batch.num_rows} rows")
+            raise RuntimeError(f"{speaker(trainer, self)}: {sequence.numel()} advantages for a batch record of "
+                               f"{batch.num_rows} rows")
         weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
         local_weights = batch.local_rows(weights).to(advantages.device)
         if advantages.dim() == 1:
@@ -217,7 +221,8 @@ class RarityWeights(Modifier):
             warn_once(
                 trainer,
                 "cue_no_correct_positive",
-                "Cue-GRPO found completions with A_i > 0 but none of them correct (or all with a masked loss), so "
+                f"{speaker(trainer, self)} found completions with A_i > 0 but none of them correct (or all with a "
+                "masked loss), so "
                 "this step was plain GRPO. Correct means the `success_reward` function "
                 f"({trainer.reward_func_names[trainer._success_index]!r}) returned >= success_threshold "
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
@@ -289,7 +294,8 @@ class RarityWeights(Modifier):
         warn_once(
             trainer,
             "cue_single_cluster",
-            f"Cue-GRPO: in {rate:.0%} of the groups with two or more correct positive completions, these formed one "
+            f"{speaker(trainer, self)}: in {rate:.0%} of the groups with two or more correct positive completions, "
+            "these formed one "
             f"cluster, so their rarity weights were uniform and those groups got GRPO{boost} "
             f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
         )
@@ -410,23 +416,26 @@ class RarityWeights(Modifier):
 
 
 def _check_partition_arguments(args: CueGRPOConfig, partition_fn, judge_model, judge_tokenizer,
-                               owner: str = "CueGRPOTrainer", config: str = "CueGRPOConfig") -> None:
+                               owner: str = "CueGRPOTrainer", config: str = "CueGRPOConfig",
+                               who: str | None = None) -> None:
     """The partition source the config selects has what it needs, and nothing is given that it would ignore.
     ``owner`` / ``config``: how the user passed the objects and the config (the preset's names, or
-    ``RarityWeights`` and the config class of a composed trainer)."""
+    ``RarityWeights`` and the config class of a composed trainer); ``who``: who refuses (``trainer_setup.speaker``,
+    default ``owner``)."""
+    who = who or owner
     if args.cue_partition == "callable":
         if partition_fn is None or not callable(partition_fn):
-            raise ValueError(f"cue_partition='callable' needs {owner}(partition_fn=fn), "
+            raise ValueError(f"{who}: cue_partition='callable' needs {owner}(partition_fn=fn), "
                              "fn(completions: list[str], prompt) -> one cluster label per completion")
     elif partition_fn is not None:
-        raise ValueError(f"partition_fn was given but cue_partition={args.cue_partition!r}; "
+        raise ValueError(f"{who}: partition_fn was given but cue_partition={args.cue_partition!r}; "
                          f"set {config}(cue_partition='callable') to use it")
     if args.cue_partition == "judge":
         if judge_model is None and not args.cue_judge_model:
-            raise ValueError(f"cue_partition='judge' needs a judge: {config}(cue_judge_model=<name or path> | "
+            raise ValueError(f"{who}: cue_partition='judge' needs a judge: {config}(cue_judge_model=<name or path> | "
                              f"'policy') or {owner}(judge_model=<model instance>)")
     elif judge_model is not None or judge_tokenizer is not None:
-        raise ValueError(f"judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
+        raise ValueError(f"{who}: judge_model/judge_tokenizer were given but cue_partition={args.cue_partition!r}; "
                          f"set {config}(cue_partition='judge') to use a judge")
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 from .diversity import ALPHA_SCHEDULES
@@ -223,5 +224,6 @@ class DATPOConfig(DATPOFields, CreditLoggingArguments, SuccessArguments, GRPOCon
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
         self._check_datpo_after_grpo()

@@ -52,7 +52,7 @@ from ..generation_hooks import GenerationRecorder
 from ..scoring import pad_rows, score_completions
 from ..success import unscorable_rows
 from ..trainer_logs import log_metric, nonfinite_reward_groups, warn_once
-from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init, rollout_success
+from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
 from .batching import sort_rows_by_length, split_rows
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
@@ -91,7 +91,8 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
     N = trainer.num_generations
     trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
     matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
-    nonfinite_reward_groups(trainer, matrix, trees, "datpo/nonfinite_reward_rate")  # block_advantages gives them 0
+    # block_advantages gives them 0; the trees rollout assembles the leaves
+    nonfinite_reward_groups(trainer, matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
     rewards = leaf_rewards(matrix.cpu(), trees, trainer.reward_weights.cpu(), trainer.args.multi_objective_aggregation)
     rewards = rewards.tolist()
     return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
@@ -112,22 +113,23 @@ class Trees(Rollout):
         self.sampled_entropies = None  # entropies recorded while HF generate sampled the base rollouts
 
     def setup(self, trainer) -> None:
-        check_single_turn(trainer, "DATPOTrainer")
+        who = speaker(trainer, self)
+        check_single_turn(trainer, who)
         bind_success(trainer)
         if trainer._is_vlm:
-            raise ValueError("DATPOTrainer supports text-only models: branch prompts are token prefixes of the response.")
+            raise ValueError(f"{who} supports text-only models: branch prompts are token prefixes of the response.")
         if trainer._entropy_bonus_enabled:
             # TRL adds the entropy bonus per micro-batch inside its loss; DATPO rescales that loss to the generation
             # batch per micro-batch and per forward piece (see `loss`), which would rescale the bonus too.
             raise ValueError(
-                "DATPOTrainer does not support the entropy bonus (`entropy_coef` != 0 or `use_adaptive_entropy=True`): "
+                f"{who} does not support the entropy bonus (`entropy_coef` != 0 or `use_adaptive_entropy=True`): "
                 "its micro-batches vary in size and their loss is renormalized to the generation batch, which would "
                 "change the bonus's weight. Set entropy_coef=0.0 and use_adaptive_entropy=False."
             )
         if trainer.aux_loss_enabled:
             warn_once(
                 trainer, "datpo_router_aux_loss",
-                "DATPO: the MoE router auxiliary loss is added inside TRL's loss, which DATPO renormalizes to the "
+                f"{who}: the MoE router auxiliary loss is added inside TRL's loss, which DATPO renormalizes to the "
                 "generation batch and evaluates in forwards of at most `rows_per_forward` rows, so the auxiliary "
                 "term's weight is not TRL's (it scales with the micro-batch and the number of forward pieces); set "
                 "router_aux_loss_coef=0.0 to train without it.",
@@ -151,14 +153,14 @@ class Trees(Rollout):
         if not trainer.model.training:
             return trainer._trl_generate_and_score_completions(inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
-            raise ValueError("DATPOTrainer does not support image inputs.")
+            raise ValueError(f"{speaker(trainer, self)} does not support image inputs.")
         self.sampled_entropies = None
         self.phase1 = True
         try:
             base = trainer._trl_generate_and_score_completions(inputs)
         finally:
             self.phase1 = False
-        rewards_per_func = capture.rewards("DATPOTrainer")  # global: every process's base rollouts
+        rewards_per_func = capture.rewards(speaker(trainer, self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
         batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
@@ -340,7 +342,8 @@ class Trees(Rollout):
             # micro-batch only.
             warn_once(
                 trainer, "datpo_rows_per_forward_deepspeed",
-                f"DATPO: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed (rows_per_forward="
+                f"{speaker(trainer, self)}: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed "
+                "(rows_per_forward="
                 f"{cap} applies only without DeepSpeed); lower per_device_train_batch_size or raise "
                 "steps_per_generation if it does not fit in memory.",
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..trainer_logs import log_metric, warn_once
+from ..trainer_setup import speaker
 from .forest import ForestCredit, TreeBatch
 
 __all__ = ["log_tree_metrics", "log_fork_coverage"]
@@ -82,6 +83,7 @@ def log_fork_coverage(trainer, fork_counts) -> None:
             fix = "rollouts shorter than 2 tokens cannot fork; check max_completion_length and the prompt format"
         warn_once(
             trainer, "datpo_no_fork",
-            f"DATPO: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, scorable) got no "
+            f"{speaker(trainer, 'trees')}: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, "
+            "scorable) got no "
             f"fork, so their prompt grows no tree from them (logged every step as datpo/no_fork_rate): {fix}.",
         )

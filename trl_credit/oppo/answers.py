@@ -34,29 +34,31 @@ def answer_problem(answer) -> str | None:
     return f"is a {type(answer).__name__} ({answer!r:.60}), not a string or a number"
 
 
-def refuse_answer(column: str, where: str, answer, problem: str) -> None:
+def refuse_answer(column: str, where: str, answer, problem: str, who: str = "OPPOTrainer",
+                  config: str = "OPPOConfig") -> None:
+    """``who`` / ``config``: the trainer (and part, ``trainer_setup.speaker``) and the config class the user built."""
     raise ValueError(
-        f"OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
-        f"(OPPOConfig.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
+        f"{who}: OPPO conditions its oracle on the ground-truth answer y* from the column `{column}` "
+        f"({config}.answer_column), but the answer of {where} {problem}. Every answer must be a non-empty string "
         "or a finite number (a scalar): fix or drop that row (e.g. `dataset.filter(...)`)."
     )
 
 
-def check_answers(dataset, column: str, argument: str) -> None:
+def check_answers(dataset, column: str, argument: str, who: str = "OPPOTrainer", config: str = "OPPOConfig") -> None:
     """Refuse a dataset without the answer column, and empty/None/NaN/non-scalar answers of a map-style dataset, at
     construction, naming the row. Iterable datasets cannot be read ahead: their rows are checked batch by batch,
-    before the first step uses them."""
+    before the first step uses them. ``who`` / ``config``: as :func:`refuse_answer`."""
     if dataset is None:
         return
     if isinstance(dataset, dict):
         for name, split in dataset.items():
-            check_answers(split, column, f"{argument}[{name!r}]")
+            check_answers(split, column, f"{argument}[{name!r}]", who, config)
         return
     columns = _dataset_columns(dataset)
     if columns is not None and column not in columns:
         raise ValueError(
-            f"OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
-            f"(OPPOConfig.answer_column), but `{argument}` has columns {columns}. Add that column or set "
+            f"{who}: OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
+            f"({config}.answer_column), but `{argument}` has columns {columns}. Add that column or set "
             f"`answer_column` to the column holding the answers."
         )
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
@@ -75,4 +77,4 @@ def check_answers(dataset, column: str, argument: str) -> None:
     for row, answer in enumerate(answers):
         problem = answer_problem(answer)
         if problem is not None:
-            refuse_answer(column, f"row {row} of `{argument}`", answer, problem)
+            refuse_answer(column, f"row {row} of `{argument}`", answer, problem, who, config)

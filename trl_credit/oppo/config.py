@@ -8,6 +8,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
@@ -200,5 +201,6 @@ class OPPOConfig(OPPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         super().__post_init__()
         self._check_oppo_after_grpo()

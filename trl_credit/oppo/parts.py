@@ -50,7 +50,7 @@ from trl_credit.oppo.recursion import (
     sequence_anchor_signs,
 )
 from trl_credit.trainer_logs import log_metric, warn_once
-from trl_credit.trainer_setup import bind_success, check_single_turn, trainer_mode
+from trl_credit.trainer_setup import bind_success, check_single_turn, is_composed, speaker, trainer_mode
 from trl_credit.trl_compat import (
     HAS_FUSED_LM_HEAD,
     create_model_from_path,
@@ -97,21 +97,24 @@ def load_teacher(trainer, teacher, teacher_processing_class):
     from transformers import AutoTokenizer
 
     args = trainer.args
+    who = speaker(trainer, "oppo")
     name = teacher if isinstance(teacher, str) else get_config_model_id(teacher.config)
     if teacher_processing_class is None:
+        passed = (f"{type(trainer).__name__}(credit=ValueRecursion(teacher_processing_class=...))"
+                  if is_composed(trainer) else f"{type(trainer).__name__}(teacher_processing_class=...)")
         try:
             teacher_processing_class = AutoTokenizer.from_pretrained(name, trust_remote_code=args.trust_remote_code)
         except Exception as error:  # noqa: BLE001 - any loading failure means we cannot check the vocabulary
             raise ValueError(
-                f"OPPO could not load the teacher's tokenizer from {name!r} to check it matches the policy's "
-                f"({error}); pass `teacher_processing_class=` to OPPOTrainer."
+                f"{who} could not load the teacher's tokenizer from {name!r} to check it matches the policy's "
+                f"({error}); pass it: {passed}."
             ) from error
     teacher_tokenizer = getattr(teacher_processing_class, "tokenizer", teacher_processing_class)
     student_vocab, teacher_vocab = trainer._tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if student_vocab != teacher_vocab:
         differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()))[:5]
         raise ValueError(
-            f"OPPO's teacher must share the policy's tokenizer (it scores the policy's token ids), but the "
+            f"{who}: the teacher must share the policy's tokenizer (it scores the policy's token ids), but the "
             f"vocabularies differ: policy {len(student_vocab)} tokens, teacher {name!r} {len(teacher_vocab)} "
             f"tokens, e.g. {differing}. Use a teacher of the same model family/tokenizer, or oracle='self'."
         )
@@ -131,7 +134,7 @@ def load_teacher(trainer, teacher, teacher_processing_class):
     teacher_head = teacher.get_output_embeddings()
     if teacher_head is not None and teacher_head.weight.shape[0] <= largest_id:
         raise ValueError(
-            f"OPPO's teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
+            f"{who}: the teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
             f"{largest_id}: it cannot score every token of the policy's vocabulary."
         )
     teacher.eval()
@@ -160,7 +163,7 @@ class ValueRecursion(Credit):
         self.teacher_model = None
         # s_t recorded during this batch's HF generation (one list per row), None when not recorded.
         self.generation_logps: list | None = None
-        self.outcome = GroupOutcome(nonfinite_metric="oppo/nonfinite_reward_rate")
+        self.outcome = GroupOutcome(nonfinite_metric="oppo/nonfinite_reward_rate", speaks_as=self.name)
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
@@ -168,14 +171,16 @@ class ValueRecursion(Credit):
         # first) is a rollout OPPO credits like any other; one the user passed is refused.
         rollout_func = getattr(trainer, "rollout_func", None)
         if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
-            check_single_turn(trainer, "OPPOTrainer")
+            check_single_turn(trainer, speaker(trainer, self))
         bind_success(trainer)
         # OPPOTrainer checks the answer column before loading any model; a composed trainer checks it here.
-        check_answers(trainer.train_dataset, trainer.args.answer_column, "train_dataset")
-        check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset")
+        who, config = speaker(trainer, self), type(trainer.args).__name__
+        check_answers(trainer.train_dataset, trainer.args.answer_column, "train_dataset", who, config)
+        check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset", who, config)
         if trainer._is_vlm:
             raise ValueError(
-                "OPPOTrainer does not support vision-language processors: the oracle pass scores text prompts only."
+                f"{speaker(trainer, self)} does not support vision-language processors: the oracle pass scores text "
+                "prompts only."
             )
         # TRL 1.16's `use_liger_kernel` only swaps layer kernels (its fused loss is refused by GRPOTrainer); the loss is
         # still `_compute_loss`, which takes (B, T) advantages, so it needs no refusal here.
@@ -211,7 +216,8 @@ class ValueRecursion(Credit):
         anchors = inputs.get("oppo_sequence_advantages")
         if anchors is None and inputs["advantages"].dim() == 2:
             raise RuntimeError(
-                "OPPOTrainer: per-token advantages reached the loss without their sequences' anchors sign(A^seq) "
+                f"{speaker(trainer, self)}: per-token advantages reached the loss without their sequences' anchors "
+                "sign(A^seq) "
                 "(`oppo_sequence_advantages` of the batch, set with OPPO's advantages), so TRL's per-sequence "
                 "decisions (off_policy_mask_threshold / loss_type='vespo') could not be made per sequence. A "
                 "subclass or modifier that rebuilds the batch must keep that key."
@@ -251,7 +257,8 @@ class ValueRecursion(Credit):
             warn_once(
                 trainer,
                 "oppo_verifier_none",
-                f"OPPO's `success_reward` function ({name!r}) returned None for every completion other reward "
+                f"{speaker(trainer, self)}: the `success_reward` function ({name!r}) returned None for every "
+                "completion other reward "
                 "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
                 "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
                 "k/G.",
@@ -300,7 +307,7 @@ class ValueRecursion(Credit):
             problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
             if problem is not None:
                 where = f"row {row} of this process's batch (step {trainer.state.global_step})"
-                refuse_answer(column, where, answer, problem)
+                refuse_answer(column, where, answer, problem, speaker(trainer, "oppo"), type(trainer.args).__name__)
             answers.append(answer)
         return answers
 
@@ -336,7 +343,8 @@ class ValueRecursion(Credit):
         # from the prompts the completions were generated from (a rollout that rewrites them says so in the record).
         prompts = batch.extras.get("prompts") or [x["prompt"] for x in inputs]
         if len(prompts) != len(inputs):
-            raise RuntimeError(f"OPPO: the record holds {len(prompts)} rollout prompts for {len(inputs)} rows.")
+            raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for "
+                               f"{len(inputs)} rows.")
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = trainer._tokenize_prompts(oracle_prompts)
 
@@ -346,7 +354,8 @@ class ValueRecursion(Credit):
             warn_once(
                 trainer,
                 "oppo_plain_logps",
-                "OPPO could not take the plain log-probs s_t from the generation (its record did not line up with "
+                f"{speaker(trainer, self)} could not take the plain log-probs s_t from the generation (its record did "
+                "not line up with "
                 "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
                 "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
                 "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from trl_credit.success import SuccessArguments
+from trl_credit.trl_compat import adopt_activation_checkpointing
 from trl_credit.viz import CreditLoggingArguments
 
 from trl_credit.srpo.localization import STEP_CHECKERS
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template
 
-__all__ = ["SRPOConfig", "SRPOFields", "default_suffixes"]
+__all__ = ["SRPOConfig", "SRPOFields", "default_suffixes", "implied_thought_delimiter"]
 
 
 @dataclass
@@ -66,11 +67,12 @@ class SRPOFields:
             "GRPO on the base group (its rows are masked). Every process runs the same number of rounds."
         },
     )
-    thought_delimiter: str = field(
-        default="</thought>",
+    thought_delimiter: str | None = field(
+        default=None,
         metadata={
-            "help": "Text ending a thought (paper: '</thought>'). Use '\\n' with rollout_template='lines' for small "
-            "models. A response without the delimiter is one thought."
+            "help": "Text ending a thought. None: the one the rollout template asks for ('\\n' with "
+            "rollout_template='lines', else '</thought>', the paper's). A response without the delimiter is one "
+            "thought."
         },
     )
     rollout_template: str | None = field(
@@ -148,9 +150,11 @@ class SRPOFields:
         if not isinstance(self.localization_temperature, (int, float)) or not self.localization_temperature >= 0:
             raise ValueError(f"localization_temperature must be a number >= 0, got {self.localization_temperature!r}.")
         if self.step_checker is not None and self.step_checker not in STEP_CHECKERS:
+            passed = ("CreditTrainer(rollout=Resets(step_checker=...))" if hasattr(self, "rollout")
+                      else "SRPOTrainer(step_checker=...)")
             raise ValueError(
-                f"step_checker must be one of {sorted(STEP_CHECKERS)} (or pass a callable to "
-                f"SRPOTrainer(step_checker=...)), got {self.step_checker!r}."
+                f"step_checker must be one of {sorted(STEP_CHECKERS)} (or pass a callable to {passed}), got "
+                f"{self.step_checker!r}."
             )
         if self.seed_source not in ("fresh", "base"):
             raise ValueError(f"seed_source must be 'fresh' or 'base', got {self.seed_source!r}.")
@@ -171,13 +175,10 @@ class SRPOFields:
                 f"suffixes_per_reset must be an integer >= 2 (a group of one has no group-relative advantage), "
                 f"got {self.suffixes_per_reset!r}."
             )
-        if not isinstance(self.thought_delimiter, str) or not self.thought_delimiter:
-            raise ValueError(f"thought_delimiter must be a non-empty string, got {self.thought_delimiter!r}.")
-        # Literal "\n" from a YAML/CLI string means a newline.
-        self.thought_delimiter = self.thought_delimiter.replace("\\n", "\n")
         if isinstance(self.rollout_template, str) and self.rollout_template.lower() in ("none", "null", ""):
             self.rollout_template = "none"
         resolve_rollout_template(self.rollout_template)  # raises with the accepted values
+        self.thought_delimiter = implied_thought_delimiter(self.rollout_template, self.thought_delimiter)
         missing = [p for p in ("{question}", "{steps}", "{num_steps}") if p not in self.localization_template]
         if missing:
             raise ValueError(f"localization_template must contain the placeholders {missing}.")
@@ -200,8 +201,9 @@ class SRPOFields:
         # Whole prompt groups must sit on one process: seeds, resets and suffixes are built per prompt.
         per_process = self.generation_batch_size // max(1, self.world_size)
         if per_process % self.num_generations != 0:
+            who = f"{type(self).__name__} (resets rollout)" if hasattr(self, "rollout") else type(self).__name__
             raise ValueError(
-                f"SRPOTrainer needs whole prompt groups on each process: the per-process generation batch "
+                f"{who}: SRPO's resets need whole prompt groups on each process: the per-process generation batch "
                 f"(per_device_train_batch_size * steps_per_generation = {per_process}) must be a multiple of "
                 f"num_generations ({self.num_generations})."
             )
@@ -285,7 +287,9 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
             None = the first).
         success_threshold (`float`, defaults to `1.0`): a rollout is correct when the verifier's raw reward is
             `>= success_threshold`.
-        thought_delimiter (`str`, defaults to `"</thought>"`): text that ends a thought.
+        thought_delimiter (`str` or `None`, defaults to `None`): text that ends a thought; None = the one the
+            rollout template asks for (`"\\n"` for `"lines"`, else `"</thought>"`). `"lines"` with another one is
+            refused.
         rollout_template (`str`, defaults to `"thought_mdp"`): the instruction wrapped around every question.
         localization_template (`str`): the self-localization prompt (Appendix D).
         localization_max_tokens (`int`, defaults to `64`): new-token cap of the (greedy) localization call.
@@ -294,9 +298,30 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
 
     def __post_init__(self):
         self._validate_success_arguments()
+        adopt_activation_checkpointing(self)  # TRL's default under transformers' new name: no FutureWarning
         self._check_srpo_fields()
         super().__post_init__()
         self._check_srpo_after_grpo()
+
+
+def implied_thought_delimiter(rollout_template: str | None, thought_delimiter: str | None) -> str:
+    """The thought delimiter of a run: ``thought_delimiter`` when given (a literal ``\\n`` from YAML or the command
+    line means a newline), else the one ``rollout_template`` asks the model to write: ``"\\n"`` for ``"lines"`` (one
+    step per line), ``"</thought>"`` (the paper's) for any other. ``"lines"`` with another delimiter is refused: the
+    model writes no such text, so every seed would be one thought and every reset would go to the question."""
+    if thought_delimiter is None or thought_delimiter in ("none", "null"):  # YAML null / CLI "None"
+        return "\n" if rollout_template == "lines" else "</thought>"
+    if not isinstance(thought_delimiter, str) or not thought_delimiter:
+        raise ValueError(f"thought_delimiter must be a non-empty string or None, got {thought_delimiter!r}.")
+    thought_delimiter = thought_delimiter.replace("\\n", "\n")
+    if rollout_template == "lines" and thought_delimiter != "\n":
+        raise ValueError(
+            f"rollout_template='lines' asks for one step per line, so thoughts end at '\\n', but "
+            f"thought_delimiter={thought_delimiter!r}: every seed would be one thought and every reset would go to "
+            "the question (SRPO as GRPO on two groups). Leave thought_delimiter unset (it follows the template) or "
+            "set thought_delimiter='\\n'."
+        )
+    return thought_delimiter
 
 
 def default_suffixes(num_generations: int) -> int:

@@ -37,7 +37,9 @@ from trl_credit._trl import (
     refuse_empty_completions,
     rewards_of_extra_rows,
     rollout_success,
+    speaker,
 )
+from trl_credit.trainer_setup import is_composed
 from trl_credit.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
 from trl_credit.core import Rollout
 from trl_credit.mixins import RolloutCapture
@@ -83,23 +85,26 @@ class Resets(Rollout):
 
     def setup(self, trainer) -> None:
         args = trainer.args
-        check_single_turn(trainer, "SRPOTrainer")
+        who = speaker(trainer, self)
+        check_single_turn(trainer, who)
         bind_success(trainer)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
         if per_process % trainer.num_generations != 0:
             raise ValueError(
-                f"SRPOTrainer needs whole prompt groups on each process: per_device_train_batch_size * "
+                f"{who} needs whole prompt groups on each process: per_device_train_batch_size * "
                 f"steps_per_generation ({per_process}) must be a multiple of num_generations ({trainer.num_generations})."
             )
         self.rollout_template = resolve_rollout_template(args.rollout_template)
-        check_prompt_format(trainer.train_dataset, self.rollout_template)
+        check_prompt_format(trainer.train_dataset, self.rollout_template, who)
         # question + thoughts -> first wrong thought (srpo/localization.py): oracle resets and quality metrics.
         checker = self._step_checker_arg
         self.step_checker = resolve_step_checker(checker if checker is not None else args.step_checker)
         if args.reset == "oracle" and self.step_checker is None:
+            passed = (f"{type(trainer).__name__}(rollout=Resets(step_checker=callable))" if is_composed(trainer)
+                      else f"{type(trainer).__name__}(step_checker=callable)")
             raise ValueError(
-                "reset='oracle' needs a step checker: pass SRPOTrainer(step_checker=callable) (question, thoughts "
-                "-> 1-indexed first wrong thought or None) or set SRPOConfig.step_checker to a named one ('chain')."
+                f"{who}: reset='oracle' needs a step checker: pass {passed} (question, thoughts -> 1-indexed first "
+                f"wrong thought or None) or set {type(args).__name__}.step_checker to a named one ('chain')."
             )
         seed = args.seed if args.reset_seed is None else args.reset_seed
         # One generator per process (different streams), deterministic in the seed.
@@ -125,7 +130,7 @@ class Resets(Rollout):
             output = trainer._trl_generate_and_score_completions(inputs)
         finally:
             self._inputs = None
-        rewards_per_func = capture.rewards(type(trainer).__name__)
+        rewards_per_func = capture.rewards(speaker(trainer, self))
         # The prompts this process's rows were generated from (the rollout template's), for credits that score
         # the completions under their own prompts (OPPO's oracle prompts).
         prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
@@ -138,7 +143,8 @@ class Resets(Rollout):
                              device=trainer.accelerator.device).view(-1, 3)
         kinds, clean, prefix_lengths = trainer.accelerator.gather(local).cpu().unbind(dim=1)
         if kinds.numel() != rewards_per_func.size(0):
-            raise RuntimeError(f"SRPOTrainer: {kinds.numel()} row kinds for {rewards_per_func.size(0)} rewards.")
+            raise RuntimeError(f"{speaker(trainer, self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} "
+                               "rewards.")
         args = trainer.args
         num_prompts = kinds.numel() // trainer.num_generations
         group_ids = torch.tensor(
@@ -204,12 +210,14 @@ class Resets(Rollout):
         """Per prompt group (``num_generations`` consecutive rows): the prompt, its input row and its token ids."""
         size = trainer.num_generations
         if len(prompts) % size != 0:
-            raise RuntimeError(f"SRPOTrainer got {len(prompts)} prompt rows, not a multiple of num_generations={size}.")
+            raise RuntimeError(f"{speaker(trainer, self)} got {len(prompts)} prompt rows, not a multiple of "
+                               f"num_generations={size}.")
         num_groups = len(prompts) // size
         for group in range(num_groups):
             if any(prompt != prompts[group * size] for prompt in prompts[group * size : (group + 1) * size]):
                 raise RuntimeError(
-                    "SRPOTrainer needs the num_generations rows of a prompt consecutive on one process (TRL's "
+                    f"{speaker(trainer, self)} needs the num_generations rows of a prompt consecutive on one process "
+                    "(TRL's "
                     "RepeatSampler layout); this batch mixes prompts inside a group."
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
@@ -315,7 +323,8 @@ class Resets(Rollout):
         suffixes, logprobs = generate_from_prefixes(
             trainer, rows, max_new_tokens=budgets if max_length is not None else None
         )
-        refuse_empty_completions(trainer, suffixes, "the generation of suffixes")  # training rows, as TRL's own
+        # training rows, as TRL's own
+        refuse_empty_completions(trainer, suffixes, "the generation of suffixes", part=self)
         stats.suffix_tokens = sum(len(ids) for ids in suffixes)
         return suffixes, logprobs
 

@@ -93,8 +93,9 @@ def resolve_rollout_template(template: str | None) -> str | None:
     return template
 
 
-def question_of(prompt: Any) -> str:
-    """The question of a dataset prompt: the last user message of a chat prompt, or the whole text prompt."""
+def question_of(prompt: Any, who: str = "SRPOTrainer") -> str:
+    """The question of a dataset prompt: the last user message of a chat prompt, or the whole text prompt. ``who``
+    names the trainer (and part) in the errors (``trainer_setup.speaker``)."""
     if isinstance(prompt, str):
         return prompt
     for message in reversed(list(prompt)):
@@ -102,14 +103,14 @@ def question_of(prompt: Any) -> str:
             content = message.get("content")
             if not isinstance(content, str):
                 raise ValueError(
-                    "SRPOTrainer needs text prompts: the last user message must have string content (multimodal "
+                    f"{who} needs text prompts: the last user message must have string content (multimodal "
                     f"content blocks are not supported), got {type(content).__name__}."
                 )
             return content
-    raise ValueError("SRPOTrainer needs a user message in every conversational prompt; found none.")
+    raise ValueError(f"{who} needs a user message in every conversational prompt; found none.")
 
 
-def wrap_prompt(prompt: Any, template: str | None) -> Any:
+def wrap_prompt(prompt: Any, template: str | None, who: str = "SRPOTrainer") -> Any:
     """The thought-MDP rollout prompt (Appendix D): the question substituted into ``template``.
 
     Chat prompts keep every message; only the last user message's content is replaced. ``template=None`` returns
@@ -122,9 +123,9 @@ def wrap_prompt(prompt: Any, template: str | None) -> Any:
     messages = [dict(message) for message in prompt]
     for message in reversed(messages):
         if message.get("role") == "user":
-            message["content"] = template.replace("{question}", question_of([message]))
+            message["content"] = template.replace("{question}", question_of([message], who))
             return messages
-    raise ValueError("SRPOTrainer needs a user message in every conversational prompt; found none.")
+    raise ValueError(f"{who} needs a user message in every conversational prompt; found none.")
 
 
 def render_steps(thoughts: Sequence[str]) -> str:
@@ -173,23 +174,24 @@ def stop_strings(max_steps: int) -> list[str]:
     return [f"\\boxed{{{step}}}" for step in range(1, max(1, int(max_steps)) + 1)]
 
 
-def check_prompt_format(dataset, template: str | None) -> None:
-    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked)."""
+def check_prompt_format(dataset, template: str | None, who: str = "SRPOTrainer") -> None:
+    """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked); ``who``
+    names the trainer (and part) in the errors."""
     if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
         return
     if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
         return
     if "prompt" not in dataset.column_names:
-        raise ValueError("SRPOTrainer needs a `prompt` column in train_dataset (chat messages or text).")
+        raise ValueError(f"{who} needs a `prompt` column in train_dataset (chat messages or text).")
     images = [name for name in ("image", "images") if name in dataset.column_names]
     if images:
         raise ValueError(
-            f"SRPOTrainer needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
+            f"{who} needs text-only prompts, but train_dataset has an {images[0]!r} column: its seeds, "
             "self-localization prompts and reset states are built from text, so images would be dropped. Remove "
             "the column or train this dataset with GRPOTrainer."
         )
     if not hasattr(dataset, "__len__") or len(dataset) == 0:  # streaming datasets: not read ahead of training
         return
     first = dataset[0]
-    question_of(first["prompt"])  # raises a clear error on non-text or user-less prompts
-    wrap_prompt(first["prompt"], template)
+    question_of(first["prompt"], who)  # raises a clear error on non-text or user-less prompts
+    wrap_prompt(first["prompt"], template, who)

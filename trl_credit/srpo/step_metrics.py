@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from trl_credit._trl import log_metric, warn_once
+from trl_credit._trl import log_metric, speaker, warn_once
 from trl_credit.srpo.localization import LocalizationQuality
 
 __all__ = ["StepStats", "log_step_stats", "SOURCES"]
@@ -78,7 +78,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/empty_candidate",
-            f"SRPOTrainer: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were empty (0 "
+            f"{speaker(trainer, 'resets')}: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were "
+            "empty (0 "
             "tokens), so they have no thought to reset from and were not taken as seeds (srpo/empty_candidate_rate). "
             "HF generate and vLLM return the EOS token when the model stops at once; check a custom generation.",
         )
@@ -88,7 +89,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/no_seed",
-            f"SRPOTrainer found no incorrect seed for any prompt of a step, so it trained {trained_as} "
+            f"{speaker(trainer, 'resets')} found no incorrect seed for any prompt of a step, so it trained "
+            f"{trained_as} "
             f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
             f"function {trainer.reward_func_names[trainer._success_index]!r}) scores below success_threshold="
             f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
@@ -98,7 +100,8 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
         warn_once(
             trainer,
             "srpo/no_base_group_fallback",
-            f"SRPOTrainer: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect seed "
+            f"{speaker(trainer, 'resets')}: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect "
+            "seed "
             f"(srpo/fallback_rate), and the split num_generations={trainer.num_generations} = reset_groups x "
             f"suffixes_per_reset ({args.reset_groups} x {args.suffixes_per_reset}) has no base group to fall back to, "
             "so those prompts add nothing to the loss (their rows are masked). Fix: num_generations >= 4 (the "
@@ -114,11 +117,14 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
             warn_once(
                 trainer,
                 "srpo/single_thought",
-                f"SRPOTrainer: {s.single_thought:.0f} of {s.seeds:.0f} seeds have a single thought "
+                f"{speaker(trainer, 'resets')}: {s.single_thought:.0f} of {s.seeds:.0f} seeds have a single thought "
                 f"(srpo/single_thought_rate), so they can only reset at the question and SRPO degenerates to "
                 f"GRPO on two groups. Cause: the model does not write thought_delimiter={args.thought_delimiter!r}. "
-                "Fix: set `thought_delimiter` to what the model writes between steps (e.g. '\\n' with "
-                "rollout_template='lines' for small models), or a `rollout_template` the model follows.",
+                + ("Fix: the model writes its answers on one line although rollout_template='lines' asks for one step "
+                   "per line: a larger max_completion_length, or a rollout_template the model follows."
+                   if args.rollout_template == "lines" else
+                   "Fix: rollout_template='lines' (one step per line; thoughts then end at '\\n'), or set "
+                   "`thought_delimiter` to what the model writes between steps."),
             )
     _log_localization(trainer, s, log_sources, has_checker)
     generated = s.base_tokens + s.seed_tokens + s.localization_tokens + s.suffix_tokens
@@ -145,7 +151,7 @@ def _log_localization(trainer, s: StepStats, log_sources: bool, has_checker: boo
             warn_once(
                 trainer,
                 "srpo/localization_unparsed",
-                f"SRPOTrainer: {s.localization_attempts - s.localization_parsed:.0f} of "
+                f"{speaker(trainer, 'resets')}: {s.localization_attempts - s.localization_parsed:.0f} of "
                 f"{s.localization_attempts:.0f} localization answers did not name a step as \\boxed{{N}} "
                 f"(srpo/localization_parse_rate), so those resets were {fallback}. Fix: a `localization_template` "
                 "the model follows, a larger `localization_max_tokens`, or localization='scored'.",
@@ -160,7 +166,7 @@ def _log_localization(trainer, s: StepStats, log_sources: bool, has_checker: boo
             warn_once(
                 trainer,
                 "srpo/oracle_miss",
-                f"SRPOTrainer: the step checker found no wrong thought in {s.oracle_misses:.0f} of "
+                f"{speaker(trainer, 'resets')}: the step checker found no wrong thought in {s.oracle_misses:.0f} of "
                 f"{s.oracle_attempts:.0f} failed seeds (srpo/oracle_miss_rate), so those resets were drawn uniformly "
                 "at random (RRPO). The checker and the verifier disagree on them: check both.",
             )
