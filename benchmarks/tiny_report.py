@@ -149,6 +149,103 @@ def summarize(runs: dict[str, dict[int, dict]]) -> dict:
     return summary
 
 
+def paired(runs: dict, method: str, other: str, value) -> list[float]:
+    """Per seed both ran: value(run of method) - value(run of other)."""
+    seeds = sorted(set(runs.get(method, {})) & set(runs.get(other, {})))
+    return [value(runs[method][s]) - value(runs[other][s]) for s in seeds]
+
+
+def final_accuracy(run: dict) -> float:
+    return run["curve"][-1]["accuracy"]
+
+
+def final_pass(k: int):
+    return lambda run: run["curve"][-1]["pass_at_k"][str(k)]
+
+
+def backward_share(run: dict) -> float:
+    return _share(run["curve"][-1]["structures"], "backward")
+
+
+def verdict(values: list[float], higher_is_claimed: bool = True) -> str:
+    """Holds / does not hold / not shown, from the 95% t-interval of paired differences."""
+    if len(values) < 2:
+        return "not tested yet (fewer than 2 paired seeds)"
+    mean, half = interval(values)
+    tail = f" ({len(values)} seeds; preliminary)" if len(values) < 16 else f" ({len(values)} seeds)"
+    if mean - half > 0:
+        return ("holds" if higher_is_claimed else "does not hold") + tail
+    if mean + half < 0:
+        return ("does not hold: the reverse" if higher_is_claimed else "holds") + tail
+    mde = minimum_detectable(values)
+    return f"not shown: the interval covers 0 (MDE {mde:.3f})" + tail
+
+
+def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None) -> str:
+    """One row per paper claim: the claim, the test here, the number, the verdict."""
+    rows = []
+
+    def add(claim, test, values, higher=True, digits=3):
+        if not values:
+            rows.append((claim, test, "-", "not tested yet (no paired runs)"))
+            return
+        mean, half = interval(values)
+        number = f"{mean:+.{digits}f} ± {half:.{digits}f}" if len(values) > 1 else f"{mean:+.{digits}f}"
+        rows.append((claim, test, number, verdict(values, higher)))
+
+    add("OPPO improves over GRPO (abstract, §5)", "final held-out accuracy, OPPO - GRPO per seed",
+        paired(runs, "oppo", "grpo", final_accuracy))
+    if mechanisms and "oppo" in mechanisms:
+        o, g = mechanisms["oppo"]["slips"], mechanisms.get("grpo", {}).get("slips", {})
+        rows.append(("OPPO's recursion concentrates credit on pivotal tokens (§3.3, Fig. 1a)",
+                     "share of an incorrect completion's negative advantage on its slip line (the checker's first "
+                     "wrong line), starting model",
+                     f"OPPO {o['mass_on']:.2f} vs GRPO {g.get('mass_on', float('nan')):.2f}, tokens {o['tokens_on']:.2f} "
+                     f"({o['completions']} slipped completions)",
+                     "holds (mechanism)" if o["mass_on"] > 2 * o["tokens_on"] else "not shown"))
+    add("SRPO outperforms GRPO (abstract, §5)", "final accuracy, SRPO - GRPO", paired(runs, "srpo", "grpo",
+                                                                                     final_accuracy))
+    add("SRPO outperforms RRPO (abstract, §5)", "final accuracy, SRPO - RRPO", paired(runs, "srpo", "rrpo",
+                                                                                     final_accuracy))
+    add("Resets at the credit-assignment oracle beat random resets (§3, CPI analysis)",
+        "final accuracy, SRPO with oracle resets - RRPO", paired(runs, "srpo_oracle", "rrpo", final_accuracy))
+    for method in ("srpo", "rrpo"):
+        entry = summary.get(method, {})
+        if "srpo/correction_rate_clean_prefix" in entry:
+            rows.append((f"Suffixes after a clean prefix are corrected more often than after an erroneous one "
+                         f"(Fig. 4; {LABELS[method]})", "training logs: correction rate of suffix rows by prefix",
+                         f"clean {entry['srpo/correction_rate_clean_prefix']:.2f} vs erroneous "
+                         f"{entry.get('srpo/correction_rate_erroneous_prefix', float('nan')):.2f}",
+                         "holds (mechanism)" if entry["srpo/correction_rate_clean_prefix"] >
+                         entry.get("srpo/correction_rate_erroneous_prefix", 1) else "does not hold"))
+    if "srpo/localization_exact_rate" in summary.get("srpo", {}) and "rrpo" in summary:
+        srpo, rrpo = summary["srpo"], summary["rrpo"]
+        rows.append(("The policy self-localizes the first erroneous thought (§4.2)",
+                     "h* = the checker's first wrong thought, SRPO's decoded pick vs RRPO's uniform draw",
+                     f"exact {srpo['srpo/localization_exact_rate']:.2f} vs {rrpo['srpo/localization_exact_rate']:.2f}; "
+                     f"clean prefix {srpo['srpo/localization_clean_rate']:.2f} vs "
+                     f"{rrpo['srpo/localization_clean_rate']:.2f}",
+                     "holds (mechanism)" if srpo["srpo/localization_exact_rate"] >
+                     rrpo["srpo/localization_exact_rate"] else "does not hold"))
+    add("Cue-GRPO improves repeated sampling, most at high k (abstract, §5)",
+        "pass@2 (pass@8 is 1.0 for the starting model: no room), Cue-GRPO - GRPO",
+        paired(runs, "cue_grpo", "grpo", final_pass(2)))
+    add("Cue-GRPO keeps rare correct structures (§3-4)", "share of backward (rare) samples, Cue-GRPO - GRPO",
+        paired(runs, "cue_grpo", "grpo", backward_share))
+    add("DATPO outperforms GRPO, especially in pass@k (abstract)", "pass@2, DATPO (adaptive) - GRPO",
+        paired(runs, "datpo", "grpo", final_pass(2)))
+    add("... at GRPO's budget (compute-matched: <= G leaves a prompt)", "final accuracy, DATPO (<= G leaves) - GRPO",
+        paired(runs, "datpo_matched", "grpo", final_accuracy))
+    add("Process supervision (DeepSeekMath §4.1.3) beats outcome supervision: the oracle token credit",
+        "final accuracy, process credit (the step checker) - GRPO", paired(runs, "process", "grpo", final_accuracy))
+    add("Composition: SRPO's resets with OPPO's credit beat each alone", "final accuracy, SRPO x OPPO - OPPO",
+        paired(runs, "srpo_oppo", "oppo", final_accuracy))
+    lines = ["| claim (paper section) | test on the tiny testbed | number (mean ± 95% t-interval) | verdict |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _share(structures: dict, name: str) -> float:
     total = sum(count for _, count in structures.values())
     return structures.get(name, [0, 0])[1] / total if total else 0.0
@@ -247,7 +344,9 @@ def main(argv=None):
     with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
         json.dump(dict(base=dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"]), methods=summary), f,
                   indent=1)
-    text = markdown(summary, base, rates)
+    mechanisms_path = os.path.join(args.results_dir, "mechanisms.json")
+    mechanisms = json.load(open(mechanisms_path))["methods"] if os.path.exists(mechanisms_path) else None
+    text = markdown(summary, base, rates) + "\n" + claims_table(runs, summary, base, mechanisms)
     with open(os.path.join(args.results_dir, "report.md"), "w") as f:
         f.write(text)
     plot_curves(runs, base, os.path.join(args.results_dir, "curves.png"))

@@ -31,15 +31,18 @@ def parity_reward(completions, **kwargs):
 
 
 # The user's job: examples/train_srpo.py's defaults and runner, then the trained model's logits on the prompt the
-# card's quick start builds (its first training question, chat template, generation prompt).
+# card's quick start builds (its first training question in the rollout template, chat template, generation prompt).
 TRAIN = """
 import runpy, sys, torch
 from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.model_card import training_question
+from trl_credit.model_card import trained_rollout_template, training_question
 from trl_credit.scripts import main
+from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt
 defaults = runpy.run_path("examples/train_srpo.py")["DEFAULTS"]
 trainer = main(SRPOTrainer, SRPOConfig, defaults, argv=sys.argv[2:])
-question = training_question(trainer.train_dataset)
+# the prompt it trained on: SRPO's "lines" rollout template around the question, as the card's quick start asks
+template = resolve_rollout_template(trained_rollout_template(trainer))
+question = wrap_prompt(training_question(trainer.train_dataset), template)
 inputs = trainer.processing_class.apply_chat_template(
     [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
 )
