@@ -74,7 +74,8 @@ class Comparison:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=4, help="timed (paired) steps")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=2)
