@@ -137,7 +137,7 @@ def _prefix_can_be_shared(trainer) -> bool:
     ``DynamicLayer``: no sliding-window, linear-attention or hybrid layers), nothing that prepends its own cache
     (prompt-learning adapters), no active dropout, and not FSDP / ZeRO-3 with several processes, where a forward
     is a collective call and the row counts differ between processes. The same on every process."""
-    if not HAS_FUSED_LM_HEAD or getattr(trainer, "use_liger_kernel", False):
+    if not HAS_FUSED_LM_HEAD or getattr(trainer.args, "use_liger_kernel", False):
         return False
     if trainer.accelerator.num_processes > 1 and (
         getattr(trainer, "is_fsdp_enabled", False)
