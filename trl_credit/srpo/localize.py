@@ -166,6 +166,8 @@ def _shared_prefix_logps(trainer, prefixes, answers, stats: StepStats) -> list[l
     casts, tiles) as TRL's own pass calls it, at the positions the per-row pass gives each token. Counts the tokens
     run: each prefix once, then one prefix token and the answer tokens per candidate. None where the model's
     forward returned no plain growing cache (then nothing is counted and the caller scores per row)."""
+    if any(len(prefix) < 2 for prefix in prefixes):
+        return None  # a prompt of one token has nothing to run before its last token
     model = trainer.model
     device = trainer.accelerator.device
     pad_id = trainer._tokenizer.pad_token_id
