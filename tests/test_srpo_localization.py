@@ -285,3 +285,107 @@ def test_chain_checker_by_name_end_to_end(tiny_model_path, tmp_path):
     trainer.train()
     log = next(entry for entry in trainer.state.log_history if "srpo/fallback_rate" in entry)
     assert log["srpo/localization_exact_rate"] == 1.0 and log["srpo/reset_at_question_rate"] == 1.0
+
+
+# ---------------------------------------------------------------------- one prefix pass per chain vs per-row rows
+CHAINS = [
+    (QUESTION, THOUGHTS, False),
+    ("What is 12 * 3 - 5?", ["compute 12 * 3 = 36", "subtract 5", "to get 31", "so 31"], False),
+    ("Let x = 2. What is x^2?", ["x^2 = 4"], False),
+    ("What is 3 + 4?", ["we add the numbers", "then we check", "the result is 7", "hence", "so", "7", "done",
+                        "we verify", "by substitution", "and conclude", "the answer is 7", "final"], False),
+    (QUESTION, THOUGHTS, False),  # a repeated chain: run once, both get its scores
+]
+
+
+def per_row_and_shared(trainer, chains):
+    """The localization's candidate log-prob sums both ways on the same prompts: every candidate row whole
+    (``_per_row_logps``, the path before) and each prefix once (``_shared_prefix_logps``)."""
+    from trl_credit.srpo.localize import (
+        _localization_prompt_ids,
+        _per_row_logps,
+        _prefix_can_be_shared,
+        _shared_prefix_logps,
+    )
+
+    tokenizer = trainer.processing_class
+    opening = tokenizer.encode("\\boxed{", add_special_tokens=False)
+    prefixes = [p + opening for p in _localization_prompt_ids(trainer, chains)]
+    answers = [[tokenizer.encode(f"{n}}}", add_special_tokens=False) for n in range(1, len(t) + 1)]
+               for _, t, _ in chains]
+    assert _prefix_can_be_shared(trainer)
+    rows = sum(len(a) for a in answers)
+    old_stats, new_stats = StepStats(), StepStats()
+    old = _per_row_logps(trainer, prefixes, answers, old_stats, rows, opening)
+    new = _shared_prefix_logps(trainer, prefixes, answers, new_stats)
+    assert new is not None
+    # Tokens run, counted by hand from the rows: each candidate row whole before; each distinct prefix once (all
+    # but its last token) and [last prefix token + answer] per candidate of a distinct chain now.
+    assert old_stats.localization_forward_tokens == sum(
+        len(p) + len(a) for p, c in zip(prefixes, answers) for a in c)
+    distinct = {(tuple(p), len(c)): (p, c) for p, c in zip(prefixes, answers)}.values()
+    assert new_stats.localization_forward_tokens == sum(len(p) - 1 + sum(1 + len(a) for a in c) for p, c in distinct)
+    return old, new
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_scores_equal_per_row_scores(temperature, tiny_model_path, tiny_dataset, tmp_path):
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, temperature=temperature,
+                           per_device_train_batch_size=8)
+    old, new = per_row_and_shared(trainer, CHAINS)
+    assert [len(s) for s in new] == [len(t) for _, t, _ in CHAINS]
+    diff = max(abs(a - b) for o, n in zip(old, new) for a, b in zip(o, n))
+    assert diff < 1e-4, diff
+    assert [pick_step(s) for s in new] == [pick_step(s) for s in old]
+    assert new[0] == new[-1]  # the repeated chain
+    # Not trivially equal: the scores differ between candidates and chains.
+    assert len({round(v, 3) for s in new for v in s}) > 10
+    if temperature != 1.0:  # the temperature reaches the scores (TRL divides the logits by it)
+        reference = make_trainer(tiny_model_path, tiny_dataset, tmp_path, per_device_train_batch_size=8)
+        _, at_one = per_row_and_shared(reference, CHAINS[:1])
+        assert max(abs(a - b) for a, b in zip(at_one[0], new[0])) > 1e-3
+
+
+def test_shared_prefix_scores_with_lora_equal_per_row_scores(tiny_model_path, tiny_dataset, tmp_path):
+    from peft import LoraConfig
+
+    trainer = SRPOTrainer(
+        model=tiny_model_path, reward_funcs=parity_reward, train_dataset=tiny_dataset,
+        args=SRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=8,
+                        max_completion_length=12, thought_delimiter=" ", rollout_template="Q: {question}",
+                        localization_template=TEMPLATE, report_to="none", use_cpu=True, save_strategy="no", seed=0),
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                               task_type="CAUSAL_LM"),
+    )
+    # A trained-looking adapter (PEFT initialises B to zero, which would leave the base model's scores).
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in trainer.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    old, new = per_row_and_shared(trainer, CHAINS[:4])
+    assert max(abs(a - b) for o, n in zip(old, new) for a, b in zip(o, n)) < 1e-4
+    assert [pick_step(s) for s in new] == [pick_step(s) for s in old]
+    with trainer.model.disable_adapter():  # the adapter moves the scores: the pass went through it
+        base, _ = per_row_and_shared(trainer, CHAINS[:1])
+    assert max(abs(a - b) for a, b in zip(base[0], new[0])) > 1e-3
+
+
+def test_answer_scores_stand_aside_where_the_cache_cannot_be_shared(tiny_model_path, tiny_dataset, tmp_path):
+    """A model whose cache layers are not all plain full-attention layers (here: a sliding window on the tiny
+    Llama) is scored per row, as before: same scores, per-row token count."""
+    from trl_credit.srpo.localize import _prefix_can_be_shared
+
+    trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization_scoring="plain")
+    stats = StepStats()
+    [shared] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], stats)
+    config = trainer.model.config
+    config.layer_types, config.sliding_window = ["sliding_attention"] * config.num_hidden_layers, 4096
+    try:
+        assert not _prefix_can_be_shared(trainer)
+        per_row_stats = StepStats()
+        [per_row] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], per_row_stats)
+    finally:
+        del config.layer_types, config.sliding_window
+    assert per_row == pytest.approx(shared, abs=1e-4)
+    assert per_row_stats.localization_forward_tokens > 2 * stats.localization_forward_tokens

@@ -7,8 +7,14 @@ picks) are in srpo/localization.py. Every call here is collective: every process
 
 from __future__ import annotations
 
+import inspect
+
+import torch
+import transformers
+
 from trl_credit._trl import gather_counts, generate_from_prefixes, pad_rows, score_completions
 from trl_credit.collectives import fill_rows
+from trl_credit.generation_hooks import _accepts_logits_to_keep, _prefill_can_be_shared
 from trl_credit.srpo.localization import (
     BOXED_OPEN,
     answer_texts,
@@ -19,6 +25,7 @@ from trl_credit.srpo.localization import (
 from trl_credit.srpo.prompts import localization_prompt, parse_reset_step, question_of, stop_strings
 from trl_credit.srpo.resets import Reset, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats
+from trl_credit.trl_compat import HAS_FUSED_LM_HEAD, disable_gradient_checkpointing
 
 __all__ = ["localize", "answer_scores"]
 
@@ -72,41 +79,173 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats, rng=
 def answer_scores(trainer, requests: list[tuple[str, list[str], bool]], stats: StepStats) -> list[list[float]]:
     """Scores of the answers ``\\boxed{1}``..``\\boxed{H_s}`` for every ``(question, thoughts, text prompt?)``
     (srpo/localization.py): the policy's log-probability of ``N}`` after the localization prompt and a forced
-    ``\\boxed{``, all rows in one log-prob pass (TRL's, at the sampling temperature); with
-    ``localization_scoring="calibrated"`` divided by the scores on a content-free chain of the same length.
-    Collective: every process passes the same number of rows (padded)."""
+    ``\\boxed{`` (TRL's log-probs, at the sampling temperature); with ``localization_scoring="calibrated"`` divided by
+    the scores on a content-free chain of the same length.
+
+    Each distinct prompt is run once (:func:`_shared_prefix_logps`: its KV cache, copied to its candidates, which
+    then read only their 1-3 answer tokens); where that cannot give TRL's numbers (:func:`_prefix_can_be_shared`)
+    every candidate row is scored whole, prompt included (:func:`_per_row_logps`, the path before). Collective:
+    every process makes the same calls (one count gather; the per-row path's padded forward)."""
     args = trainer.args
     calibrated = args.localization_scoring == "calibrated"
     chains = list(requests)
     if calibrated:
         chains += [(q, content_free_thoughts(len(t)), plain) for q, t, plain in requests]
     tokenizer = trainer._tokenizer
-    prefixes = _localization_prompt_ids(trainer, chains)
     opening = tokenizer.encode(BOXED_OPEN, add_special_tokens=False)
-    prompt_rows, answer_rows, owners = [], [], []
-    for index, (prefix, (_, thoughts, _)) in enumerate(zip(prefixes, chains)):
-        for answer in answer_texts(len(thoughts)):
-            prompt_rows.append(prefix + opening)
-            answer_rows.append(tokenizer.encode(answer, add_special_tokens=False))
-            owners.append(index)
-    stats.localization_forward_tokens += sum(len(p) + len(a) for p, a in zip(prompt_rows, answer_rows))
-    most = max(gather_counts(trainer, len(prompt_rows)))
+    prefixes = [prefix + opening for prefix in _localization_prompt_ids(trainer, chains)]
+    answers = [[tokenizer.encode(a, add_special_tokens=False) for a in answer_texts(len(t))] for _, t, _ in chains]
+    most = max(gather_counts(trainer, sum(len(a) for a in answers)))
     if most == 0:
         return [[] for _ in requests]
-    filler = (prompt_rows[0], answer_rows[0]) if prompt_rows else (opening, opening)
-    real = len(prompt_rows)
-    prompt_rows, answer_rows = fill_rows(prompt_rows, most, filler[0]), fill_rows(answer_rows, most, filler[1])
-    device = trainer.accelerator.device
-    p_ids, p_mask, a_ids, a_mask = pad_rows(prompt_rows, answer_rows, tokenizer.pad_token_id, device)
-    logps, _ = score_completions(trainer, trainer.model, p_ids, p_mask, a_ids, a_mask)
-    sums = (logps * a_mask).sum(dim=1)[:real].tolist()
-    scores: list[list[float]] = [[] for _ in chains]
-    for owner, value in zip(owners, sums):
-        scores[owner].append(value)
+    scores = _shared_prefix_logps(trainer, prefixes, answers, stats) if _prefix_can_be_shared(trainer) else None
+    if scores is None:
+        scores = _per_row_logps(trainer, prefixes, answers, stats, most, opening)
     if calibrated:
         n = len(requests)
         return [calibrate_scores(scores[i], scores[n + i]) for i in range(n)]
     return scores[: len(requests)]
+
+
+def _per_row_logps(trainer, prefixes, answers, stats: StepStats, most: int, opening) -> list[list[float]]:
+    """Summed log-probs of every ``answers[c][k]`` after ``prefixes[c]``, one whole row (prompt + answer) per
+    candidate, all in TRL's log-prob pass (``score_completions``), padded to ``most`` rows (the largest count of
+    any process: the forward is collective under FSDP / ZeRO-3)."""
+    prompt_rows, answer_rows, owners = [], [], []
+    for index, (prefix, candidates) in enumerate(zip(prefixes, answers)):
+        for answer in candidates:
+            prompt_rows.append(prefix)
+            answer_rows.append(answer)
+            owners.append(index)
+    stats.localization_forward_tokens += sum(len(p) + len(a) for p, a in zip(prompt_rows, answer_rows))
+    filler = (prompt_rows[0], answer_rows[0]) if prompt_rows else (opening, opening)
+    real = len(prompt_rows)
+    prompt_rows, answer_rows = fill_rows(prompt_rows, most, filler[0]), fill_rows(answer_rows, most, filler[1])
+    device = trainer.accelerator.device
+    p_ids, p_mask, a_ids, a_mask = pad_rows(prompt_rows, answer_rows, trainer._tokenizer.pad_token_id, device)
+    logps, _ = score_completions(trainer, trainer.model, p_ids, p_mask, a_ids, a_mask)
+    sums = (logps * a_mask).sum(dim=1)[:real].tolist()
+    scores: list[list[float]] = [[] for _ in prefixes]
+    for owner, value in zip(owners, sums):
+        scores[owner].append(value)
+    return scores
+
+
+def _prefix_can_be_shared(trainer) -> bool:
+    """Whether :func:`_shared_prefix_logps` gives TRL's log-probs: TRL's fused log-prob head (trl>=1.15, patched into
+    the model's forward), a plain growing cache whose rows can be selected (every layer a full-attention
+    ``DynamicLayer``: no sliding-window, linear-attention or hybrid layers), nothing that prepends its own cache
+    (prompt-learning adapters), no active dropout, and not FSDP / ZeRO-3 with several processes, where a forward
+    is a collective call and the row counts differ between processes. The same on every process."""
+    if not HAS_FUSED_LM_HEAD or getattr(trainer.args, "use_liger_kernel", False):
+        return False
+    if trainer.accelerator.num_processes > 1 and (
+        getattr(trainer, "is_fsdp_enabled", False)
+        or getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
+    ):
+        return False
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not _prefill_can_be_shared(model, None):
+        return False
+    try:
+        layers = transformers.DynamicCache(config=model.config).layers
+    except Exception:  # a config DynamicCache cannot read: do not guess
+        return False
+    return bool(layers) and all(type(layer) is transformers.cache_utils.DynamicLayer for layer in layers)
+
+
+@torch.no_grad()
+def _shared_prefix_logps(trainer, prefixes, answers, stats: StepStats) -> list[list[float]] | None:
+    """Summed log-probs of every ``answers[c][k]`` after ``prefixes[c]``, each distinct prefix run once.
+
+    Per batch of chains (at most ``per_device_train_batch_size`` candidate rows, the row count of the per-row
+    pass, so the cache copies take no more memory than its activations): one forward of the prefixes, left-padded,
+    all but their last token, with ``use_cache=True``; the cache rows are copied to the candidates
+    (``batch_select_indices``) and one forward of ``[last prefix token, answer tokens]`` per candidate,
+    right-padded, through TRL's fused log-prob head (``fused_lm_head=True``: temperature, float32 head where TRL
+    casts, tiles) as TRL's own pass calls it, at the positions the per-row pass gives each token. Counts the tokens
+    run: each prefix once, then one prefix token and the answer tokens per candidate. None where the model's
+    forward returned no plain growing cache (then nothing is counted and the caller scores per row)."""
+    if any(len(prefix) < 2 for prefix in prefixes):
+        return None  # a prompt of one token has nothing to run before its last token
+    model = trainer.model
+    device = trainer.accelerator.device
+    pad_id = trainer._tokenizer.pad_token_id
+    distinct: dict[tuple, int] = {}  # a content-free chain repeats for the seeds of one question with one H_s
+    for prefix, candidates in zip(prefixes, answers):
+        distinct.setdefault((tuple(prefix), tuple(map(tuple, candidates))), len(distinct))
+    keys = list(distinct)
+    batch_rows = max(int(trainer.args.per_device_train_batch_size), 1)
+    batches, current, rows = [], [], 0
+    for key in keys:
+        if current and rows + len(key[1]) > batch_rows:
+            batches.append(current)
+            current, rows = [], 0
+        current.append(key)
+        rows += len(key[1])
+    if current:
+        batches.append(current)
+    sums: dict[tuple, list[float]] = {}
+    tokens = 0
+    # Positions as in the per-row pass, where TRL's model derives them (0, 1, ...) over rows left-padded to the
+    # call's longest prompt: a prefix of length L starts at (longest - L). Rotary models see relative positions
+    # only, but float rounding differs with the absolute ones (~2e-4 on the tiny test model), so they are kept.
+    call_longest = max((len(p) for p in prefixes), default=0)
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(unwrapped) else {}
+    cache_kwarg = _forward_cache_kwarg(unwrapped)
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        for batch in batches:
+            prefix_rows = [list(key[0]) for key in batch]
+            longest = max(len(p) for p in prefix_rows)
+            prefix_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
+            prefix_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            positions = torch.zeros((len(batch), longest), dtype=torch.long)
+            for row, prefix in enumerate(prefix_rows):  # left-padded, as TRL pads prompts
+                prefix_ids[row, longest - len(prefix):] = torch.tensor(prefix)
+                prefix_mask[row, longest - len(prefix):] = 1
+                positions[row, longest - len(prefix):] = torch.arange(call_longest - len(prefix), call_longest)
+            prefix_ids, prefix_mask, positions = prefix_ids.to(device), prefix_mask.to(device), positions.to(device)
+            with trainer.accelerator.autocast():
+                output = model(input_ids=prefix_ids[:, :-1], attention_mask=prefix_mask[:, :-1],
+                               position_ids=positions[:, :-1], use_cache=True, **keep)
+            cache = getattr(output, "cache", None)
+            cache = cache if cache is not None else getattr(output, "past_key_values", None)
+            if type(cache) is not transformers.DynamicCache:
+                return None
+            owner = [row for row, key in enumerate(batch) for _ in key[1]]
+            candidate_rows = [answer for key in batch for answer in key[1]]
+            width = 1 + max(len(a) for a in candidate_rows)
+            ids = torch.full((len(owner), width), pad_id, dtype=torch.long, device=device)
+            mask = torch.zeros((len(owner), width), dtype=torch.long, device=device)
+            select = torch.tensor(owner, device=device)
+            ids[:, 0], mask[:, 0] = prefix_ids[select, -1], 1
+            for row, answer in enumerate(candidate_rows):
+                ids[row, 1 : 1 + len(answer)] = torch.tensor(answer, device=device)
+                mask[row, 1 : 1 + len(answer)] = 1
+            cache.batch_select_indices(select)
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, 0] = -100
+            with trainer.accelerator.autocast():
+                scored = model(input_ids=ids, attention_mask=torch.cat([prefix_mask[select], mask], dim=1),
+                               position_ids=torch.arange(call_longest - 1, call_longest - 1 + width, device=device)
+                               .expand(len(owner), width),
+                               labels=labels, fused_lm_head=True, **{cache_kwarg: cache})
+            values = (scored.log_probs[:, -(width - 1):].float() * mask[:, 1:]).sum(dim=1).tolist()
+            start = 0
+            for key in batch:
+                sums[key] = values[start : start + len(key[1])]
+                start += len(key[1])
+            tokens += sum(len(p) - 1 for p in prefix_rows) + sum(1 + len(a) for a in candidate_rows)
+    stats.localization_forward_tokens += tokens
+    return [list(sums[(tuple(p), tuple(map(tuple, c)))]) for p, c in zip(prefixes, answers)]
+
+
+def _forward_cache_kwarg(model) -> str:
+    """The name the causal LM's forward takes a ready cache under: ``cache`` in recent transformers
+    (``past_key_values`` is deprecated there), ``past_key_values`` before."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(causal_lm.forward).parameters else "past_key_values"
 
 
 def _localization_prompt_ids(trainer, chains: list[tuple[str, list[str], bool]]) -> list[list[int]]:
