@@ -17,6 +17,7 @@ from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.cue_grpo.weights import compute_rarity_weights
 from trl_credit.rewards import completion_text
 from trl_credit.srpo.parts import Resets
+from tests.tiny import recorded
 
 TEMPLATE = "Q: {question}"
 NUM_BASE, NUM_SUFFIXES, ROWS_PER_PROMPT = 4, 4, 8
@@ -63,24 +64,6 @@ def settings(tmp_path, **overrides):
     )
     values.update(overrides)
     return CreditConfig(**values)
-
-
-def recorded(trainer):
-    """Keep each generation batch (row order) and each micro-batch reaching TRL's loss."""
-    batches, losses = [], []
-    score, loss = trainer._generate_and_score_completions, trainer._compute_loss
-
-    def recording_score(inputs):
-        output = score(inputs)
-        batches.append({"inputs": inputs, **{k: v.detach().clone() for k, v in output.items() if torch.is_tensor(v)}})
-        return output
-
-    def recording_loss(model, inputs):
-        losses.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids")})
-        return loss(model, inputs)
-
-    trainer._generate_and_score_completions, trainer._compute_loss = recording_score, recording_loss
-    return batches, losses
 
 
 def reference_advantages(rewards):

@@ -20,6 +20,7 @@ from trl_credit.process.parts import ProcessCredit
 from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
 from trl_credit.rewards import completion_text
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+from tests.tiny import recorded
 
 EPS = 1e-4  # TRL's std + 1e-4
 DELIMITER = " "  # the tiny random model writes few newlines; spaces give several steps per completion
@@ -51,24 +52,6 @@ def tiny_args(tmp_path, **overrides):
                   learning_rate=1e-2, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
     values.update(overrides)
     return CreditConfig(**values)
-
-
-def recorded(trainer):
-    """Each generation batch (row order, with the dataset rows) and each micro-batch reaching TRL's loss."""
-    batches, losses = [], []
-    score, loss = trainer._generate_and_score_completions, trainer._compute_loss
-
-    def recording_score(inputs):
-        output = score(inputs)
-        batches.append({"inputs": inputs, **{k: v.detach().clone() for k, v in output.items() if torch.is_tensor(v)}})
-        return output
-
-    def recording_loss(model, inputs):
-        losses.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids")})
-        return loss(model, inputs)
-
-    trainer._generate_and_score_completions, trainer._compute_loss = recording_score, recording_loss
-    return batches, losses
 
 
 def reference(tokenizer, batch, groups, outcome=False):

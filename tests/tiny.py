@@ -97,3 +97,24 @@ def _save_tiny(save_dir: str, seed: int, config_class, model_class, **architectu
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(save_dir)
     return save_dir
+
+
+def recorded(trainer):
+    """Record each generation batch (row order, with the dataset rows) and each micro-batch reaching TRL's loss:
+    returns the two lists, filled as the trainer runs."""
+    import torch
+
+    batches, losses = [], []
+    score, loss = trainer._generate_and_score_completions, trainer._compute_loss
+
+    def recording_score(inputs):
+        output = score(inputs)
+        batches.append({"inputs": inputs, **{k: v.detach().clone() for k, v in output.items() if torch.is_tensor(v)}})
+        return output
+
+    def recording_loss(model, inputs):
+        losses.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids")})
+        return loss(model, inputs)
+
+    trainer._generate_and_score_completions, trainer._compute_loss = recording_score, recording_loss
+    return batches, losses

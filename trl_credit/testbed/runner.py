@@ -204,7 +204,8 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
     trainer.train()
     train_cpu = time.process_time() - cpu_start - cpu["eval"]
     logs = [log for log in trainer.state.log_history if "reward" in log]
-    os.environ.get("TRL_CREDIT_KEEP_OUTPUT") or _remove(settings["output_dir"])
+    if not os.environ.get("TRL_CREDIT_KEEP_OUTPUT"):  # the trainer's output folder (no checkpoints are saved)
+        _remove(settings["output_dir"])
     return dict(curve=curve, logs=logs, train_cpu_seconds=train_cpu, eval_cpu_seconds=cpu["eval"],
                 wall_seconds=time.perf_counter() - start, settings={k: v for k, v in settings.items()
                                                                     if k != "output_dir"})
