@@ -66,6 +66,19 @@ def validation_split():
                               "answer": [str(p.answer) for p in problems]})
 
 
+def committed_model(results_dir: str) -> str | None:
+    """The model the committed results were measured on (``<results_dir>/model``), when it is the default recipe's:
+    a rebuild on a CPU with other kernels may differ in the last bits, and every run records the weights' digest,
+    so the committed weights keep a grid resumable on any machine."""
+    from trl_credit.testbed.model import Recipe
+
+    path = os.path.join(results_dir, "model")
+    if not os.path.exists(os.path.join(path, "build.json")):
+        return None
+    with open(os.path.join(path, "build.json")) as f:
+        return path if json.load(f)["digest"] == Recipe().digest() else None
+
+
 def area_under_curve(curve: list[dict]) -> float:
     """Mean accuracy over the run: trapezoids over the evaluated steps, divided by the last step."""
     points = sorted((c["step"], c["accuracy"]) for c in curve)
@@ -165,7 +178,9 @@ def main(argv=None):
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--results-dir", default=RESULTS)
-    parser.add_argument("--model", default=None, help="a testbed model folder (default: the default recipe's build)")
+    parser.add_argument("--model", default=None,
+                        help="a testbed model folder (default: the committed build in <results-dir>/model when its "
+                             "recipe is the default one, else the default recipe's build)")
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -173,7 +188,7 @@ def main(argv=None):
     from trl_credit.testbed import runner
     from trl_credit.testbed.model import testbed_model_path
 
-    model_path = args.model or testbed_model_path(progress=True)
+    model_path = args.model or committed_model(args.results_dir) or testbed_model_path(progress=True)
     with open(os.path.join(model_path, "build.json")) as f:
         args.model_digest = json.load(f)["weights_sha256"]
     methods = [m for m in (args.methods.split(",") if args.methods else runner.METHODS) if m]

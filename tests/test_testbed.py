@@ -184,3 +184,22 @@ def test_evaluation_does_not_change_training(reduced_model):
     assert [log["loss"] for log in often["logs"]] == [log["loss"] for log in once["logs"]]
     assert often["curve"][-1]["accuracy"] == once["curve"][-1]["accuracy"]
     assert often["curve"][-1]["generated_tokens"] == once["curve"][-1]["generated_tokens"]
+
+
+@pytest.mark.slow
+def test_grpo_learns_on_the_testbed_model():
+    """An end-to-end learning check (verl's tiny-model e2e test in spirit): TRL's GRPOTrainer, 40 steps at the grid's
+    GRPO learning rate, raises held-out sampled accuracy well above the starting model's (measured: 0.52 -> 0.88 at
+    seed 0; the margin asked is half of that gain). On the committed build the grid used (~1 CPU-minute)."""
+    import os
+
+    from transformers import LlamaForCausalLM
+
+    model_path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "results", "tiny", "model")
+    test = sums.make_dataset()["test"]
+    base = runner.evaluate(LlamaForCausalLM.from_pretrained(model_path), make_tokenizer(), test)["accuracy"]
+    spec = runner.method_spec("grpo")
+    result = runner.run(spec["trainer"], spec["config"], seed=0, learning_rate=3e-4, steps=40, eval_every=40,
+                        model_path=model_path)
+    assert 0.4 < base < 0.65  # the starting model errs at temperature 1 (slips at carry steps)
+    assert result["curve"][-1]["accuracy"] > base + 0.18
