@@ -307,14 +307,13 @@ def plot_curves(runs: dict, base: dict, path: str) -> None:
         toks = [statistics.fmean(by_seed[s]["curve"][i]["generated_tokens"] for s in seeds) for i in
                 range(len(steps))]
         means = [interval(a) for a in acc]
-        low = [m - (0 if math.isnan(h) else h) for m, h in means]
-        high = [m + (0 if math.isnan(h) else h) for m, h in means]
+        low = [max(0.0, m - (0 if math.isnan(h) else h)) for m, h in means]  # accuracy lies in [0, 1]
+        high = [min(1.0, m + (0 if math.isnan(h) else h)) for m, h in means]
         for ax, x in zip(axes, (steps, toks)):
             ax.plot(x, [m for m, _ in means], color=COLORS.get(method), label=f"{LABELS.get(method, method)}")
             ax.fill_between(x, low, high, color=COLORS.get(method), alpha=0.15)
     axes[0].set_xlabel("optimizer step")
     axes[1].set_xlabel("generated tokens (all generation calls)")
-    axes[1].set_xscale("log")
     for ax in axes:
         ax.set_ylabel("held-out accuracy (8 samples, T=1)")
         ax.grid(alpha=0.3)
