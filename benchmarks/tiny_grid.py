@@ -167,7 +167,8 @@ def chosen_learning_rates(sweep_dir: str, methods, rates) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--phase", choices=("all", "sweep", "grid", "report"), default="all")
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method available)")
     parser.add_argument("--seeds", default="0-15", help="reported seeds, e.g. 0-15 or 0,1,2")

@@ -108,7 +108,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--methods", default="grpo,oppo,process")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--steps", type=int, default=3)

@@ -342,7 +342,8 @@ def plot_pass_at_k(runs: dict, base: dict, path: str) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--results-dir", default=RESULTS)
     args = parser.parse_args(argv)
     runs = load_runs(args.results_dir)

@@ -11,7 +11,7 @@ from trl_credit.testbed.model import Recipe, testbed_model_path
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     for field in dataclasses.fields(Recipe):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
     args = parser.parse_args(argv)
