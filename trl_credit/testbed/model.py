@@ -16,10 +16,10 @@ import math
 import os
 import random
 import time
-from pathlib import Path
 
 import torch
 
+from trl_credit import models
 from trl_credit.testbed import sums
 
 __all__ = ["VOCAB", "Recipe", "make_tokenizer", "model_config", "build_model", "testbed_model_path", "weights_digest"]
@@ -93,14 +93,10 @@ def weights_digest(model) -> str:
     return digest.hexdigest()
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("TRL_CREDIT_CACHE", Path.home() / ".cache" / "trl_credit")) / "testbed"
-
-
 def testbed_model_path(recipe: Recipe | None = None, build: bool = True, progress: bool = False) -> str:
     """The folder of the model ``recipe`` builds (default recipe), built first when it is not cached."""
     recipe = recipe or Recipe()
-    path = _cache_root() / recipe.digest()
+    path = models._cache_root() / "testbed" / recipe.digest()  # the package's cache (TRL_CREDIT_CACHE, XDG)
     if not (path / "build.json").exists():
         if not build:
             raise FileNotFoundError(f"no tiny testbed model at {path}: run `python -m trl_credit.testbed.build`.")
