@@ -8,7 +8,14 @@ share of its negative advantage mass sum(-min(A_t, 0)) on tokens before h_o, on 
 of its tokens there (what GRPO's uniform credit gives). The paper's claim (OPPO §3.3, Fig. 1a) is that the recursion
 concentrates credit on the pivotal tokens: here, on the slip.
 
-    python benchmarks/tiny_mechanisms.py [--steps 3] [--seeds 0,1]
+For DATPO (``--forks``): where the chosen forks of its incorrect base rollouts lie against the checker's first
+wrong line h_o (before / on / after, next to where the line starts are: what a uniform choice among them would
+give), and how often a branch grown from each region ends correct. A branch from a line before h_o can still
+avoid the error; one from a line after it inherits it. DATPO's claim (§3.2, App. D.1) is that high-entropy
+sentence starts are where a rollout's outcome is decided, so its forks should not land after h_o more often than
+a uniform choice.
+
+    python benchmarks/tiny_mechanisms.py [--steps 3] [--seeds 0,1] [--forks]
 """
 
 from __future__ import annotations
@@ -93,6 +100,64 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
     return rows
 
 
+def capture_forks(seed: int, steps: int, model_path: str | None) -> list[dict]:
+    """Per incorrect DATPO base rollout with a first wrong line h_o and at least one fork: the line (h) of every
+    chosen fork and of every line start, and each branch's fork line and verdict."""
+    from trl_credit.testbed import runner, sums
+    from trl_credit.testbed.model import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    rows: list[dict] = []
+    spec = runner.method_spec("datpo")
+
+    def on_trees(trainer, trees):
+        shift = 1 if trainer.args.fork_position == "after_token" else 0  # a fork keeps its sentence's first token
+        for i, (prompt_ids, ids, forks) in enumerate(zip(trees.prompt_ids, trees.completion_ids, trees.forks)):
+            text = tokenizer.decode(ids).replace(tokenizer.eos_token, "")
+            wrong, reason, _ = sums.check_steps(tokenizer.decode(prompt_ids), text)
+            if not forks or wrong is None or reason in ("no answer", "text after answer"):
+                continue
+            lines = line_of_each_token(text)
+            lines += [lines[-1] if lines else 1] * (len(ids) - len(lines))
+            starts = [lines[j] for j in range(len(lines)) if j == 0 or lines[j] > lines[j - 1]]
+            at = [lines[min(max(f - shift, 0), len(lines) - 1)] for f in forks]  # the line each fork lies on
+            branches = [dict(line=at[j], correct=bool(trees.branch_success[b]))  # branch_meta: (base row, fork index)
+                        for b, (row, j) in enumerate(trees.branch_meta) if row == i]
+            rows.append(dict(first_wrong=wrong, reason=reason, starts=starts, branches=branches,
+                             forks=at))
+
+    def record_trees(trainer):
+        original = trainer.rollout.grow
+
+        def wrapped(*args, **kwargs):
+            trees = original(*args, **kwargs)
+            on_trees(trainer, trees)
+            return trees
+
+        trainer.rollout.grow = wrapped
+
+    runner.run(spec["trainer"], spec["config"], seed=seed, learning_rate=1e-30, steps=steps, eval_every=10 ** 6,
+               eval_samples=1, test=sums.make_dataset()["test"].select(range(2)), model_path=model_path,
+               trainer_kwargs=spec["kwargs"], on_trainer=record_trees, **spec["fields"])
+    return rows
+
+
+def region_of(line: int, first_wrong: int) -> str:
+    return "before" if line < first_wrong else "on" if line == first_wrong else "after"
+
+
+def summarize_forks(rows: list[dict]) -> dict:
+    forks = [region_of(h, r["first_wrong"]) for r in rows for h in r["forks"]]
+    starts = [region_of(h, r["first_wrong"]) for r in rows for h in r["starts"]]
+    branches = [(region_of(b["line"], r["first_wrong"]), b["correct"]) for r in rows for b in r["branches"]]
+    share = lambda xs: {k: xs.count(k) / len(xs) if xs else None for k in REGIONS}  # noqa: E731
+    grown = {k: [c for g, c in branches if g == k] for k in REGIONS}
+    return dict(incorrect_forked_rollouts=len(rows), forks=len(forks), fork_share=share(forks),
+                line_start_share=share(starts),
+                branches={k: len(v) for k, v in grown.items()},
+                branch_correct_rate={k: (sum(v) / len(v) if v else None) for k, v in grown.items()})
+
+
 def summarize(rows: list[dict]) -> dict:
     out = {"completions": len(rows)}
     for key in ("tokens", "mass"):
@@ -115,12 +180,20 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--model", default=None)
     parser.add_argument("--output", default=RESULTS)
+    parser.add_argument("--forks", action="store_true", help="also DATPO's forks against the first wrong line")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     result = {}
-    for method in args.methods.split(","):
+    if args.forks:
+        rows = [row for seed in args.seeds.split(",") for row in capture_forks(int(seed), args.steps, args.model)]
+        result["datpo_forks"] = s = summarize_forks(rows)
+        fmt = lambda d: " / ".join("-" if d[r] is None else f"{d[r]:.2f}" for r in REGIONS)  # noqa: E731
+        print(f"datpo: {s['forks']} forks in {s['incorrect_forked_rollouts']} incorrect rollouts; forks before/on/"
+              f"after h_o {fmt(s['fork_share'])} vs line starts {fmt(s['line_start_share'])}; branches correct "
+              f"{fmt(s['branch_correct_rate'])} (n {s['branches']})", flush=True)
+    for method in filter(None, args.methods.split(",")):
         rows = [row for seed in args.seeds.split(",") for row in capture(method, int(seed), args.steps, args.model)]
         result[method] = summarize(rows)
         s = result[method]

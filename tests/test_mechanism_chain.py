@@ -244,3 +244,30 @@ def test_chain_resets_pools_each_methods_resets_over_seeds(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| SRPO | 2 | 3 (2) | 1 = 0.50" in table and "| SRPO (oracle reset) | 1 |" in table
     assert (tmp_path / "resets.png").exists() and json.loads((tmp_path / "resets.json").read_text()) == out
+
+
+def test_tiny_mechanisms_lines_and_regions_by_hand():
+    import tiny_mechanisms
+
+    # one token per character; a newline belongs to the line it ends, a blank line is not numbered
+    assert tiny_mechanisms.line_of_each_token("1+2=3\n\n3+4=7\nA7") == [1] * 6 + [2] + [2] * 6 + [3] * 2
+    # lines 1, 2, 2, 3 with h_o = 2: negative mass 1 (before), 3 (on), 0 (after)
+    shares = tiny_mechanisms.region_shares([1, 2, 2, 3], [-1.0, -2.0, -1.0, 0.5], 2)
+    assert shares["tokens"] == {"before": 0.25, "on": 0.5, "after": 0.25}
+    assert shares["mass"] == {"before": 0.25, "on": 0.75, "after": 0.0}
+
+
+def test_tiny_mechanisms_fork_regions_by_hand():
+    import tiny_mechanisms
+
+    # rollout 1 (h_o 2): line starts 1, 2, 3, 4; forks on lines 1 and 3; three branches, the line-3 one correct
+    # rollout 2 (h_o 1): line starts 1, 2; a fork on line 1 with one incorrect branch
+    rows = [dict(first_wrong=2, starts=[1, 2, 3, 4], forks=[1, 3],
+                 branches=[dict(line=1, correct=False), dict(line=1, correct=True), dict(line=3, correct=True)]),
+            dict(first_wrong=1, starts=[1, 2], forks=[1], branches=[dict(line=1, correct=False)])]
+    s = tiny_mechanisms.summarize_forks(rows)
+    assert s["forks"] == 3 and s["incorrect_forked_rollouts"] == 2
+    assert s["fork_share"] == {"before": 1 / 3, "on": 1 / 3, "after": 1 / 3}
+    assert s["line_start_share"] == {"before": 1 / 6, "on": 2 / 6, "after": 3 / 6}
+    assert s["branches"] == {"before": 2, "on": 1, "after": 1}
+    assert s["branch_correct_rate"] == {"before": 0.5, "on": 0.0, "after": 1.0}
