@@ -156,8 +156,8 @@ def collect(trainer, steps: int, train: bool) -> float:
 
 
 def success_of(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
-    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit._trl.rollout_success)."""
-    from trl_credit._trl import rollout_success
+    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit.trainer_setup.rollout_success)."""
+    from trl_credit.trainer_setup import rollout_success
 
     return rollout_success(trainer, rewards_per_func).cpu()
 

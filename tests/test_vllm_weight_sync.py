@@ -9,7 +9,7 @@ checks that no generation runs on discarded weights or a sleeping KV cache.
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit._trl import OneWeightPushMixin, generate_from_prefixes, one_weight_push
+from trl_credit.generation import OneWeightPushMixin, generate_from_prefixes, one_weight_push
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.rewards import final_number_reward
 
