@@ -98,14 +98,12 @@ def test_hook_returns_the_tuple_we_unpack(name):
 
 
 def _trl_credit_classes():
-    import trl_credit.generation as generation
     import trl_credit.mixins as mixins
     import trl_credit.model_card as model_card
     from trl_credit.core import CreditTrainer  # the credit core: the TRL overrides of the presets built on it
 
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
-    return classes + [CreditTrainer, generation.OneWeightPushMixin, mixins.MethodRNGStateMixin, mixins.EmptyCompletionCheckMixin,
-                      mixins.RolloutCaptureMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
+    return classes + [CreditTrainer, mixins.MethodRNGStateMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
 
 
 def test_our_overrides_keep_trls_signatures():
@@ -287,7 +285,6 @@ def test_the_scan_reports_each_kind_of_unregistered_use():
 
 
 def test_design_doc_hook_table_lists_exactly_what_the_core_overrides():
-    import trl_credit.generation as generation
     import trl_credit.mixins as mixins
     import trl_credit.model_card as model_card
     from trl_credit.core import CreditTrainer
@@ -303,8 +300,7 @@ def test_design_doc_hook_table_lists_exactly_what_the_core_overrides():
     for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer"):
         assert set(getattr(trl_credit, name).__dict__) & set(OVERRIDDEN) == set(), name
     assert rows["the four presets"] == set()
-    mixin_classes = [generation.OneWeightPushMixin, mixins.MethodRNGStateMixin, mixins.EmptyCompletionCheckMixin,
-                     mixins.RolloutCaptureMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
+    mixin_classes = [mixins.MethodRNGStateMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
     assert set(mixin_classes) >= {k for k in model_card.MethodModelCardMixin.__mro__ if set(k.__dict__) & set(OVERRIDDEN)}
     shared = {name for mixin in mixin_classes for name in mixin.__dict__} & set(OVERRIDDEN)
     assert rows["`MethodModelCardMixin` (in the core)"] == shared

@@ -19,16 +19,19 @@ no TRL method itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+from collections.abc import Iterator
 
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
-from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
-from trl_credit.mixins import RolloutCapture
-from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.anchors import decided_per_sequence
+from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
+from trl_credit.generation import one_weight_push
+from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
+from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
@@ -226,27 +229,67 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return proceed
 
     # ------------------------------------------------------------------ the generation batch
+    # Each TRL name below is overridden here and nowhere else (tests/test_trl_overrides.py); what several concerns
+    # need around one TRL method is a piece called in order inside its one override.
+    _rollout_capture: RolloutCapture | None = None
+    _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
+
+    @contextlib.contextmanager
+    def _capturing_rollouts(self) -> Iterator[RolloutCapture]:
+        """Inside, what TRL's ``_generate`` and ``_calculate_rewards`` return for the batch is kept in
+        ``self._rollout_capture`` (no copy). Rewards of rows outside the batch (DATPO's branches, SRPO's seeds) go
+        through ``GRPOTrainer._calculate_rewards`` itself (``collectives.rewards_of_extra_rows``), so they never
+        replace the batch's. Outside, nothing is kept."""
+        outer = self._rollout_capture
+        self._rollout_capture = RolloutCapture()
+        try:
+            yield self._rollout_capture
+        finally:
+            self._rollout_capture = outer
+
     def _trl_generate_and_score_completions(self, inputs):
-        """TRL's own generation batch (and the mixins' around it), for rollouts."""
+        """TRL's own generation batch, for rollouts."""
         return super()._generate_and_score_completions(inputs)
 
     def _generate_and_score_completions(self, inputs):
-        # TRL's rollouts and the global rewards of this batch; TRL's generation context calls renamed methods
-        with self._capturing_rollouts() as capture, hidden_library_deprecations():
-            output, batch = self.rollout.generate_and_score(self, inputs, capture)
-            if batch is None:
-                return output
-            advantages = self.credit.advantages(self, batch, inputs, output)
-            for modifier in self.modifiers:
-                advantages = modifier.apply(self, batch, inputs, output, advantages)
-            output = self.rollout.training_batch(self, batch, inputs, output, advantages)
-        self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+        # One vLLM weight push for the whole phase (base rollouts and every extra call the parts make:
+        # generation.one_weight_push); TRL's rollouts and the global rewards of this batch captured for the parts;
+        # TRL's generation context calls renamed methods (hidden_library_deprecations).
+        with one_weight_push(self):
+            with self._capturing_rollouts() as capture, hidden_library_deprecations():
+                output, batch = self.rollout.generate_and_score(self, inputs, capture)
+                if batch is None:
+                    return output
+                advantages = self.credit.advantages(self, batch, inputs, output)
+                for modifier in self.modifiers:
+                    advantages = modifier.apply(self, batch, inputs, output, advantages)
+                output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+            self._log_credit(output, block_ids=batch.extras.get("block_ids"))
         return output
+
+    def _generate(self, prompts):
+        # TRL 1.16 reads each completion's last token in here: empty completions are refused by name first
+        # (mixins.checking_empty_completions; _generate_single_turn below checks the backend's rows).
+        with checking_empty_completions(self):
+            result = super()._generate(prompts)
+        if self._rollout_capture is not None:
+            self._rollout_capture.generated = result
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._rollout_capture is not None:
+            self._rollout_capture.rewards_per_func = rewards_per_func
+        return rewards_per_func
 
     # ------------------------------------------------------------------ TRL hooks, handed to the parts
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         generate = self._through_parts("generate_single_turn", super()._generate_single_turn)
-        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        completion_ids, logprobs = generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if self._checking_completions and not getattr(self, "_in_extra_generation", False):
+            # TRL's own rollout call (not one a part makes through generate_from_prefixes: it handles its rows)
+            refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
+        return completion_ids, logprobs
 
     def _prepare_inputs(self, generation_batch):
         return self._through_parts("prepare_inputs", super()._prepare_inputs)(generation_batch)
