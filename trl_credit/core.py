@@ -20,9 +20,11 @@ no TRL method itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
@@ -38,7 +40,8 @@ from trl_credit.trainer_setup import bind_success, speaker
 from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
-    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
+    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep", "PARTS",
+    "refusal",
 ]
 
 
@@ -186,6 +189,24 @@ def refusal(rollout: Part, credit: Part, modifiers: list[Part]) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CreditStep:
+    """What an ``on_credit`` callback receives, once per generation batch (training and evaluation), after the
+    rollout, the credit and the modifiers ran (docs/design.md#watching-the-credit). To observe, not to change: the
+    tensors are the ones TRL trains on."""
+
+    trainer: Any
+    inputs: list
+    """The generation batch TRL handed to ``_generate_and_score_completions`` (this process's prompts)."""
+    record: RowBatch | None
+    """The batch's record (every row of all processes: rewards, groups, success, ...); None when no credit applied
+    (a rollout may leave a batch to TRL: DATPO's evaluation batches), and then ``advantages`` are TRL's."""
+    advantages: Any
+    """This process's advantages, ``(B,)`` or ``(B, T)``, as the credit and the modifiers left them."""
+    output: dict
+    """TRL's training batch as the loss receives it (``completion_ids``, ``completion_mask``, ``advantages``, ...)."""
+
+
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     """GRPOTrainer whose generation batches run rollout -> credit -> modifiers (module docstring). Without parts it
     trains as GRPOTrainer: TRL's rollouts and TRL's advantages."""
@@ -195,7 +216,12 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     _paper = {"title": None, "id": None, "citation": None}
 
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
-                 credit: Credit | None = None, modifiers=None, **kwargs):
+                 credit: Credit | None = None, modifiers=None,
+                 on_credit: Callable[[CreditStep], None] | list[Callable[[CreditStep], None]] | None = None, **kwargs):
+        self._credit_callbacks = []
+        callbacks = list(on_credit) if isinstance(on_credit, (list, tuple)) else [] if on_credit is None else [on_credit]
+        for callback in callbacks:
+            self.add_credit_callback(callback)
         if type(self) is CreditTrainer:  # a composed method: its config selects its parts (a preset has its own)
             from trl_credit.config import CreditConfig
             from trl_credit.trainer_setup import resolve_method_args
@@ -215,6 +241,13 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             bind_success(self)
         for part in self.parts:
             part.setup(self)
+
+    def add_credit_callback(self, callback: Callable[[CreditStep], None]) -> None:
+        """Call ``callback(step)`` with a :class:`CreditStep` once per generation batch, after the credit (the same as
+        ``on_credit=``). Callbacks run in the order added, on every process (each with its own rows)."""
+        if not callable(callback):
+            raise TypeError(f"on_credit: expected a callable taking a CreditStep, got {type(callback).__name__}")
+        self._credit_callbacks.append(callback)
 
     @property
     def parts(self) -> list[Part]:
@@ -259,12 +292,18 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             with self._capturing_rollouts() as capture, hidden_library_deprecations():
                 output, batch = self.rollout.generate_and_score(self, inputs, capture)
                 if batch is None:
-                    return output
-                advantages = self.credit.advantages(self, batch, inputs, output)
-                for modifier in self.modifiers:
-                    advantages = modifier.apply(self, batch, inputs, output, advantages)
-                output = self.rollout.training_batch(self, batch, inputs, output, advantages)
-            self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+                    advantages = output["advantages"]
+                else:
+                    advantages = self.credit.advantages(self, batch, inputs, output)
+                    for modifier in self.modifiers:
+                        advantages = modifier.apply(self, batch, inputs, output, advantages)
+                    output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+            if batch is not None:
+                self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+            if self._credit_callbacks:
+                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
+                for callback in self._credit_callbacks:
+                    callback(step)
         return output
 
     def _generate(self, prompts):

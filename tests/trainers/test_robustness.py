@@ -68,8 +68,7 @@ def test_a_nonfinite_reward_leaves_the_model_finite_and_is_named(
 ):
     trainer, capture = _trainer(method, tiny_model_path, [_first_row_reward(value)], tiny_dataset, tmp_path, **overrides)
     outputs = []
-    generate_and_score = trainer._generate_and_score_completions
-    trainer._generate_and_score_completions = lambda inputs: outputs.append(generate_and_score(inputs)) or outputs[-1]
+    trainer.add_credit_callback(lambda step: outputs.append(step.output))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
