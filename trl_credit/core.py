@@ -29,7 +29,7 @@ from typing import Any
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
-from trl_credit.anchors import decided_per_sequence
+from trl_credit.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
 from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
@@ -94,7 +94,12 @@ class Rollout(Part):
 
 
 class Credit(Part):
-    """How an outcome becomes advantages."""
+    """How an outcome becomes advantages. It returns them and writes nothing into TRL's batch: what the loss needs
+    beside them goes into the record (``batch.sequence_anchors``), which the core writes into TRL's batch."""
+
+    sets_sequence_anchors = False
+    """True for a credit whose (B, T) advantages carry ``batch.sequence_anchors``: TRL's per-sequence decisions are
+    then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/anchors.py)."""
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         raise NotImplementedError
@@ -295,6 +300,10 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
                     advantages = output["advantages"]
                 else:
                     advantages = self.credit.advantages(self, batch, inputs, output)
+                    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
+                        trl_advantages = output["advantages"]
+                        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
+                            dtype=trl_advantages.dtype, device=trl_advantages.device)
                     for modifier in self.modifiers:
                         advantages = modifier.apply(self, batch, inputs, output, advantages)
                     output = self.rollout.training_batch(self, batch, inputs, output, advantages)
@@ -338,9 +347,11 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _compute_loss(self, model, inputs):
-        return self._through_parts("loss", super()._compute_loss)(model, inputs)
+        required_by = speaker(self, self.credit) if self.credit.sets_sequence_anchors else None
+        with batch_sequence_anchors(inputs, required_by):
+            return self._through_parts("loss", super()._compute_loss)(model, inputs)
 
-    # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a part that
+    # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a credit that
     # sets sequence anchors (OPPO's sign(A^seq), trl_credit/anchors.py) has them decided per sequence; otherwise TRL's.
     get_off_policy_mask = decided_per_sequence("get_off_policy_mask")
     get_gamma_weights = decided_per_sequence("get_gamma_weights")

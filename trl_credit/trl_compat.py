@@ -208,14 +208,14 @@ OVERRIDDEN: dict[str, Hook] = {
         params=("inputs", "prompts", "completions", "completion_ids_list"), users="CreditTrainer (the global rewards of the batch captured for the parts)"
     ),
     "_prepare_inputs": Hook(params=("generation_batch",), users="CreditTrainer -> parts' prepare_inputs: DATPO (variable row count)"),
-    "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer -> parts' loss: OPPO (sequence anchors), DATPO (alpha, renormalization)"),
+    "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer (sequence anchors: OPPO, process) -> parts' loss: DATPO (alpha, renormalization)"),
     "compute_loss": Hook(
         params=("model", "inputs", "return_outputs", "num_items_in_batch"), users="CreditTrainer -> parts' micro_batch_loss: DATPO (rows_per_forward)"
     ),
     "get_off_policy_mask": Hook(
         params=("advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold"),
         static=True,
-        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO, process)",
     ),
     "get_gamma_weights": Hook(
         params=(
@@ -223,7 +223,7 @@ OVERRIDDEN: dict[str, Hook] = {
             "k_pos", "lambda_pos", "k_neg", "lambda_neg",
         ),
         static=True,
-        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO, process)",
     ),
     "training_step": Hook(
         params=("model", "inputs", "num_items_in_batch"), users="CPUMemoryMixin (small log-prob tiles on the CPU)"
