@@ -8,6 +8,9 @@ swapped in where code assigns it as an attribute (``cls._generate = ...``, ``sel
 ``setattr(obj, "_generate", ...)``): the class-creation and instance-level rewrites that made a name overridden
 twice without a second ``def``. Dunder methods (``__init__``, ``__init_subclass__``) are cooperative constructors,
 not overrides of TRL's behaviour, and are left out.
+
+The second scan: credits and modifiers return advantages and never write TRL's batch dict (docs/design.md, "The
+credit core"); the core does, once.
 """
 
 from __future__ import annotations
@@ -112,3 +115,53 @@ def test_the_scan_finds_names_swapped_in_at_class_creation_or_on_an_instance(tmp
     assert overrides == {}
     assert rewrites == ["pkg/module.py:3 _generate_and_score_completions", "pkg/module.py:5 _generate_single_turn",
                         "pkg/module.py:6 compute_loss"]
+
+
+# ------------------------------------------------------------------------------ credits return, the core writes
+CREDIT_BASES = {"Credit", "Modifier", "GroupOutcome"}
+
+
+def writes_to_trls_batch(root: pathlib.Path) -> list[str]:
+    """``"path:line Class.method"`` for each write, inside a credit's or modifier's class, to the hook parameter
+    ``output`` (TRL's batch dict): an item assignment or deletion, or ``update`` / ``pop`` / ``setdefault``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root.parent).as_posix()
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            if not {ast.unparse(base).rpartition(".")[2] for base in cls.bases} & CREDIT_BASES:
+                continue
+            for method in (node for node in cls.body if isinstance(node, ast.FunctionDef)):
+                for node in ast.walk(method):
+                    targets = []
+                    if isinstance(node, (ast.Assign, ast.Delete)):
+                        targets = node.targets
+                    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                        targets = [node.target]
+                    for target in targets:
+                        for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                            if isinstance(element, ast.Subscript) and ast.unparse(element.value) == "output":
+                                found.append(f"{where}:{node.lineno} {cls.name}.{method.name}")
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and ast.unparse(node.func.value) == "output"
+                            and node.func.attr in {"update", "pop", "setdefault"}):
+                        found.append(f"{where}:{node.lineno} {cls.name}.{method.name}")
+    return found
+
+
+def test_credits_and_modifiers_return_advantages_and_never_write_trls_batch():
+    # The core writes TRL's batch (the advantages through the rollout's training rows, the sequence anchors from the
+    # record); a credit or modifier that wrote it too would be a second writer the core cannot order.
+    assert writes_to_trls_batch(REPO / "trl_credit") == []
+
+
+def test_the_write_scan_finds_the_writes_it_forbids(tmp_path):
+    # the two shapes OPPO's credit had: an item assignment, and one inside a tuple target
+    source = ("class Oppo(core.Credit):\n    def advantages(self, trainer, batch, inputs, output):\n"
+              "        output['advantages'] = 1\n        a, output['anchors'] = 2, 3\n        return a\n"
+              "class Cue(Modifier):\n    def apply(self, trainer, batch, inputs, output, advantages):\n"
+              "        output.update(x=1)\n        return advantages\n"
+              "class Rows(Rollout):\n    def training_batch(self, trainer, batch, inputs, output, advantages):\n"
+              "        output['advantages'] = advantages\n        return output\n")
+    assert writes_to_trls_batch(_write(tmp_path, source)) == [
+        "pkg/module.py:3 Oppo.advantages", "pkg/module.py:4 Oppo.advantages", "pkg/module.py:8 Cue.apply"]
