@@ -1,7 +1,7 @@
 """Shared pieces of the mechanism scripts (``benchmarks/mechanism_<method>.py``).
 
 Each script builds one trainer on SmolLM2-135M-Instruct (offline) + LoRA on the built-in arithmetic task, collects
-what the trainer computed through stable surfaces (``_generate_and_score_completions`` outputs, the rewards TRL
+what the trainer computed through stable surfaces (the batches its ``on_credit`` callback sees, the rewards TRL
 computed, TRL's ``_metrics``, and the pure functions the trainer module calls, wrapped to record their arguments and
 results), and writes ``benchmarks/results/mechanism_<method>.json`` (raw numbers) and ``.png`` (figure).
 
@@ -94,8 +94,9 @@ def build_trainer(method: str, args, own: dict | None = None, lora: bool = True,
 
 
 class Recorder(harness.ModulePatches):
-    """Records the inputs/outputs of a trainer's ``_generate_and_score_completions`` and every
-    ``_calculate_rewards`` call (instance-level wraps), and the calls of module-level functions."""
+    """Records each generation batch of a credit trainer (its ``on_credit`` callback: inputs and the batch TRL trains
+    on), every ``_calculate_rewards`` call made for it (an instance-level wrap: the extra rows' calls too, which the
+    batch's record does not hold), and the calls of module-level functions."""
 
     def __init__(self):
         self.batches = []  # dicts: inputs, output (cpu tensors), rewards (list of reward-call results)
@@ -104,7 +105,6 @@ class Recorder(harness.ModulePatches):
         super().__init__()
 
     def attach(self, trainer, on_output=None):
-        generate = trainer._generate_and_score_completions
         rewards = trainer._calculate_rewards
 
         @functools.wraps(rewards)
@@ -113,19 +113,18 @@ class Recorder(harness.ModulePatches):
             self._rewards.append(result.detach().cpu())
             return result
 
-        @functools.wraps(generate)
-        def generate_and_score(inputs):
-            self._rewards = []
-            output = generate(inputs)
-            record = dict(inputs=inputs, rewards=self._rewards,
+        def keep_batch(step):
+            # called once per generation batch, after every reward call of it: the calls since the last batch
+            output = step.output
+            record = dict(inputs=step.inputs, rewards=self._rewards,
                           output={k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in output.items()})
             if on_output is not None:
-                record.update(on_output(trainer, inputs, output) or {})
+                record.update(on_output(trainer, step.inputs, output) or {})
             self.batches.append(record)
-            return output
+            self._rewards = []
 
         trainer._calculate_rewards = calculate_rewards
-        trainer._generate_and_score_completions = generate_and_score
+        trainer.add_credit_callback(keep_batch)
 
     def wrap(self, module, name: str):
         original = getattr(module, name, None)
@@ -156,8 +155,8 @@ def collect(trainer, steps: int, train: bool) -> float:
 
 
 def success_of(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
-    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit._trl.rollout_success)."""
-    from trl_credit._trl import rollout_success
+    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit.trainer_setup.rollout_success)."""
+    from trl_credit.trainer_setup import rollout_success
 
     return rollout_success(trainer, rewards_per_func).cpu()
 

@@ -258,7 +258,7 @@ def test_oppo_x_cue_one_step_reaches_trls_loss(tiny_model_path, tiny_dataset, tm
     generated = {(tuple(p.tolist()), tuple(c.tolist())): a
                  for p, c, a in zip(output["prompt_ids"], output["completion_ids"], advantages)}
     for inputs in trainer.loss_inputs:
-        assert "oppo_sequence_advantages" in inputs
+        assert "sequence_anchors" in inputs
         for p, c, a in zip(inputs["prompt_ids"], inputs["completion_ids"], inputs["advantages"]):
             assert torch.equal(a, generated[(tuple(p.tolist()), tuple(c.tolist()))])
     logs = trainer.state.log_history[0]
@@ -344,7 +344,7 @@ def test_resets_x_oppo_one_step_sub_group_statistics(tiny_model_path, tiny_datas
         live += any(abs(a) > 1e-3 for a, t in zip(row, rows[i]["trained"]) if t)
     assert live, "every trained token has advantage 0: the check would be vacuous"
     for inputs in trainer.loss_inputs:  # TRL's loss masks the shared prefixes with tool_mask
-        assert "tool_mask" in inputs and "oppo_sequence_advantages" in inputs
+        assert "tool_mask" in inputs and "sequence_anchors" in inputs
     assert any(log.get("oppo/extra_pass_rows") == 2.0 for log in trainer.state.log_history)
 
 

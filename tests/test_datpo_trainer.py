@@ -497,7 +497,7 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
         grow = self.rollout.grow
 
         def spying(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
-            from trl_credit._trl import pad_rows, score_completions
+            from trl_credit.scoring import pad_rows, score_completions
 
             sampled = self.rollout.sampled_entropies
             p_ids, p_mask, c_ids, c_mask = pad_rows(
@@ -545,11 +545,11 @@ def test_fork_entropies_recorded_by_the_sampler_equal_the_extra_forward(tiny_mod
 def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_up(
     tiny_model_path, tmp_path, monkeypatch
 ):
-    from trl_credit import _trl
+    from trl_credit.generation_hooks import GenerationRecorder
+    from trl_credit.scoring import score_completions as original
 
-    monkeypatch.setattr(_trl.GenerationRecorder, "entropies", lambda self, completion_ids: None)
+    monkeypatch.setattr(GenerationRecorder, "entropies", lambda self, completion_ids: None)
     passes = []
-    original = _trl.score_completions
 
     def counting(trainer, *args, **kwargs):
         passes.append(kwargs.get("compute_entropy", False))

@@ -210,14 +210,16 @@ def test_the_loss_decides_per_sequence_from_the_rows_sequence_advantages():
     # loss runs (trl_credit/anchors.py), as for OPPO; (B, T) advantages without them are refused.
     import torch
 
-    from trl_credit.anchors import _sequence_level
+    from trl_credit.anchors import SEQUENCE_ANCHORS, _sequence_level, batch_sequence_anchors
     from trl_credit.process.parts import ProcessCredit
 
-    credit = ProcessCredit()
+    assert ProcessCredit.sets_sequence_anchors  # the core hands its anchors to the loss and refuses their absence
     per_token = torch.tensor([[0.5, -0.2], [-1.0, 0.3]])
-    seen = []
-    inputs = {"advantages": per_token, "process_sequence_advantages": torch.tensor([0.3, -0.7])}
-    credit.loss(None, lambda model, batch: seen.append(_sequence_level(batch["advantages"])), None, inputs)
-    assert seen[0].flatten().tolist() == pytest.approx([0.3, -0.7])
-    with pytest.raises(RuntimeError, match="without their rows' sequence advantages"):
-        credit.loss(None, lambda model, batch: None, None, {"advantages": per_token})
+    with batch_sequence_anchors({"advantages": per_token, SEQUENCE_ANCHORS: torch.tensor([0.3, -0.7])}, "process"):
+        assert _sequence_level(per_token).flatten().tolist() == pytest.approx([0.3, -0.7])
+    assert torch.equal(_sequence_level(per_token), per_token)  # outside: TRL's per-token decision
+    with pytest.raises(RuntimeError, match="process: per-token advantages .* without their rows' sequence anchors"):
+        with batch_sequence_anchors({"advantages": per_token}, "process"):
+            pass
+    with batch_sequence_anchors({"advantages": per_token}):  # a credit without anchors (DATPO's): TRL's decision
+        assert torch.equal(_sequence_level(per_token), per_token)

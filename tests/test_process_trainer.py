@@ -127,7 +127,7 @@ def test_one_step_gives_the_papers_token_advantages(source, tiny_model_path, tin
     assert any(abs(a) > 0.1 for row in expected for a in row), "no signal: the check would be vacuous"
     assert max(len(row["ends"]) for row in rows) > 2  # several steps per completion
     check_loss_inputs(batch, losses, expected)
-    torch.testing.assert_close(batch["process_sequence_advantages"], torch.tensor(sequence), rtol=0, atol=1e-5)
+    torch.testing.assert_close(batch["sequence_anchors"], torch.tensor(sequence), rtol=0, atol=1e-5)
 
     # Metrics over the credited (scorable) rows, from the reference's steps.
     credited = [row for row in rows if row["scorable"]]

@@ -98,13 +98,12 @@ def test_hook_returns_the_tuple_we_unpack(name):
 
 
 def _trl_credit_classes():
-    import trl_credit._trl as helpers
+    import trl_credit.mixins as mixins
     import trl_credit.model_card as model_card
     from trl_credit.core import CreditTrainer  # the credit core: the TRL overrides of the presets built on it
 
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
-    return classes + [CreditTrainer, helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
-                      helpers.RolloutCaptureMixin, helpers.CPUMemoryMixin, model_card.MethodModelCardMixin]
+    return classes + [CreditTrainer, mixins.MethodRNGStateMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
 
 
 def test_our_overrides_keep_trls_signatures():
@@ -286,7 +285,7 @@ def test_the_scan_reports_each_kind_of_unregistered_use():
 
 
 def test_design_doc_hook_table_lists_exactly_what_the_core_overrides():
-    import trl_credit._trl as helpers
+    import trl_credit.mixins as mixins
     import trl_credit.model_card as model_card
     from trl_credit.core import CreditTrainer
 
@@ -301,10 +300,9 @@ def test_design_doc_hook_table_lists_exactly_what_the_core_overrides():
     for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer"):
         assert set(getattr(trl_credit, name).__dict__) & set(OVERRIDDEN) == set(), name
     assert rows["the four presets"] == set()
-    mixins = [helpers.OneWeightPushMixin, helpers.MethodRNGStateMixin, helpers.EmptyCompletionCheckMixin,
-              helpers.RolloutCaptureMixin, helpers.CPUMemoryMixin, model_card.MethodModelCardMixin]
-    assert set(mixins) >= {k for k in model_card.MethodModelCardMixin.__mro__ if set(k.__dict__) & set(OVERRIDDEN)}
-    shared = {name for mixin in mixins for name in mixin.__dict__} & set(OVERRIDDEN)
+    mixin_classes = [mixins.MethodRNGStateMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
+    assert set(mixin_classes) >= {k for k in model_card.MethodModelCardMixin.__mro__ if set(k.__dict__) & set(OVERRIDDEN)}
+    shared = {name for mixin in mixin_classes for name in mixin.__dict__} & set(OVERRIDDEN)
     assert rows["`MethodModelCardMixin` (in the core)"] == shared
 
 

@@ -5,7 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit._trl import generate_from_prefixes, pad_rows, sampling_overrides, score_completions
+from trl_credit.generation import generate_from_prefixes, sampling_overrides
+from trl_credit.scoring import pad_rows, score_completions
 
 
 def _zero_reward(completions, **kwargs):
@@ -138,7 +139,7 @@ def test_outside_zero3_init_unregisters_and_restores_the_deepspeed_config():
     # models must load whole. Simulated with a stand-in config object (DeepSpeed itself is not installed on CI).
     from transformers.integrations import deepspeed as hf_deepspeed
 
-    from trl_credit._trl import outside_zero3_init
+    from trl_credit.trainer_setup import outside_zero3_init
 
     class FakeZero3Config:
         def is_zero3(self):
@@ -191,7 +192,7 @@ def test_shared_prefill_samples_the_same_tokens_as_separate_prefills(tiny_model_
                                                                      tmp_path):
     # Sampling draws happen after the prefill, so with the same seed the shared and unshared calls sample the same
     # tokens (the cache differs only by float rounding).
-    from trl_credit._trl import hf_generate_hooks
+    from trl_credit.generation_hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     a = tiny_tokenizer("Consider the equation 2x + 3 = 11.")["input_ids"]
@@ -214,7 +215,7 @@ def test_shared_prefill_is_off_where_a_forward_may_be_collective(tiny_model_path
     # the decision is made): 2 processes, ZeRO stage 3; then generation runs on the real single process.
     from types import SimpleNamespace
 
-    from trl_credit._trl import hf_generate_hooks
+    from trl_credit.generation_hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     a = tiny_tokenizer("Step 1:")["input_ids"]
@@ -256,7 +257,7 @@ def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation
     # Dropout active: the copies would share one dropout draw for their prompt. A cache implementation: generate
     # refuses a cache next to one. Chunked prefill: some transformers versions restart it at position 0. In each
     # case generate runs its own prefill of every row (and does not raise).
-    from trl_credit._trl import hf_generate_hooks
+    from trl_credit.generation_hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     setup(trainer)
@@ -274,7 +275,7 @@ def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation
 def _compacting_greedy(trainer, prefixes, budgets, max_new_tokens):
     """Greedy generation through TRL's path with per-row budgets and row compaction; the completions and the batch
     shapes of every forward."""
-    from trl_credit._trl import hf_generate_hooks
+    from trl_credit.generation_hooks import hf_generate_hooks
 
     shapes, handle = _prefill_spy(trainer)
     try:
@@ -344,7 +345,7 @@ def test_row_compaction_after_a_shared_prefill(tiny_model_path, tiny_dataset, ti
 def test_method_rng_state_round_trips_per_process_and_warns_when_missing(tmp_path):
     from types import SimpleNamespace
 
-    from trl_credit._trl import MethodRNGStateMixin
+    from trl_credit.mixins import MethodRNGStateMixin
 
     class FakeTrainer:  # the Trainer's own generators: record the calls
         def __init__(self, process_index):

@@ -9,8 +9,8 @@ checks that no generation runs on discarded weights or a sleeping KV cache.
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit._trl import OneWeightPushMixin, generate_from_prefixes, one_weight_push
-from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.core import CreditTrainer, GroupRollout
+from trl_credit.generation import generate_from_prefixes, one_weight_push
 from trl_credit.rewards import final_number_reward
 
 COMPLETION_LENGTH = 3
@@ -82,17 +82,20 @@ class TRLOnly(GRPOTrainer):
         return output
 
 
-class MethodLike(MethodModelCardMixin, GRPOTrainer):  # how the four trainers are built: mixin first, own override
+class ExtraCallsRollout(GroupRollout):
+    """GRPO's rollouts, then the extra calls a method's part makes in the same generation phase."""
+
+    def generate_and_score(self, trainer, inputs, capture):
+        output, batch = super().generate_and_score(trainer, inputs, capture)
+        _extra_calls(trainer, output)
+        return output, batch
+
+
+class MethodLike(CreditTrainer):  # how the presets are built: parts of the credit core, no TRL override
     _name = "Demo"
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        _extra_calls(self, output)
-        return output
-
-
-class MixinOnly(OneWeightPushMixin, TRLOnly):  # the mixin's own wrapper is the outermost method
-    pass
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, rollout=ExtraCallsRollout(), **kwargs)
 
 
 def _run(trainer_class, tiny_model_path, tiny_dataset, tmp_path, steps=2, **vllm_kwargs):
@@ -115,9 +118,8 @@ def test_trl_alone_pushes_weights_on_every_call_in_sleep_mode(tiny_model_path, t
     assert vllm.generate_calls == 6 and vllm.pushes == 6
 
 
-@pytest.mark.parametrize("trainer_class", [MethodLike, MixinOnly])
-def test_one_push_per_step_with_several_calls(trainer_class, tiny_model_path, tiny_dataset, tmp_path):
-    vllm = _run(trainer_class, tiny_model_path, tiny_dataset, tmp_path)
+def test_one_push_per_step_with_several_calls(tiny_model_path, tiny_dataset, tmp_path):
+    vllm = _run(MethodLike, tiny_model_path, tiny_dataset, tmp_path)
     assert vllm.generate_calls == 6  # 1 base + 2 extra calls per step, 2 steps
     assert vllm.pushes == 2 and vllm.llm.sleeps == 2  # once per step, asleep during training
     assert not vllm.llm.weights_awake and vllm._llm_weights_sleeping and vllm.enable_sleep_mode

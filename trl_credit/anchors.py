@@ -1,8 +1,11 @@
 """Sequence anchors in TRL's per-sequence decisions: ``off_policy_mask_threshold`` keeps a sequence when its
 advantage is >= 0 and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With (B, T)
-advantages TRL would decide per token; a credit that sets anchors (OPPO: sign(A^seq), paper Eq. 21) has them decided
-per sequence, handed to TRL's static methods through a context variable while the loss runs. Without anchors
-(GRPO's (B,) advantages, DATPO's (B, T) ones) TRL decides as it always does."""
+advantages TRL would decide per token; a credit that sets anchors (OPPO: sign(A^seq), paper Eq. 21; process credit:
+the row's sequence advantage) has them decided per sequence. The credit puts them in the record
+(``RowBatch.sequence_anchors``), the core writes this process's rows into TRL's batch under the one key
+:data:`SEQUENCE_ANCHORS`, and around TRL's loss (:func:`batch_sequence_anchors`) hands them to TRL's static methods
+through a context variable. Without anchors (GRPO's (B,) advantages, DATPO's (B, T) ones) TRL decides as it always
+does."""
 
 from __future__ import annotations
 
@@ -14,21 +17,42 @@ import inspect
 import torch
 from trl import GRPOTrainer
 
-__all__ = ["loss_sequence_anchors", "decided_per_sequence"]
+__all__ = ["SEQUENCE_ANCHORS", "batch_sequence_anchors", "loss_sequence_anchors", "decided_per_sequence"]
+
+#: The key of TRL's batch dict that carries each row's sequence anchor (B,), whichever credit set it.
+SEQUENCE_ANCHORS = "sequence_anchors"
 
 
-_LOSS_ANCHORS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("oppo_loss_anchors", default=None)
+_LOSS_ANCHORS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("loss_sequence_anchors",
+                                                                                     default=None)
 
 
 @contextlib.contextmanager
 def loss_sequence_anchors(anchors: torch.Tensor | None):
-    """While inside, (B, T) advantages given to ``OPPOTrainer.get_off_policy_mask`` / ``get_gamma_weights`` are
-    decided per sequence by ``anchors`` (B,), sign(A^seq) of the batch in the loss (``_compute_loss`` sets it)."""
+    """While inside, (B, T) advantages given to ``CreditTrainer.get_off_policy_mask`` / ``get_gamma_weights`` are
+    decided per sequence by ``anchors`` (B,), those of the batch in the loss (:func:`batch_sequence_anchors`)."""
     token = _LOSS_ANCHORS.set(anchors)
     try:
         yield
     finally:
         _LOSS_ANCHORS.reset(token)
+
+
+@contextlib.contextmanager
+def batch_sequence_anchors(inputs: dict, required_by: str | None = None):
+    """While inside, TRL's per-sequence decisions over ``inputs`` (a micro-batch reaching ``_compute_loss``) use its
+    :data:`SEQUENCE_ANCHORS`. ``required_by``: who set them (a credit whose (B, T) advantages need them); then (B, T)
+    advantages without them are refused, since TRL would silently decide per token."""
+    anchors = inputs.get(SEQUENCE_ANCHORS)
+    if anchors is None and required_by is not None and inputs["advantages"].dim() == 2:
+        raise RuntimeError(
+            f"{required_by}: per-token advantages reached the loss without their rows' sequence anchors "
+            f"(`{SEQUENCE_ANCHORS}` of the batch, written by the credit core from the credit's record), so TRL's "
+            "per-sequence decisions (off_policy_mask_threshold / loss_type='vespo') could not be made per sequence. "
+            "A subclass or modifier that rebuilds the batch must keep that key."
+        )
+    with loss_sequence_anchors(anchors):
+        yield
 
 
 def _sequence_level(advantages: torch.Tensor) -> torch.Tensor:

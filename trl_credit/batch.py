@@ -58,6 +58,10 @@ class RowBatch:
     sequence_signs: torch.Tensor | None = None
     """(N,) (CPU): each row's sequence-level direction when the credit's advantages are per token (OPPO's anchor
     sign(A^seq)), for the modifiers that act per row (Cue-GRPO's positive set); set by such a credit."""
+    sequence_anchors: torch.Tensor | None = None
+    """(N,) (CPU): each row's sequence-level advantage for TRL's per-sequence decisions (``off_policy_mask_threshold``,
+    VESPO) when the credit's advantages are per token (trl_credit/anchors.py); set by such a credit, written into
+    TRL's batch by the core."""
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What a rollout hands its credit beyond the rows (DATPO's trees)."""
 

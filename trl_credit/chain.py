@@ -51,7 +51,6 @@ import random
 import re
 from dataclasses import dataclass
 
-from .data import CHAIN_DATASET
 from .rewards import completion_text, extract_boxed
 
 __all__ = [
@@ -68,6 +67,9 @@ __all__ = [
     "StepVerdict",
     "chain_format_reward",
 ]
+
+#: The task's name for ``--dataset_name`` (``trl_credit.data.load_task_dataset``, which imports it from here).
+CHAIN_DATASET = "chain"
 
 CHAIN_INSTRUCTION = (
     "Compute {question}. Write one step per line as `x op y = z` (op: +, -, *), then the answer as \\boxed{{N}}."

@@ -19,23 +19,29 @@ no TRL method itself.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
+from trl_credit.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
-from trl_credit.mixins import RolloutCapture
+from trl_credit.generation import one_weight_push
+from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.anchors import decided_per_sequence
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
 from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
-    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "PARTS", "refusal",
+    "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep", "PARTS",
+    "refusal",
 ]
 
 
@@ -88,7 +94,12 @@ class Rollout(Part):
 
 
 class Credit(Part):
-    """How an outcome becomes advantages."""
+    """How an outcome becomes advantages. It returns them and writes nothing into TRL's batch: what the loss needs
+    beside them goes into the record (``batch.sequence_anchors``), which the core writes into TRL's batch."""
+
+    sets_sequence_anchors = False
+    """True for a credit whose (B, T) advantages carry ``batch.sequence_anchors``: TRL's per-sequence decisions are
+    then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/anchors.py)."""
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         raise NotImplementedError
@@ -183,6 +194,24 @@ def refusal(rollout: Part, credit: Part, modifiers: list[Part]) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class CreditStep:
+    """What an ``on_credit`` callback receives, once per generation batch (training and evaluation), after the
+    rollout, the credit and the modifiers ran (docs/design.md#watching-the-credit). To observe, not to change: the
+    tensors are the ones TRL trains on."""
+
+    trainer: Any
+    inputs: list
+    """The generation batch TRL handed to ``_generate_and_score_completions`` (this process's prompts)."""
+    record: RowBatch | None
+    """The batch's record (every row of all processes: rewards, groups, success, ...); None when no credit applied
+    (a rollout may leave a batch to TRL: DATPO's evaluation batches), and then ``advantages`` are TRL's."""
+    advantages: Any
+    """This process's advantages, ``(B,)`` or ``(B, T)``, as the credit and the modifiers left them."""
+    output: dict
+    """TRL's training batch as the loss receives it (``completion_ids``, ``completion_mask``, ``advantages``, ...)."""
+
+
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     """GRPOTrainer whose generation batches run rollout -> credit -> modifiers (module docstring). Without parts it
     trains as GRPOTrainer: TRL's rollouts and TRL's advantages."""
@@ -192,7 +221,12 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     _paper = {"title": None, "id": None, "citation": None}
 
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
-                 credit: Credit | None = None, modifiers=None, **kwargs):
+                 credit: Credit | None = None, modifiers=None,
+                 on_credit: Callable[[CreditStep], None] | list[Callable[[CreditStep], None]] | None = None, **kwargs):
+        self._credit_callbacks = []
+        callbacks = list(on_credit) if isinstance(on_credit, (list, tuple)) else [] if on_credit is None else [on_credit]
+        for callback in callbacks:
+            self.add_credit_callback(callback)
         if type(self) is CreditTrainer:  # a composed method: its config selects its parts (a preset has its own)
             from trl_credit.config import CreditConfig
             from trl_credit.trainer_setup import resolve_method_args
@@ -213,6 +247,13 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         for part in self.parts:
             part.setup(self)
 
+    def add_credit_callback(self, callback: Callable[[CreditStep], None]) -> None:
+        """Call ``callback(step)`` with a :class:`CreditStep` once per generation batch, after the credit (the same as
+        ``on_credit=``). Callbacks run in the order added, on every process (each with its own rows)."""
+        if not callable(callback):
+            raise TypeError(f"on_credit: expected a callable taking a CreditStep, got {type(callback).__name__}")
+        self._credit_callbacks.append(callback)
+
     @property
     def parts(self) -> list[Part]:
         """The rollout, the credit and the modifiers, in the order their hooks run."""
@@ -226,27 +267,77 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return proceed
 
     # ------------------------------------------------------------------ the generation batch
+    # Each TRL name below is overridden here and nowhere else (tests/test_trl_overrides.py); what several concerns
+    # need around one TRL method is a piece called in order inside its one override.
+    _rollout_capture: RolloutCapture | None = None
+    _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
+
+    @contextlib.contextmanager
+    def _capturing_rollouts(self) -> Iterator[RolloutCapture]:
+        """Inside, what TRL's ``_generate`` and ``_calculate_rewards`` return for the batch is kept in
+        ``self._rollout_capture`` (no copy). Rewards of rows outside the batch (DATPO's branches, SRPO's seeds) go
+        through ``GRPOTrainer._calculate_rewards`` itself (``collectives.rewards_of_extra_rows``), so they never
+        replace the batch's. Outside, nothing is kept."""
+        outer = self._rollout_capture
+        self._rollout_capture = RolloutCapture()
+        try:
+            yield self._rollout_capture
+        finally:
+            self._rollout_capture = outer
+
     def _trl_generate_and_score_completions(self, inputs):
-        """TRL's own generation batch (and the mixins' around it), for rollouts."""
+        """TRL's own generation batch, for rollouts."""
         return super()._generate_and_score_completions(inputs)
 
     def _generate_and_score_completions(self, inputs):
-        # TRL's rollouts and the global rewards of this batch; TRL's generation context calls renamed methods
-        with self._capturing_rollouts() as capture, hidden_library_deprecations():
-            output, batch = self.rollout.generate_and_score(self, inputs, capture)
-            if batch is None:
-                return output
-            advantages = self.credit.advantages(self, batch, inputs, output)
-            for modifier in self.modifiers:
-                advantages = modifier.apply(self, batch, inputs, output, advantages)
-            output = self.rollout.training_batch(self, batch, inputs, output, advantages)
-        self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+        # One vLLM weight push for the whole phase (base rollouts and every extra call the parts make:
+        # generation.one_weight_push); TRL's rollouts and the global rewards of this batch captured for the parts;
+        # TRL's generation context calls renamed methods (hidden_library_deprecations).
+        with one_weight_push(self):
+            with self._capturing_rollouts() as capture, hidden_library_deprecations():
+                output, batch = self.rollout.generate_and_score(self, inputs, capture)
+                if batch is None:
+                    advantages = output["advantages"]
+                else:
+                    advantages = self.credit.advantages(self, batch, inputs, output)
+                    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
+                        trl_advantages = output["advantages"]
+                        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
+                            dtype=trl_advantages.dtype, device=trl_advantages.device)
+                    for modifier in self.modifiers:
+                        advantages = modifier.apply(self, batch, inputs, output, advantages)
+                    output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+            if batch is not None:
+                self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+            if self._credit_callbacks:
+                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
+                for callback in self._credit_callbacks:
+                    callback(step)
         return output
+
+    def _generate(self, prompts):
+        # TRL 1.16 reads each completion's last token in here: empty completions are refused by name first
+        # (mixins.checking_empty_completions; _generate_single_turn below checks the backend's rows).
+        with checking_empty_completions(self):
+            result = super()._generate(prompts)
+        if self._rollout_capture is not None:
+            self._rollout_capture.generated = result
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._rollout_capture is not None:
+            self._rollout_capture.rewards_per_func = rewards_per_func
+        return rewards_per_func
 
     # ------------------------------------------------------------------ TRL hooks, handed to the parts
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         generate = self._through_parts("generate_single_turn", super()._generate_single_turn)
-        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        completion_ids, logprobs = generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if self._checking_completions and not getattr(self, "_in_extra_generation", False):
+            # TRL's own rollout call (not one a part makes through generate_from_prefixes: it handles its rows)
+            refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
+        return completion_ids, logprobs
 
     def _prepare_inputs(self, generation_batch):
         return self._through_parts("prepare_inputs", super()._prepare_inputs)(generation_batch)
@@ -256,9 +347,11 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _compute_loss(self, model, inputs):
-        return self._through_parts("loss", super()._compute_loss)(model, inputs)
+        required_by = speaker(self, self.credit) if self.credit.sets_sequence_anchors else None
+        with batch_sequence_anchors(inputs, required_by):
+            return self._through_parts("loss", super()._compute_loss)(model, inputs)
 
-    # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a part that
+    # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a credit that
     # sets sequence anchors (OPPO's sign(A^seq), trl_credit/anchors.py) has them decided per sequence; otherwise TRL's.
     get_off_policy_mask = decided_per_sequence("get_off_policy_mask")
     get_gamma_weights = decided_per_sequence("get_gamma_weights")

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import random
 
+from .chain import CHAIN_DATASET, make_chain_dataset
+
 __all__ = ["ARITHMETIC_INSTRUCTION", "make_arithmetic_problems", "make_arithmetic_dataset", "load_task_dataset"]
 
 ARITHMETIC_INSTRUCTION = "What is {question}? Put the final answer in \\boxed{{}}."
 
 BUILTIN_DATASET = "arithmetic"
-CHAIN_DATASET = "chain"  # trl_credit.chain; named here so that load_task_dataset needs no import of it
 
 
 def make_arithmetic_problems(
@@ -116,8 +117,6 @@ def load_task_dataset(dataset_name: str | None = BUILTIN_DATASET, dataset_config
     if dataset_name in (None, "", BUILTIN_DATASET):
         return make_arithmetic_dataset(**builtin_kwargs)
     if dataset_name == CHAIN_DATASET:
-        from .chain import make_chain_dataset
-
         return make_chain_dataset(**builtin_kwargs)
     from datasets import load_dataset
 

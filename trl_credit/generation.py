@@ -5,22 +5,21 @@
   batching and vLLM (server and colocate) all work, with per-call overrides (greedy, max tokens, stop strings)
   reaching every path, and every process making the same collective calls even when it has nothing to generate.
   HF ``generate``'s own part (per-row budgets, shared prefill) is :mod:`trl_credit.generation_hooks`.
-- :func:`one_weight_push` / :class:`OneWeightPushMixin`: the policy weights reach vLLM once per generation phase,
-  however many generation calls a method makes in it.
+- :func:`one_weight_push`: the policy weights reach vLLM once per generation phase, however many generation calls
+  a method makes in it (the credit core runs its whole ``_generate_and_score_completions`` inside it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 from collections.abc import Iterator, Sequence
 
 from trl_credit.collectives import fill_rows, gather_counts
 from trl_credit.generation_hooks import hf_generate_hooks, kept_length
 
-__all__ = ["sampling_overrides", "generate_from_prefixes", "one_weight_push", "OneWeightPushMixin"]
+__all__ = ["sampling_overrides", "generate_from_prefixes", "one_weight_push"]
 
 
 @contextlib.contextmanager
@@ -170,7 +169,7 @@ def generate_from_prefixes(
 
 @contextlib.contextmanager
 def _extra_generation(trainer) -> Iterator[None]:
-    """Marks generation calls a method makes itself: it handles their empty rows (EmptyCompletionCheckMixin)."""
+    """Marks generation calls a method makes itself: it handles their empty rows (mixins.checking_empty_completions)."""
     outer = getattr(trainer, "_in_extra_generation", False)
     trainer._in_extra_generation = True
     try:
@@ -224,32 +223,3 @@ def one_weight_push(trainer) -> Iterator[None]:
             vllm.llm.sleep(level=2)
             vllm._llm_weights_sleeping = True
         trainer._one_weight_push_active = False
-
-
-def _with_one_weight_push(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        with one_weight_push(self):
-            return method(self, *args, **kwargs)
-
-    wrapper._one_weight_push = True
-    return wrapper
-
-
-class OneWeightPushMixin:
-    """Trainer mixin: the whole generation phase of a step (``_generate_and_score_completions``: base rollouts and
-    every extra call a method makes in it) runs inside :func:`one_weight_push`.
-
-    A subclass's own ``_generate_and_score_completions`` (the outermost one) is wrapped when the class is created,
-    so the mixin can sit anywhere in the bases.
-    """
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        method = cls.__dict__.get("_generate_and_score_completions")
-        if method is not None and not getattr(method, "_one_weight_push", False):
-            cls._generate_and_score_completions = _with_one_weight_push(method)
-
-    @_with_one_weight_push
-    def _generate_and_score_completions(self, inputs):
-        return super()._generate_and_score_completions(inputs)

@@ -1,9 +1,8 @@
-"""Trainer mixins every method trainer carries (through :class:`trl_credit.model_card.MethodModelCardMixin`):
+"""Trainer mixins every method trainer carries (through :class:`trl_credit.model_card.MethodModelCardMixin`), and
+the pieces the credit core calls inside its TRL overrides (:class:`RolloutCapture`,
+:func:`checking_empty_completions`: a clear error instead of TRL's IndexError on an empty (0-token) completion):
 
-- :class:`RolloutCaptureMixin`: what TRL's own ``_generate`` and ``_calculate_rewards`` produced for the generation
-  batch a trainer is building, kept in one :class:`RolloutCapture` while the trainer asks for it.
 - :class:`MethodRNGStateMixin`: random state a method owns is checkpointed with the Trainer's own generators.
-- :class:`EmptyCompletionCheckMixin`: a clear error instead of TRL's IndexError on an empty (0-token) completion.
 - :class:`CPUMemoryMixin`: on the CPU, TRL's fused log-prob head in small tiles and large buffers returned to the
   OS when freed (docs/design.md#memory-on-the-cpu).
 """
@@ -26,9 +25,8 @@ from trl_credit.trl_compat import small_logprob_tiles
 
 __all__ = [
     "RolloutCapture",
-    "RolloutCaptureMixin",
     "MethodRNGStateMixin",
-    "EmptyCompletionCheckMixin",
+    "checking_empty_completions",
     "refuse_empty_completions",
     "CPUMemoryMixin",
     "return_freed_buffers",
@@ -50,37 +48,6 @@ class RolloutCapture:
             raise RuntimeError(f"{trainer_name}: the rewards of this batch were not captured from `_calculate_rewards` "
                                "(did a subclass bypass it?).")
         return self.rewards_per_func
-
-
-class RolloutCaptureMixin:
-    """Trainer mixin: inside :meth:`_capturing_rollouts`, the outputs of TRL's ``_generate`` and
-    ``_calculate_rewards`` (the batch's, as ``super()._generate_and_score_completions`` calls them) are kept in
-    ``self._rollout_capture``. Outside, nothing is kept. Rewards of rows outside the batch (DATPO's branches, SRPO's
-    seeds) go through ``GRPOTrainer._calculate_rewards`` itself (``collectives.rewards_of_extra_rows``), so they
-    never replace the batch's."""
-
-    _rollout_capture: RolloutCapture | None = None
-
-    @contextlib.contextmanager
-    def _capturing_rollouts(self) -> Iterator[RolloutCapture]:
-        outer = self._rollout_capture
-        self._rollout_capture = RolloutCapture()
-        try:
-            yield self._rollout_capture
-        finally:
-            self._rollout_capture = outer
-
-    def _generate(self, prompts):
-        result = super()._generate(prompts)
-        if self._rollout_capture is not None:
-            self._rollout_capture.generated = result
-        return result
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self._rollout_capture is not None:
-            self._rollout_capture.rewards_per_func = rewards_per_func
-        return rewards_per_func
 
 
 class MethodRNGStateMixin:
@@ -142,38 +109,32 @@ def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], s
         )
 
 
-class EmptyCompletionCheckMixin:
-    """Trainer mixin: the completions TRL's ``_generate`` receives (from ``_generate_single_turn``, a subclass's
-    included, or from a ``rollout_func``) are checked by :func:`refuse_empty_completions` before TRL reads them.
-    Generation calls made through :func:`generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
+@contextlib.contextmanager
+def checking_empty_completions(trainer) -> Iterator[None]:
+    """While TRL's ``_generate`` runs (the core's override enters this around it): the completions it receives are
+    checked by :func:`refuse_empty_completions` before TRL reads them, those of ``_generate_single_turn`` by the core's
+    override of it (``trainer._checking_completions``), those of a ``rollout_func`` here. Generation calls made
+    through :func:`~trl_credit.generation.generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
     are not: a method handles those itself."""
+    had_own = "rollout_func" in trainer.__dict__
+    rollout_func, outer = trainer.rollout_func, trainer._checking_completions
 
-    def _generate(self, prompts):
-        own = {name: self.__dict__[name] for name in ("_generate_single_turn", "rollout_func") if name in self.__dict__}
-        generate_single_turn, rollout_func = self._generate_single_turn, self.rollout_func
+    def checked_rollout_func(prompts, trainer_):
+        output = rollout_func(prompts, trainer_)
+        refuse_empty_completions(trainer, output["completion_ids"], "the rollout_func")
+        return output
 
-        def checked_generate_single_turn(*args, **kwargs):
-            completion_ids, logprobs = generate_single_turn(*args, **kwargs)
-            if not getattr(self, "_in_extra_generation", False):
-                refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
-            return completion_ids, logprobs
-
-        def checked_rollout_func(prompts, trainer):
-            output = rollout_func(prompts, trainer)
-            refuse_empty_completions(self, output["completion_ids"], "the rollout_func")
-            return output
-
-        self._generate_single_turn = checked_generate_single_turn
-        if rollout_func is not None:
-            self.rollout_func = checked_rollout_func
-        try:
-            return super()._generate(prompts)
-        finally:
-            for name in ("_generate_single_turn", "rollout_func"):
-                if name in own:
-                    setattr(self, name, own[name])
-                else:
-                    self.__dict__.pop(name, None)
+    if rollout_func is not None:
+        trainer.rollout_func = checked_rollout_func
+    trainer._checking_completions = True
+    try:
+        yield
+    finally:
+        trainer._checking_completions = outer
+        if had_own:
+            trainer.rollout_func = rollout_func
+        else:
+            trainer.__dict__.pop("rollout_func", None)
 
 
 # glibc's M_MMAP_THRESHOLD (malloc.h); see `return_freed_buffers`.

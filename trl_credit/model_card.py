@@ -22,8 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from trl import GRPOConfig
 
 from .data import BUILTIN_DATASET
-from .generation import OneWeightPushMixin
-from .mixins import CPUMemoryMixin, EmptyCompletionCheckMixin, MethodRNGStateMixin, RolloutCaptureMixin
+from .mixins import CPUMemoryMixin, MethodRNGStateMixin
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
 from .viz import CreditLoggingMixin
 
@@ -98,19 +97,15 @@ def trained_rollout_template(trainer) -> str | None:
     return template
 
 
-class MethodModelCardMixin(
-    CreditLoggingMixin, OneWeightPushMixin, MethodRNGStateMixin, EmptyCompletionCheckMixin, RolloutCaptureMixin,
-    CPUMemoryMixin,
-):
+class MethodModelCardMixin(CreditLoggingMixin, MethodRNGStateMixin, CPUMemoryMixin):
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
     Every method trainer already has this mixin, so it also carries the other trainer-wide behaviours, without
     another base class in each trainer: :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``),
-    :class:`trl_credit.generation.OneWeightPushMixin` (weights pushed to vLLM once per generation phase),
-    :class:`trl_credit.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints),
-    :class:`trl_credit.mixins.EmptyCompletionCheckMixin` (a clear error on an empty completion, where TRL's is an
-    IndexError), :class:`trl_credit.mixins.RolloutCaptureMixin` (TRL's rollouts and rewards of the batch kept
-    while a trainer builds it) and :class:`trl_credit.mixins.CPUMemoryMixin` (bounded memory on the CPU).
+    :class:`trl_credit.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints) and
+    :class:`trl_credit.mixins.CPUMemoryMixin` (bounded memory on the CPU). What wraps TRL's generation batch (one
+    vLLM weight push per phase, the rollout capture, the empty-completion check) is called by the credit core's
+    own overrides (:class:`trl_credit.core.CreditTrainer`), which override each TRL name once.
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):

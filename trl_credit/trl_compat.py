@@ -192,30 +192,30 @@ class Hook:
 # Methods whose definitions in trl_credit replace TRL's (each calls TRL's through super()).
 OVERRIDDEN: dict[str, Hook] = {
     "_generate_and_score_completions": Hook(
-        params=("inputs",), users="CreditTrainer (rollout -> credit -> modifiers); OneWeightPushMixin (one vLLM weight push per phase)"
+        params=("inputs",), users="CreditTrainer (rollout -> credit -> modifiers, inside one vLLM weight push and a rollout capture)"
     ),
     "_generate": Hook(
         params=("prompts",),
         returns=8,  # prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images
-        users="RolloutCaptureMixin (the batch's rollouts, for the parts); EmptyCompletionCheckMixin",
+        users="CreditTrainer (the batch's rollouts captured for the parts; empty completions refused)",
     ),
     "_generate_single_turn": Hook(
         params=("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
         returns=2,  # completion_ids, logprobs
-        users="CreditTrainer -> parts' generate_single_turn: OPPO (float32 head + generation record), DATPO (entropy record)",
+        users="CreditTrainer -> parts' generate_single_turn: OPPO (float32 head + generation record), DATPO (entropy record); empty completions refused",
     ),
     "_calculate_rewards": Hook(
-        params=("inputs", "prompts", "completions", "completion_ids_list"), users="RolloutCaptureMixin (the global rewards of the batch, for the parts)"
+        params=("inputs", "prompts", "completions", "completion_ids_list"), users="CreditTrainer (the global rewards of the batch captured for the parts)"
     ),
     "_prepare_inputs": Hook(params=("generation_batch",), users="CreditTrainer -> parts' prepare_inputs: DATPO (variable row count)"),
-    "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer -> parts' loss: OPPO (sequence anchors), DATPO (alpha, renormalization)"),
+    "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer (sequence anchors: OPPO, process) -> parts' loss: DATPO (alpha, renormalization)"),
     "compute_loss": Hook(
         params=("model", "inputs", "return_outputs", "num_items_in_batch"), users="CreditTrainer -> parts' micro_batch_loss: DATPO (rows_per_forward)"
     ),
     "get_off_policy_mask": Hook(
         params=("advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold"),
         static=True,
-        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO, process)",
     ),
     "get_gamma_weights": Hook(
         params=(
@@ -223,7 +223,7 @@ OVERRIDDEN: dict[str, Hook] = {
             "k_pos", "lambda_pos", "k_neg", "lambda_neg",
         ),
         static=True,
-        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO)",
+        users="CreditTrainer (decided per sequence where a credit sets anchors: OPPO, process)",
     ),
     "training_step": Hook(
         params=("model", "inputs", "num_items_in_batch"), users="CPUMemoryMixin (small log-prob tiles on the CPU)"

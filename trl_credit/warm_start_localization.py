@@ -264,8 +264,8 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
 
 
 def main(argv=None) -> dict:
+    from .evaluate import write_report
     from .models import CHAIN_LOC_MODEL, CHAIN_MODEL
-    from .warm_start import write_report
 
     parser = argparse.ArgumentParser(description="Localization accuracy of the chain warm starts vs the checker.")
     parser.add_argument("--models", nargs="+", default=[CHAIN_MODEL, CHAIN_LOC_MODEL])
@@ -283,7 +283,8 @@ def main(argv=None) -> dict:
         report[name] = _evaluate_model(name, injected, args.num_problems, args.num_samples, args.data_seed)
         print(name, json.dumps({part: report[name][part]["exact"] for part in ("injected", "own_failures")
                                 if part in report[name]}), report[name].get("pass@1"))
-    write_report(args.results, report)
+    if args.results:
+        write_report(report, args.results)
     return report
 
 

@@ -83,17 +83,15 @@ def run(model_dir, out_dir, partition):
 
     trainer._generate_single_turn = deterministic_generation
     records = []
-    score = trainer._generate_and_score_completions
 
-    def record(inputs):
-        output = score(inputs)
+    def record(credit_step):
+        output = credit_step.output
         texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
         step = trainer.state.global_step
         for i, (text, adv) in enumerate(zip(texts, output["advantages"].tolist(), strict=True)):
             records.append([step, rank * len(texts) + i, text, adv])
-        return output
 
-    trainer._generate_and_score_completions = record
+    trainer.add_credit_callback(record)
     trainer.train()
     logs = [{k: v for k, v in log.items() if k.startswith(("cue/", "srpo/"))}
             for log in trainer.state.log_history if "cue/frac_groups_redistributed" in log]

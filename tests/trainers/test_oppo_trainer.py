@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_credit._trl as shared
+import trl_credit.scoring as scoring
 from tests.tiny import build_tiny_model
 from trl_credit import OPPOConfig, OPPOTrainer
 from trl_credit.oppo.parts import ValueRecursion
@@ -191,13 +191,13 @@ def _assert_matches_reference(trainer):
 def scored_rows(monkeypatch):
     """Row counts of every OPPO scoring call (to check self mode makes one call, of B or 2B rows)."""
     calls = []
-    original = shared.score_completions
+    original = scoring.score_completions
 
     def recording(trainer, model, prompt_ids, *args, **kwargs):
         calls.append(prompt_ids.size(0))
         return original(trainer, model, prompt_ids, *args, **kwargs)
 
-    monkeypatch.setattr(shared, "score_completions", recording)
+    monkeypatch.setattr(scoring, "score_completions", recording)
     return calls
 
 
@@ -599,7 +599,7 @@ def test_off_policy_mask_and_vespo_decide_per_sequence_from_the_sign_anchor(
     trainer.compute_reference = False
     trainer.train()
     inputs = trainer.loss_inputs[0]
-    anchor = inputs["oppo_sequence_advantages"]
+    anchor = inputs["sequence_anchors"]
     assert anchor.shape == (8,) and (anchor > 0).any() and (anchor < 0).any()
     opposite = (inputs["advantages"] * anchor.unsqueeze(1) < 0) & inputs["completion_mask"].bool()
     assert opposite.any(), "no token against its sequence's sign: per token = per sequence, the check is vacuous"
@@ -661,8 +661,8 @@ def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny
         # outside a loss that sets anchors, (B, T) advantages get TRL's own (per-token) decision
         assert torch.equal(mask_call(owner, tokens), mask_call(GRPOTrainer, tokens))
     # OPPO's (B, T) advantages cannot reach TRL's loss without their anchors (the per-sequence decisions would be
-    # per token): OPPO's loss hook says so, not guessed, before TRL's loss runs
-    with pytest.raises(RuntimeError, match="oppo_sequence_advantages"):
+    # per token): the core says so for a credit that sets anchors, not guessed, before TRL's loss runs
+    with pytest.raises(RuntimeError, match=r"OPPOTrainer: per-token advantages .* without .*`sequence_anchors`"):
         trainer._compute_loss(trainer.model, {"advantages": tokens, "completion_mask": mask})
 
 
@@ -682,7 +682,7 @@ def test_normalize_then_sum_trains_with_the_verifier_k(tiny_model_path, tiny_dat
     trainer.train()
     assert trainer.state.global_step == 2
     _assert_matches_reference(trainer)
-    assert any((output["oppo_sequence_advantages"] > 0).any() and (output["oppo_sequence_advantages"] < 0).any()
+    assert any((output["sequence_anchors"] > 0).any() and (output["sequence_anchors"] < 0).any()
                for output, _ in trainer.generations)
 
 
@@ -787,7 +787,7 @@ def test_rows_at_the_group_mean_get_no_direction_despite_round_off(tiny_model_pa
         monkeypatch.undo()
     _assert_matches_reference(trainer)
     (output, expected), = trainer.generations
-    assert output["oppo_sequence_advantages"].tolist() == [0.0, 1.0, -1.0, 0.0] * 2
+    assert output["sequence_anchors"].tolist() == [0.0, 1.0, -1.0, 0.0] * 2
     for i in (0, 3, 4, 7):  # the tied rows: Â_t = 0, so one value on every token, (0 - mean_g)/std_g
         n = int(output["completion_mask"][i].sum())
         assert len(set(output["advantages"][i, :n].tolist())) == 1
@@ -822,7 +822,7 @@ def test_normalize_then_sum_row_without_a_verifier_score_is_not_correct(tiny_mod
         monkeypatch.undo()
     _assert_matches_reference(trainer)
     (output, _), = trainer.generations
-    assert output["oppo_sequence_advantages"].tolist() == [1.0, -1.0, -1.0, -1.0] * 2
+    assert output["sequence_anchors"].tolist() == [1.0, -1.0, -1.0, -1.0] * 2
 
 
 # ------------------------------------------------------------------------------------------- drop-in (TRL's GRPO configs)
@@ -854,7 +854,7 @@ def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tin
 def test_plain_logps_record_that_does_not_line_up_falls_back_to_scoring_with_a_warning(
     tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch
 ):
-    from trl_credit._trl import GenerationRecorder
+    from trl_credit.generation_hooks import GenerationRecorder
 
     monkeypatch.setattr(GenerationRecorder, "logps", lambda self, completion_ids: None)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
@@ -871,7 +871,7 @@ def test_generation_recorder_logps_and_entropies_by_hand():
     # token sampled from d0; row 1 ended with EOS (id 2) after one token, row 0 generated two tokens.
     from types import SimpleNamespace
 
-    from trl_credit._trl import GenerationRecorder
+    from trl_credit.generation_hooks import GenerationRecorder
 
     recorder = GenerationRecorder(temperature=2.0, logps=True, entropies=True)
     logits0 = torch.tensor([[[0.0, 2.0, 4.0]], [[4.0, 0.0, 2.0]]])

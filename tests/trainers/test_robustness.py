@@ -68,8 +68,7 @@ def test_a_nonfinite_reward_leaves_the_model_finite_and_is_named(
 ):
     trainer, capture = _trainer(method, tiny_model_path, [_first_row_reward(value)], tiny_dataset, tmp_path, **overrides)
     outputs = []
-    generate_and_score = trainer._generate_and_score_completions
-    trainer._generate_and_score_completions = lambda inputs: outputs.append(generate_and_score(inputs)) or outputs[-1]
+    trainer.add_credit_callback(lambda step: outputs.append(step.output))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
@@ -278,7 +277,8 @@ def test_shared_prefill_and_row_compaction_stand_aside_for_a_hybrid_cache(
     # and keeps them to the end, and the tokens are those of the same call without the hooks.
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_credit._trl import hf_generate_hooks, sampling_overrides
+    from trl_credit.generation import sampling_overrides
+    from trl_credit.generation_hooks import hf_generate_hooks
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
                       use_cpu=True)
@@ -314,7 +314,7 @@ def test_rows_are_selectable_only_where_every_layer_selects_all_its_state():
         LinearAttentionLayer,
     )
 
-    from trl_credit._trl import _layers_rows_selectable
+    from trl_credit.generation_hooks import _layers_rows_selectable
 
     assert _layers_rows_selectable([DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=4), DummyLayer()])
     assert not _layers_rows_selectable([DynamicLayer(), LinearAttentionLayer()])  # no batch_select_indices

@@ -629,7 +629,7 @@ def test_suffix_budget_is_max_completion_length_minus_the_prefix(tiny_model_path
 
 
 def test_hf_generation_stops_each_row_at_its_budget_and_at_stop_strings(tiny_model_path, tiny_dataset, tmp_path):
-    from trl_credit._trl import generate_from_prefixes
+    from trl_credit.generation import generate_from_prefixes
 
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, [], max_completion_length=10)
     tokenizer = trainer.processing_class

@@ -88,13 +88,13 @@ def score_evidence(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o_t, s_t), each (B, T): log-probs of the sampled completion tokens under ``model`` with the oracle prompts
     and with the plain prompts (docs/oppo.md#oracle-prompt), scored by TRL's ``_get_per_token_logps_and_entropies`` (no grad, same
-    temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit._trl.score_completions``.
+    temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit.scoring.score_completions``.
 
     With ``student_logps`` given (self-oracle: TRL's ``old_per_token_logps``, the log-probs recorded during
     generation or vLLM's) only the B oracle rows are scored; otherwise the B oracle rows and the B plain rows are stacked into one batch of 2B rows and scored in the
     same call, so OPPO costs one extra pass call either way.
     """
-    from trl_credit._trl import score_completions
+    from trl_credit.scoring import score_completions
     from trl_credit.trl_compat import pad
 
     plain_rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]

@@ -18,7 +18,8 @@ What it does around TRL, per generation batch:
   and the (B, T) tensor becomes the batch's advantages. TRL's ``_compute_loss`` takes (B, T) advantages as they are,
   for every ``loss_type``.
 - ``off_policy_mask_threshold`` / ``loss_type="vespo"`` make their per-sequence decision from the sequence's sign
-  anchor sign(A^seq), carried to the loss as ``oppo_sequence_advantages`` (:meth:`ValueRecursion.loss`).
+  anchor sign(A^seq), put in the record (``RowBatch.sequence_anchors``) and carried to the loss by the core
+  (trl_credit/anchors.py).
 - A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model
   (:meth:`ValueRecursion.setup`).
 """
@@ -29,7 +30,6 @@ import contextlib
 
 import torch
 
-from trl_credit.anchors import loss_sequence_anchors
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.core import Credit, GroupOutcome
 from trl_credit.generation_hooks import GenerationRecorder
@@ -211,26 +211,16 @@ class ValueRecursion(Credit):
     # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
     # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
     # can have both signs. OPPO's sequence-level direction is the sign anchor sign(A^seq) (paper Eq. 21), so both
-    # decide from it (CreditTrainer.get_off_policy_mask / get_gamma_weights read the anchors set here).
-    def loss(self, trainer, proceed, model, inputs):
-        anchors = inputs.get("oppo_sequence_advantages")
-        if anchors is None and inputs["advantages"].dim() == 2:
-            raise RuntimeError(
-                f"{speaker(trainer, self)}: per-token advantages reached the loss without their sequences' anchors "
-                "sign(A^seq) "
-                "(`oppo_sequence_advantages` of the batch, set with OPPO's advantages), so TRL's per-sequence "
-                "decisions (off_policy_mask_threshold / loss_type='vespo') could not be made per sequence. A "
-                "subclass or modifier that rebuilds the batch must keep that key."
-            )
-        with loss_sequence_anchors(anchors):
-            return proceed(model, inputs)
+    # decide from it: `token_advantages` puts it in the record, the core hands it to the loss (trl_credit/anchors.py).
+    sets_sequence_anchors = True
 
     # ------------------------------------------------------------------------------------------------ the credit
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         try:
-            # GRPO's advantages, 0 in groups with a ±inf reward: their warning and `oppo/nonfinite_reward_rate`
-            output["advantages"] = self.outcome.advantages(trainer, batch, inputs, output)
-            advantages, output["oppo_sequence_advantages"] = self.token_advantages(trainer, batch, inputs, output)
+            # GRPO's advantages are not used (OPPO's replace them), only what computing them reports: the warning
+            # and `oppo/nonfinite_reward_rate` of groups with a ±inf reward, and TRL's completions table
+            self.outcome.advantages(trainer, batch, inputs, output)
+            advantages, _ = self.token_advantages(trainer, batch, inputs, output)
         finally:
             self.generation_logps = None  # this batch's generation record is used once
         return advantages
@@ -326,6 +316,8 @@ class ValueRecursion(Credit):
         # Each row's sequence direction, for the modifiers that act per row (Cue-GRPO's positive set, which scales
         # the positive part of a row's credit).
         batch.sequence_signs = statistics[0].cpu()
+        # ... and the anchors of TRL's per-sequence decisions in the loss (0 for rows of no group, as seq_advantages)
+        batch.sequence_anchors = batch.sequence_signs.masked_fill(batch.group_ids == NO_GROUP, 0.0)
         anchor_signs, num_correct, num_scorable = (t.to(device) for t in statistics)
         row_scorable = batch.local_rows(batch.scorable).to(device)
         row_credited = row_scorable & row_in_group

@@ -21,7 +21,6 @@ import warnings
 
 import torch
 
-from trl_credit.anchors import loss_sequence_anchors
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.collectives import gather_rows
 from trl_credit.core import Credit
@@ -36,7 +35,6 @@ __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
 #: |sum of a row's normalized step rewards| at or below this is direction 0 (float sums of opposite terms).
 SIGN_TOLERANCE = 1e-9
-ANCHORS_KEY = "process_sequence_advantages"
 
 
 class ProcessCredit(Credit):
@@ -75,17 +73,8 @@ class ProcessCredit(Credit):
             )
 
     # TRL's per-sequence decisions (off_policy_mask_threshold, VESPO) read each row's sequence advantage with the
-    # (B, T) advantages (trl_credit/anchors.py), as for OPPO.
-    def loss(self, trainer, proceed, model, inputs):
-        anchors = inputs.get(ANCHORS_KEY)
-        if anchors is None and inputs["advantages"].dim() == 2:
-            raise RuntimeError(
-                f"credit='process': per-token advantages reached the loss without their rows' sequence advantages "
-                f"(`{ANCHORS_KEY}` of the batch), so TRL's per-sequence decisions could not be made per sequence. A "
-                "subclass or modifier that rebuilds the batch must keep that key."
-            )
-        with loss_sequence_anchors(anchors):
-            return proceed(model, inputs)
+    # (B, T) advantages (batch.sequence_anchors, handed to the loss by the core: trl_credit/anchors.py), as for OPPO.
+    sets_sequence_anchors = True
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
@@ -137,9 +126,8 @@ class ProcessCredit(Credit):
                 length = int(completion_mask[i].sum())
                 advantages[i, :length] = torch.tensor(token_advantages(ends, values, length), dtype=torch.float64)
         self._log_metrics(trainer, records)
-        dtype, device = output["advantages"].dtype, output["advantages"].device
-        output[ANCHORS_KEY] = torch.tensor(batch.local_rows(sequence), dtype=dtype, device=device)
-        return advantages.to(dtype=dtype, device=device)
+        batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
+        return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
     def _step_rewards(self, trainer, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
         """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked."""

@@ -12,7 +12,9 @@ import inspect
 import torch
 import transformers
 
-from trl_credit._trl import gather_counts, generate_from_prefixes, pad_rows, score_completions
+from trl_credit.collectives import gather_counts
+from trl_credit.generation import generate_from_prefixes
+from trl_credit.scoring import pad_rows, score_completions
 from trl_credit.collectives import fill_rows
 from trl_credit.generation_hooks import _accepts_logits_to_keep, _prefill_can_be_shared
 from trl_credit.srpo.localization import (

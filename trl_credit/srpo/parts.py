@@ -28,21 +28,11 @@ from typing import Any
 
 import torch
 
-from trl_credit._trl import (
-    bind_success,
-    check_single_turn,
-    gather_counts,
-    generate_from_prefixes,
-    log_metric,
-    refuse_empty_completions,
-    rewards_of_extra_rows,
-    rollout_success,
-    speaker,
-)
-from trl_credit.trainer_setup import is_composed
 from trl_credit.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
+from trl_credit.collectives import gather_counts, rewards_of_extra_rows
 from trl_credit.core import Rollout
-from trl_credit.mixins import RolloutCapture
+from trl_credit.generation import generate_from_prefixes
+from trl_credit.mixins import RolloutCapture, refuse_empty_completions
 from trl_credit.srpo.advantages import srpo_group_ids
 from trl_credit.srpo.localization import LocalizationQuality, checked_step, resolve_step_checker
 from trl_credit.srpo.localize import localize
@@ -51,6 +41,8 @@ from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
 from trl_credit.success import unscorable_rows
+from trl_credit.trainer_logs import log_metric
+from trl_credit.trainer_setup import bind_success, check_single_turn, is_composed, rollout_success, speaker
 
 __all__ = ["Resets"]
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from trl_credit._trl import log_metric, speaker, warn_once
+from trl_credit.trainer_logs import log_metric, warn_once
+from trl_credit.trainer_setup import speaker
 from trl_credit.srpo.localization import LocalizationQuality
 
 __all__ = ["StepStats", "log_step_stats", "SOURCES"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from trl_credit._trl import resolve_method_args
+from trl_credit.trainer_setup import resolve_method_args
 from trl_credit.core import CreditTrainer, GroupOutcome
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.parts import Resets

@@ -1,0 +1,167 @@
+"""Every TRL method trl_credit overrides is overridden once, by the credit core (docs/design.md, "Design
+principles" and "How the core hooks into GRPOTrainer").
+
+The scan reads trl_credit's source (no import of the method packages' code paths): a method of ``GRPOTrainer`` or
+its bases (``transformers.Trainer``) counts as overridden where a class body ``def``\\ s it or assigns it (an
+annotated assignment is a dataclass field, not a method), and as
+swapped in where code assigns it as an attribute (``cls._generate = ...``, ``self._generate_single_turn = ...``,
+``setattr(obj, "_generate", ...)``): the class-creation and instance-level rewrites that made a name overridden
+twice without a second ``def``. Dunder methods (``__init__``, ``__init_subclass__``) are cooperative constructors,
+not overrides of TRL's behaviour, and are left out.
+
+The second scan: credits and modifiers return advantages and never write TRL's batch dict (docs/design.md, "The
+credit core"); the core does, once.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections import defaultdict
+
+import pytest
+from trl import GRPOTrainer
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def trl_method_names() -> set[str]:
+    return {name for name in dir(GRPOTrainer) if not name.startswith("__") and callable(getattr(GRPOTrainer, name))}
+
+
+def trl_name_definitions(root: pathlib.Path, names: set[str]):
+    """``(overrides, rewrites)``: ``overrides[name]`` lists ``"path:Class"`` for each class body defining or assigning
+    ``name``; ``rewrites`` lists ``"path:line name"`` for each attribute assignment or ``setattr`` of ``name``."""
+    overrides, rewrites = defaultdict(list), []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root.parent).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        defined = [statement.name]
+                    elif isinstance(statement, ast.Assign):
+                        # annotated ones are dataclass fields (a Block's ``end``, a config's ``num_examples``)
+                        defined = [target.id for target in statement.targets if isinstance(target, ast.Name)]
+                    else:
+                        defined = []
+                    for name in defined:
+                        if name in names:
+                            overrides[name].append(f"{where}:{node.name}")
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and target.attr in names:
+                        rewrites.append(f"{where}:{node.lineno} {target.attr}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in names):
+                rewrites.append(f"{where}:{node.lineno} {node.args[1].value}")
+    return dict(overrides), sorted(rewrites, key=lambda place: (place.split(':')[0], int(place.split(':')[1].split()[0])))
+
+
+def _core_classes() -> set[str]:
+    """``"module path:Class"`` of the credit core and the trl_credit mixins it is built from."""
+    from trl_credit.core import CreditTrainer
+
+    classes = set()
+    for klass in CreditTrainer.__mro__:
+        module = klass.__module__
+        if module.startswith("trl_credit"):
+            classes.add(f"{module.replace('.', '/')}.py:{klass.__name__}")
+    return classes
+
+
+def test_every_trl_override_is_written_once_in_the_core():
+    overrides, rewrites = trl_name_definitions(REPO / "trl_credit", trl_method_names())
+    twice = {name: places for name, places in overrides.items() if len(places) > 1}
+    assert twice == {}, f"TRL methods overridden more than once: {twice}"
+    core = _core_classes()
+    outside = {name: places for name, places in overrides.items() if not set(places) <= core}
+    assert outside == {}, f"TRL methods overridden outside CreditTrainer and its mixins ({sorted(core)}): {outside}"
+    assert rewrites == [], f"TRL methods swapped in by assignment instead of one override: {rewrites}"
+    # the two that were written twice before (a mixin's and the core's), now the core's alone
+    assert overrides["_generate"] == ["trl_credit/core.py:CreditTrainer"]
+    assert overrides["_generate_and_score_completions"] == ["trl_credit/core.py:CreditTrainer"]
+
+
+def _write(tmp_path, text: str) -> pathlib.Path:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "module.py").write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("source, expected", [
+    # a second def in a mixin: the shape of the old RolloutCaptureMixin / EmptyCompletionCheckMixin pair
+    ("class A:\n    def _generate(self, prompts): ...\nclass B:\n    def _generate(self, prompts): ...\n",
+     {"_generate": ["pkg/module.py:A", "pkg/module.py:B"]}),
+    # a class attribute built by a wrapper (the core's get_off_policy_mask) is an override too
+    ("class A:\n    get_off_policy_mask = staticmethod(len)\n", {"get_off_policy_mask": ["pkg/module.py:A"]}),
+    # dunders, names TRL does not have and dataclass fields that share a Trainer method's name are not overrides
+    ("class A:\n    def __init__(self): ...\n    def advantages(self): ...\n    num_examples: int = 8\n", {}),
+])
+def test_the_scan_finds_class_body_overrides(tmp_path, source, expected):
+    overrides, rewrites = trl_name_definitions(_write(tmp_path, source), trl_method_names())
+    assert overrides == expected and rewrites == []
+
+
+def test_the_scan_finds_names_swapped_in_at_class_creation_or_on_an_instance(tmp_path):
+    # the old OneWeightPushMixin.__init_subclass__ and EmptyCompletionCheckMixin._generate did exactly these
+    source = ("class A:\n    def __init_subclass__(cls):\n        cls._generate_and_score_completions = None\n"
+              "def patch(trainer):\n    trainer._generate_single_turn = None\n"
+              "    setattr(trainer, 'compute_loss', None)\n    trainer.rollout_func = None\n")
+    overrides, rewrites = trl_name_definitions(_write(tmp_path, source), trl_method_names())
+    assert overrides == {}
+    assert rewrites == ["pkg/module.py:3 _generate_and_score_completions", "pkg/module.py:5 _generate_single_turn",
+                        "pkg/module.py:6 compute_loss"]
+
+
+# ------------------------------------------------------------------------------ credits return, the core writes
+CREDIT_BASES = {"Credit", "Modifier", "GroupOutcome"}
+
+
+def writes_to_trls_batch(root: pathlib.Path) -> list[str]:
+    """``"path:line Class.method"`` for each write, inside a credit's or modifier's class, to the hook parameter
+    ``output`` (TRL's batch dict): an item assignment or deletion, or ``update`` / ``pop`` / ``setdefault``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root.parent).as_posix()
+        for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+            if not {ast.unparse(base).rpartition(".")[2] for base in cls.bases} & CREDIT_BASES:
+                continue
+            for method in (node for node in cls.body if isinstance(node, ast.FunctionDef)):
+                for node in ast.walk(method):
+                    targets = []
+                    if isinstance(node, (ast.Assign, ast.Delete)):
+                        targets = node.targets
+                    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                        targets = [node.target]
+                    for target in targets:
+                        for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                            if isinstance(element, ast.Subscript) and ast.unparse(element.value) == "output":
+                                found.append(f"{where}:{node.lineno} {cls.name}.{method.name}")
+                    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                            and ast.unparse(node.func.value) == "output"
+                            and node.func.attr in {"update", "pop", "setdefault"}):
+                        found.append(f"{where}:{node.lineno} {cls.name}.{method.name}")
+    return found
+
+
+def test_credits_and_modifiers_return_advantages_and_never_write_trls_batch():
+    # The core writes TRL's batch (the advantages through the rollout's training rows, the sequence anchors from the
+    # record); a credit or modifier that wrote it too would be a second writer the core cannot order.
+    assert writes_to_trls_batch(REPO / "trl_credit") == []
+
+
+def test_the_write_scan_finds_the_writes_it_forbids(tmp_path):
+    # the two shapes OPPO's credit had: an item assignment, and one inside a tuple target
+    source = ("class Oppo(core.Credit):\n    def advantages(self, trainer, batch, inputs, output):\n"
+              "        output['advantages'] = 1\n        a, output['anchors'] = 2, 3\n        return a\n"
+              "class Cue(Modifier):\n    def apply(self, trainer, batch, inputs, output, advantages):\n"
+              "        output.update(x=1)\n        return advantages\n"
+              "class Rows(Rollout):\n    def training_batch(self, trainer, batch, inputs, output, advantages):\n"
+              "        output['advantages'] = advantages\n        return output\n")
+    assert writes_to_trls_batch(_write(tmp_path, source)) == [
+        "pkg/module.py:3 Oppo.advantages", "pkg/module.py:4 Oppo.advantages", "pkg/module.py:8 Cue.apply"]
