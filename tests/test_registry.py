@@ -183,3 +183,40 @@ def test_pair_rules_come_from_the_registrations(scratch_registry, tmp_path):
     assert "credit='blocks' needs rollout='trees'" in refusal("resets", "blocks", [])
     assert "takes no modifier but ['cue']" in refusal("trees", "blocks", ["loud"])
     assert refusal("trees", "blocks", ["cue"]) is None
+
+
+def test_removing_the_process_registration_removes_the_process_credit_cleanly():
+    # The process credit is its folder plus one line outside it, its parts module in BUILT_IN. The composition
+    # built without that line: no 'process' credit, none of its fields, every other field where it was, and
+    # nothing else imports the folder's parts.
+    out = _run("""
+        import dataclasses, sys, types
+        import trl_credit, trl_credit.config as full
+        fields_full = [f.name for f in dataclasses.fields(full.CreditConfig)]
+        source = open(full.__file__).read()
+        line = '    "trl_credit.process.parts",\\n'
+        assert source.count(line) == 1
+        for name in [m for m in sys.modules if m.startswith("trl_credit")]:
+            del sys.modules[name]  # a fresh registry and fresh method packages
+        import trl_credit.registry
+        module = types.ModuleType("trl_credit.config")
+        module.__file__ = full.__file__
+        sys.modules["trl_credit.config"] = module
+        exec(compile(source.replace(line, ""), full.__file__, "exec"), module.__dict__)
+        assert "trl_credit.process.parts" not in sys.modules, "another module imports the process credit"
+        Config = module.CreditConfig
+        names = [f.name for f in dataclasses.fields(Config)]
+        process = [name for name in fields_full if name.startswith("process_")]
+        assert process and not set(process) & set(names)
+        assert names == [name for name in fields_full if name not in process]
+        assert "process" not in module.accepted_parts("credit")
+        try:
+            Config("x", use_cpu=True, credit="process")
+        except ValueError as error:
+            assert "credit='process'; accepted: 'outcome'" in str(error), error
+        else:
+            raise AssertionError("credit='process' was accepted without its registration")
+        config = Config("x", use_cpu=True, rollout="resets", credit="oppo", modifiers=["cue"])
+        print(len(process), config.credit)
+    """)
+    assert out.split() == ["3", "oppo"]

@@ -128,17 +128,11 @@ class CreditConfig(*reversed(_PART_FIELDS), CreditLoggingArguments, SuccessArgum
     r"""GRPOConfig plus the fields of every registered part, and the choice of parts: ``rollout``, ``credit``,
     ``modifiers``.
 
-    Parts and the fields they own (see the method configs for each field's meaning):
-
-    - ``rollout="groups"`` (default): GRPO's iid groups. ``"resets"``: SRPO/RRPO (fields of
-      :class:`~trl_credit.srpo.SRPOConfig`: ``reset``, ``reset_groups``, ...). ``"trees"``: DATPO (fields of
-      :class:`~trl_credit.datpo.DATPOConfig`: ``max_forks``, ...); needs ``credit="blocks"``.
-    - ``credit="outcome"`` (default): GRPO's group-normalized outcome. ``"oppo"``: OPPO's value recursion (fields of
-      :class:`~trl_credit.oppo.OPPOConfig`: ``oracle``, ``evidence_clip``, ...). ``"blocks"``: DATPO's block Monte
-      Carlo advantages; needs ``rollout="trees"``. ``"process"``: process supervision (DeepSeekMath; fields
-      ``process_step_reward``, ``process_thought_delimiter``, ``process_outcome``; docs/process.md).
-    - ``modifiers`` (default none): ``"cue"``, Cue-GRPO's rarity weights (the ``cue_*`` fields of
-      :class:`~trl_credit.cue_grpo.CueGRPOConfig`). Each at most once.
+    The parts are the registered ones (:mod:`trl_credit.registry`; docs/composition.md's table lists the built-in
+    ones and what they combine with): ``rollout="groups"`` and ``credit="outcome"`` (GRPO's) by default, no
+    modifiers. Each part's fields are those of its registration's fields mixin (the method configs document them:
+    :class:`~trl_credit.srpo.SRPOConfig` for the ``resets`` rollout, ...); ``--help`` lists every name with its
+    one-line help. Each modifier at most once.
 
     Validation runs the selected parts' checks (their registrations' ``check`` before GRPOConfig's
     ``__post_init__``, ``check_after_grpo`` after it), in the order rollout, credit, modifiers, and refuses a field of
