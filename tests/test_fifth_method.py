@@ -240,7 +240,8 @@ def test_the_token_credit_is_one_registration_and_trains_by_name(tiny_model_path
                                    attention_mask=torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
                                    ).logits.double()
         start = batch["prompt_ids"].size(1)
-        rows = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(batch["completion_ids"], batch["completion_mask"])]
+        rows = [tuple(ids[mask.bool()].tolist())
+                for ids, mask in zip(batch["completion_ids"], batch["completion_mask"])]
         tokens = 0
         for b, completion in enumerate(rows):
             sign = expected_sign[completion]
@@ -274,7 +275,8 @@ def test_the_token_credit_is_one_registration_and_trains_by_name(tiny_model_path
     assert trainer.state.global_step == 2
     assert [rows for rows, _ in checked] == [8, 8] and all(tokens > 0 for _, tokens in checked)
     assert any(expected_sign.values()), "every sign was 0: the check would be vacuous"
-    logged = [entry["surprise/mean_surprise"] for entry in trainer.state.log_history if "surprise/mean_surprise" in entry]
+    logged = [entry["surprise/mean_surprise"] for entry in trainer.state.log_history
+              if "surprise/mean_surprise" in entry]
     assert len(logged) == 2 and all(0.0 < value < 1.0 for value in logged)
     assert trainer._name == "groups x surprise"  # the model card names the combination
 

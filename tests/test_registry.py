@@ -129,6 +129,9 @@ def test_bad_registrations_name_the_argument(scratch_registry):
         kind, name = kwargs.pop("kind"), kwargs.pop("name")
         with pytest.raises(error, match=message):
             register_part(kind, name, **kwargs)
+    with pytest.raises(TypeError, match=r"register_part\('credit', 'x'\) decorates a part class with an? "
+                                        r"`advantages` method \(a subclass of trl_credit.core's Credit\)"):
+        register_part("credit", "x", help="h")(Modifier)
     with pytest.raises(ValueError, match="say why"):
         only("groups", why="")
     # fields that another part already owns would be merged silently into one dataclass field: refused

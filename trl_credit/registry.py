@@ -10,7 +10,7 @@ decorator, and the composition imports the built-in parts modules once to fill i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 __all__ = ["KINDS", "PartSpec", "Only", "only", "register_part", "registered", "registered_in_order", "part_spec",
            "part_names", "take_fields"]
@@ -68,6 +68,10 @@ class PartSpec:
         return f"{self.cls.__module__}.{self.cls.__qualname__}"
 
 
+# The method each kind's parts are called through (trl_credit/core.py), checked by name: this module imports no part.
+_ENTRY_POINTS = {"rollout": "generate_and_score", "credit": "advantages", "modifiers": "apply"}
+_BASES = {"rollout": "Rollout", "credit": "Credit", "modifiers": "Modifier"}
+
 _REGISTRY: dict[str, dict[str, PartSpec]] = {kind: {} for kind in KINDS}
 _ORDER: list[tuple[str, str]] = []  # (kind, name) across kinds, in registration order: the union's field order
 # Set by the composition when it builds CreditConfig from the registered fields: fields registered later could not
@@ -82,9 +86,9 @@ def register_part(kind: str, name: str, *, help: str, fields: type | None = None
     ``kind`` is "rollout", "credit" or "modifiers"; ``help`` says in one line what it is; ``fields`` is the dataclass
     mixin of its config fields (set only when the part is selected) with ``check`` / ``check_after_grpo``, run on the
     config before / after ``GRPOConfig.__post_init__`` (the name of a method of ``fields``, or a function of the
-    config); ``accepts`` maps another kind to :func:`only` the parts
-    of it this part works with. The class gets ``name`` as its ``name``. A name registered twice is refused (a
-    re-import of the same class replaces its registration).
+    config); ``accepts`` maps another kind to :func:`only` the parts of it this part works with. The class gets
+    ``name`` as its ``name``. A name registered twice is refused (a re-import of the same class replaces its
+    registration).
     """
     if kind not in KINDS:
         raise ValueError(f"register_part: kind={kind!r}; accepted: {', '.join(map(repr, KINDS))}.")
@@ -114,6 +118,10 @@ def register_part(kind: str, name: str, *, help: str, fields: type | None = None
                             f"got {rule!r}.")
 
     def register(cls: type) -> type:
+        if not isinstance(cls, type) or not callable(getattr(cls, _ENTRY_POINTS[kind], None)):
+            raise TypeError(f"register_part({kind!r}, {name!r}) decorates a part class with a "
+                            f"`{_ENTRY_POINTS[kind]}` method (a subclass of trl_credit.core's {_BASES[kind]}), "
+                            f"got {cls!r}.")
         spec = PartSpec(kind, name, cls, help, fields, check, check_after_grpo, accepts)
         previous = _REGISTRY[kind].get(name)
         if previous is not None and previous.where != spec.where:
