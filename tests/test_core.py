@@ -104,9 +104,9 @@ def test_unsupported_combinations_are_refused_before_loading_with_the_reason(tmp
     from trl import GRPOConfig
 
     plain = GRPOConfig(str(tmp_path), use_cpu=True)  # no selection: the parts passed are the method
-    with pytest.raises(ValueError, match="rollout 'trees' with credit 'oppo'.*only the block Monte Carlo"):
+    with pytest.raises(ValueError, match="rollout='trees' with credit='oppo'.*only the block Monte Carlo"):
         build(plain, rollout=Trees(), credit=ValueRecursion())
-    with pytest.raises(ValueError, match="credit 'blocks' with rollout 'groups'"):
+    with pytest.raises(ValueError, match="credit='blocks' with rollout='groups'"):
         build(plain, credit=BlockCredit())
     grpo_args = CreditConfig(str(tmp_path), use_cpu=True)
     # a part passed with a config that selects another: the config's field checks would not be the part's

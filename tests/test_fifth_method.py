@@ -7,6 +7,15 @@ Each step of the checklist is one piece below: (1) the pure math, (2) the config
 core, (4) a preset trainer that picks its parts and overrides no TRL method. The tests check what the checklist
 promises: one training step on the tiny model gives the formula's advantages on that step's rewards, the toy passes
 the TRL contract scan with no TRL hook of its own, and the config keeps every ``GRPOConfig`` default.
+
+A second toy is a token-level credit with a model pass, added as a folder would add it: one registered part and
+nothing else (no preset, no config, no edit anywhere in the library). Surprise credit scores each completion once
+more with the policy (``scoring.score_completions``) and spreads the sign advantage over the tokens by how
+surprising each token is to the policy:
+
+    A_{i,t} = sign(r_i - mean of the scorable rewards of i's group) * (1 - pi(o_{i,t} | q, o_{i,<t}))
+
+It trains by name, ``CreditTrainer(args=CreditConfig(credit="surprise"))``, and composes like any credit.
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.batch import RowBatch
+from trl_credit.config import CreditConfig
 from trl_credit.core import Credit, CreditTrainer
+from trl_credit.registry import part_spec, register_part
+from trl_credit.scoring import score_completions
 from trl_credit.success import SuccessArguments, total_rewards
 from trl_credit.trainer_logs import log_metric, zero_nonfinite_groups
 from trl_credit.trainer_setup import resolve_method_args
@@ -89,6 +101,26 @@ class SignGRPOTrainer(CreditTrainer):
     def __init__(self, model, reward_funcs=None, args: SignGRPOConfig | None = None, **kwargs):
         args = resolve_method_args(args, SignGRPOConfig, model, "SignGRPOTrainer", "Sign-GRPO")
         super().__init__(model, reward_funcs, args=args, credit=SignCredit(args.sign_scale), **kwargs)
+
+
+# ------------------------------------------------------------------------------------- a token credit: one registration
+@register_part("credit", "surprise", help="toy of the tests: the sign advantage spread over tokens by surprise")
+class SurpriseCredit(Credit):
+    """Per-token advantages (B, T): the sign advantage of (1) times 1 - pi(token) under the policy, from one extra
+    no-grad scoring pass over this process's rows (module docstring)."""
+
+    def advantages(self, trainer, batch: RowBatch, inputs, output):
+        if batch.group_size is None:
+            raise ValueError("SurpriseCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
+        signs = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size, 1.0)
+        batch.log_advantages(trainer, signs.tolist())  # the completions table shows each row's direction
+        logps, _ = score_completions(trainer, trainer.model, output["prompt_ids"], output["prompt_mask"],
+                                     output["completion_ids"], output["completion_mask"])
+        mask = output["completion_mask"]
+        surprise = (1.0 - logps.exp()) * mask
+        log_metric(trainer, "surprise/mean_surprise", (surprise.sum() / mask.sum()).item())
+        local = batch.local_rows(signs).to(surprise)
+        return local[:, None] * surprise
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -175,3 +207,84 @@ def test_a_plain_grpo_config_is_refused(tiny_dataset):
     with pytest.raises(TypeError, match="SignGRPOTrainer needs `args` to be a SignGRPOConfig"):
         SignGRPOTrainer("not/loaded", lambda completions, **kw: [0.0] * len(completions),
                         args=GRPOConfig("my_run", use_cpu=True), train_dataset=tiny_dataset)
+
+
+def test_the_token_credit_is_one_registration_and_trains_by_name(tiny_model_path, tiny_dataset, tmp_path,
+                                                                  monkeypatch):
+    # The whole addition is the registered class above: CreditConfig accepts the name (it reads the registry) and
+    # CreditTrainer builds the part from it.
+    assert part_spec("credit", "surprise").cls is SurpriseCredit and SurpriseCredit.name == "surprise"
+    seen_rewards = {}  # completion ids -> reward, as the reward function returned them
+
+    def id_sum_reward(completions, completion_ids, **kwargs):
+        rewards = [None if ids[0] % 11 == 0 else float(sum(ids) % 3) for ids in completion_ids]
+        seen_rewards.update(zip(map(tuple, completion_ids), rewards, strict=True))
+        return rewards
+
+    args = CreditConfig(output_dir=str(tmp_path), credit="surprise", per_device_train_batch_size=8,
+                        num_generations=4, max_completion_length=6, max_steps=2, report_to="none", logging_steps=1,
+                        use_cpu=True, save_strategy="no")
+    trainer = CreditTrainer(tiny_model_path, id_sum_reward, args=args, train_dataset=tiny_dataset)
+    assert type(trainer.credit) is SurpriseCredit
+
+    checked = []  # per step: (rows, tokens) compared with the reference
+    compute_loss = trainer._compute_loss
+
+    def check(model, inputs):
+        # The reference, independently: a plain forward of the policy on the same rows (no TRL helper), then the
+        # formula with plain loops. The loss of a step runs before its optimizer step, so the policy is the one
+        # that scored the rows (one generation per step, one iteration).
+        batch = {key: inputs[key] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        with torch.no_grad():
+            logits = trainer.model(input_ids=torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+                                   attention_mask=torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+                                   ).logits.double()
+        start = batch["prompt_ids"].size(1)
+        rows = [tuple(ids[mask.bool()].tolist())
+                for ids, mask in zip(batch["completion_ids"], batch["completion_mask"])]
+        tokens = 0
+        for b, completion in enumerate(rows):
+            sign = expected_sign[completion]
+            for t in range(batch["completion_ids"].size(1)):
+                if not batch["completion_mask"][b, t]:
+                    assert inputs["advantages"][b, t].item() == 0.0
+                    continue
+                probs = logits[b, start + t - 1].softmax(-1)  # position start+t-1 predicts completion token t
+                expected = sign * (1.0 - probs[batch["completion_ids"][b, t]].item())
+                assert inputs["advantages"][b, t].item() == pytest.approx(expected, abs=1e-5), (b, t)
+                tokens += 1
+        checked.append((len(rows), tokens))
+        return compute_loss(model, inputs)
+
+    expected_sign = {}
+
+    def signs_of_the_batch(inputs):
+        output = generate_and_score(inputs)
+        # the step's signs by (1)'s reference loops, from the rewards the reward function returned, by completion
+        ids = [tuple(i[m.bool()].tolist()) for i, m in zip(output["completion_ids"], output["completion_mask"])]
+        rewards = [float("nan") if seen_rewards[c] is None else seen_rewards[c] for c in ids]
+        assert len(set(ids)) == len(ids), "two rows with one completion: the check could not tell them apart"
+        expected_sign.update(zip(ids, _reference(rewards, 4, 1.0), strict=True))
+        return output
+
+    generate_and_score = trainer._generate_and_score_completions
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", signs_of_the_batch)
+    monkeypatch.setattr(trainer, "_compute_loss", check)
+    trainer.train()
+
+    assert trainer.state.global_step == 2
+    assert [rows for rows, _ in checked] == [8, 8] and all(tokens > 0 for _, tokens in checked)
+    assert any(expected_sign.values()), "every sign was 0: the check would be vacuous"
+    logged = [entry["surprise/mean_surprise"] for entry in trainer.state.log_history
+              if "surprise/mean_surprise" in entry]
+    assert len(logged) == 2 and all(0.0 < value < 1.0 for value in logged)
+    assert trainer._name == "groups x surprise"  # the model card names the combination
+
+
+def test_the_token_credit_passes_the_contract_scan_and_composes():
+    assert _scan([("test_fifth_method.py", inspect.getsource(SurpriseCredit))]) == []
+    config = CreditConfig("my_run", use_cpu=True, rollout="resets", credit="surprise", modifiers=["cue"])
+    assert (config.rollout, config.credit, config.modifiers) == ("resets", "surprise", ["cue"])
+    with pytest.raises(ValueError, match=r"rollout='trees' with credit='surprise': rollout='trees' needs "
+                                         r"credit='blocks'"):
+        CreditConfig("my_run", use_cpu=True, rollout="trees", credit="surprise")

@@ -196,13 +196,13 @@ def test_config_from_the_command_line():
             config.modifiers) == ("process", "chain", "\n", "final_step", ["cue"])
 
 
-def test_core_refuses_trees_with_the_process_credit():
-    from trl_credit.core import build_part, refusal
+def test_the_composition_refuses_trees_with_the_process_credit():
+    from trl_credit.config import build_part, refusal
 
     credit = build_part("credit", "process")
     assert credit.name == "process"
-    assert "credits assume one completion per row" in refusal(build_part("rollout", "trees"), credit, [])
-    assert refusal(build_part("rollout", "resets"), credit, [build_part("modifiers", "cue")]) is None
+    assert "credits assume one completion per row" in refusal("trees", "process", [])
+    assert refusal("resets", "process", ["cue"]) is None
 
 
 def test_the_loss_decides_per_sequence_from_the_rows_sequence_advantages():

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -18,6 +19,7 @@ __all__ = [
     "speaker",
     "is_composed",
     "resolve_method_args",
+    "grpo_arguments",
     "check_single_turn",
     "bind_success",
     "rollout_success",
@@ -65,6 +67,16 @@ def resolve_method_args(args, config_class, model, trainer_name: str, run_suffix
             f"the same GRPO arguments, e.g. {config_class.__name__}(**grpo_args.to_dict())."
         )
     return args
+
+
+def grpo_arguments(model, reward_funcs, args, pargs: tuple, kwargs: dict) -> dict:
+    """GRPOTrainer's arguments by name, as a preset with TRL's signature ``(model, reward_funcs=None, args=None,
+    *pargs, **kwargs)`` received them (``pargs`` in ``GRPOTrainer.__init__``'s order), to check one before any model
+    is loaded. An argument GRPOTrainer does not take raises its ``TypeError`` here."""
+    from trl import GRPOTrainer
+
+    bound = inspect.signature(GRPOTrainer.__init__).bind(None, model, reward_funcs, args, *pargs, **kwargs)
+    return bound.arguments
 
 
 def check_single_turn(trainer, method: str) -> None:

@@ -149,6 +149,16 @@ class CueGRPOFields:
                 f"cue_judge_dtype={self.cue_judge_dtype!r}; accepted: 'auto', 'bfloat16', 'float16', 'float32'"
             )
 
+    def _check_cue_grpo_composed(self) -> None:
+        """The Cue-GRPO checks in a composed config (``CreditConfig``, run after GRPOConfig's ``__post_init__``):
+        the fields', and ``cue_tree_credit`` only with DATPO's trees (the rollout is a choice of the composition)."""
+        self._check_cue_grpo_after_grpo()
+        if self.rollout != "trees" and self.cue_tree_credit != "rows":
+            raise ValueError(
+                f"cue_tree_credit={self.cue_tree_credit!r} applies only to DATPO's trees, but "
+                f"rollout={self.rollout!r}: set rollout='trees' or leave cue_tree_credit at 'rows'."
+            )
+
     @property
     def cue_resolved_alpha(self) -> float:
         """cue_alpha, or the weighting's paper default when None (0 for modes that ignore alpha)."""

@@ -28,7 +28,8 @@ from ..generation import generate_from_prefixes
 from ..rewards import completion_text
 from ..trainer_logs import log_metric, warn_once
 from ..trainer_setup import is_composed, outside_zero3_init, speaker
-from .config import CueGRPOConfig
+from ..registry import register_part
+from .config import CueGRPOConfig, CueGRPOFields
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups
 from .partition import canonical_cluster_ids, partition_skeletons, random_partition
@@ -45,6 +46,8 @@ __all__ = [
 PartitionFn = Callable[[list[str], object], Sequence]
 
 
+@register_part("modifiers", "cue", help="Cue-GRPO's rarity weights", fields=CueGRPOFields,
+               check_after_grpo="_check_cue_grpo_composed")
 class RarityWeights(Modifier):
     """Cue-GRPO's rarity-aware redistribution of positive sequence advantages.
 

@@ -49,6 +49,7 @@ from ..batch import RowBatch, trl_groups
 from ..collectives import gather_counts, gather_rows, local_rows
 from ..core import Credit, Rollout
 from ..generation_hooks import GenerationRecorder
+from ..registry import only, register_part
 from ..scoring import pad_rows, score_completions
 from ..success import unscorable_rows
 from ..trainer_logs import log_metric, nonfinite_reward_groups, warn_once
@@ -56,7 +57,7 @@ from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init,
 from .batching import sort_rows_by_length, split_rows
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
-from .config import DATPOConfig
+from .config import DATPOConfig, DATPOFields
 from .credit import block_credit, tree_leaves
 from .diversity import annealed_alpha
 from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
@@ -98,6 +99,13 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
     return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
 
 
+@register_part(
+    "rollout", "trees", help="DATPO's difficulty-adaptive trees", fields=DATPOFields,
+    check_after_grpo="_check_datpo_after_grpo",
+    accepts={"credit": only("blocks", why="DATPO's trees train branch rows that only the block Monte Carlo credit "
+                                          "values; other credits assume one completion per row of a group"),
+             "modifiers": only("cue", why="its P and weights come from the leaf outcomes")},
+)
 class Trees(Rollout):
     """DATPO's difficulty-adaptive tree rollouts (module docstring). Training only: evaluation stays GRPO on the
     base rollouts. The record (:class:`~trl_credit.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
@@ -377,6 +385,8 @@ class Trees(Rollout):
         return loss
 
 
+@register_part("credit", "blocks", help="DATPO's block Monte Carlo advantages",
+               accepts={"rollout": only("trees", why="block advantages are defined on DATPO's trees only")})
 class BlockCredit(Credit):
     """DATPO's credit (docs/datpo.md#block-advantages): per block of the trees of a :class:`Trees` rollout
     (``batch.extras["trees"]``), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus

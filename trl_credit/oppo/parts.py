@@ -33,6 +33,7 @@ import torch
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.core import Credit, GroupOutcome
 from trl_credit.generation_hooks import GenerationRecorder
+from trl_credit.oppo.config import OPPOFields
 from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
 from trl_credit.oppo.oracle import (
     add_float32_head,
@@ -49,6 +50,7 @@ from trl_credit.oppo.recursion import (
     row_token_moments,
     sequence_anchor_signs,
 )
+from trl_credit.registry import register_part
 from trl_credit.trainer_logs import log_metric, warn_once
 from trl_credit.trainer_setup import bind_success, check_single_turn, is_composed, speaker, trainer_mode
 from trl_credit.trl_compat import (
@@ -151,6 +153,8 @@ def load_teacher(trainer, teacher, teacher_processing_class):
     return trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
 
 
+@register_part("credit", "oppo", help="OPPO's token value recursion", fields=OPPOFields,
+               check_after_grpo="_check_oppo_after_grpo")
 class ValueRecursion(Credit):
     """OPPO's credit: per-token advantages (B, T) by the Bayesian value recursion, with a self- or teacher-oracle
     (module docstring). ``teacher`` / ``teacher_processing_class``: what ``oracle="teacher"`` scores with (a name or

@@ -24,8 +24,10 @@ import torch
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.collectives import gather_rows
 from trl_credit.core import Credit
+from trl_credit.process.config import ProcessFields
 from trl_credit.process.advantages import normalized_step_rewards, token_advantages
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
+from trl_credit.registry import register_part
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import log_metric, nonfinite_reward_groups, warn_once
@@ -37,6 +39,8 @@ __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 SIGN_TOLERANCE = 1e-9
 
 
+@register_part("credit", "process", help="process supervision: per-step rewards as token advantages (DeepSeekMath)",
+               fields=ProcessFields, check="_check_process_fields")
 class ProcessCredit(Credit):
     """Per-token advantages from per-step rewards (module docstring). ``step_reward``: a step-reward function
     (``(prompt, completion, steps, **row) -> list[float | None]``) or a registered name, overriding the config's

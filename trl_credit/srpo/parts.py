@@ -33,7 +33,9 @@ from trl_credit.collectives import gather_counts, rewards_of_extra_rows
 from trl_credit.core import Rollout
 from trl_credit.generation import generate_from_prefixes
 from trl_credit.mixins import RolloutCapture, refuse_empty_completions
+from trl_credit.registry import register_part
 from trl_credit.srpo.advantages import srpo_group_ids
+from trl_credit.srpo.config import SRPOFields
 from trl_credit.srpo.localization import LocalizationQuality, checked_step, resolve_step_checker
 from trl_credit.srpo.localize import localize
 from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_rollout_template, wrap_prompt
@@ -47,6 +49,8 @@ from trl_credit.trainer_setup import bind_success, check_single_turn, is_compose
 __all__ = ["Resets"]
 
 
+@register_part("rollout", "resets", help="SRPO/RRPO's reset-and-resample groups", fields=SRPOFields,
+               check="_check_srpo_fields", check_after_grpo="_check_srpo_after_grpo")
 class Resets(Rollout):
     """Per prompt and training step (paper §4.2, Algorithm 2): a base group of iid rollouts; seed candidates sampled
     in rounds until the prompt has ``reset_groups`` incorrect rollouts (never part of the base group); for each

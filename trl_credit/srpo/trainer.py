@@ -14,6 +14,7 @@ from trl_credit.trainer_setup import resolve_method_args
 from trl_credit.core import CreditTrainer, GroupOutcome
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.parts import Resets
+from trl_credit.trainer_setup import grpo_arguments
 
 __all__ = ["SRPOTrainer"]
 
@@ -50,18 +51,12 @@ class SRPOTrainer(CreditTrainer):
         model,
         reward_funcs=None,
         args: SRPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers=(None, None),
-        peft_config=None,
+        *pargs,
         step_checker: Callable[[str, list[str]], int | None] | None = None,
         **kwargs,
     ):
         args = resolve_method_args(args, SRPOConfig, model, "SRPOTrainer", "SRPO")
-        if kwargs.get("environment_factory") is not None:
+        if grpo_arguments(model, reward_funcs, args, pargs, kwargs).get("environment_factory") is not None:
             raise ValueError("SRPOTrainer does not support `environment_factory`.")
         if reward_funcs is None:
             # TRL's wording, so scripts and tests that match it keep working.
@@ -74,9 +69,7 @@ class SRPOTrainer(CreditTrainer):
             # model (add_model_tags), whence push_to_hub adds them to the card.
             self._tag_names = [*self._tag_names, "rrpo"]
         super().__init__(
-            model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            processing_class=processing_class, reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks, optimizers=optimizers, peft_config=peft_config,
+            model, reward_funcs, args, *pargs,  # GRPOTrainer's other arguments, positional in its order or by name
             rollout=Resets(step_checker=step_checker), credit=GroupOutcome("srpo/nonfinite_reward_rate"), **kwargs,
         )
 
