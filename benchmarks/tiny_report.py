@@ -246,6 +246,15 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
         paired(runs, "cue_grpo", "grpo", backward_share))
     add("DATPO outperforms GRPO, especially in pass@k (abstract)", "pass@2, DATPO (adaptive) - GRPO",
         paired(runs, "datpo", "grpo", final_pass(2)))
+    if mechanisms and "datpo_forks" in mechanisms:
+        f = mechanisms["datpo_forks"]
+        after, uniform = f["fork_share"]["after"], f["line_start_share"]["after"]
+        rows.append(("DATPO forks where the outcome is decided: high-entropy sentence starts (§3.2, App. D.1)",
+                     "share of the forks of incorrect rollouts after the checker's first wrong line, vs the line "
+                     "starts there (a uniform choice), starting model",
+                     f"{after:.2f} vs {uniform:.2f} ({f['forks']} forks); branches correct before/on/after "
+                     + " / ".join(f"{f['branch_correct_rate'][r]:.2f}" for r in ("before", "on", "after")),
+                     "holds (mechanism)" if after < uniform else "does not hold"))
     add("... at GRPO's budget (compute-matched: <= G leaves a prompt)", "final accuracy, DATPO (<= G leaves) - GRPO",
         paired(runs, "datpo_matched", "grpo", final_accuracy))
     add("Process supervision (DeepSeekMath §4.1.3) beats outcome supervision: the oracle token credit",
