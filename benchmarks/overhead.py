@@ -105,6 +105,8 @@ def smollm2_trainers(method: str, model_path: str, datasets: dict, args, out_dir
     for name, grpo_like in (("grpo", method), (method, None)):
         config = harness.method_config(name if grpo_like is None else "grpo", os.path.join(out_dir, name),
                                        settings, grpo_like=grpo_like)
+        for key, value in ({} if grpo_like else args.method_fields).items():
+            setattr(config, key, value)
         yield name, harness.build_trainer("grpo" if grpo_like else method, config, model_path,
                                           baseline_dataset if grpo_like else dataset,
                                           [final_number_reward], peft_config=harness.lora_config())
@@ -128,6 +130,8 @@ def tiny_trainers(method: str, model_path: str, datasets: dict, args, out_dir: s
                         max_steps=args.warmup + steps, logging_steps=1, save_strategy="no", report_to="none",
                         seed=args.seed, use_cpu=True, disable_tqdm=True)
         settings.update(spec["fields"])
+        if name == method:
+            settings.update(args.method_fields)
         settings["per_device_train_batch_size"] = args.prompts * settings["num_generations"]
         model = LlamaForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         yield name, spec["trainer"](model=model, reward_funcs=[sums.accuracy_reward, sums.format_reward],
@@ -252,6 +256,9 @@ def main():
     parser.add_argument("--method-steps", default="",
                         help="timed steps for some methods instead of --steps, e.g. cue_grpo=15,oppo=15 (cheap pairs "
                              "whose ratio is close to 1 need more pairs to resolve a few percent)")
+    parser.add_argument("--method-fields", default="",
+                        help="config fields of the method (not of its GRPO baseline) over its settings, as JSON "
+                             "values, e.g. use_diversity=false,rows_per_forward=256: what a setting costs")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadier on a busy machine)")
@@ -272,6 +279,16 @@ def main():
                              (item.split("=") for item in args.method_steps.split(",") if item.strip())}
     except ValueError:
         raise SystemExit(f"--method-steps: expected method=steps[,method=steps], got {args.method_steps!r}")
+    fields = {}
+    for item in (i for i in args.method_fields.split(",") if i.strip()):
+        key, sep, value = item.partition("=")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            raise SystemExit(f"--method-fields: expected field=<JSON value>[,...], got {item!r}")
+        if not sep or not key.strip():
+            raise SystemExit(f"--method-fields: expected field=<JSON value>[,...], got {item!r}")
+    args.method_fields = fields
     measurable = ["cue_grpo", "datpo", "oppo", "rrpo", "srpo"] if tiny else sorted(set(harness.METHODS) - {"grpo"})
     if set(args.method_steps) - set(measurable) or any(n < 1 for n in args.method_steps.values()):
         raise SystemExit(f"--method-steps: methods from {measurable} and steps >= 1, got {args.method_steps}")
