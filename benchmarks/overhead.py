@@ -177,9 +177,12 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
     no_grad_rows = "logprob_passes (no grad)"
     method_args = runs[method]["trainer"].args
     result = dict(
-        settings=dict(num_generations=method_args.num_generations, temperature=method_args.temperature,
-                      max_completion_length=method_args.max_completion_length, loss_type=method_args.loss_type,
-                      grpo_num_generations=runs["grpo"]["trainer"].args.num_generations),
+        settings={**({} if args.model == "tiny" else {**harness.METHODS[method]["shared"],
+                                                      **harness.METHODS[method]["own"]}),
+                  **args.method_fields,
+                  **dict(num_generations=method_args.num_generations, temperature=method_args.temperature,
+                         max_completion_length=method_args.max_completion_length, loss_type=method_args.loss_type,
+                         grpo_num_generations=runs["grpo"]["trainer"].args.num_generations)},
         grpo_seconds=[s["step_seconds"] for s in base], method_seconds=[s["step_seconds"] for s in meth],
         grpo_median_seconds=median([s["step_seconds"] for s in base]),
         method_median_seconds=median([s["step_seconds"] for s in meth]),
