@@ -13,6 +13,15 @@ localization + suffixes).
     python benchmarks/overhead.py --methods oppo,srpo --steps 8
 
 Every ratio is given as the median and range of >= 5 paired steps (2 prompts per step by default).
+
+``--model tiny`` measures the same pairs on the tiny testbed (docs/testbed.md#the-tiny-testbed: the committed build
+``benchmarks/results/tiny/model``, full fine-tuning, the sums task and rewards, each method with the grid's settings
+from ``trl_credit.testbed.runner``, 8 prompts per step, GRPO with G = 8): a model so small that what a method costs
+per fork, per generation call and per Python loop shows, where on SmolLM2 the model's own compute hides it.
+
+    python benchmarks/overhead.py --model tiny --methods datpo,cue_grpo,oppo,srpo,rrpo --steps 6
+
+For DATPO both models report its step time per leaf over GRPO's per rollout (``step_time_per_leaf_over_rollout``).
 """
 
 from __future__ import annotations
@@ -80,10 +89,10 @@ def spread(values) -> dict:
     return result
 
 
-def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) -> dict:
+def smollm2_trainers(method: str, model_path: str, datasets: dict, args, out_dir: str, steps: int):
+    """(name, trainer) of the GRPO baseline and the method on SmolLM2 + LoRA, with the examples' settings."""
     tokens = args.datpo_tokens if method == "datpo" else (args.tokens or harness.METHODS[method]["tokens"])
     dataset = datasets["long" if method == "datpo" else "short"]
-    steps = args.method_steps.get(method, args.steps)
     settings = harness.common_settings(args.prompts, tokens, args.warmup + steps, args.seed, 1e-6)
     baseline_dataset = dataset
     if method in ("srpo", "rrpo", "srpo_base"):
@@ -93,15 +102,50 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
 
         template = resolve_rollout_template(harness.METHODS[method]["own"]["rollout_template"])
         baseline_dataset = dataset.map(lambda row: {"prompt": wrap_prompt(row["prompt"], template)})
-    runs = {}
     for name, grpo_like in (("grpo", method), (method, None)):
         config = harness.method_config(name if grpo_like is None else "grpo", os.path.join(out_dir, name),
                                        settings, grpo_like=grpo_like)
-        trainer = harness.build_trainer("grpo" if grpo_like else method, config, model_path,
-                                        baseline_dataset if grpo_like else dataset,
-                                        [final_number_reward], peft_config=harness.lora_config())
+        for key, value in ({} if grpo_like else args.method_fields).items():
+            setattr(config, key, value)
+        yield name, harness.build_trainer("grpo" if grpo_like else method, config, model_path,
+                                          baseline_dataset if grpo_like else dataset,
+                                          [final_number_reward], peft_config=harness.lora_config())
+
+
+TINY_MODEL = os.path.join(RESULTS, "tiny", "model")
+
+
+def tiny_trainers(method: str, model_path: str, datasets: dict, args, out_dir: str, steps: int):
+    """(name, trainer) of the GRPO baseline and the method on the tiny testbed, each with the grid's settings
+    (``trl_credit.testbed.runner``: SHARED, then the method's own fields) and full fine-tuning, as ``runner.run``
+    builds them, at the pairs' learning rate (1e-6: the two policies stay the same)."""
+    from transformers import LlamaForCausalLM
+
+    from trl_credit.testbed import runner, sums
+    from trl_credit.testbed.model import make_tokenizer
+
+    for name in ("grpo", method):
+        spec = runner.method_spec(name)
+        settings = dict(runner.SHARED, output_dir=os.path.join(out_dir, name), learning_rate=1e-6,
+                        max_steps=args.warmup + steps, logging_steps=1, save_strategy="no", report_to="none",
+                        seed=args.seed, use_cpu=True, disable_tqdm=True)
+        settings.update(spec["fields"])
+        if name == method:
+            settings.update(args.method_fields)
+        settings["per_device_train_batch_size"] = args.prompts * settings["num_generations"]
+        model = LlamaForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        yield name, spec["trainer"](model=model, reward_funcs=[sums.accuracy_reward, sums.format_reward],
+                                    args=spec["config"](**settings), train_dataset=datasets["tiny"],
+                                    processing_class=make_tokenizer(), **spec["kwargs"])
+
+
+def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) -> dict:
+    steps = args.method_steps.get(method, args.steps)
+    build = tiny_trainers if args.model == "tiny" else smollm2_trainers
+    runs = {}
+    for name, trainer in build(method, model_path, datasets, args, out_dir, steps):
         profiler = harness.Profiler()
-        harness.instrument(trainer, "grpo" if grpo_like else method, profiler)
+        harness.instrument(trainer, name, profiler)
         runs[name] = dict(trainer=trainer, batches=harness.prepare_manual_stepping(trainer), profiler=profiler,
                           steps=[])
     prefix = {"cue_grpo": "cue/", "rrpo": "srpo/", "srpo_base": "srpo/"}.get(method, method + "/")
@@ -131,8 +175,14 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
     base_tokens = [s["tokens"].get("generation", 0) for s in base]
     meth_tokens = [s["tokens"].get("generation", 0) for s in meth]
     no_grad_rows = "logprob_passes (no grad)"
+    method_args = runs[method]["trainer"].args
     result = dict(
-        settings={**harness.METHODS[method]["shared"], **harness.METHODS[method]["own"], "max_completion_length": tokens},
+        settings={**({} if args.model == "tiny" else {**harness.METHODS[method]["shared"],
+                                                      **harness.METHODS[method]["own"]}),
+                  **args.method_fields,
+                  **dict(num_generations=method_args.num_generations, temperature=method_args.temperature,
+                         max_completion_length=method_args.max_completion_length, loss_type=method_args.loss_type,
+                         grpo_num_generations=runs["grpo"]["trainer"].args.num_generations)},
         grpo_seconds=[s["step_seconds"] for s in base], method_seconds=[s["step_seconds"] for s in meth],
         grpo_median_seconds=median([s["step_seconds"] for s in base]),
         method_median_seconds=median([s["step_seconds"] for s in meth]),
@@ -144,7 +194,7 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         # rows scored by no-grad passes per step (GRPO with beta 0 and one iteration scores none; OPPO's floor is B)
         grpo_no_grad_rows=spread([s["rows"].get(no_grad_rows, 0) for s in base]),
         method_no_grad_rows=spread([s["rows"].get(no_grad_rows, 0) for s in meth]),
-        rows_per_step=args.prompts * harness.METHODS[method]["shared"]["num_generations"],
+        rows_per_step=args.prompts * runs["grpo"]["trainer"].args.num_generations,  # GRPO's rollouts per step
         components={name: {key: median([s["seconds"].get(key, 0.0) for s in steps])
                            for key in sorted({k for s in steps for k in s["seconds"]})}
                     for name, steps in (("grpo", base), (method, meth))},
@@ -161,6 +211,19 @@ def measure(method: str, model_path: str, datasets: dict, args, out_dir: str) ->
         leaves = [s["metrics"].get("datpo/leaves_per_prompt", 0.0) * args.prompts for s in meth]
         tree_seconds = [s["seconds"].get("datpo: tree (forks + branches + scoring)", float("nan")) for s in meth]
         result["datpo_leaves"] = leaves
+        # the whole step (generation, tree, credit, loss) per leaf over GRPO's step per rollout, pair by pair
+        result["step_time_per_leaf_over_rollout"] = spread(
+            [m["step_seconds"] / max(leaf, 1) / (g["step_seconds"] / rollouts)
+             for m, g, leaf in zip(meth, base, leaves)])
+        # the same less the sibling-diversity embedder's seconds (a sentence-transformers model the size of which
+        # does not follow the policy's: on the tiny testbed it is 100x the policy)
+        embedder = "datpo: sibling diversity (embedder)"
+        result["step_time_per_leaf_over_rollout_without_embedder"] = spread(
+            [(m["step_seconds"] - m["seconds"].get(embedder, 0.0)) / max(leaf, 1) / (g["step_seconds"] / rollouts)
+             for m, g, leaf in zip(meth, base, leaves)])
+        result["cpu_time_per_leaf_over_rollout"] = spread(
+            [m["step_cpu_seconds"] / max(leaf, 1) / (g["step_cpu_seconds"] / rollouts)
+             for m, g, leaf in zip(meth, base, leaves)])
         result["generated_tokens_per_leaf"] = sum(meth_tokens) / max(sum(leaves), 1)
         result["tokens_per_leaf_over_rollout"] = (
             result["generated_tokens_per_leaf"] / max(result["grpo_tokens_per_rollout"], 1e-9))
@@ -183,7 +246,10 @@ def main():
                                      allow_abbrev=False)
     parser.add_argument("--methods", default="cue_grpo,oppo,srpo,rrpo,datpo,srpo_base",
                         help="srpo_base: SRPO with seed_source='base' (seeds from the failed base rollouts)")
-    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                        help="smollm2: SmolLM2-135M-Instruct + LoRA, the examples' settings; tiny: the tiny testbed "
+                             "(committed build, full fine-tuning, the grid's settings)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default: 2; tiny: 8)")
     parser.add_argument("--tokens", type=int, default=None,
                         help="max completion tokens of every method but DATPO (default: each example's own, "
                              "48; SRPO/RRPO 64); the GRPO baseline gets the same")
@@ -193,20 +259,40 @@ def main():
     parser.add_argument("--method-steps", default="",
                         help="timed steps for some methods instead of --steps, e.g. cue_grpo=15,oppo=15 (cheap pairs "
                              "whose ratio is close to 1 need more pairs to resolve a few percent)")
+    parser.add_argument("--method-fields", default="",
+                        help="config fields of the method (not of its GRPO baseline) over its settings, as JSON "
+                             "values, e.g. use_diversity=false,rows_per_forward=256: what a setting costs")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is steadier on a busy machine)")
-    parser.add_argument("--output", default=os.path.join(RESULTS, "overhead.json"))
+    parser.add_argument("--output", default=None,
+                        help="default: benchmarks/results/overhead.json (tiny: overhead_tiny.json)")
     parser.add_argument("--mmap-threshold", type=int, default=65536,
                         help="glibc mmap threshold in bytes (harness.fix_mmap_threshold: bounds the memory of DATPO's "
                              "long trees, slows decoding of both trainers of a pair alike); 0: glibc's default")
     args = parser.parse_args()
+    tiny = args.model == "tiny"
+    if args.prompts is None:
+        args.prompts = 8 if tiny else 2
+    if args.prompts < 1:
+        raise SystemExit(f"--prompts: at least 1, got {args.prompts}")
+    args.output = args.output or os.path.join(RESULTS, "overhead_tiny.json" if tiny else "overhead.json")
     try:
         args.method_steps = {k.strip(): int(v) for k, v in
                              (item.split("=") for item in args.method_steps.split(",") if item.strip())}
     except ValueError:
         raise SystemExit(f"--method-steps: expected method=steps[,method=steps], got {args.method_steps!r}")
-    measurable = sorted(set(harness.METHODS) - {"grpo"})
+    fields = {}
+    for item in (i for i in args.method_fields.split(",") if i.strip()):
+        key, sep, value = item.partition("=")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            raise SystemExit(f"--method-fields: expected field=<JSON value>[,...], got {item!r}")
+        if not sep or not key.strip():
+            raise SystemExit(f"--method-fields: expected field=<JSON value>[,...], got {item!r}")
+    args.method_fields = fields
+    measurable = ["cue_grpo", "datpo", "oppo", "rrpo", "srpo"] if tiny else sorted(set(harness.METHODS) - {"grpo"})
     if set(args.method_steps) - set(measurable) or any(n < 1 for n in args.method_steps.values()):
         raise SystemExit(f"--method-steps: methods from {measurable} and steps >= 1, got {args.method_steps}")
     if args.mmap_threshold:
@@ -216,14 +302,21 @@ def main():
     for method in methods:
         if method not in measurable:
             raise SystemExit(f"--methods: unknown method {method!r}; choose from {measurable}")
-    model_path = default_model_path()
-    datasets = dict(
-        short=make_arithmetic_dataset(num_train=64, num_test=4, seed=0)["train"],
-        long=make_arithmetic_dataset(num_train=64, num_test=4, seed=0, digits=2, num_operands=3, operators="+-",
-                                     instruction=LONG_ANSWER_INSTRUCTION)["train"],
-    )
+    if tiny:
+        from trl_credit.testbed import sums
+
+        model_path, datasets = TINY_MODEL, dict(tiny=sums.make_dataset()["train"])
+        model_name, reward = "tiny testbed (committed build, full fine-tuning)", "sums accuracy + format"
+    else:
+        model_path = default_model_path()
+        datasets = dict(
+            short=make_arithmetic_dataset(num_train=64, num_test=4, seed=0)["train"],
+            long=make_arithmetic_dataset(num_train=64, num_test=4, seed=0, digits=2, num_operands=3, operators="+-",
+                                         instruction=LONG_ANSWER_INSTRUCTION)["train"],
+        )
+        model_name, reward = "SmolLM2-135M-Instruct + LoRA r=64", "final_number"
     out_dir = tempfile.mkdtemp(prefix="overhead_")
-    results = dict(settings=dict(vars(args), model="SmolLM2-135M-Instruct + LoRA r=64", reward="final_number",
+    results = dict(settings=dict(vars(args), model=model_name, reward=reward,
                                  device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                                  threads=torch.get_num_threads()), methods={})
     if os.path.exists(args.output):  # keep other methods' results when re-running a subset
@@ -239,14 +332,15 @@ def main():
 
 def print_summary(results: dict, output: str) -> None:
     settings = results["settings"]
-    print(f"\nSmolLM2-135M-Instruct + LoRA, {settings['prompts']} prompts per step, {settings['steps']} paired steps "
+    print(f"\n{settings['model']}, {settings['prompts']} prompts per step, {settings['steps']} paired steps "
           f"(+{settings['warmup']} warm-up), {settings['device']}, {settings['threads']} thread(s); "
           "ratios: median [min, max] over paired steps")
     for method, r in results["methods"].items():
         key, limit = TARGETS[method]
         value = r.get(key, float("nan"))
         times, toks = r["step_time_ratios"], r["token_ratios"]
-        print(f"{method:<9} G={r['settings']['num_generations']} T={r['settings']['max_completion_length']}  "
+        print(f"{method:<9} G={r['settings']['num_generations']} (GRPO {r['settings'].get('grpo_num_generations')}) "
+              f"T={r['settings']['max_completion_length']}  "
               f"step time x {times['median']:.3f} [{times['min']:.3f}, {times['max']:.3f}] over {times['n']} pairs"
               + (f" (geometric mean {times['geomean']:.3f}, 95% CI [{times['ci95'][0]:.3f}, {times['ci95'][1]:.3f}])"
                  if "ci95" in times else "") + "  "
@@ -266,6 +360,13 @@ def print_summary(results: dict, output: str) -> None:
                   f"{r['grpo_tokens_per_rollout']:.1f} per GRPO rollout; tree generation time per leaf / GRPO's per "
                   f"rollout {r['tree_seconds_per_leaf_over_rollout']['median']:.3f} (target <= 0.5: "
                   f"{'met' if r['tree_seconds_per_leaf_over_rollout']['median'] <= 0.5 else 'NOT met'})")
+            for key in ("step_time_per_leaf_over_rollout", "cpu_time_per_leaf_over_rollout",
+                        "step_time_per_leaf_over_rollout_without_embedder"):
+                if key in r:
+                    v = r[key]
+                    print(f"    {key} {v['median']:.3f} [{v['min']:.3f}, {v['max']:.3f}] over {v['n']} pairs"
+                          + (f" (geometric mean {v['geomean']:.3f}, 95% CI [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}])"
+                             if "ci95" in v else "") + f"  target <= 1: {'met' if v['median'] <= 1 else 'NOT met'}")
     print(f"wrote {output}")
 
 

@@ -94,3 +94,55 @@ def test_rounding_noise_is_not_a_positive_advantage():
     # a real positive advantage still gets it: rewards 0.3, 0.2, 0.1 -> A = +0.1 on the first block
     out = diversity_bonus(block_advantages([0, 0, 0], [None] * 3, [0.3, 0.2, 0.1]), torch.ones(3, dtype=torch.float64), 0.2)
     assert out[0].item() == pytest.approx(0.1 + 0.2)
+
+
+class _CountingEmbedder:
+    """Embeds a text as (number of 'a', number of 'b') and records every batch it is given."""
+
+    def __init__(self):
+        self.batches = []
+
+    def encode(self, texts, batch_size, convert_to_tensor, show_progress_bar):
+        self.batches.append(list(texts))
+        return torch.tensor([[float(t.count("a")), float(t.count("b"))] for t in texts])
+
+
+class _Chars:
+    """A tokenizer whose token ids are character codes."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def test_each_distinct_block_text_is_embedded_once():
+    """Two of a fork's three branches are the same text: it is embedded once and both copies get its vector, so Div
+    is what embedding every copy gives (worked by hand below)."""
+    from types import SimpleNamespace
+
+    from trl_credit.datpo.credit import embedded_sibling_diversity
+    from trl_credit.datpo.forest import Skeletons, TreeBatch, build_forest
+
+    ids = lambda text: [ord(c) for c in text]  # noqa: E731
+    # one prompt, 2 base rollouts "aaab" (fork after 2 tokens) and "bbbb" (no fork); 3 branches from the fork
+    records = [(0, [2], 4), (1, [], 4)]
+    branch_texts = ["ab", "ab", "bb"]
+    skeletons = Skeletons(records, [3], [2, 2, 2])
+    trees = TreeBatch(inputs=[], prompts=[], prompt_ids=[[], []], completion_ids=[ids("aaab"), ids("bbbb")],
+                      rewards_per_func=torch.zeros(2, 1), first_row=0)
+    trees.branch_ids = [ids(t) for t in branch_texts]
+    trees.forest = build_forest(skeletons, [(1, 3)], [0.0, 0.0], [1.0, 1.0, 0.0], num_generations=2)
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(diversity_root_siblings=False, embedding_batch_size=8),
+        accelerator=SimpleNamespace(process_index=0, num_processes=1), _tokenizer=_Chars(),
+    )
+    embedder = _CountingEmbedder()
+    diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
+    # the fork's siblings: the base rollout's tail "ab" and the branches "ab", "ab", "bb": three distinct texts
+    assert embedder.batches == [["ab", "bb"]]
+    # blocks: 0 root->fork "aa", 1 fork->leaf "ab" (the base tail), 2 "bbbb" (root->leaf; the root is no fork by
+    # default), 3-5 the branches; (1,1)·(1,1) has cosine 1, (1,1)·(0,1) 1/√2
+    c = 2 ** -0.5
+    same = 1 - (1 + 1 + c) / 3
+    expected = [0.0, same, 0.0, same, same, 1 - (c + c + c) / 3]
+    assert has_siblings.tolist() == [False, True, False, True, True, True]
+    assert diversity.tolist() == pytest.approx(expected, abs=1e-12)

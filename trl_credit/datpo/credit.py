@@ -64,12 +64,16 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[tor
     keep_texts = [text for text in texts if text.strip()]
     local_embeddings = []
     if keep_texts:
+        # Each distinct text once (docs/datpo.md#sibling-diversity): sibling branches often repeat each other word
+        # for word, and a text's embedding does not depend on the batch it is in, so a repeat takes its first copy's.
+        unique = list(dict.fromkeys(keep_texts))
         with torch.no_grad():
             encoded = embedder.encode(
-                keep_texts, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
+                unique, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
             )
         encoded = torch.as_tensor(encoded).float().cpu()
-        local_embeddings = [(b, encoded[n].tolist()) for n, b in enumerate(keep)]
+        row_of = {text: n for n, text in enumerate(unique)}
+        local_embeddings = [(b, encoded[row_of[text]].tolist()) for b, text in zip(keep, keep_texts)]
     gathered = gather_rows(trainer, local_embeddings)
     if not gathered:
         return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)
