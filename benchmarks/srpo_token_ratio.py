@@ -28,6 +28,8 @@ task (``--task chain``: the warm-started ``smollm2-135m-chain`` with the chain s
 
     python benchmarks/srpo_token_ratio.py --logs benchmarks/results/learning_chain --logs benchmarks/results/learning \\
         --measure --seeds 0 1 2 --resets self random --batches 2 --output benchmarks/results/srpo_token_ratio.json
+
+``--measured-json PATH`` summarizes the batches an earlier ``--measure`` run wrote instead of running again.
 """
 
 from __future__ import annotations
@@ -247,6 +249,14 @@ def measured_summary(rows: list[dict], resets: list[str]) -> dict:
                                batch_min=min(values) if values else None, batch_max=max(values) if values else None)
         entry["shares"] = {part: mean(r["shares"][part] for r in mine if r["shares"]) for part in ("base", "seed", "suffix")}
         entry["factor_means"] = {name: mean(r.get(key) for r in mine) for name, key in FACTORS.items()}
+        if reset != resets[0]:
+            # First batches only: one seed gives every reset the same prompts, base rollouts and seeds there, so the
+            # difference is where the resets landed (later batches' sampling has diverged).
+            first = {r["seed"]: r for r in rows if r["reset"] == resets[0] and r["batch"] == 1}
+            pairs = [r.get(RATIO) - first[r["seed"]].get(RATIO) for r in mine
+                     if r["batch"] == 1 and r["seed"] in first and r.get(RATIO) is not None
+                     and first[r["seed"]].get(RATIO) is not None]
+            entry[f"first_batch_minus_{resets[0]}"] = dict(values=pairs, mean=mean(pairs))
         out[reset] = entry
     return out
 
@@ -290,6 +300,8 @@ def main(argv=None):
     parser.add_argument("--logs", action="append", default=[],
                         help="a folder of <method>_seed<k>.json runs to summarize (repeatable; read-only)")
     parser.add_argument("--measure", action="store_true", help="also run the side-by-side measurement")
+    parser.add_argument("--measured-json", default=None,
+                        help="summarize the batches of an earlier --measure run's JSON instead of running again")
     parser.add_argument("--task", choices=["arithmetic", "chain"], default="arithmetic",
                         help="arithmetic: the main job's SmolLM2-135M-Instruct; chain: smollm2-135m-chain + checker")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -306,8 +318,10 @@ def main(argv=None):
     cli = parser.parse_args(argv)
     if "oracle" in cli.resets and cli.task != "chain":
         parser.error("--resets oracle needs the chain step checker: add --task chain")
-    if not cli.logs and not cli.measure:
-        parser.error("nothing to do: give --logs DIR and/or --measure")
+    if not cli.logs and not cli.measure and not cli.measured_json:
+        parser.error("nothing to do: give --logs DIR and/or --measure (or --measured-json)")
+    if cli.measure and cli.measured_json:
+        parser.error("--measure runs the measurement, --measured-json reuses one: give one of them")
     for directory in cli.logs:
         if not os.path.isdir(directory):
             parser.error(f"--logs {directory}: not a folder")
@@ -316,15 +330,26 @@ def main(argv=None):
         split = dict(num_generations=cli.num_generations, suffixes=cli.suffixes, max_seed_rounds=cli.max_seed_rounds)
         payload["logs"] = summarize_logs(cli.logs, split)
         print_logs(payload["logs"])
-    if cli.measure:
-        rows = measure(cli)
-        payload["measured"] = dict(batches=rows, summary=measured_summary(rows, cli.resets))
+    if cli.measure or cli.measured_json:
+        if cli.measured_json:
+            with open(cli.measured_json) as f:
+                earlier = json.load(f)
+            rows, resets = earlier["measured"]["batches"], earlier["settings"]["resets"]
+            payload["settings"].update({key: earlier["settings"][key] for key in
+                                        ("task", "seeds", "resets", "batches", "prompts", "tokens", "threads")})
+        else:
+            rows, resets = measure(cli), cli.resets
+        payload["measured"] = dict(batches=rows, summary=measured_summary(rows, resets))
         for reset, s in payload["measured"]["summary"].items():
             t, p, sh = s["tokens_vs_grpo"], s["paper_tokens_vs_grpo"], s["shares"]
             print(f"measured {reset}: tokens_vs_grpo {fmt(t['mean_over_seeds'])} +- {fmt(t['sd_over_seeds'])} "
                   f"[{fmt(t['batch_min'])}, {fmt(t['batch_max'])}], paper {fmt(p['mean_over_seeds'])} +- "
                   f"{fmt(p['sd_over_seeds'])}; shares base/seed/suffix {fmt(sh['base'])}/{fmt(sh['seed'])}/"
                   f"{fmt(sh['suffix'])}; reset_position {fmt(s['factor_means']['reset_position'])}")
+            for key, paired in s.items():
+                if key.startswith("first_batch_minus_"):
+                    print(f"  first batches, {reset} minus {key[len('first_batch_minus_'):]} (same seeds): "
+                          f"{', '.join(fmt(v, 3) for v in paired['values'])} (mean {fmt(paired['mean'], 3)})")
     if cli.output:
         os.makedirs(os.path.dirname(os.path.abspath(cli.output)), exist_ok=True)
         with open(cli.output, "w") as f:

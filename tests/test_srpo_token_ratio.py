@@ -92,3 +92,39 @@ def test_cli_refuses_oracle_without_the_checker_and_an_empty_call(capsys):
     with pytest.raises(SystemExit):
         ratio.main(["--logs", "/nonexistent/folder"])
     assert "--logs /nonexistent/folder" in capsys.readouterr().err
+
+
+def test_measured_summary_pairs_first_batches_by_seed():
+    def row(seed, reset, batch, total, position):
+        r = {"seed": seed, "reset": reset, "batch": batch, ratio.RATIO: total, ratio.PAPER: total - 0.3,
+             ratio.BASE: 2 * total, "srpo/reset_position": position}
+        r["shares"] = ratio.shares(r)
+        return r
+
+    rows = [row(0, "self", 1, 1.2, 0.1), row(0, "self", 2, 1.0, 0.5), row(0, "random", 1, 1.0, 0.4),
+            row(0, "random", 2, 0.8, 0.6), row(1, "self", 1, 1.1, 0.2), row(1, "random", 1, 1.05, 0.3)]
+    out = ratio.measured_summary(rows, ["self", "random"])
+    # self: seed means 1.1 (seed 0) and 1.1 (seed 1): sd 0; batches 1.0 .. 1.2
+    assert out["self"]["tokens_vs_grpo"]["mean_over_seeds"] == pytest.approx(1.1)
+    assert out["self"]["tokens_vs_grpo"]["sd_over_seeds"] == pytest.approx(0.0)
+    assert (out["self"]["tokens_vs_grpo"]["batch_min"], out["self"]["tokens_vs_grpo"]["batch_max"]) == (1.0, 1.2)
+    # random minus self on the first batches: 1.0 - 1.2 and 1.05 - 1.1
+    paired = out["random"]["first_batch_minus_self"]
+    assert paired["values"] == pytest.approx([-0.2, -0.05])
+    assert paired["mean"] == pytest.approx(-0.125)
+    assert "first_batch_minus_self" not in out["self"]
+
+
+def test_cli_reuses_an_earlier_measurement(tmp_path, capsys):
+    row = {"seed": 0, "reset": "self", "batch": 1, ratio.RATIO: 1.1, ratio.PAPER: 0.8, ratio.BASE: 2.2}
+    row["shares"] = ratio.shares(row)
+    settings = dict(task="arithmetic", seeds=[0], resets=["self"], batches=1, prompts=2, tokens=64, threads=1)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(dict(settings=settings, measured=dict(batches=[row]))))
+    out = tmp_path / "out.json"
+    payload = ratio.main(["--measured-json", str(earlier), "--output", str(out)])
+    assert payload["measured"]["summary"]["self"]["tokens_vs_grpo"]["mean_over_seeds"] == pytest.approx(1.1)
+    assert json.loads(out.read_text())["settings"]["seeds"] == [0]
+    with pytest.raises(SystemExit):
+        ratio.main(["--measure", "--measured-json", str(earlier)])
+    assert "give one of them" in capsys.readouterr().err
