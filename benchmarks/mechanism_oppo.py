@@ -21,7 +21,10 @@ With ``--task chain`` (``smollm2-135m-chain``) it also asks whether the recursio
 incorrect completion with a signal, the chain step checker's first wrong step h_o splits the tokens (mapped to their
 lines, ``mechanism_common.line_of_token``) into before / on / after h_o, and the script reports the share of the
 negative advantage mass (loss advantages and the recursion's anchored Â_t) in each region against the share of
-tokens in it (what uniform credit, GRPO, would give).
+tokens in it (what uniform credit, GRPO, would give). ``--process`` adds, on the same rollouts, the credit of
+``credit="process"`` with the chain step checker (docs/process.md: step rewards 1 before the first wrong line, 0 from
+it on, normalized over the group's steps, each token the sum over its own and later steps; DeepSeekMath §4.1.3), the
+checker's oracle token credit beside OPPO's, and the mean credit per token by line relative to h_o for both.
 """
 
 from __future__ import annotations
@@ -109,6 +112,54 @@ def region_shares(lines: list[int], advantages: list[float], first_wrong: int) -
                       for r in REGIONS})
 
 
+def process_credit(records: list[dict], tokenizer, group_size: int, delimiter: str = "\n") -> None:
+    """``record["process"]``: per row, the token advantages ``credit="process"`` gives it with the chain step
+    checker (trl_credit/process/parts.py's ProcessCredit on every row: the chain rewards score every row, and TRL's
+    default ``scale_rewards="group"``), computed from the recorded completions with the library's pure functions.
+    Rows ``k * group_size .. (k + 1) * group_size - 1`` are one prompt's group (TRL's order, checked)."""
+    from trl_credit.process.advantages import normalized_step_rewards, token_advantages
+    from trl_credit.process.step_rewards import chain_step_rewards
+    from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+
+    for record in records:
+        output, inputs = record["output"], record["inputs"]
+        mask = output["completion_mask"].bool()
+        rows = []
+        for i in range(mask.size(0)):
+            if inputs[i]["question"] != inputs[i - i % group_size]["question"]:
+                raise SystemExit(f"row {i} is not in its group of {group_size} (another question): update this script.")
+            ids = output["completion_ids"][i][mask[i]].tolist()
+            ends = split_thoughts(ids, tokenizer, delimiter)
+            text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            columns = {key: value for key, value in inputs[i].items() if key != "prompt"}
+            steps = thought_texts(ids, ends, tokenizer, delimiter) if ends else []
+            rows.append((ids, ends, chain_step_rewards(inputs[i]["prompt"], text, steps, **columns)))
+        normalized = normalized_step_rewards([r[2] for r in rows], [i // group_size for i in range(len(rows))])
+        record["process"] = [token_advantages(ends, values, len(ids)) for (ids, ends, _), values in zip(rows, normalized)]
+
+
+OFFSETS = range(-3, 4)  # line - h_o in the per-line profile
+
+
+def line_profile(lines: list[int], advantages: list[float], first_wrong: int) -> dict:
+    """Mean advantage per token on each line at offset line - h_o (OFFSETS; the tokens before the first line count
+    as line 0), in units of the completion's mean |A_t| so that credits of different scales compare; offsets with
+    no token are left out. Empty when every advantage is 0."""
+    scale = sum(abs(a) for a in advantages) / len(advantages)
+    if scale == 0:
+        return {}
+    out = {}
+    for d in OFFSETS:
+        values = [a for a, line in zip(advantages, lines) if max(line, 1) - first_wrong == d]
+        if values:
+            out[d] = sum(values) / len(values) / scale
+    return out
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None  # None, not NaN: the JSON stays standard
+
+
 def chain_regions(records: list[dict], tokenizer) -> list[dict]:
     """Incorrect completions with a nonzero sequence advantage: h_o, its reason, and the region shares."""
     from trl_credit.chain import check_steps
@@ -127,11 +178,16 @@ def chain_regions(records: list[dict], tokenizer) -> list[dict]:
             if verdict.step is None:
                 continue
             lines = common.line_of_token(common.token_pieces(ids, tokenizer))
-            out.append(dict(question=record["inputs"][i]["question"], text=text,
-                            first_wrong=verdict.step, reason=verdict.reason, lines=max(lines), tokens=length,
-                            loss=region_shares(lines, output["advantages"][i, :length].tolist(), verdict.step),
-                            anchored=region_shares(lines, credit["advantages"][i, :length].tolist(),
-                                                   verdict.step)))
+            loss = output["advantages"][i, :length].tolist()
+            entry = dict(question=record["inputs"][i]["question"], text=text,
+                         first_wrong=verdict.step, reason=verdict.reason, lines=max(lines), tokens=length,
+                         loss=region_shares(lines, loss, verdict.step),
+                         anchored=region_shares(lines, credit["advantages"][i, :length].tolist(), verdict.step))
+            if "process" in record:
+                entry["process"] = region_shares(lines, record["process"][i], verdict.step)
+                entry["profile"] = dict(loss=line_profile(lines, loss, verdict.step),
+                                        process=line_profile(lines, record["process"][i], verdict.step))
+            out.append(entry)
     return out
 
 
@@ -141,7 +197,8 @@ def summarize_regions(regions: list[dict]) -> dict:
     def block(subset):
         entry = dict(completions=len(subset), token_share={r: common.mean(c["loss"]["tokens"][r] for c in subset)
                                                             for r in REGIONS})
-        for kind in ("loss", "anchored"):
+        kinds = ("loss", "anchored", "process") if subset and all("process" in c for c in subset) else ("loss", "anchored")
+        for kind in kinds:
             have = [c for c in subset if c[kind]["mass"]["before"] is not None]
             entry[f"{kind}_negative_mass_share"] = {r: common.mean(c[kind]["mass"][r] for c in have) for r in REGIONS}
             entry[f"{kind}_completions_with_negative_mass"] = len(have)
@@ -159,6 +216,10 @@ def summarize_regions(regions: list[dict]) -> dict:
         entry["distinct_texts"] = len({(c["question"], c["text"]) for c in subset})
         entry["on_token_interval_over_prompts"] = common.cluster_bootstrap(
             [c["loss"]["tokens"]["on"] for c in subset], [c["question"] for c in subset])
+        if "process" in kinds:
+            # mean credit per token by line offset from h_o (line_profile), over the completions with that offset
+            entry["profile"] = {kind: {d: _mean_or_none([c["profile"][kind][d] for c in subset if d in c["profile"][kind]])
+                                       for d in OFFSETS} for kind in ("loss", "process")}
         entry["by_first_wrong_line"] = {}
         for h in sorted({c["first_wrong"] for c in subset}):
             at = [c for c in subset if c["first_wrong"] == h]
@@ -181,22 +242,38 @@ def plot_regions(summary: dict, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    process = "process_negative_mass_share" in summary["all"]
+    fig, axes = plt.subplots(1, 3 if process else 2, figsize=(16 if process else 11, 4.2))
     for ax, key, name in ((axes[0], "error_on_a_line", "error on a written line"), (axes[1], "all", "all incl. no answer")):
         entry = summary[key]
         x = range(len(REGIONS))
-        width = 0.27
-        for k, (label, values, color) in enumerate((
-                ("tokens (GRPO / uniform)", entry["token_share"], "tab:gray"),
+        bars = [("tokens (GRPO / uniform)", entry["token_share"], "tab:gray"),
                 ("neg. loss advantage mass", entry["loss_negative_mass_share"], "tab:red"),
-                ("neg. anchored Â_t mass", entry["anchored_negative_mass_share"], "tab:orange"))):
-            ax.bar([i + (k - 1) * width for i in x], [values[r] if values[r] == values[r] else 0 for r in REGIONS],
+                ("neg. anchored Â_t mass", entry["anchored_negative_mass_share"], "tab:orange")]
+        if process:
+            bars.append(("neg. process credit mass (checker)", entry["process_negative_mass_share"], "tab:blue"))
+        width = 0.8 / len(bars)
+        for k, (label, values, color) in enumerate(bars):
+            ax.bar([i + (k - (len(bars) - 1) / 2) * width for i in x],
+                   [values[r] if values[r] is not None and values[r] == values[r] else 0 for r in REGIONS],
                    width, label=label, color=color)
         ax.set_xticks(list(x))
         ax.set_xticklabels([f"{r} h_o" for r in REGIONS])
         ax.set_ylim(0, 1)
         ax.set_ylabel("mean share per incorrect completion")
         ax.set_title(f"{name} (n={entry['completions']})")
+        ax.legend(fontsize=8)
+    if process:
+        ax, profile = axes[2], summary["error_on_a_line"]["profile"]
+        for kind, label, color in (("loss", "OPPO (loss advantages)", "tab:red"),
+                                   ("process", "process credit (checker)", "tab:blue")):
+            points = [(d, v) for d, v in profile[kind].items() if v is not None]
+            ax.plot([d for d, _ in points], [v for _, v in points], "o-", color=color, label=label)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.axvline(0, color="gray", ls="--", lw=0.8)
+        ax.set_xlabel("line - first wrong line h_o")
+        ax.set_ylabel("mean A_t per token / the completion's mean |A_t|")
+        ax.set_title("credit per line around the first wrong line")
         ax.legend(fontsize=8)
     common.save_figure(fig, path, title)
 
@@ -280,7 +357,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     common.add_common_arguments(parser)
+    parser.add_argument("--process", action="store_true",
+                        help="--task chain: also the process credit of the chain step checker on the same rollouts")
     args = parser.parse_args(argv)
+    if args.process and not common.is_chain(args):
+        parser.error("--process needs the chain step checker: add --task chain")
     json_path, png_path = common.output_paths(args, "oppo")
     start = time.perf_counter()
 
@@ -310,6 +391,8 @@ def main(argv=None):
         record["success"] = common.success_of(trainer, record["rewards"][-1]).tolist()
     rows = analyse(recorder.batches)
     summary = summarize(rows)
+    if args.process:
+        process_credit(recorder.batches, trainer.processing_class, trainer.num_generations)
     regions = chain_regions(recorder.batches, trainer.processing_class) if common.is_chain(args) else None
     metrics = {k: v for k, v in common.harness.last_metrics(trainer).items() if k.startswith("oppo/")}
     payload = dict(settings=common.settings_of(args, trainer), seconds=time.perf_counter() - start,

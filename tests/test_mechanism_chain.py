@@ -271,3 +271,71 @@ def test_tiny_mechanisms_fork_regions_by_hand():
     assert s["line_start_share"] == {"before": 1 / 6, "on": 2 / 6, "after": 3 / 6}
     assert s["branches"] == {"before": 2, "on": 1, "after": 1}
     assert s["branch_correct_rate"] == {"before": 0.5, "on": 0.0, "after": 1.0}
+
+
+class CharTokenizer:
+    """One token per character (id = code point), enough for thought splitting and decoding."""
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return "".join(chr(i) for i in ids)
+
+
+def test_process_credit_and_its_line_profile_by_hand():
+    import mechanism_oppo
+    import torch
+
+    question = "15 + 3, then add 8, then subtract 7"
+    right = "15 + 3 = 18\n18 + 8 = 26\n26 - 7 = 19\n\\boxed{19}"   # 4 steps, rewards 1 1 1 1
+    wrong = "15 + 3 = 18\n18 + 8 = 26\n26 - 7 = 23\n\\boxed{23}"   # wrong at line 3: rewards 1 1 0 0
+    width = len(right)
+    record = dict(inputs=[dict(prompt=question, question=question)] * 2,
+                  output=dict(completion_ids=torch.tensor([[ord(c) for c in text] for text in (right, wrong)]),
+                              completion_mask=torch.ones(2, width, dtype=torch.long)))
+    mechanism_oppo.process_credit([record], CharTokenizer(), group_size=2)
+    # R = six 1s and two 0s: mean 0.75, unbiased std sqrt((6 * 0.0625 + 2 * 0.5625) / 7) = sqrt(1.5 / 7), + 1e-4
+    std = (1.5 / 7) ** 0.5 + 1e-4
+    one, zero = 0.25 / std, -0.75 / std   # 0.53995, -1.61984
+    right_steps = [4 * one, 3 * one, 2 * one, one]
+    wrong_steps = [2 * one + 2 * zero, one + 2 * zero, 2 * zero, zero]   # -2.160, -2.700, -3.240, -1.620
+    lengths = [12, 12, 12, 10]   # "15 + 3 = 18\n" ... "\boxed{23}": each line's tokens, its newline included
+    for row, steps in ((0, right_steps), (1, wrong_steps)):
+        expected = [value for value, n in zip(steps, lengths) for _ in range(n)]
+        assert record["process"][row] == pytest.approx(expected, rel=1e-6)
+    # the wrong row around its first wrong line h_o = 3: offsets -2, -1, 0, +1, in units of its mean |A_t|
+    lines = mechanism_common.line_of_token(list(wrong))
+    scale = sum(abs(v) * n for v, n in zip(wrong_steps, lengths)) / width
+    profile = mechanism_oppo.line_profile(lines, record["process"][1], 3)
+    assert profile == pytest.approx({-2: wrong_steps[0] / scale, -1: wrong_steps[1] / scale,
+                                     0: wrong_steps[2] / scale, 1: wrong_steps[3] / scale})
+    assert min(profile, key=profile.get) == 0   # the most negative credit per token is on the first wrong line
+    assert mechanism_oppo.line_profile([1, 2], [0.0, 0.0], 1) == {}
+
+
+def test_process_credit_refuses_rows_out_of_their_group():
+    import mechanism_oppo
+    import torch
+
+    record = dict(inputs=[dict(prompt="q", question="1 + 1"), dict(prompt="q", question="2 + 2")],
+                  output=dict(completion_ids=torch.tensor([[50], [50]]), completion_mask=torch.ones(2, 1)))
+    with pytest.raises(SystemExit, match="row 1 is not in its group of 2"):
+        mechanism_oppo.process_credit([record], CharTokenizer(), group_size=2)
+
+
+def test_summarize_regions_with_process_credit_averages_the_line_profiles():
+    import mechanism_oppo
+
+    def completion(question, mass, profile):
+        shares = dict(tokens=dict(zip(mechanism_oppo.REGIONS, (0.5, 0.25, 0.25))),
+                      mass=dict(zip(mechanism_oppo.REGIONS, mass)))
+        return dict(question=question, text=question, first_wrong=2, reason="arithmetic", loss=shares,
+                    anchored=shares, process=shares, profile=dict(loss=profile, process=profile))
+
+    regions = [completion("q1", (0.0, 1.0, 0.0), {-1: 0.5, 0: -2.0}),
+               completion("q2", (0.2, 0.5, 0.3), {0: -1.0, 1: -0.5})]
+    entry = mechanism_oppo.summarize_regions(regions)["all"]
+    assert entry["process_negative_mass_share"]["on"] == pytest.approx(0.75)
+    # offset 0 in both (-2.0, -1.0), -1 and +1 in one each; -3, -2, +2, +3 in none
+    assert entry["profile"]["process"] == {-3: None, -2: None, -1: 0.5, 0: -1.5, 1: -0.5, 2: None, 3: None}
+    # without process credit in every completion: no process block
+    del regions[1]["process"]
+    assert "process_negative_mass_share" not in mechanism_oppo.summarize_regions(regions)["all"]
