@@ -82,7 +82,7 @@ class SignCredit(Credit):
             raise ValueError("SignCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
         values = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size,
                                  self.scale)
-        batch.log_advantages(trainer, values.tolist())  # TRL's completions table shows ours, not GRPO's
+        batch.log_advantages(values.tolist())  # TRL's completions table shows ours, not GRPO's
         local = batch.local_rows(values).to(output["advantages"])
         # ±inf rewards: warned once and logged each step (the pure function already gave those groups 0)
         local = zero_nonfinite_groups(trainer, local, batch.rewards_per_func, "sign/nonfinite_reward_rate")
@@ -113,7 +113,7 @@ class SurpriseCredit(Credit):
         if batch.group_size is None:
             raise ValueError("SurpriseCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
         signs = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size, 1.0)
-        batch.log_advantages(trainer, signs.tolist())  # the completions table shows each row's direction
+        batch.log_advantages(signs.tolist())  # the completions table shows each row's direction
         logps, _ = score_completions(trainer, trainer.model, output["prompt_ids"], output["prompt_mask"],
                                      output["completion_ids"], output["completion_mask"])
         mask = output["completion_mask"]

@@ -36,7 +36,9 @@ def run(trainer, batch, metric="srpo/nonfinite_reward_rate"):
     trainer._metrics["train"] = {metric: []}
     output = {"advantages": torch.zeros(batch.num_local)}
     local = GroupOutcome(metric).advantages(trainer, batch, None, output)
-    return local, list(trainer._logs["advantages"]), trainer._metrics["train"][metric]
+    # the credit hands the table's values to the record; the core writes them into TRL's table once
+    assert list(trainer._logs["advantages"]) == [9.0] * 8
+    return local, batch.table_advantages, trainer._metrics["train"][metric]
 
 
 # Rows: group 5 = {1, 0}, a row in no group with a far-off reward, group 2 = {3, 1, 2}, group 7 = {4, 4} (no signal).

@@ -165,3 +165,11 @@ def test_the_write_scan_finds_the_writes_it_forbids(tmp_path):
               "        output['advantages'] = advantages\n        return output\n")
     assert writes_to_trls_batch(_write(tmp_path, source)) == [
         "pkg/module.py:3 Oppo.advantages", "pkg/module.py:4 Oppo.advantages", "pkg/module.py:8 Cue.apply"]
+
+
+def test_only_the_core_writes_trls_completions_table():
+    # Parts hand the table's values to the record (RowBatch.log_advantages); the core writes them once, after every
+    # part ran, so a modifier's values are never overwritten by an earlier part's and no part touches TRL's _logs.
+    writers = sorted(str(path.relative_to(REPO)) for path in (REPO / "trl_credit").rglob("*.py")
+                     if "replace_logged_advantages(" in path.read_text() or '_logs["advantages"]' in path.read_text())
+    assert writers == ["trl_credit/core.py", "trl_credit/trainer_logs.py"]

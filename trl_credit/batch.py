@@ -64,6 +64,10 @@ class RowBatch:
     TRL's batch by the core."""
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What a rollout hands its credit beyond the rows (DATPO's trees)."""
+    table_advantages: list[float] | None = None
+    """One value per row of TRL's completions table (each global row; DATPO: each base rollout) (``log_completions``), set by a part whose advantages
+    differ from GRPO's (:meth:`log_advantages`); the core writes it into the table once, after every part ran.
+    None: the table keeps TRL's."""
 
     @property
     def num_rows(self) -> int:
@@ -87,11 +91,10 @@ class RowBatch:
                 members.setdefault(group, []).append(row)
         return members
 
-    def log_advantages(self, trainer, values: Sequence[float]) -> None:
-        """``values`` (one per global row) replace GRPO's advantages in TRL's completions table (``log_completions``)."""
-        from trl_credit.trainer_logs import replace_logged_advantages  # TRL's helpers: the record alone needs no TRL
-
-        replace_logged_advantages(trainer, values)
+    def log_advantages(self, values: Sequence[float]) -> None:
+        """``values`` (one per global row) replace GRPO's advantages in TRL's completions table (``log_completions``).
+        A later part's values replace an earlier one's; the core writes the last into the table once."""
+        self.table_advantages = [float(v) for v in values]
 
 
 def trl_groups(trainer, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:

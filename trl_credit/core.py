@@ -35,7 +35,7 @@ from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.registry import register_part
 from trl_credit.success import total_rewards
-from trl_credit.trainer_logs import nonfinite_reward_groups, zero_nonfinite_groups
+from trl_credit.trainer_logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
 from trl_credit.trl_compat import hidden_library_deprecations
 
@@ -150,7 +150,7 @@ class GroupOutcome(Credit):
         else:
             rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # NaN when unscorable
             advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
-        batch.log_advantages(trainer, advantages.tolist())
+        batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
         return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
 
@@ -271,6 +271,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
                         advantages = modifier.apply(self, batch, inputs, output, advantages)
                     output = self.rollout.training_batch(self, batch, inputs, output, advantages)
             if batch is not None:
+                if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
+                    replace_logged_advantages(self, batch.table_advantages)
                 self._log_credit(output, block_ids=batch.extras.get("block_ids"))
             if self._credit_callbacks:
                 step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)

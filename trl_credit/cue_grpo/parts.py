@@ -163,7 +163,7 @@ class RarityWeights(Modifier):
         weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
         local_weights = batch.local_rows(weights).to(advantages.device)
         if advantages.dim() == 1:
-            batch.log_advantages(trainer, (sequence * weights).tolist())  # TRL's table shows GRPO's
+            batch.log_advantages((sequence * weights).tolist())  # TRL's table shows GRPO's
             result = (advantages.double() * local_weights).to(advantages.dtype)
         else:
             scaled = (advantages.double() * local_weights.unsqueeze(1)).to(advantages.dtype)

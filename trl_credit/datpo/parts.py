@@ -181,7 +181,7 @@ class Trees(Rollout):
         trees: TreeBatch = batch.extras["trees"]
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
-        batch.log_advantages(trainer, trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
+        batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
         rows = training_rows(trainer, output, trees, advantages)
         log_tree_metrics(trainer, trees, advantages)
         # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is

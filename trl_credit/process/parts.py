@@ -120,7 +120,7 @@ class ProcessCredit(Credit):
             [None if r is None else r["rewards"] for r in records], batch.group_ids.tolist(),
             scale=trainer.scale_rewards)
         sequence = [sum(values) for values in normalized]  # a row's first trained token's advantage
-        batch.log_advantages(trainer, sequence)
+        batch.log_advantages(sequence)
         batch.sequence_signs = torch.tensor(
             [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
 
