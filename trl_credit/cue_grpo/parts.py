@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .. import bridge
 from ..batch import RowBatch
 from ..collectives import gather_rows
 from ..core import Modifier
@@ -142,7 +143,7 @@ class RarityWeights(Modifier):
                 advantages.base = reweighted_rows(advantages.base, rows, row_weights)
             return advantages
         start = time.perf_counter()
-        rollouts = trainer._rollout_capture
+        rollouts = bridge.rollout_capture(trainer)
         if rollouts is None or rollouts.generated is None:
             raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass "
                                "_generate?)")
@@ -227,7 +228,7 @@ class RarityWeights(Modifier):
                 f"{speaker(trainer, self)} found completions with A_i > 0 but none of them correct (or all with a "
                 "masked loss), so "
                 "this step was plain GRPO. Correct means the `success_reward` function "
-                f"({trainer.reward_func_names[trainer._success_index]!r}) returned >= success_threshold "
+                f"({bridge.success_reward_name(trainer)!r}) returned >= success_threshold "
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
                 "`cue/frac_positive_advantage_excluded` logs the rate every step.",
             )
@@ -307,7 +308,7 @@ class RarityWeights(Modifier):
     def _captured_texts(trainer, inputs, offset: int) -> dict[int, tuple[str, object]]:
         """Global row -> (completion text, prompt) of this process's rows, from TRL's ``_generate`` (trl 1.16.0:
         (prompt_ids, completion_ids, tool_mask, completions, ...)) in the rollout capture."""
-        completions = trainer._rollout_capture.generated[3]
+        completions = bridge.rollout_capture(trainer).generated[3]
         return {offset + i: (completion_text(c), _prompt_of(inputs[i])) for i, c in enumerate(completions)}
 
     def _partitions(self, trainer, positives, groups, local_texts):

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from .. import bridge
 from ..collectives import fill_rows, gather_counts, gather_rows, rewards_of_extra_rows
 from ..generation import sampling_overrides
 from ..generation_hooks import hf_generate_hooks
@@ -55,7 +56,7 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
     # HF generate pads the rows that stopped at their own budget to the call's length (TRL cuts only after an
     # EOS): that padding was never generated. vLLM and continuous batching return only sampled tokens.
     pads_rows = not (trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False))
-    pad_id = trainer._tokenizer.pad_token_id
+    pad_id = bridge.pad_token_id(trainer)
     for b_hat, forks in groups:
         mine = forks[(process - dealt) % num_processes :: num_processes]
         dealt += len(forks)
@@ -77,7 +78,7 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
                 sampling_overrides(trainer, max_new_tokens=call_budget),
                 hf_generate_hooks(trainer, row_budgets, compact_rows=True),
             ):
-                completion_ids, logprobs = trainer._generate_single_turn(rows, None, {}, b_hat)
+                completion_ids, logprobs = bridge.generate_single_turn(trainer, rows, None, {}, b_hat)
             any_logprobs = any_logprobs and logprobs is not None
             for n, k in enumerate(call_forks):
                 piece = slice(n * b_hat, (n + 1) * b_hat)

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from .. import bridge
 from ..collectives import decode_completions, gather_rows
 from ..rewards import completion_text
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
@@ -59,7 +60,7 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[tor
     for b in local:
         kind, row, start, end = forest.blocks[b].source
         tokens = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
-        texts.append(trainer._tokenizer.decode(tokens, skip_special_tokens=True))
+        texts.append(bridge.tokenizer(trainer).decode(tokens, skip_special_tokens=True))
     keep = [b for b, text in zip(local, texts) if text.strip()]
     keep_texts = [text for text in texts if text.strip()]
     local_embeddings = []
@@ -119,7 +120,7 @@ def grounded_forks(trainer, trees: TreeBatch) -> set:
 def _truncated_leaves(trainer, trees: TreeBatch) -> tuple[list[bool], list[bool]]:
     """Whether each base rollout and each branch (global, process order) ends without EOS (TRL's truncation test).
     A collective call."""
-    eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+    eos_and_pad = [*trainer.eos_token_ids, bridge.pad_token_id(trainer)]
     base_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
     branch_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
     return base_truncated, branch_truncated

@@ -3,7 +3,7 @@ and :class:`BlockCredit`, the credit. The pure math stays in budget.py, forks.py
 
 Each training generation batch:
 
-1. phase 1 (:meth:`Trees.generate_and_score`): ``trainer._trl_generate_and_score_completions`` = TRL generates the N
+1. phase 1 (:meth:`Trees.generate_and_score`): ``bridge.trl_generate_and_score`` = TRL generates the N
    base rollouts per prompt, scores them with the reward functions, computes old/ref log-probs and vLLM importance
    ratios, logs its metrics; the core's rollout capture keeps TRL's token ids and global rewards of that call, and
    :meth:`Trees.generate_single_turn` records the sampled tokens' entropies on the way (HF generate).
@@ -43,6 +43,7 @@ import random
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.trl_compat import shuffle_sequence_dict
 
 from ..batch import RowBatch, trl_groups
@@ -124,9 +125,9 @@ class Trees(Rollout):
         who = speaker(trainer, self)
         check_single_turn(trainer, who)
         bind_success(trainer)
-        if trainer._is_vlm:
+        if bridge.is_vlm(trainer):
             raise ValueError(f"{who} supports text-only models: branch prompts are token prefixes of the response.")
-        if trainer._entropy_bonus_enabled:
+        if bridge.entropy_bonus_enabled(trainer):
             # TRL adds the entropy bonus per micro-batch inside its loss; DATPO rescales that loss to the generation
             # batch per micro-batch and per forward piece (see `loss`), which would rescale the bonus too.
             raise ValueError(
@@ -159,13 +160,13 @@ class Trees(Rollout):
 
     def generate_and_score(self, trainer, inputs, capture) -> tuple[dict, RowBatch | None]:
         if not trainer.model.training:
-            return trainer._trl_generate_and_score_completions(inputs), None
+            return bridge.trl_generate_and_score(trainer, inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
             raise ValueError(f"{speaker(trainer, self)} does not support image inputs.")
         self.sampled_entropies = None
         self.phase1 = True
         try:
-            base = trainer._trl_generate_and_score_completions(inputs)
+            base = bridge.trl_generate_and_score(trainer, inputs)
         finally:
             self.phase1 = False
         rewards_per_func = capture.rewards(speaker(trainer, self))  # global: every process's base rollouts
@@ -237,7 +238,7 @@ class Trees(Rollout):
                 entropies[i, : len(row)] = torch.tensor(row)
             return entropies
         p_ids, p_mask, c_ids, c_mask = pad_rows(
-            trees.prompt_ids, trees.completion_ids, trainer._tokenizer.pad_token_id, trainer.accelerator.device
+            trees.prompt_ids, trees.completion_ids, bridge.pad_token_id(trainer), trainer.accelerator.device
         )
         _, entropies = score_completions(trainer, trainer.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
         return entropies.float().cpu()
@@ -257,7 +258,7 @@ class Trees(Rollout):
             if should_fork and length >= 2:
                 spans = None
                 if args.fork_method == "sent_entropy":
-                    spans = sentence_spans(*token_char_offsets(trainer._tokenizer, ids))
+                    spans = sentence_spans(*token_char_offsets(bridge.tokenizer(trainer), ids))
                 rng = random.Random(f"{args.seed}-{trainer.state.global_step}-{g_row}")
                 row_entropies = entropies[i, :length] if entropies is not None else None
                 forks = select_forks(
@@ -326,10 +327,11 @@ class Trees(Rollout):
         if not trainer.model.training:
             return proceed(generation_batch)
         steps = trainer.args.steps_per_generation
-        if trainer._step % (steps * trainer.num_iterations) == 0 or trainer._buffered_inputs is None:
-            batch = shuffle_sequence_dict(trainer._generate_and_score_completions(generation_batch))
-            trainer._buffered_inputs = split_rows(batch, steps, trainer.pad_to_multiple_of)
-        return trainer._buffered_inputs[trainer._step % steps]
+        step = bridge.optimizer_step(trainer)
+        if step % (steps * trainer.num_iterations) == 0 or bridge.buffered_inputs(trainer) is None:
+            batch = shuffle_sequence_dict(bridge.generate_and_score(trainer, generation_batch))
+            bridge.set_buffered_inputs(trainer, split_rows(batch, steps, trainer.pad_to_multiple_of))
+        return bridge.buffered_inputs(trainer)[bridge.optimizer_step(trainer) % steps]
 
     def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import bridge
 from ..collectives import fill_rows, gather_counts
 from ..scoring import pad_rows, score_completions
 from ..trl_compat import use_adapter
@@ -32,7 +33,7 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -
     row_counts = gather_counts(trainer, n_base + n_branch)
     n_rows = max(row_counts)
     n_empty = n_rows - n_base - n_branch
-    pad_id = trainer._tokenizer.pad_token_id
+    pad_id = bridge.pad_token_id(trainer)
     prompt_rows = fill_rows(prompt_ids_list + branch_prefixes, n_rows, [pad_id])
     completion_rows = fill_rows(completion_ids_list + branch_ids, n_rows, [pad_id])
     p_ids, p_mask, c_ids, c_mask = pad_rows(prompt_rows, completion_rows, pad_id, device, trainer.pad_to_multiple_of)
@@ -54,7 +55,7 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -
         # they keep their loss while those values rest on a finished leaf (`grounded`), as a run from the start
         # of the row (a masked block in the middle would also hide its tokens from the attention of the later
         # ones). With every leaf truncated nothing is trained, as in GRPO.
-        eos_and_pad = [*trainer.eos_token_ids, trainer._tokenizer.pad_token_id]
+        eos_and_pad = [*trainer.eos_token_ids, bridge.pad_token_id(trainer)]
         for r, ids in enumerate(completion_rows[: n_base + n_branch]):
             if not is_truncated(ids, eos_and_pad):
                 continue
@@ -181,8 +182,8 @@ def score_collectively(trainer, model, prompt_rows: Sequence[Sequence[int]], com
         completions = list(completion_rows[start : start + batch_size])
         real = len(completions)
         if real == 0:
-            prompts, completions = [[trainer._tokenizer.pad_token_id]], [[trainer._tokenizer.pad_token_id]]
-        p_ids, p_mask, c_ids, c_mask = pad_rows(prompts, completions, trainer._tokenizer.pad_token_id, device)
+            prompts, completions = [[bridge.pad_token_id(trainer)]], [[bridge.pad_token_id(trainer)]]
+        p_ids, p_mask, c_ids, c_mask = pad_rows(prompts, completions, bridge.pad_token_id(trainer), device)
         logps, _ = score_completions(trainer, model, p_ids, p_mask, c_ids, c_mask, batch_size=len(completions))
         if real:
             pieces.append(logps)

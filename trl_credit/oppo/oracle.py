@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.trl_compat import HAS_FUSED_LM_HEAD, TRL_VERSION, add_fused_lm_head
 
 __all__ = [
@@ -109,7 +110,7 @@ def score_evidence(
     pad_to = getattr(trainer, "pad_to_multiple_of", None)
     stacked_ids = pad(
         [torch.tensor(r, dtype=torch.long) for r in rows],
-        padding_value=trainer._tokenizer.pad_token_id,
+        padding_value=bridge.pad_token_id(trainer),
         padding_side="left",
         pad_to_multiple_of=pad_to,
     ).to(device)

@@ -30,6 +30,7 @@ import contextlib
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.core import Credit, GroupOutcome
 from trl_credit.generation_hooks import GenerationRecorder
@@ -112,7 +113,7 @@ def load_teacher(trainer, teacher, teacher_processing_class):
                 f"({error}); pass it: {passed}."
             ) from error
     teacher_tokenizer = getattr(teacher_processing_class, "tokenizer", teacher_processing_class)
-    student_vocab, teacher_vocab = trainer._tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    student_vocab, teacher_vocab = bridge.tokenizer(trainer).get_vocab(), teacher_tokenizer.get_vocab()
     if student_vocab != teacher_vocab:
         differing = sorted(set(student_vocab.items()) ^ set(teacher_vocab.items()))[:5]
         raise ValueError(
@@ -181,7 +182,7 @@ class ValueRecursion(Credit):
         who, config = speaker(trainer, self), type(trainer.args).__name__
         check_answers(trainer.train_dataset, trainer.args.answer_column, "train_dataset", who, config)
         check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset", who, config)
-        if trainer._is_vlm:
+        if bridge.is_vlm(trainer):
             raise ValueError(
                 f"{speaker(trainer, self)} does not support vision-language processors: the oracle pass scores text "
                 "prompts only."
@@ -238,16 +239,16 @@ class ValueRecursion(Credit):
             rewards_per_func,
             trainer.reward_weights,
             batch.group_ids,
-            trainer._success_index,
+            bridge.success_index(trainer),
             trainer.args.multi_objective_aggregation,
         )
         num_correct, num_scorable = group_success_counts(correct, scorable, batch.group_ids)
         # Global rows, so every process logs the same rate: k / G of the whole batch.
         num_scorable_rows = int(scorable.sum())
         log_metric(trainer, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
-        verifier_scored = ~torch.isnan(rewards_per_func[:, trainer._success_index])
+        verifier_scored = ~torch.isnan(rewards_per_func[:, bridge.success_index(trainer)])
         if num_scorable_rows and not bool(verifier_scored.any()):
-            name = trainer.reward_func_names[trainer._success_index]
+            name = bridge.success_reward_name(trainer)
             warn_once(
                 trainer,
                 "oppo_verifier_none",
@@ -342,7 +343,7 @@ class ValueRecursion(Credit):
             raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for "
                                f"{len(inputs)} rows.")
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
-        oracle_prompt_ids, _, _ = trainer._tokenize_prompts(oracle_prompts)
+        oracle_prompt_ids, _, _ = bridge.tokenize_prompts(trainer, oracle_prompts)
 
         student_logps = self._existing_plain_logps(trainer, output)
         extra_pass_rows = 1.0 if student_logps is not None else 2.0

@@ -21,6 +21,7 @@ import warnings
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.batch import NO_GROUP, RowBatch
 from trl_credit.collectives import gather_rows
 from trl_credit.core import Credit
@@ -135,7 +136,7 @@ class ProcessCredit(Credit):
 
     def _step_rewards(self, trainer, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
         """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked."""
-        tokenizer, delimiter = trainer._tokenizer, _arg(trainer, "process_thought_delimiter")
+        tokenizer, delimiter = bridge.tokenizer(trainer), _arg(trainer, "process_thought_delimiter")
         ends = split_thoughts(ids, tokenizer, delimiter)
         if not ends:
             return [], []

@@ -12,6 +12,7 @@ import inspect
 import torch
 import transformers
 
+from trl_credit import bridge
 from trl_credit.collectives import gather_counts
 from trl_credit.generation import generate_from_prefixes
 from trl_credit.scoring import pad_rows, score_completions
@@ -38,7 +39,7 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats, rng=
     choice (``"scored"``, srpo/localization.py). Every process makes the same calls. ``rng`` draws the random
     fallback and the scored pick (default: the trainer's reset generator)."""
     args = trainer.args
-    rng = rng if rng is not None else trainer._reset_rng
+    rng = rng if rng is not None else bridge.reset_rng(trainer)
     questions = [question_of(group_prompts[r.group]) for r in resets]
     is_text = [isinstance(group_prompts[r.group], str) for r in resets]
     to_score = list(range(len(resets)))
@@ -53,7 +54,7 @@ def localize(trainer, resets: list[Reset], group_prompts, stats: StepStats, rng=
         )
         eos_ids, to_score = set(trainer.eos_token_ids), []
         for index, (reset, answer_ids) in enumerate(zip(resets, answers)):
-            answer = trainer._tokenizer.decode(answer_ids, skip_special_tokens=True)
+            answer = bridge.tokenizer(trainer).decode(answer_ids, skip_special_tokens=True)
             ended_with_eos = bool(answer_ids) and int(answer_ids[-1]) in eos_ids
             step = parse_reset_step(answer, len(reset.ends), ended_with_eos=ended_with_eos)
             stats.localization_tokens += len(answer_ids)
@@ -93,7 +94,7 @@ def answer_scores(trainer, requests: list[tuple[str, list[str], bool]], stats: S
     chains = list(requests)
     if calibrated:
         chains += [(q, content_free_thoughts(len(t)), plain) for q, t, plain in requests]
-    tokenizer = trainer._tokenizer
+    tokenizer = bridge.tokenizer(trainer)
     opening = tokenizer.encode(BOXED_OPEN, add_special_tokens=False)
     prefixes = [prefix + opening for prefix in _localization_prompt_ids(trainer, chains)]
     answers = [[tokenizer.encode(a, add_special_tokens=False) for a in answer_texts(len(t))] for _, t, _ in chains]
@@ -124,7 +125,7 @@ def _per_row_logps(trainer, prefixes, answers, stats: StepStats, most: int, open
     real = len(prompt_rows)
     prompt_rows, answer_rows = fill_rows(prompt_rows, most, filler[0]), fill_rows(answer_rows, most, filler[1])
     device = trainer.accelerator.device
-    p_ids, p_mask, a_ids, a_mask = pad_rows(prompt_rows, answer_rows, trainer._tokenizer.pad_token_id, device)
+    p_ids, p_mask, a_ids, a_mask = pad_rows(prompt_rows, answer_rows, bridge.pad_token_id(trainer), device)
     logps, _ = score_completions(trainer, trainer.model, p_ids, p_mask, a_ids, a_mask)
     sums = (logps * a_mask).sum(dim=1)[:real].tolist()
     scores: list[list[float]] = [[] for _ in prefixes]
@@ -172,7 +173,7 @@ def _shared_prefix_logps(trainer, prefixes, answers, stats: StepStats) -> list[l
         return None  # a prompt of one token has nothing to run before its last token
     model = trainer.model
     device = trainer.accelerator.device
-    pad_id = trainer._tokenizer.pad_token_id
+    pad_id = bridge.pad_token_id(trainer)
     distinct: dict[tuple, int] = {}  # a content-free chain repeats for the seeds of one question with one H_s
     for prefix, candidates in zip(prefixes, answers):
         distinct.setdefault((tuple(prefix), tuple(map(tuple, candidates))), len(distinct))
@@ -255,4 +256,4 @@ def _localization_prompt_ids(trainer, chains: list[tuple[str, list[str], bool]])
     as a user message when the dataset's prompts are conversational, as plain text when they are text."""
     texts = [localization_prompt(q, thoughts, trainer.args.localization_template) for q, thoughts, _ in chains]
     rows = [text if plain else [{"role": "user", "content": text}] for text, (_, _, plain) in zip(texts, chains)]
-    return [list(map(int, x)) for x in trainer._tokenize_prompts(rows)[0]] if rows else []
+    return [list(map(int, x)) for x in bridge.tokenize_prompts(trainer, rows)[0]] if rows else []

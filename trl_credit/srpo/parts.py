@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
 from trl_credit.collectives import gather_counts, rewards_of_extra_rows
 from trl_credit.core import Rollout
@@ -123,7 +124,7 @@ class Resets(Rollout):
     def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         self._inputs, self._row_kinds = inputs, None
         try:
-            output = trainer._trl_generate_and_score_completions(inputs)
+            output = bridge.trl_generate_and_score(trainer, inputs)
         finally:
             self._inputs = None
         rewards_per_func = capture.rewards(speaker(trainer, self))
@@ -182,8 +183,9 @@ class Resets(Rollout):
         wrapped = [wrap_prompt(prompt, self.rollout_template) for prompt in prompts]
         if not trainer.model.training:
             # Evaluation: iid rollouts from the thought-MDP prompt, as GRPO would sample them.
-            prompt_ids = [list(ids) for ids in trainer._tokenize_prompts(wrapped)[0]]
-            completion_ids, logprobs = trainer._generate_single_turn(prompt_ids, None, {}, trainer.num_generations_eval)
+            prompt_ids = [list(ids) for ids in bridge.tokenize_prompts(trainer, wrapped)[0]]
+            completion_ids, logprobs = bridge.generate_single_turn(
+                trainer, prompt_ids, None, {}, trainer.num_generations_eval)
             return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
         return self._reset_and_resample(trainer, prompts, wrapped)
 
@@ -218,7 +220,7 @@ class Resets(Rollout):
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
         group_inputs = [self._inputs[g * size] for g in range(num_groups)]
-        tokenized = trainer._tokenize_prompts([wrapped[g * size] for g in range(num_groups)])[0]
+        tokenized = bridge.tokenize_prompts(trainer, [wrapped[g * size] for g in range(num_groups)])[0]
         return group_prompts, group_inputs, [list(map(int, ids)) for ids in tokenized]
 
     def _sample_seeds(self, trainer, group_prompts, group_inputs, prompt_ids, stats: StepStats):
@@ -268,7 +270,7 @@ class Resets(Rollout):
         """h* for every seed (paper §4.2): SRPO asks the policy (``localize``), RRPO draws uniformly, the oracle
         asks the step checker. A one-thought seed resets at the question (h* = 1). Logs quality with a checker."""
         args = trainer.args
-        tokenizer, delimiter = trainer._tokenizer, args.thought_delimiter
+        tokenizer, delimiter = bridge.tokenizer(trainer), args.thought_delimiter
         resets = []
         for g, group_seeds in enumerate(seeds):
             for ids, logprobs in group_seeds:
@@ -399,4 +401,4 @@ class Resets(Rollout):
             filler=(group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids),
         )
         mine = per_process[trainer.accelerator.process_index]
-        return mine[:, trainer._success_index].tolist()
+        return mine[:, bridge.success_index(trainer)].tolist()

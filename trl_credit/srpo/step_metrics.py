@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from trl_credit import bridge
 from trl_credit.trainer_logs import log_metric, warn_once
 from trl_credit.trainer_setup import speaker
 from trl_credit.srpo.localization import LocalizationQuality
@@ -93,7 +94,7 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
             f"{speaker(trainer, 'resets')} found no incorrect seed for any prompt of a step, so it trained "
             f"{trained_as} "
             f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
-            f"function {trainer.reward_func_names[trainer._success_index]!r}) scores below success_threshold="
+            f"function {bridge.success_reward_name(trainer)!r}) scores below success_threshold="
             f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
         )
     if fallbacks and not base_size:
