@@ -10,7 +10,8 @@ twice without a second ``def``. Dunder methods (``__init__``, ``__init_subclass_
 not overrides of TRL's behaviour, and are left out.
 
 The second scan: credits and modifiers return advantages and never write TRL's batch dict (docs/design.md, "The
-credit core"); the core does, once.
+credit core"); the core does, once. The third: a method package reads no private attribute of the trainer
+(``trainer._tokenizer``, ``getattr(trainer, "_step")``); it calls trl_credit/bridge.py, which names each one.
 """
 
 from __future__ import annotations
@@ -173,3 +174,54 @@ def test_only_the_core_writes_trls_completions_table():
     writers = sorted(str(path.relative_to(REPO)) for path in (REPO / "trl_credit").rglob("*.py")
                      if "replace_logged_advantages(" in path.read_text() or '_logs["advantages"]' in path.read_text())
     assert writers == ["trl_credit/core.py", "trl_credit/trainer_logs.py"]
+
+
+# Every folder of trl_credit but the testbed (which builds toy models, not parts) holds a method.
+METHOD_PACKAGES = sorted(path for path in (REPO / "trl_credit").iterdir()
+                         if (path / "__init__.py").exists() and path.name != "testbed")
+
+
+def _is_trainer(node: ast.expr) -> bool:
+    # the parts' hook parameter ``trainer``, or a part's reference to it (``self.trainer``)
+    return (isinstance(node, ast.Name) and node.id == "trainer") or (
+        isinstance(node, ast.Attribute) and node.attr == "trainer")
+
+
+def private_trainer_reads(root: pathlib.Path) -> list[str]:
+    """``"path:line name"`` for each use of a private attribute (one leading underscore, not a dunder) of the
+    trainer: ``trainer._x`` read, written or called, and ``getattr`` / ``hasattr`` / ``setattr(trainer, "_x")``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(root.parent).as_posix()
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Attribute) and _is_trainer(node.value):
+                name = node.attr
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in {"getattr", "hasattr", "setattr"} and len(node.args) >= 2
+                  and _is_trainer(node.args[0]) and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str)):
+                name = node.args[1].value
+            if name and name.startswith("_") and not name.startswith("__"):
+                found.append((where, node.lineno, node.col_offset, name))
+    return [f"{where}:{line} {name}" for where, line, _, name in sorted(found)]  # ast.walk is breadth-first
+
+
+@pytest.mark.parametrize("package", METHOD_PACKAGES, ids=lambda path: path.name)
+def test_method_packages_read_the_trainer_through_the_bridge(package):
+    # TRL's privates and the core's own move between releases; bridge.py is the one place that follows them.
+    assert private_trainer_reads(package) == []
+
+
+def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
+    source = ("def f(trainer, part):\n"
+              "    pad = trainer._tokenizer.pad_token_id\n"
+              "    trainer._buffered_inputs = [pad]\n"
+              "    ids = part.trainer._tokenize_prompts(['a'])\n"
+              "    return getattr(trainer, '_step'), hasattr(trainer, '__dict__')\n"
+              "def g(trainer, other):\n"
+              "    return trainer.args, other._private, trainer.__class__\n")
+    assert private_trainer_reads(_write(tmp_path, source)) == [
+        "pkg/module.py:2 _tokenizer", "pkg/module.py:3 _buffered_inputs", "pkg/module.py:4 _tokenize_prompts",
+        "pkg/module.py:5 _step"]
