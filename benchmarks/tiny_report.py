@@ -246,6 +246,8 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
         paired(runs, "cue_grpo", "grpo", backward_share))
     add("DATPO outperforms GRPO, especially in pass@k (abstract)", "pass@2, DATPO (adaptive) - GRPO",
         paired(runs, "datpo", "grpo", final_pass(2)))
+    add("... at GRPO's budget (compute-matched: <= G leaves a prompt)", "final accuracy, DATPO (<= G leaves) - GRPO",
+        paired(runs, "datpo_matched", "grpo", final_accuracy))
     if mechanisms and "datpo_forks" in mechanisms:
         f = mechanisms["datpo_forks"]
         after, uniform = f["fork_share"]["after"], f["line_start_share"]["after"]
@@ -255,8 +257,6 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
                      f"{after:.2f} vs {uniform:.2f} ({f['forks']} forks); branches correct before/on/after "
                      + " / ".join(f"{f['branch_correct_rate'][r]:.2f}" for r in ("before", "on", "after")),
                      "holds (mechanism)" if after < uniform else "does not hold"))
-    add("... at GRPO's budget (compute-matched: <= G leaves a prompt)", "final accuracy, DATPO (<= G leaves) - GRPO",
-        paired(runs, "datpo_matched", "grpo", final_accuracy))
     add("Process supervision (DeepSeekMath §4.1.3) beats outcome supervision: the oracle token credit",
         "final accuracy, process credit (the step checker) - GRPO", paired(runs, "process", "grpo", final_accuracy))
     add("Composition: SRPO's resets with OPPO's credit beat each alone", "final accuracy, SRPO x OPPO - OPPO",
