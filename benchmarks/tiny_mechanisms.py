@@ -56,14 +56,24 @@ def region_shares(lines: list[int], advantages: list[float], first_wrong: int) -
                       for r in REGIONS})
 
 
+def run_starting_model(method: str, seed: int, steps: int, model_path: str | None, on_trainer) -> None:
+    """``steps`` generation batches of the starting model (learning rate ~0: the same rollouts for every method at a
+    seed), no evaluation to speak of; ``on_trainer(trainer)`` attaches the recorder."""
+    from trl_credit.testbed import runner, sums
+
+    spec = runner.method_spec(method)
+    runner.run(spec["trainer"], spec["config"], seed=seed, learning_rate=1e-30, steps=steps, eval_every=10 ** 6,
+               eval_samples=1, test=sums.make_dataset()["test"].select(range(2)), model_path=model_path,
+               trainer_kwargs=spec["kwargs"], on_trainer=on_trainer, **spec["fields"])
+
+
 def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[dict]:
     """Per incorrect completion with a checkable first wrong line: its reason and region shares."""
-    from trl_credit.testbed import runner, sums
+    from trl_credit.testbed import sums
     from trl_credit.testbed.model import make_tokenizer
 
     tokenizer = make_tokenizer()
     rows: list[dict] = []
-    spec = runner.method_spec(method)
 
     def on_loss(trainer, inputs):
         mask = inputs["completion_mask"].bool()
@@ -94,21 +104,18 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
 
         trainer._compute_loss = wrapped
 
-    runner.run(spec["trainer"], spec["config"], seed=seed, learning_rate=1e-30, steps=steps, eval_every=10 ** 6,
-               eval_samples=1, test=sums.make_dataset()["test"].select(range(2)), model_path=model_path,
-               trainer_kwargs=spec["kwargs"], on_trainer=record_loss_inputs, **spec["fields"])
+    run_starting_model(method, seed, steps, model_path, record_loss_inputs)
     return rows
 
 
 def capture_forks(seed: int, steps: int, model_path: str | None) -> list[dict]:
     """Per incorrect DATPO base rollout with a first wrong line h_o and at least one fork: the line (h) of every
     chosen fork and of every line start, and each branch's fork line and verdict."""
-    from trl_credit.testbed import runner, sums
+    from trl_credit.testbed import sums
     from trl_credit.testbed.model import make_tokenizer
 
     tokenizer = make_tokenizer()
     rows: list[dict] = []
-    spec = runner.method_spec("datpo")
 
     def on_trees(trainer, trees):
         shift = 1 if trainer.args.fork_position == "after_token" else 0  # a fork keeps its sentence's first token
@@ -136,9 +143,7 @@ def capture_forks(seed: int, steps: int, model_path: str | None) -> list[dict]:
 
         trainer.rollout.grow = wrapped
 
-    runner.run(spec["trainer"], spec["config"], seed=seed, learning_rate=1e-30, steps=steps, eval_every=10 ** 6,
-               eval_samples=1, test=sums.make_dataset()["test"].select(range(2)), model_path=model_path,
-               trainer_kwargs=spec["kwargs"], on_trainer=record_trees, **spec["fields"])
+    run_starting_model("datpo", seed, steps, model_path, record_trees)
     return rows
 
 

@@ -64,17 +64,15 @@ def run(model_dir, out_dir, partition):
 
     trainer._generate_single_turn = deterministic_generation
     records = []
-    score = trainer._generate_and_score_completions
 
-    def record(inputs):
-        output = score(inputs)
+    def record(credit):  # the rows TRL trains on, once per generation batch (core.CreditStep)
+        output = credit.output
         texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
         step = trainer.state.global_step
         for i, (text, adv) in enumerate(zip(texts, output["advantages"].tolist(), strict=True)):
             records.append([step, rank * len(texts) + i, TEXTS.index(text), adv])
-        return output
 
-    trainer._generate_and_score_completions = record
+    trainer.add_credit_callback(record)
     trainer.train()
     return {"partition": partition, "rank": rank, "world": trainer.accelerator.num_processes,
             "steps": trainer.state.global_step, "records": records}

@@ -70,18 +70,16 @@ def main(model_dir, out_dir):
 
     trainer._generate_single_turn = deterministic_generation
     records = []
-    score = trainer._generate_and_score_completions
 
-    def record(inputs):
-        output = score(inputs)
+    def record(credit):  # the rows TRL trains on, once per generation batch (core.CreditStep)
+        output = credit.output
         texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
         step = trainer.state.global_step
         for i, text in enumerate(texts):
             length = int(output["completion_mask"][i].sum())
             records.append([step, rank * len(texts) + i, text, output["advantages"][i, :length].tolist()])
-        return output
 
-    trainer._generate_and_score_completions = record
+    trainer.add_credit_callback(record)
     trainer.train()
     logs = [{k: v for k, v in log.items() if k.startswith(("cue/", "process/"))}
             for log in trainer.state.log_history if "process/steps_per_completion" in log]
