@@ -20,8 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
-from trl_credit.evaluate import (  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.evaluation.evaluate import (  # noqa: E402
     EVAL_MAX_NEW_TOKENS,
     EVAL_TEMPERATURE,
     build_report,
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="difficulty settings as digits,num_operands,operators (e.g. 1,2,+)")
     parser.add_argument("--model", default=None, help="default: the offline SmolLM2-135M-Instruct")
     parser.add_argument("--instruction", default=None,
-                        help="prompt template with {question} (default: trl_credit.data.ARITHMETIC_INSTRUCTION)")
+                        help="prompt template with {question} (default: trl_credit.tasks.data.ARITHMETIC_INSTRUCTION)")
     parser.add_argument("--num_threads", type=int, default=None,
                         help="torch CPU threads (1 is much faster than 2 when other jobs share the cores)")
     return parser

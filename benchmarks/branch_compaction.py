@@ -31,11 +31,11 @@ from overhead import LONG_ANSWER_INSTRUCTION, spread  # noqa: E402
 from transformers import set_seed  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from trl_credit.generation import generate_from_prefixes, sampling_overrides  # noqa: E402
-from trl_credit.generation_hooks import hf_generate_hooks  # noqa: E402
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.core.generation import generate_from_prefixes, sampling_overrides  # noqa: E402
+from trl_credit.generation.hooks import hf_generate_hooks  # noqa: E402
 from trl_credit.models import default_model_path  # noqa: E402
-from trl_credit.rewards import final_number_reward  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
 
 def main():

@@ -7,7 +7,7 @@ The runs are ``benchmarks/learning.py --task chain --methods grpo --seeds 0 --sa
 64 held-out problems (per-problem accuracy c/n; the gain paired over problems, ``plots.paired_problem_se``): they
 carry sampling noise and the draw of problems, not the training seed's variance.
 
-Runs on another warm-start build (``python -m trl_credit.warm_start --epochs 1 ...`` into another cache or
+Runs on another warm-start build (``python -m trl_credit.testbed.warm_start --epochs 1 ...`` into another cache or
 ``--output_dir``, trained with ``learning.py --model``) keep that build's ``warm_start.json`` (its settings and
 weights digest) in their folder, or have the digest in their settings; the summary names the build. A folder whose
 run used a learning rate of ~0 is the evaluation control: trained = base exactly, gain 0 with SE 0.

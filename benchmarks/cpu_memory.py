@@ -40,7 +40,7 @@ VARIANTS = {
 }
 CHILD = """
 import resource, runpy, sys, time
-import trl_credit.mixins as t
+import trl_credit.core.mixins as t
 {patch}
 start = time.perf_counter()
 sys.argv = ["train_srpo.py", "--output_dir", {out!r}, "--max_steps", "{steps}", "--report_to", "none"]

@@ -91,7 +91,7 @@ def grpo_step_times(model_path, generations, completion_tokens, steps):
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_credit import CueGRPOConfig, CueGRPOTrainer
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     dataset = make_arithmetic_dataset(num_train=max(8, steps * 2), num_test=2, seed=0)["train"]
 

@@ -28,7 +28,8 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 def capture_texts(steps: int, seed: int) -> tuple[list[list[str]], object, int]:
     """Every block text each DATPO step embedded (repeats included), the embedder and its batch size."""
-    from trl_credit.testbed import runner, sums
+    from trl_credit.tasks import sums
+    from trl_credit.testbed import runner
 
     import trl_credit.datpo.credit as credit
 

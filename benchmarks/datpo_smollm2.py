@@ -19,9 +19,9 @@ import time
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit import DATPOConfig, DATPOTrainer
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.models import default_model_path
-from trl_credit.rewards import final_number_reward
+from trl_credit.tasks.data import make_arithmetic_dataset
+from trl_credit.tasks.rewards import final_number_reward
 
 
 def main():

@@ -195,7 +195,7 @@ def make_trainer(method_name: str, like: str, model_path: str, out_dir: str, len
     import harness
     import torch
 
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     on_gpu = args.device == "cuda"
     settings = dict(

@@ -34,11 +34,11 @@ def fix_mmap_threshold(threshold: int = 65536) -> bool:
     Not free: each KV-cache tensor a decode step re-allocates is then a fresh mmap, page-faulted and zeroed, which
     made a SmolLM2 decode step ~1.5x slower on this machine (8 rows x 300 cached tokens: 29 -> 48 ms per row-step;
     48 rows: 15 -> 23 ms). Every trl_credit trainer built to train on the CPU sets 128 KiB anyway
-    (``trl_credit.mixins.return_freed_buffers``, docs/design.md#memory-on-the-cpu); the first setting in a process is
+    (``trl_credit.core.mixins.return_freed_buffers``, docs/design.md#memory-on-the-cpu); the first setting in a process is
     kept, so ``overhead.py`` (``--mmap-threshold``, for its long DATPO trees) calls this before building trainers."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return True
-    from trl_credit.mixins import return_freed_buffers
+    from trl_credit.core.mixins import return_freed_buffers
 
     return return_freed_buffers(threshold)
 

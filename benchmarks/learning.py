@@ -28,7 +28,7 @@ a prompt it never saw. Rollout budget per prompt:
 easy ones), so its leaves per prompt are comparable to the others' rollouts.
 
 Each (method, seed) run writes ``<results-dir>/<method>_seed<seed>.json`` (settings, reward curve from TRL's logs,
-held-out report from ``trl_credit.evaluate``: accuracy, pass@k for k = 1..samples, per-problem counts) and is
+held-out report from ``trl_credit.evaluation.evaluate``: accuracy, pass@k for k = 1..samples, per-problem counts) and is
 skipped when that file exists with the same settings, so a grid can be spread over time and resumed. The base
 model is evaluated once into ``<results-dir>/base.json`` with the same sampling seed. Plots, 95% CIs and paired
 differences vs GRPO (same seed): ``python benchmarks/plots.py --learning-dir <results-dir>``.
@@ -54,12 +54,12 @@ import harness  # noqa: E402  (sets offline environment variables before torch/t
 import mechanism_common  # noqa: E402
 import torch  # noqa: E402
 
-from trl_credit.chain import chain_format_reward, make_chain_dataset  # noqa: E402
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
-from trl_credit.evaluate import build_report, sample_completions, score_completions  # noqa: E402
+from trl_credit.evaluation.evaluate import build_report, sample_completions, score_completions  # noqa: E402
 from trl_credit.models import CHAIN_MODEL, default_model_path, resolve_model_path  # noqa: E402
-from trl_credit.rewards import accuracy_reward, final_number_reward  # noqa: E402
 from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt  # noqa: E402
+from trl_credit.tasks.chain import chain_format_reward, make_chain_dataset  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.tasks.rewards import accuracy_reward, final_number_reward  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "learning")
 # Methods of the comparison: the harness's trainers, RRPO = SRPO with uniformly random resets, and SRPO with the
@@ -107,7 +107,7 @@ def model_path_of(args) -> str:
 
 
 def warm_start_digest(model_path: str) -> str | None:
-    """The weights digest a ``trl_credit.warm_start`` build records beside its weights (None for other models): part
+    """The weights digest a ``trl_credit.testbed.warm_start`` build records beside its weights (None for other models): part
     of the settings, so that a grid is never resumed on another build of the same name."""
     path = os.path.join(model_path, "warm_start.json")
     if not os.path.exists(path):
@@ -261,7 +261,7 @@ def main(argv=None):
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (same for every method)")
     parser.add_argument("--model", default=None,
                         help="model name or folder to train from (default: the task's model); e.g. a warm start built "
-                             "with `python -m trl_credit.warm_start --output_dir DIR`")
+                             "with `python -m trl_credit.testbed.warm_start --output_dir DIR`")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=2, help="prompts per optimizer step")
     parser.add_argument("--generations", type=int, default=8, help="rollout budget per prompt (see the docstring)")

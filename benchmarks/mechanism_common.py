@@ -66,15 +66,15 @@ def build_trainer(method: str, args, own: dict | None = None, lora: bool = True,
     task: the warm-started ``smollm2-135m-chain``, rewards [accuracy, chain_format], and for SRPO the chain prompt
     as is (``rollout_template="none"``), one thought per line and the chain step checker (as benchmarks/learning.py).
     """
-    from trl_credit.data import load_task_dataset
     from trl_credit.models import CHAIN_MODEL, default_model_path, resolve_model_path
-    from trl_credit.rewards import accuracy_reward, final_number_reward
+    from trl_credit.tasks.data import load_task_dataset
+    from trl_credit.tasks.rewards import accuracy_reward, final_number_reward
 
     torch.set_num_threads(args.threads)
     settings = harness.common_settings(args.prompts, args.tokens, args.steps, args.seed, args.learning_rate)
     settings.update(num_generations=args.generations, temperature=args.temperature)
     if is_chain(args):
-        from trl_credit.chain import chain_format_reward
+        from trl_credit.tasks.chain import chain_format_reward
 
         if method in ("srpo", "rrpo"):
             settings.update(rollout_template="none", thought_delimiter="\n", step_checker="chain")
@@ -155,8 +155,8 @@ def collect(trainer, steps: int, train: bool) -> float:
 
 
 def success_of(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
-    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit.trainer_setup.rollout_success)."""
-    from trl_credit.trainer_setup import rollout_success
+    """bool (N,): the verifier's verdict per row, as the trainers decide it (trl_credit.core.setup.rollout_success)."""
+    from trl_credit.core.setup import rollout_success
 
     return rollout_success(trainer, rewards_per_func).cpu()
 

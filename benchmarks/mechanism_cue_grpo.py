@@ -54,7 +54,7 @@ def solution_structure(question: str, text: str) -> str:
     otherwise (chain.chain_solutions holds both structures)."""
     import re
 
-    from trl_credit.chain import parse_question
+    from trl_credit.tasks.chain import parse_question
 
     problem = parse_question(question)
     if not problem.distributive:
@@ -75,9 +75,9 @@ def solution_structure(question: str, text: str) -> str:
 def structure_partition(completions: list[str], prompt) -> list[str]:
     """``partition_fn`` of ``--partition structure`` (chain task): a positive's cluster is its solution structure,
     read from its first line by :func:`solution_structure` - the control that sees what the cue partition does not."""
-    from trl_credit.chain import CHAIN_INSTRUCTION
     from trl_credit.srpo.localization import _chain_question
     from trl_credit.srpo.prompts import question_of
+    from trl_credit.tasks.chain import CHAIN_INSTRUCTION
 
     # the bare question out of the instruction around it, as SRPO's chain step checker reads it
     question = _chain_question(question_of(prompt), CHAIN_INSTRUCTION)
@@ -221,7 +221,7 @@ def main(argv=None):
                     m["structure"] = solution_structure(record["inputs"][m["row"]]["question"], texts[m["row"]])
         groups += mine
     from trl_credit.cue_grpo.cues import extract_cues
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     for record in recorder.batches[:1]:
         texts = trainer.processing_class.batch_decode(record["output"]["completion_ids"], skip_special_tokens=True)

@@ -76,7 +76,7 @@ def reconstruct(trainer, record: dict, calls: dict, chain: bool = False) -> list
                               chosen=s + shift in forks) for s, e in spans]
             first_wrong = None
             if chain:
-                from trl_credit.chain import first_wrong_step
+                from trl_credit.tasks.chain import first_wrong_step
 
                 ids = record["output"]["completion_ids"][i, :lengths[i]].tolist()
                 pieces = common.token_pieces(ids, trainer.processing_class)

@@ -162,7 +162,7 @@ def _mean_or_none(values: list[float]) -> float | None:
 
 def chain_regions(records: list[dict], tokenizer) -> list[dict]:
     """Incorrect completions with a nonzero sequence advantage: h_o, its reason, and the region shares."""
-    from trl_credit.chain import check_steps
+    from trl_credit.tasks.chain import check_steps
 
     out = []
     for record in records:

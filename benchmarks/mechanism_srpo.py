@@ -50,7 +50,7 @@ def row_kinds(trainer, num_rows: int) -> list[str]:
 
 def per_token_signal(trainer, inputs, output) -> dict:
     """π_θ of every completion token under the current policy, and the rows' loss masks, for g_{i,t}."""
-    from trl_credit.scoring import score_completions
+    from trl_credit.core.scoring import score_completions
 
     with torch.no_grad():
         logps, _ = score_completions(trainer, trainer.model, output["prompt_ids"], output["prompt_mask"],

@@ -33,9 +33,9 @@ from harness import prepare_manual_stepping, run_step  # noqa: E402  (one full s
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_credit import OPPOConfig, OPPOTrainer  # noqa: E402
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.models import default_model_path  # noqa: E402
-from trl_credit.rewards import final_number_reward  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
 
 def length_parity_reward(completions, **kwargs):

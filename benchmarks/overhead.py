@@ -41,9 +41,9 @@ import harness  # noqa: E402  (sets offline environment variables before torch/t
 import torch  # noqa: E402
 from transformers import set_seed  # noqa: E402
 
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.models import default_model_path  # noqa: E402
-from trl_credit.rewards import final_number_reward  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # What each method should cost over GRPO (issue 12; the papers: Cue-GRPO 1.06x, OPPO 1.35x step time, SRPO 1.08x and
@@ -121,7 +121,8 @@ def tiny_trainers(method: str, model_path: str, datasets: dict, args, out_dir: s
     builds them, at the pairs' learning rate (1e-6: the two policies stay the same)."""
     from transformers import LlamaForCausalLM
 
-    from trl_credit.testbed import runner, sums
+    from trl_credit.tasks import sums
+    from trl_credit.testbed import runner
     from trl_credit.testbed.model import make_tokenizer
 
     for name in ("grpo", method):
@@ -303,7 +304,7 @@ def main():
         if method not in measurable:
             raise SystemExit(f"--methods: unknown method {method!r}; choose from {measurable}")
     if tiny:
-        from trl_credit.testbed import sums
+        from trl_credit.tasks import sums
 
         model_path, datasets = TINY_MODEL, dict(tiny=sums.make_dataset()["train"])
         model_name, reward = "tiny testbed (committed build, full fine-tuning)", "sums accuracy + format"

@@ -223,9 +223,9 @@ def pooled_gain(afters: list[dict], before: dict) -> tuple[float, float]:
 
 
 def pass_curve(report: dict) -> dict:
-    """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.metrics.pass_at_k``), averaged
+    """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.evaluation.metrics.pass_at_k``), averaged
     over problems; ``report["pass_at_k"]`` only holds the budgets 1, 4, 8, ..."""
-    from trl_credit.metrics import pass_at_k
+    from trl_credit.evaluation.metrics import pass_at_k
 
     n = min(p["num_samples"] for p in report["problems"])
     return {k: sum(pass_at_k(p["num_samples"], p["num_correct"], k) for p in report["problems"])

@@ -34,10 +34,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trl_credit.chain import make_chain_dataset  # noqa: E402
-from trl_credit.metrics import wilson_interval  # noqa: E402
+from trl_credit.evaluation.metrics import wilson_interval  # noqa: E402
 from trl_credit.models import load_model  # noqa: E402
-from trl_credit.rewards import accuracy_reward  # noqa: E402
+from trl_credit.tasks.chain import make_chain_dataset  # noqa: E402
+from trl_credit.tasks.rewards import accuracy_reward  # noqa: E402
 from trl_credit.srpo.localization import (  # noqa: E402
     BOXED_OPEN,
     answer_texts,
@@ -54,7 +54,7 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> list[float] | None:
-    """Wilson score interval of successes / n (trl_credit.metrics.wilson_interval, z = 1.96 here)."""
+    """Wilson score interval of successes / n (trl_credit.evaluation.metrics.wilson_interval, z = 1.96 here)."""
     return wilson_interval(successes, n, z)
 
 
@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from trl_credit.evaluate import sample_completions
+    from trl_credit.evaluation.evaluate import sample_completions
 
     torch.manual_seed(args.seed)
     start = time.perf_counter()

@@ -32,11 +32,11 @@ from overhead import spread  # noqa: E402
 from transformers import set_seed  # noqa: E402
 
 import trl_credit.srpo.localize as localize  # noqa: E402
-from trl_credit.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.models import default_model_path  # noqa: E402
-from trl_credit.rewards import final_number_reward  # noqa: E402
 from trl_credit.srpo.localization import pick_step  # noqa: E402
 from trl_credit.srpo.step_metrics import StepStats  # noqa: E402
+from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
+from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -60,10 +60,10 @@ def run(method: str, cli) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_credit import SRPOConfig, SRPOTrainer
-    from trl_credit.data import make_arithmetic_dataset
     from trl_credit.models import default_model_path
-    from trl_credit.rewards import final_number_reward
     from trl_credit.srpo.prompts import LINES_ROLLOUT_TEMPLATE, wrap_prompt
+    from trl_credit.tasks.data import make_arithmetic_dataset
+    from trl_credit.tasks.rewards import final_number_reward
 
     dataset = make_arithmetic_dataset(num_train=64, num_test=8, digits=cli.digits, num_operands=cli.operands, seed=0)["train"]
     common = dict(

@@ -57,7 +57,7 @@ def validation_split():
 
     from datasets import Dataset
 
-    from trl_credit.testbed import sums
+    from trl_credit.tasks import sums
 
     data = sums.make_dataset()
     taken = {sums.question_digits(q) for split in ("train", "test") for q in data[split]["question"]}
@@ -116,7 +116,8 @@ def base_report(split: str, args, model_path: str, path: str) -> dict:
     _setup_worker()
     from transformers import LlamaForCausalLM
 
-    from trl_credit.testbed import runner, sums
+    from trl_credit.tasks import sums
+    from trl_credit.testbed import runner
     from trl_credit.testbed.model import make_tokenizer
 
     test = validation_split() if split == "validation" else sums.make_dataset()["test"]

@@ -59,7 +59,8 @@ def region_shares(lines: list[int], advantages: list[float], first_wrong: int) -
 def run_starting_model(method: str, seed: int, steps: int, model_path: str | None, on_trainer) -> None:
     """``steps`` generation batches of the starting model (learning rate ~0: the same rollouts for every method at a
     seed), no evaluation to speak of; ``on_trainer(trainer)`` attaches the recorder."""
-    from trl_credit.testbed import runner, sums
+    from trl_credit.tasks import sums
+    from trl_credit.testbed import runner
 
     spec = runner.method_spec(method)
     runner.run(spec["trainer"], spec["config"], seed=seed, learning_rate=1e-30, steps=steps, eval_every=10 ** 6,
@@ -69,7 +70,7 @@ def run_starting_model(method: str, seed: int, steps: int, model_path: str | Non
 
 def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[dict]:
     """Per incorrect completion with a checkable first wrong line: its reason and region shares."""
-    from trl_credit.testbed import sums
+    from trl_credit.tasks import sums
     from trl_credit.testbed.model import make_tokenizer
 
     tokenizer = make_tokenizer()
@@ -111,7 +112,7 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
 def capture_forks(seed: int, steps: int, model_path: str | None) -> list[dict]:
     """Per incorrect DATPO base rollout with a first wrong line h_o and at least one fork: the line (h) of every
     chosen fork and of every line start, and each branch's fork line and verdict."""
-    from trl_credit.testbed import sums
+    from trl_credit.tasks import sums
     from trl_credit.testbed.model import make_tokenizer
 
     tokenizer = make_tokenizer()

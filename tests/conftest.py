@@ -34,6 +34,6 @@ def tiny_tokenizer(tiny_model_path):
 @pytest.fixture
 def tiny_dataset():
     """8 chat prompts with an `answer` column (the built-in arithmetic task)."""
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     return make_arithmetic_dataset(num_train=8, num_test=4, seed=0)["train"]

@@ -81,8 +81,8 @@ def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prom
 
     import learning
 
-    from trl_credit.chain import make_chain_dataset
     from trl_credit.srpo.prompts import LINES_ROLLOUT_TEMPLATE
+    from trl_credit.tasks.chain import make_chain_dataset
 
     prompts = make_chain_dataset(num_train=0, num_test=2, seed=0)["test"]["prompt"]
     args = argparse.Namespace(task="chain", generations=8, temperature=0.7, beta=0.05)
@@ -168,7 +168,7 @@ def test_cue_grpo_timer_wraps_the_rarity_weights_part_and_counts_its_calls(tiny_
     """The overhead benchmark's Cue-GRPO component timer must time the rarity weighting where the credit core runs it
     (the RarityWeights modifier), not skip itself silently because the old trainer method is gone."""
     from trl_credit import CueGRPOConfig, CueGRPOTrainer
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     def parity(completions, **kwargs):
         return [float(len(completion_text(c)) % 2) for c in completions]
@@ -187,7 +187,7 @@ def test_learning_chain_distributive_fraction_sets_the_problems_and_is_refused_o
 
     import learning
 
-    from trl_credit.chain import parse_question
+    from trl_credit.tasks.chain import parse_question
 
     args = argparse.Namespace(task="chain", num_train=8, num_test=8, distributive_fraction=1.0, factor_friendly=False)
     splits = learning.dataset_of(args)
@@ -260,7 +260,7 @@ def test_learning_chain_grid_runs_cue_grpo_with_the_structure_partition(tiny_mod
     import learning
     import mechanism_cue_grpo
 
-    from trl_credit.chain import make_chain_dataset, parse_question
+    from trl_credit.tasks.chain import make_chain_dataset, parse_question
 
     chain_methods = learning.DEFAULT_METHODS["chain"]
     assert "cue_grpo_structure" in chain_methods and "cue_grpo" not in chain_methods

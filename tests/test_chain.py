@@ -1,8 +1,8 @@
-"""The built-in multi-step task and its step checker (trl_credit/chain.py). Expected values are worked by hand."""
+"""The built-in multi-step task and its step checker (trl_credit/tasks/chain.py). Expected values are worked by hand."""
 
 import pytest
 
-from trl_credit.chain import (
+from trl_credit.tasks.chain import (
     CHAIN_INSTRUCTION,
     chain_solutions,
     chain_format_reward,
@@ -13,8 +13,8 @@ from trl_credit.chain import (
     parse_question,
     solution_text,
 )
-from trl_credit.data import load_task_dataset
-from trl_credit.rewards import accuracy_reward
+from trl_credit.tasks.data import load_task_dataset
+from trl_credit.tasks.rewards import accuracy_reward
 
 # 6*3 + 6*5 = 48; 48 - 7 = 41; 41 + 4 = 45; 45 * 2 = 90.
 DIST = "6 * 3 + 6 * 5, then subtract 7, then add 4, then multiply by 2"

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
-from trl_credit.compare import format_difference, paired_difference
-from trl_credit.evaluate import main
+from trl_credit.evaluation.compare import format_difference, paired_difference
+from trl_credit.evaluation.evaluate import main
 
 
 def report(counts, n=4, prompts=None):

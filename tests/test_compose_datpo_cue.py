@@ -13,7 +13,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_credit.config import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import (
     RarityWeights, leaf_advantages, positive_sets, reweighted_leaves, reweighted_rows,
 )
@@ -122,20 +122,20 @@ def test_leaf_advantages_leave_out_unscorable_and_nonfinite_trees():
 
 def parity_accuracy_reward(completions, answer, **kwargs):
     """The verifier (first reward function): 1.0 when the completion's length has the parity of the answer."""
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     return [float(len(completion_text(c)) % 2 == int(a) % 2) for c, a in zip(completions, answer)]
 
 
 def short_format_reward(completions, **kwargs):
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     return [0.5 * float(len(completion_text(c)) < 16) for c in completions]
 
 
 def _composed(tmp_path, model, partition_fn=length_partition, peft_config=None, reward_funcs=None,
               dataset=None, modifier=None, **settings):
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     config = dict(
         output_dir=str(tmp_path), rollout="trees", credit="blocks", modifiers=["cue"], per_device_train_batch_size=8,
@@ -360,13 +360,13 @@ def test_truncated_leaves_stay_out_of_p_under_mask_truncated_completions(tiny_mo
 
 def mentions_answer_reward(completions, answer, **kwargs):
     """A lenient verifier SmolLM2-135M passes now and then: the reference answer appears in the completion."""
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     return [float(str(a) in completion_text(c)) for c, a in zip(completions, answer)]
 
 
 def boxed_format_reward(completions, **kwargs):
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     return [0.5 * float("\\boxed{" in completion_text(c)) for c in completions]
 
@@ -379,8 +379,8 @@ def test_smollm2_lora_two_steps(loss_type, partition, tmp_path, monkeypatch):
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
-    from trl_credit.data import make_arithmetic_dataset
     from trl_credit.models import default_model_path
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     torch.set_num_threads(1)  # shared CPUs
     steps = []  # the loss rows of each step (one loss call per step: steps_per_generation 1, one forward)

@@ -16,9 +16,9 @@ import torch
 
 from tests.mp import run_torchrun
 from tests.trainers.test_oppo_trainer import _row_logps, parity_row, reference_advantages
-from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
 from trl_credit.config import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.oppo.parts import ValueRecursion
 from trl_credit.oppo.recursion import (
@@ -28,7 +28,7 @@ from trl_credit.oppo.recursion import (
     normalize_per_group,
     sequence_anchor_signs,
 )
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.rewards import completion_text
 
 NAN = float("nan")
 TEMPLATE = "Q: {question}"  # SRPO's rollout template in the tiny runs: the oracle must see the wrapped prompt
@@ -441,9 +441,9 @@ def test_resets_x_oppo_trains_in_two_processes(tiny_model_path, tmp_path):
 def _smollm2_run(tmp_path, loss_type, **selection):
     from peft import LoraConfig
 
-    from trl_credit.data import make_arithmetic_dataset
     from trl_credit.models import default_model_path
-    from trl_credit.rewards import final_number_reward
+    from trl_credit.tasks.data import make_arithmetic_dataset
+    from trl_credit.tasks.rewards import final_number_reward
 
     torch.set_num_threads(1)  # shared CPUs: oversubscribed threads make generation many times slower
     dataset = make_arithmetic_dataset(num_train=16, num_test=2, digits=2, num_operands=2)["train"]

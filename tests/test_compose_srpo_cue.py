@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from trl_credit import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.cue_grpo.weights import compute_rarity_weights
-from trl_credit.rewards import completion_text
 from trl_credit.srpo.parts import Resets
+from trl_credit.tasks.rewards import completion_text
 from tests.tiny import recorded
 
 TEMPLATE = "Q: {question}"
@@ -271,9 +271,9 @@ def lines_reward(completions, **kwargs):
 def test_smollm2_lora_two_steps(loss_type, tmp_path):
     from peft import LoraConfig
 
-    from trl_credit.data import make_arithmetic_dataset
     from trl_credit.models import default_model_path
-    from trl_credit.rewards import final_number_reward
+    from trl_credit.tasks.data import make_arithmetic_dataset
+    from trl_credit.tasks.rewards import final_number_reward
 
     torch.set_num_threads(1)  # shared CPUs: oversubscribed threads make generation many times slower
     dataset = make_arithmetic_dataset(num_train=16, num_test=2, digits=1, num_operands=2)["train"]

@@ -38,7 +38,7 @@ def test_every_post_init_of_the_chain_runs(config_class):
         config_class("my_run", use_cpu=True, **{name: bad})
     with pytest.raises(ValueError, match="log_credit_rows"):
         # validated when the trainer is built; the check reads the field by name
-        from trl_credit.viz import check_credit_logging_arguments
+        from trl_credit.core.viz import check_credit_logging_arguments
 
         check_credit_logging_arguments(config_class("my_run", use_cpu=True, log_credit_rows=-1))
 

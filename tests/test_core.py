@@ -1,12 +1,12 @@
-"""The credit core (trl_credit/core.py, trl_credit/batch.py): a CreditTrainer without parts is GRPOTrainer to the
+"""The credit core (trl_credit/core/trainer.py, trl_credit/core/batch.py): a CreditTrainer without parts is GRPOTrainer to the
 last bit; the parts' TRL hooks run in the documented order around TRL's method; the batch record's cuts and groups."""
 
 import pytest
 import torch
 
 from tests.golden.record import SCENARIOS, compare, load, ONE_PROCESS_FILE, run_scenario
-from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
-from trl_credit.core import CreditTrainer, Part
+from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core.trainer import CreditTrainer, Part
 
 
 @pytest.mark.parametrize("name", ["grpo/grpo", "grpo/dapo-lora"])

@@ -10,9 +10,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-import trl_credit.trl_compat as trl_compat
+import trl_credit.trl_bridge.compat as trl_compat
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
-from trl_credit.rewards import final_number_reward
+from trl_credit.tasks.rewards import final_number_reward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 trl_utils = pytest.importorskip("trl.trainer.utils")
@@ -106,7 +106,7 @@ import torch
 from datasets import Dataset
 from tests.test_cpu_memory import _mapping_of, _rss
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
-from trl_credit.rewards import final_number_reward
+from trl_credit.tasks.rewards import final_number_reward
 if BUILD:
     args = CueGRPOConfig(output_dir={str(tmp_path)!r}, per_device_train_batch_size=4, num_generations=4,
                          max_completion_length=6, report_to="none", use_cpu=True, bf16=False)

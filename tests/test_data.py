@@ -1,10 +1,10 @@
-"""The built-in arithmetic task (trl_credit/data.py)."""
+"""The built-in arithmetic task (trl_credit/tasks/data.py)."""
 
 import re
 
 import pytest
 
-from trl_credit.data import ARITHMETIC_INSTRUCTION, load_task_dataset, make_arithmetic_dataset, make_arithmetic_problems
+from trl_credit.tasks.data import ARITHMETIC_INSTRUCTION, load_task_dataset, make_arithmetic_dataset, make_arithmetic_problems
 
 
 def evaluate_expression(question):

@@ -14,8 +14,8 @@ import torch
 from datasets import Dataset
 
 from trl_credit import DATPOConfig, DATPOTrainer
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.datpo import split_rows
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 
 def prompt_keyed_reward(completions, answer, completion_ids, **kwargs):
@@ -497,7 +497,7 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
         grow = self.rollout.grow
 
         def spying(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
-            from trl_credit.scoring import pad_rows, score_completions
+            from trl_credit.core.scoring import pad_rows, score_completions
 
             sampled = self.rollout.sampled_entropies
             p_ids, p_mask, c_ids, c_mask = pad_rows(
@@ -545,8 +545,8 @@ def test_fork_entropies_recorded_by_the_sampler_equal_the_extra_forward(tiny_mod
 def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_up(
     tiny_model_path, tmp_path, monkeypatch
 ):
-    from trl_credit.generation_hooks import GenerationRecorder
-    from trl_credit.scoring import score_completions as original
+    from trl_credit.core.scoring import score_completions as original
+    from trl_credit.generation.hooks import GenerationRecorder
 
     monkeypatch.setattr(GenerationRecorder, "entropies", lambda self, completion_ids: None)
     passes = []

@@ -1,4 +1,4 @@
-"""Evaluation pipeline (trl_credit/evaluate.py): pure scoring/report, tiny-model sampling, CLI."""
+"""Evaluation pipeline (trl_credit/evaluation/evaluate.py): pure scoring/report, tiny-model sampling, CLI."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trl_credit.evaluate import (
+from trl_credit.evaluation.evaluate import (
     answer_key,
     build_report,
     evaluate,
@@ -133,7 +133,7 @@ def test_load_problems_builtin():
     prompts, answers = load_problems(num_problems=5, digits=2)
     assert len(prompts) == 5 and len(answers) == 5
     assert prompts[0][0]["role"] == "user"
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     expected = make_arithmetic_dataset(num_train=0, num_test=5, digits=2)["test"]
     assert answers == expected["answer"] and prompts == expected["prompt"]
@@ -217,7 +217,7 @@ def test_evaluate_writes_json_and_png(tiny_model_path, tmp_path):
     assert saved["settings"]["num_samples"] == 4 and saved["num_problems"] == 3
     assert set(saved["pass_at_k"]) == {"1", "4"} and set(saved["auc_at_k"]) == {"4"}
     # Per-problem counts agree with the saved completions re-scored independently of the report code.
-    from trl_credit.rewards import final_number_reward
+    from trl_credit.tasks.rewards import final_number_reward
 
     lines = [json.loads(line) for line in (tmp_path / "out" / "completions.jsonl").read_text().splitlines()]
     assert len(lines) == 12
@@ -229,7 +229,7 @@ def test_evaluate_writes_json_and_png(tiny_model_path, tmp_path):
 
 
 def test_maj_at_k_needs_one_verdict_per_answer_and_score_completions_keeps_it(monkeypatch):
-    import trl_credit.evaluate as evaluate_module
+    import trl_credit.evaluation.evaluate as evaluate_module
 
     with pytest.raises(ValueError, match="'7'.*same correctness"):
         build_report([{"correct": [True, False], "answers": ["7", "7"]}])
@@ -246,10 +246,10 @@ def test_maj_at_k_needs_one_verdict_per_answer_and_score_completions_keeps_it(mo
 
 
 def test_cli_defaults_are_the_base_accuracy_setting():
-    from trl_credit.evaluate import _parse_args
+    from trl_credit.evaluation.evaluate import _parse_args
 
     args = _parse_args([])
-    # README "Built-in task and base accuracy" / trl_credit.data: temperature 0.7, top-p 1 (sampling default),
+    # README "Built-in task and base accuracy" / trl_credit.tasks.data: temperature 0.7, top-p 1 (sampling default),
     # 64 new tokens; the table is benchmarks/base_accuracy.py with its defaults
     assert (args.temperature, args.top_p, args.max_new_tokens) == (0.7, 1.0, 64)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -260,7 +260,7 @@ def test_cli_defaults_are_the_base_accuracy_setting():
 
 
 def test_cli_help():
-    result = subprocess.run([sys.executable, "-m", "trl_credit.evaluate", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "trl_credit.evaluation.evaluate", "--help"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0
     for option in ("--model", "--adapter", "--dataset", "--reward", "--num_samples", "--temperature", "--top_p",

@@ -6,11 +6,11 @@ import pytest
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.chain import CHAIN_INSTRUCTION, make_chain_dataset
-from trl_credit.evaluate import load_problems, main
-from trl_credit.rewards import accuracy_reward
-from trl_credit.sampling import render_prompt
+from trl_credit.evaluation.evaluate import load_problems, main
+from trl_credit.evaluation.sampling import render_prompt
 from trl_credit.srpo.prompts import wrap_prompt
+from trl_credit.tasks.chain import CHAIN_INSTRUCTION, make_chain_dataset
+from trl_credit.tasks.rewards import accuracy_reward
 
 
 def test_chain_problems_are_the_test_split_the_scripts_train_beside():
@@ -31,7 +31,7 @@ def _trainer_prompt_ids(trainer, prompts):
 
 
 def _eval_prompt_ids(tokenizer, prompts):
-    # What trl_credit.sampling.sample_completions feeds `generate` for chat prompts, before left padding.
+    # What trl_credit.evaluation.sampling.sample_completions feeds `generate` for chat prompts, before left padding.
     return [tokenizer(render_prompt(p, tokenizer), add_special_tokens=False)["input_ids"] for p in prompts]
 
 

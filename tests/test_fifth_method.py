@@ -29,15 +29,15 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.batch import RowBatch
 from trl_credit.config import CreditConfig
-from trl_credit.core import Credit, CreditTrainer
-from trl_credit.registry import part_spec, register_part
-from trl_credit.scoring import score_completions
-from trl_credit.success import SuccessArguments, total_rewards
-from trl_credit.trainer_logs import log_metric, zero_nonfinite_groups
-from trl_credit.trainer_setup import resolve_method_args
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.batch import RowBatch
+from trl_credit.core.logs import log_metric, zero_nonfinite_groups
+from trl_credit.core.registry import part_spec, register_part
+from trl_credit.core.scoring import score_completions
+from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.success import SuccessArguments, total_rewards
+from trl_credit.core.trainer import Credit, CreditTrainer
+from trl_credit.core.viz import CreditLoggingArguments
 
 from .test_trl_contract import _scan
 

@@ -1,4 +1,4 @@
-"""trl_credit.generation_hooks: transformers-only generation internals, usable without TRL."""
+"""trl_credit.generation.hooks: transformers-only generation internals, usable without TRL."""
 
 import json
 import subprocess
@@ -22,7 +22,7 @@ _SCRIPT = textwrap.dedent(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from trl_credit.generation_hooks import GenerationRecorder, hf_generate_hooks
+    from trl_credit.generation.hooks import GenerationRecorder, hf_generate_hooks
 
     path = sys.argv[1]
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -1,4 +1,4 @@
-"""GroupOutcome over groups other than TRL's (trl_credit/core.py): the group-normalized outcome over a record's
+"""GroupOutcome over groups other than TRL's (trl_credit/core/trainer.py): the group-normalized outcome over a record's
 ``group_ids`` (SRPO's sub-groups), rows of NO_GROUP at 0 and outside every statistic, this process's cut, TRL's
 completions table. Expected values are worked by hand from ``A = (r - mean_g) / (std_g + 1e-4)``, std unbiased."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_credit.batch import NO_GROUP, ROW_BASE, RowBatch
-from trl_credit.core import GroupOutcome
+from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core.trainer import GroupOutcome
 
 EPS = 1e-4
 

@@ -1,9 +1,9 @@
-"""The "is it working" ranges (trl_credit.health): what they accept, and that each method page documents its own."""
+"""The "is it working" ranges (trl_credit.evaluation.health): what they accept, and that each method page documents its own."""
 
 import re
 from pathlib import Path
 
-from trl_credit.health import HEALTH_CHECKS, health_check, outside
+from trl_credit.evaluation.health import HEALTH_CHECKS, health_check, outside
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -111,7 +111,7 @@ def test_wilson_interval(k, n, expected):
 def test_structure_partition_reads_the_question_from_the_chain_prompt():
     import mechanism_cue_grpo
 
-    from trl_credit.chain import make_chain_dataset, parse_question
+    from trl_credit.tasks.chain import make_chain_dataset, parse_question
 
     test = make_chain_dataset(num_train=0, num_test=40, seed=0)["test"]
     row = next(r for r in test if parse_question(r["question"]).distributive)

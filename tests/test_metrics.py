@@ -5,7 +5,7 @@ from math import comb
 
 import pytest
 
-from trl_credit.metrics import (
+from trl_credit.evaluation.metrics import (
     AUC_BUDGETS,
     auc_at_k,
     auc_budgets,

@@ -11,8 +11,8 @@ import torch
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.rewards import final_number_reward
 from trl_credit.models import DEFAULT_MODEL, DEFAULT_MODEL_HUB_ID, hub_id_of, resolve_model_path
+from trl_credit.tasks.rewards import final_number_reward
 from trl_credit.scripts import (
     CreditScriptArguments,
     main,

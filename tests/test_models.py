@@ -20,7 +20,7 @@ def test_resolve_model_name_maps_only_the_default_names(monkeypatch):
 
 def test_chain_model_resolves_in_the_cache_and_names_its_build_command(monkeypatch, tmp_path):
     monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="python -m trl_credit.warm_start"):
+    with pytest.raises(FileNotFoundError, match="python -m trl_credit.testbed.warm_start"):
         models.resolve_model_name(models.CHAIN_MODEL)
     folder = tmp_path / "SmolLM2-135M-Instruct-chain"
     assert models.chain_model_path(must_exist=False) == str(folder)

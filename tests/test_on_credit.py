@@ -1,4 +1,4 @@
-"""The public ``on_credit`` callback of the credit core (trl_credit/core.py, docs/design.md#watching-the-credit): once
+"""The public ``on_credit`` callback of the credit core (trl_credit/core/trainer.py, docs/design.md#watching-the-credit): once
 per generation batch, the batch's record and the advantages the credit and modifiers left, without patching a
 trainer method."""
 
@@ -8,7 +8,7 @@ import pytest
 from trl import GRPOConfig
 
 import trl_credit
-from trl_credit.core import CreditStep, CreditTrainer
+from trl_credit.core.trainer import CreditStep, CreditTrainer
 
 
 def _grpo_reference(rewards: list[float], group_size: int) -> list[float]:

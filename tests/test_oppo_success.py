@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from trl_credit.core.success import groups_with_reward_variance, success_rows, unscorable_rows
 from trl_credit.oppo.recursion import group_success_counts, prior_log_odds
-from trl_credit.success import groups_with_reward_variance, success_rows, unscorable_rows
 
 NAN = math.nan
 

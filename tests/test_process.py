@@ -150,7 +150,7 @@ def test_the_chain_step_checker_as_step_rewards(steps, expected):
     completion = "\n".join(steps)
     assert chain_step_rewards(None, completion, steps, question=QUESTION, answer="14") == expected
     # Without a question column the prompt's question is read (the task's instruction around it, chat or text).
-    from trl_credit.chain import CHAIN_INSTRUCTION
+    from trl_credit.tasks.chain import CHAIN_INSTRUCTION
 
     prompt = [{"role": "user", "content": CHAIN_INSTRUCTION.format(question=QUESTION)}]
     assert chain_step_rewards(prompt, completion, steps, answer="14") == expected
@@ -207,10 +207,10 @@ def test_the_composition_refuses_trees_with_the_process_credit():
 
 def test_the_loss_decides_per_sequence_from_the_rows_sequence_advantages():
     # TRL's per-sequence decisions (off_policy_mask_threshold, VESPO) read each row's sequence advantage while the
-    # loss runs (trl_credit/anchors.py), as for OPPO; (B, T) advantages without them are refused.
+    # loss runs (trl_credit/core/anchors.py), as for OPPO; (B, T) advantages without them are refused.
     import torch
 
-    from trl_credit.anchors import SEQUENCE_ANCHORS, _sequence_level, batch_sequence_anchors
+    from trl_credit.core.anchors import SEQUENCE_ANCHORS, _sequence_level, batch_sequence_anchors
     from trl_credit.process.parts import ProcessCredit
 
     assert ProcessCredit.sets_sequence_anchors  # the core hands its anchors to the loss and refuses their absence

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from trl_credit import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.cue_grpo.weights import compute_rarity_weights
 from trl_credit.process.parts import ProcessCredit
 from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
-from trl_credit.rewards import completion_text
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+from trl_credit.tasks.rewards import completion_text
 from tests.tiny import recorded
 
 EPS = 1e-4  # TRL's std + 1e-4
@@ -280,8 +280,8 @@ def test_lora_two_steps_per_token_advantages_train_the_adapter(loss_type, tiny_m
 def test_the_chain_built_in_in_training(tiny_model_path, tmp_path):
     """The chain task's step checker by name, on the chain dataset: the random tiny model writes no valid step, so
     every completion's first step is wrong (0 from it on), and the credit says so in its metrics."""
-    from trl_credit.chain import chain_format_reward, make_chain_dataset
-    from trl_credit.rewards import accuracy_reward as accuracy
+    from trl_credit.tasks.chain import chain_format_reward, make_chain_dataset
+    from trl_credit.tasks.rewards import accuracy_reward as accuracy
 
     dataset = make_chain_dataset(num_train=8, num_test=2, seed=0)["train"]
     args = tiny_args(tmp_path, process_step_reward="chain", process_thought_delimiter="\n")
@@ -353,7 +353,7 @@ def test_resets_with_another_step_delimiter_is_warned(tiny_model_path, tiny_data
 def test_evaluation_and_off_policy_masking(tiny_model_path, tmp_path):
     """Evaluation batches get process credit too (metrics under eval_process/), and TRL's per-sequence
     off_policy_mask_threshold decides from each row's sequence advantage with the (B, T) advantages."""
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     data = make_arithmetic_dataset(num_train=8, num_test=4, seed=0)
     args = tiny_args(tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8,

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.rewards import completion_text
 
 from tests.local_hub import LocalHub, repo_dir
 

@@ -8,7 +8,7 @@ import pytest
 from peft import LoraConfig
 
 from trl_credit import CreditConfig, CueGRPOConfig, DATPOConfig, OPPOConfig, SRPOConfig, SRPOTrainer
-from trl_credit.rewards import final_number_reward
+from trl_credit.tasks.rewards import final_number_reward
 
 CONFIGS = [CreditConfig, CueGRPOConfig, DATPOConfig, OPPOConfig, SRPOConfig]
 

@@ -1,4 +1,4 @@
-"""The one registry of parts (trl_credit/registry.py) and the composition above the methods (trl_credit/config.py):
+"""The one registry of parts (trl_credit/core/registry.py) and the composition above the methods (trl_credit/config.py):
 parts register themselves with their fields, checks and pair rules; duplicates are refused naming both; the
 composition discovers the methods through the registry; no method package imports the composition."""
 
@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
-from trl_credit import registry
 from trl_credit.config import CreditConfig, accepted_parts, build_part, refusal
-from trl_credit.core import Credit, Modifier, Rollout
-from trl_credit.registry import only, part_spec, register_part
+from trl_credit.core import registry
+from trl_credit.core.registry import only, part_spec, register_part
+from trl_credit.core.trainer import Credit, Modifier, Rollout
 
 
 @pytest.fixture
@@ -33,10 +33,10 @@ def _run(code: str) -> str:
 
 def test_the_built_in_parts_are_registered_with_their_classes():
     expected = {
-        ("rollout", "groups"): "trl_credit.core.GroupRollout",
+        ("rollout", "groups"): "trl_credit.core.trainer.GroupRollout",
         ("rollout", "resets"): "trl_credit.srpo.parts.Resets",
         ("rollout", "trees"): "trl_credit.datpo.parts.Trees",
-        ("credit", "outcome"): "trl_credit.core.GroupOutcome",
+        ("credit", "outcome"): "trl_credit.core.trainer.GroupOutcome",
         ("credit", "oppo"): "trl_credit.oppo.parts.ValueRecursion",
         ("credit", "blocks"): "trl_credit.datpo.parts.BlockCredit",
         ("credit", "process"): "trl_credit.process.parts.ProcessCredit",
@@ -130,7 +130,7 @@ def test_bad_registrations_name_the_argument(scratch_registry):
         with pytest.raises(error, match=message):
             register_part(kind, name, **kwargs)
     with pytest.raises(TypeError, match=r"register_part\('credit', 'x'\) decorates a part class with an? "
-                                        r"`advantages` method \(a subclass of trl_credit.core's Credit\)"):
+                                        r"`advantages` method \(a subclass of trl_credit.core.trainer's Credit\)"):
         register_part("credit", "x", help="h")(Modifier)
     with pytest.raises(ValueError, match="say why"):
         only("groups", why="")
@@ -201,7 +201,7 @@ def test_removing_the_process_registration_removes_the_process_credit_cleanly():
         assert source.count(line) == 1
         for name in [m for m in sys.modules if m.startswith("trl_credit")]:
             del sys.modules[name]  # a fresh registry and fresh method packages
-        import trl_credit.registry
+        import trl_credit.core.registry
         module = types.ModuleType("trl_credit.config")
         module.__file__ = full.__file__
         sys.modules["trl_credit.config"] = module

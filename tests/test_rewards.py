@@ -2,7 +2,7 @@
 
 import pytest
 
-from trl_credit.rewards import (
+from trl_credit.tasks.rewards import (
     accuracy_reward,
     completion_text,
     extract_boxed,

@@ -5,17 +5,17 @@ import os
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.chain import chain_format_reward
+from trl_credit.core.success import resolve_success_index
 from trl_credit.model_card import MethodModelCardMixin, method_hyperparameters
-from trl_credit.rewards import accuracy_reward, final_number_reward
 from trl_credit.scripts import load_reward_funcs, main, offline_defaults
-from trl_credit.success import resolve_success_index
+from trl_credit.tasks.chain import chain_format_reward
+from trl_credit.tasks.rewards import accuracy_reward, final_number_reward
 
 
 def test_reward_registry_defaults_and_errors():
     assert load_reward_funcs(None, "arithmetic") == [final_number_reward]
     assert load_reward_funcs(None, "openai/gsm8k") == [accuracy_reward]
-    assert load_reward_funcs(["trl_credit.rewards.accuracy_reward"], None) == [accuracy_reward]
+    assert load_reward_funcs(["trl_credit.tasks.rewards.accuracy_reward"], None) == [accuracy_reward]
     with pytest.raises(ValueError, match="--reward_funcs"):
         load_reward_funcs(["nope"], None)
 

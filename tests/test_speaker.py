@@ -19,7 +19,7 @@ from trl_credit import (
     SRPOTrainer,
 )
 from trl_credit.cue_grpo.parts import RarityWeights
-from trl_credit.rewards import final_number_reward
+from trl_credit.tasks.rewards import final_number_reward
 
 
 def always_wrong_reward(completions, **kwargs):

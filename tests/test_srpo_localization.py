@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.rewards import completion_text
 from trl_credit.srpo.localization import (
     LocalizationQuality,
     calibrate_scores,
@@ -273,7 +273,7 @@ def test_chain_checker_by_name_end_to_end(tiny_model_path, tmp_path):
     # `--reset oracle --step_checker chain`: the config names the checker. The tiny model's lines are no chain steps
     # (a one-line rollout's single thought resets at the question anyway), so the checker's first wrong thought is
     # the first (unparseable) one and the oracle resets at the question.
-    from trl_credit.chain import make_chain_dataset
+    from trl_credit.tasks.chain import make_chain_dataset
 
     dataset = make_chain_dataset(num_train=8, num_test=2)["train"]
     args = SRPOConfig(

@@ -41,7 +41,7 @@ LOCALIZATION_CALLS = [
 
 def localization_trainer(model_dir, out_dir):
     from trl_credit import SRPOConfig, SRPOTrainer
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     args = SRPOConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=8, max_completion_length=8,
                       thought_delimiter=" ", rollout_template="{question}", temperature=0.7,

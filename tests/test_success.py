@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_credit.success import resolve_success_index, success_rows, total_rewards, unscorable_rows
+from trl_credit.core.success import resolve_success_index, success_rows, total_rewards, unscorable_rows
 
 NAN = math.nan
 

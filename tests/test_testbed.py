@@ -7,7 +7,9 @@ import random
 import pytest
 
 from trl_credit.srpo.prompts import localization_prompt, parse_reset_step
-from trl_credit.testbed import runner, sums
+from trl_credit.tasks import sums
+from trl_credit.testbed import model as testbed_model
+from trl_credit.testbed import runner
 from trl_credit.testbed.model import VOCAB, Recipe, build_model, make_tokenizer, testbed_model_path
 
 Q = "S35281\n"  # forward: 3+5=8, 8+2=0, 0+8=8, 8+1=9 -> A9; backward: 1+8=9, 9+2=1, 1+5=6, 6+3=9 -> A9
@@ -83,7 +85,7 @@ def test_solve_slips_one_step_and_continues_from_the_wrong_value():
 def test_sft_mix_has_its_kinds_and_localization_labels_are_the_first_wrong_step():
     rng = random.Random(3)
     problems = sums.make_problems(600, rng)
-    examples = sums.sft_examples(problems, rng)
+    examples = testbed_model.sft_examples(problems, rng)
     oracle = [e for e in examples if "\nT" in e[0]]
     localization = [e for e in examples if e[0].startswith("L")]
     plain = [e for e in examples if e not in oracle and e not in localization]
@@ -107,7 +109,7 @@ def test_sft_mix_has_its_kinds_and_localization_labels_are_the_first_wrong_step(
 def test_slips_favour_carry_steps():
     rng = random.Random(0)
     steps = [(3, 5, 8), (8, 2, 0), (0, 8, 8), (8, 1, 9)]  # step 2 (8 + 2 = 10) is the only carry
-    draws = [sums._slip_step(steps, rng, carry_weight=4.0) for _ in range(7000)]
+    draws = [testbed_model._slip_step(steps, rng, carry_weight=4.0) for _ in range(7000)]
     assert abs(draws.count(2) / len(draws) - 4 / 7) < 0.03  # weight 4 against 1 + 1 + 1
 
 

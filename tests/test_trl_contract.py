@@ -1,4 +1,4 @@
-"""The installed TRL keeps every private name trl_credit relies on (the registry of trl_credit.trl_compat), and
+"""The installed TRL keeps every private name trl_credit relies on (the registry of trl_credit.trl_bridge.compat), and
 trl_credit uses no private TRL name the registry does not list. No training: signatures, sources and one trainer
 construction. Run it first against a new TRL release: a failure names the hook that moved."""
 
@@ -18,9 +18,9 @@ from packaging.version import Version
 from trl import GRPOConfig, GRPOTrainer
 
 import trl_credit
-from trl_credit import trl_compat
-from trl_credit.trl_compat import ATTRIBUTES, CALLED, CLASS_ATTRIBUTES, CONFIG_CLASS_ATTRIBUTES, CONFIG_FIELDS
-from trl_credit.trl_compat import OVERRIDDEN, TRL_FUNCTIONS, TRL_GLOBALS, VLLM_ATTRIBUTES
+from trl_credit.trl_bridge import compat as trl_compat
+from trl_credit.trl_bridge.compat import ATTRIBUTES, CALLED, CLASS_ATTRIBUTES, CONFIG_CLASS_ATTRIBUTES, CONFIG_FIELDS
+from trl_credit.trl_bridge.compat import OVERRIDDEN, TRL_FUNCTIONS, TRL_GLOBALS, VLLM_ATTRIBUTES
 
 pytestmark = pytest.mark.trl_smoke  # CI runs it on every supported TRL version
 
@@ -98,9 +98,9 @@ def test_hook_returns_the_tuple_we_unpack(name):
 
 
 def _trl_credit_classes():
-    import trl_credit.mixins as mixins
+    import trl_credit.core.mixins as mixins
     import trl_credit.model_card as model_card
-    from trl_credit.core import CreditTrainer  # the credit core: the TRL overrides of the presets built on it
+    from trl_credit.core.trainer import CreditTrainer  # the credit core: the TRL overrides of the presets built on it
 
     classes = [getattr(trl_credit, name) for name in ("CueGRPOTrainer", "OPPOTrainer", "DATPOTrainer", "SRPOTrainer")]
     return classes + [CreditTrainer, mixins.MethodRNGStateMixin, mixins.CPUMemoryMixin, model_card.MethodModelCardMixin]
@@ -217,7 +217,7 @@ def _grpo_public_attributes() -> set:
 
 def _sources():
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name != "trl_compat.py":
+        if path != PACKAGE / "trl_bridge" / "compat.py":
             yield path.relative_to(PACKAGE.parent), path.read_text()
 
 
@@ -267,7 +267,7 @@ def _scan(sources) -> list[str]:
 
 def test_trl_credit_uses_no_unregistered_private_trl_name():
     problems = _scan(_sources())
-    assert not problems, "register these in trl_credit/trl_compat.py:\n" + "\n".join(problems)
+    assert not problems, "register these in trl_credit/trl_bridge/compat.py:\n" + "\n".join(problems)
 
 
 def test_the_scan_reports_each_kind_of_unregistered_use():
@@ -285,9 +285,9 @@ def test_the_scan_reports_each_kind_of_unregistered_use():
 
 
 def test_design_doc_hook_table_lists_exactly_what_the_core_overrides():
-    import trl_credit.mixins as mixins
+    import trl_credit.core.mixins as mixins
     import trl_credit.model_card as model_card
-    from trl_credit.core import CreditTrainer
+    from trl_credit.core.trainer import CreditTrainer
 
     text = (PACKAGE.parent / "docs" / "design.md").read_text()
     table = text[text.index("| class | overridden `GRPOTrainer` methods | why |") :].split("\n\n")[0]

@@ -5,8 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.generation import generate_from_prefixes, sampling_overrides
-from trl_credit.scoring import pad_rows, score_completions
+from trl_credit.core.generation import generate_from_prefixes, sampling_overrides
+from trl_credit.core.scoring import pad_rows, score_completions
 
 
 def _zero_reward(completions, **kwargs):
@@ -114,7 +114,7 @@ def test_overrides_reach_vllm_attributes_and_are_restored(tiny_model_path, tiny_
 def test_every_call_has_the_same_row_count_on_every_process(tiny_model_path, tiny_dataset, tmp_path, monkeypatch):
     # vLLM server mode slices its answer by process_index * len(prompts): a process with fewer rows (here 1 of the
     # 3 the other process has) must pad every call to the common size and drop the filler outputs.
-    import trl_credit.generation as generation
+    import trl_credit.core.generation as generation
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     monkeypatch.setattr(generation, "gather_counts", lambda trainer, count: [3, count])
@@ -139,7 +139,7 @@ def test_outside_zero3_init_unregisters_and_restores_the_deepspeed_config():
     # models must load whole. Simulated with a stand-in config object (DeepSpeed itself is not installed on CI).
     from transformers.integrations import deepspeed as hf_deepspeed
 
-    from trl_credit.trainer_setup import outside_zero3_init
+    from trl_credit.core.setup import outside_zero3_init
 
     class FakeZero3Config:
         def is_zero3(self):
@@ -192,7 +192,7 @@ def test_shared_prefill_samples_the_same_tokens_as_separate_prefills(tiny_model_
                                                                      tmp_path):
     # Sampling draws happen after the prefill, so with the same seed the shared and unshared calls sample the same
     # tokens (the cache differs only by float rounding).
-    from trl_credit.generation_hooks import hf_generate_hooks
+    from trl_credit.generation.hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     a = tiny_tokenizer("Consider the equation 2x + 3 = 11.")["input_ids"]
@@ -215,7 +215,7 @@ def test_shared_prefill_is_off_where_a_forward_may_be_collective(tiny_model_path
     # the decision is made): 2 processes, ZeRO stage 3; then generation runs on the real single process.
     from types import SimpleNamespace
 
-    from trl_credit.generation_hooks import hf_generate_hooks
+    from trl_credit.generation.hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     a = tiny_tokenizer("Step 1:")["input_ids"]
@@ -257,7 +257,7 @@ def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation
     # Dropout active: the copies would share one dropout draw for their prompt. A cache implementation: generate
     # refuses a cache next to one. Chunked prefill: some transformers versions restart it at position 0. In each
     # case generate runs its own prefill of every row (and does not raise).
-    from trl_credit.generation_hooks import hf_generate_hooks
+    from trl_credit.generation.hooks import hf_generate_hooks
 
     trainer = _trainer(tiny_model_path, tiny_dataset, tmp_path)
     setup(trainer)
@@ -275,7 +275,7 @@ def test_shared_prefill_stands_aside_where_a_ready_cache_would_change_generation
 def _compacting_greedy(trainer, prefixes, budgets, max_new_tokens):
     """Greedy generation through TRL's path with per-row budgets and row compaction; the completions and the batch
     shapes of every forward."""
-    from trl_credit.generation_hooks import hf_generate_hooks
+    from trl_credit.generation.hooks import hf_generate_hooks
 
     shapes, handle = _prefill_spy(trainer)
     try:
@@ -345,7 +345,7 @@ def test_row_compaction_after_a_shared_prefill(tiny_model_path, tiny_dataset, ti
 def test_method_rng_state_round_trips_per_process_and_warns_when_missing(tmp_path):
     from types import SimpleNamespace
 
-    from trl_credit.mixins import MethodRNGStateMixin
+    from trl_credit.core.mixins import MethodRNGStateMixin
 
     class FakeTrainer:  # the Trainer's own generators: record the calls
         def __init__(self, process_index):
@@ -384,8 +384,8 @@ def test_filler_rows_local_rows_and_logged_advantages():
     from collections import deque
     from types import SimpleNamespace
 
-    from trl_credit.collectives import fill_rows, local_rows
-    from trl_credit.trainer_logs import replace_logged_advantages
+    from trl_credit.core.collectives import fill_rows, local_rows
+    from trl_credit.core.logs import replace_logged_advantages
 
     assert fill_rows([[5, 6]], 3, [0]) == [[5, 6], [0], [0]]
     assert fill_rows([1, 2], 2, 9) == [1, 2]

@@ -11,7 +11,7 @@ not overrides of TRL's behaviour, and are left out.
 
 The second scan: credits and modifiers return advantages and never write TRL's batch dict (docs/design.md, "The
 credit core"); the core does, once. The third: a method package reads no private attribute of the trainer
-(``trainer._tokenizer``, ``getattr(trainer, "_step")``); it calls trl_credit/bridge.py, which names each one.
+(``trainer._tokenizer``, ``getattr(trainer, "_step")``); it calls trl_credit/trl_bridge/privates.py, which names each one.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def trl_name_definitions(root: pathlib.Path, names: set[str]):
 
 def _core_classes() -> set[str]:
     """``"module path:Class"`` of the credit core and the trl_credit mixins it is built from."""
-    from trl_credit.core import CreditTrainer
+    from trl_credit.core.trainer import CreditTrainer
 
     classes = set()
     for klass in CreditTrainer.__mro__:
@@ -82,8 +82,8 @@ def test_every_trl_override_is_written_once_in_the_core():
     assert outside == {}, f"TRL methods overridden outside CreditTrainer and its mixins ({sorted(core)}): {outside}"
     assert rewrites == [], f"TRL methods swapped in by assignment instead of one override: {rewrites}"
     # the two that were written twice before (a mixin's and the core's), now the core's alone
-    assert overrides["_generate"] == ["trl_credit/core.py:CreditTrainer"]
-    assert overrides["_generate_and_score_completions"] == ["trl_credit/core.py:CreditTrainer"]
+    assert overrides["_generate"] == ["trl_credit/core/trainer.py:CreditTrainer"]
+    assert overrides["_generate_and_score_completions"] == ["trl_credit/core/trainer.py:CreditTrainer"]
 
 
 def _write(tmp_path, text: str) -> pathlib.Path:
@@ -173,12 +173,14 @@ def test_only_the_core_writes_trls_completions_table():
     # part ran, so a modifier's values are never overwritten by an earlier part's and no part touches TRL's _logs.
     writers = sorted(str(path.relative_to(REPO)) for path in (REPO / "trl_credit").rglob("*.py")
                      if "replace_logged_advantages(" in path.read_text() or '_logs["advantages"]' in path.read_text())
-    assert writers == ["trl_credit/core.py", "trl_credit/trainer_logs.py"]
+    assert writers == ["trl_credit/core/logs.py", "trl_credit/core/trainer.py"]
 
 
-# Every folder of trl_credit but the testbed (which builds toy models, not parts) holds a method.
+# The folders of trl_credit that hold a method: every one but the layers below them (the core, the TRL bridge,
+# generation hooks, tasks), evaluation and the testbed (which builds toy models, not parts).
+NOT_METHODS = {"core", "trl_bridge", "generation", "tasks", "evaluation", "testbed"}
 METHOD_PACKAGES = sorted(path for path in (REPO / "trl_credit").iterdir()
-                         if (path / "__init__.py").exists() and path.name != "testbed")
+                         if (path / "__init__.py").exists() and path.name not in NOT_METHODS)
 
 
 def _is_trainer(node: ast.expr) -> bool:

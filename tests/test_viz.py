@@ -1,4 +1,4 @@
-"""trl_credit.viz: per-token advantages as coloured HTML and PNG, and the trainer hook that logs them."""
+"""trl_credit.core.viz: per-token advantages as coloured HTML and PNG, and the trainer hook that logs them."""
 
 import html
 import os
@@ -9,11 +9,11 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from trl_credit.core.viz import CreditLoggingArguments, credit_rows, render_html, render_png
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.rewards import final_number_reward
-from trl_credit.viz import CreditLoggingArguments, credit_rows, render_html, render_png
+from trl_credit.tasks.rewards import final_number_reward
 
-# The colormap as documented in trl_credit.viz, written out again here: linear in RGB from (202, 0, 32) at -vmax
+# The colormap as documented in trl_credit.core.viz, written out again here: linear in RGB from (202, 0, 32) at -vmax
 # through white at 0 to (5, 113, 176) at +vmax, clipped beyond ±vmax.
 RED, WHITE, BLUE, GREY = (202, 0, 32), (255, 255, 255), (5, 113, 176), (221, 221, 221)
 

@@ -9,9 +9,9 @@ checks that no generation runs on discarded weights or a sleeping KV cache.
 import pytest
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.core import CreditTrainer, GroupRollout
-from trl_credit.generation import generate_from_prefixes, one_weight_push
-from trl_credit.rewards import final_number_reward
+from trl_credit.core.generation import generate_from_prefixes, one_weight_push
+from trl_credit.core.trainer import CreditTrainer, GroupRollout
+from trl_credit.tasks.rewards import final_number_reward
 
 COMPLETION_LENGTH = 3
 

@@ -1,12 +1,12 @@
-"""The warm start on the chain task (trl_credit/warm_start.py). Building the model is slow (minutes): marked slow."""
+"""The warm start on the chain task (trl_credit/testbed/warm_start.py). Building the model is slow (minutes): marked slow."""
 
 import json
 import os
 
 import pytest
 
-from trl_credit.chain import first_wrong_step, parse_question
-from trl_credit.warm_start import WarmStartConfig, build_chain_model, evaluate_chain_model, sft_dataset
+from trl_credit.tasks.chain import first_wrong_step, parse_question
+from trl_credit.testbed.warm_start import WarmStartConfig, build_chain_model, evaluate_chain_model, sft_dataset
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "warm_start_chain.json")
 
@@ -66,7 +66,7 @@ def test_reduced_warm_start_builds_into_the_cache_loads_by_name_and_is_determini
     monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "SmolLM2-135M-Instruct").symlink_to(base_dir)  # no GGUF conversion in the test
-    with pytest.raises(FileNotFoundError, match="python -m trl_credit.warm_start"):
+    with pytest.raises(FileNotFoundError, match="python -m trl_credit.testbed.warm_start"):
         load_model(CHAIN_MODEL)
     small = WarmStartConfig(num_examples=8, epochs=1.0, batch_size=8)
 

@@ -1,4 +1,4 @@
-"""Localization examples for the chain warm start (trl_credit/warm_start_localization.py). Expected chains and rates
+"""Localization examples for the chain warm start (trl_credit/testbed/warm_start_localization.py). Expected chains and rates
 are worked by hand; the injected error's step is judged by the chain checker, the prompt by a real SRPOTrainer."""
 
 import os
@@ -10,10 +10,10 @@ import pytest
 import trl_credit.srpo.localize as srpo_localize_module
 import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import models
-from trl_credit.chain import check_steps, make_chain_dataset, make_chain_problems, parse_question, solution_text
 from trl_credit.srpo.prompts import localization_prompt, question_of
-from trl_credit.warm_start import WarmStartConfig, sft_dataset
-from trl_credit.warm_start_localization import (
+from trl_credit.tasks.chain import check_steps, make_chain_dataset, make_chain_problems, parse_question, solution_text
+from trl_credit.testbed.warm_start import WarmStartConfig, sft_dataset
+from trl_credit.testbed.warm_start_localization import (
     ERROR_KINDS,
     inject_error,
     localization_examples,
@@ -121,7 +121,7 @@ def test_prompt_is_token_for_token_what_srpo_trainer_sends(tiny_model_path, tmp_
     """A real SRPOTrainer whose rollouts are all one injected chain: its localization call's prompt ids equal the
     SFT example's chat-templated prompt."""
     from trl_credit import SRPOConfig, SRPOTrainer
-    from trl_credit.rewards import accuracy_reward
+    from trl_credit.tasks.rewards import accuracy_reward
 
     rows = make_chain_dataset(num_train=1, num_test=1, seed=0)["train"]
     problem = parse_question(rows[0]["question"])
@@ -153,7 +153,7 @@ def test_prompt_is_token_for_token_what_srpo_trainer_sends(tiny_model_path, tmp_
 
 @pytest.mark.slow
 def test_tiny_localizing_warm_start_builds_and_loads_by_name(monkeypatch, tmp_path):
-    from trl_credit.warm_start import build_chain_model
+    from trl_credit.testbed.warm_start import build_chain_model
 
     os.symlink(models.default_model_path(), tmp_path / "SmolLM2-135M-Instruct")  # the converted base, reused
     monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path))

@@ -27,7 +27,7 @@ _LAZY = {
     "DATPOConfig": "trl_credit.datpo",
     "SRPOTrainer": "trl_credit.srpo",
     "SRPOConfig": "trl_credit.srpo",
-    "CreditTrainer": "trl_credit.core",
+    "CreditTrainer": "trl_credit.core.trainer",
     "CreditConfig": "trl_credit.config",
 }
 

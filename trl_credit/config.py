@@ -2,7 +2,7 @@
 the choice of one rollout, one credit and modifiers by name, with the refusals of parts that do not combine.
 
 It sits above the method packages and no method package imports it: it imports the built-in parts modules once
-(:data:`BUILT_IN`), whose ``@register_part`` fills the registry (:mod:`trl_credit.registry`), and reads everything
+(:data:`BUILT_IN`), whose ``@register_part`` fills the registry (:mod:`trl_credit.core.registry`), and reads everything
 else from the registry: the names, the fields, their checks and what each part accepts. A method is one rollout, one
 credit and zero or more modifiers (docs/design.md#the-credit-core). ``rollout``, ``credit`` and ``modifiers``
 select them; every part's fields are present (same names, defaults and help as in the method configs), and only the
@@ -18,10 +18,10 @@ from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_credit.registry import KINDS, PartSpec, part_spec, registered_in_order, take_fields
-from trl_credit.success import SuccessArguments
-from trl_credit.trl_compat import adopt_activation_checkpointing
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.registry import KINDS, PartSpec, part_spec, registered_in_order, take_fields
+from trl_credit.core.success import SuccessArguments
+from trl_credit.core.viz import CreditLoggingArguments
+from trl_credit.trl_bridge.compat import adopt_activation_checkpointing
 
 __all__ = ["CreditConfig", "BUILT_IN", "DEFAULT_PARTS", "accepted_parts", "build_part", "refusal", "selected_parts"]
 
@@ -29,7 +29,7 @@ __all__ = ["CreditConfig", "BUILT_IN", "DEFAULT_PARTS", "accepted_parts", "build
 #: in CreditConfig (a new method appends its fields, so no field moves) and of the names in help texts; parts
 #: registered by other modules (imported before this one) follow, in registration order.
 BUILT_IN = (
-    "trl_credit.core",
+    "trl_credit.core.trainer",
     "trl_credit.srpo.parts",
     "trl_credit.datpo.parts",
     "trl_credit.oppo.parts",
@@ -128,7 +128,7 @@ class CreditConfig(*reversed(_PART_FIELDS), CreditLoggingArguments, SuccessArgum
     r"""GRPOConfig plus the fields of every registered part, and the choice of parts: ``rollout``, ``credit``,
     ``modifiers``.
 
-    The parts are the registered ones (:mod:`trl_credit.registry`; docs/composition.md's table lists the built-in
+    The parts are the registered ones (:mod:`trl_credit.core.registry`; docs/composition.md's table lists the built-in
     ones and what they combine with): ``rollout="groups"`` and ``credit="outcome"`` (GRPO's) by default, no
     modifiers. Each part's fields are those of its registration's fields mixin (the method configs document them:
     :class:`~trl_credit.srpo.SRPOConfig` for the ``resets`` rollout, ...); ``--help`` lists every name with its

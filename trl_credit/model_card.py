@@ -21,10 +21,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 from trl import GRPOConfig
 
-from .data import BUILTIN_DATASET
-from .mixins import CPUMemoryMixin, MethodRNGStateMixin
+from trl_credit.core.mixins import CPUMemoryMixin, MethodRNGStateMixin
+from trl_credit.tasks.data import BUILTIN_DATASET
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
-from .viz import CreditLoggingMixin
+from trl_credit.core.viz import CreditLoggingMixin
 
 __all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question",
            "trained_rollout_template"]
@@ -101,11 +101,11 @@ class MethodModelCardMixin(CreditLoggingMixin, MethodRNGStateMixin, CPUMemoryMix
     """Mix into a GRPOTrainer subclass (before it in the bases): a loadable model card and adapter config.
 
     Every method trainer already has this mixin, so it also carries the other trainer-wide behaviours, without
-    another base class in each trainer: :class:`trl_credit.viz.CreditLoggingMixin` (``self._log_credit(output)``),
-    :class:`trl_credit.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints) and
-    :class:`trl_credit.mixins.CPUMemoryMixin` (bounded memory on the CPU). What wraps TRL's generation batch (one
+    another base class in each trainer: :class:`trl_credit.core.viz.CreditLoggingMixin` (``self._log_credit(output)``),
+    :class:`trl_credit.core.mixins.MethodRNGStateMixin` (a method's own random state saved with checkpoints) and
+    :class:`trl_credit.core.mixins.CPUMemoryMixin` (bounded memory on the CPU). What wraps TRL's generation batch (one
     vLLM weight push per phase, the rollout capture, the empty-completion check) is called by the credit core's
-    own overrides (:class:`trl_credit.core.CreditTrainer`), which override each TRL name once.
+    own overrides (:class:`trl_credit.core.trainer.CreditTrainer`), which override each TRL name once.
     """
 
     def _save(self, output_dir: str | None = None, state_dict=None):
@@ -195,7 +195,7 @@ def _dataset_line(dataset_name: str | None, builtin: bool) -> str:
     if builtin:
         return (
             "the built-in arithmetic task of `trl_credit` (procedurally generated problems such as "
-            '"What is 3 + 4?", answered in `\\boxed{}`; `trl_credit.data.load_task_dataset("arithmetic")`)'
+            '"What is 3 + 4?", answered in `\\boxed{}`; `trl_credit.tasks.data.load_task_dataset("arithmetic")`)'
         )
     return f"the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset"
 

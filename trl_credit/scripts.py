@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
-from trl_credit.chain import chain_format_reward
-from trl_credit.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
-from trl_credit.health import health_check
+from trl_credit.evaluation.health import health_check
 from trl_credit.model_card import trained_rollout_template
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
-from trl_credit.rewards import accuracy_reward, final_number_reward, math_verify_reward
-from trl_credit.trl_compat import hidden_library_deprecations
+from trl_credit.tasks.chain import chain_format_reward
+from trl_credit.tasks.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
+from trl_credit.tasks.rewards import accuracy_reward, final_number_reward, math_verify_reward
+from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 __all__ = [
     "CreditScriptArguments",
@@ -260,7 +260,7 @@ def method_metric_names(log_history: list[dict]) -> list[str]:
 
 def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[str]]:
     """Per metric key the marker column of the summary (``"<<"`` when its last logged value lies outside the
-    healthy range of :mod:`trl_credit.health`, with the range), and the notes explaining each marked one."""
+    healthy range of :mod:`trl_credit.evaluation.health`, with the range), and the notes explaining each marked one."""
     columns, notes = [], []
     for key in keys:
         check, values = health_check(key), _first_last(history, key)
@@ -276,7 +276,7 @@ def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[
 
 def training_summary(trainer, script_args: CreditScriptArguments, model_args: ModelConfig) -> str:
     """A closing summary: steps, reward and method metrics (first -> last logged step), each "is it working" metric
-    marked when its last value lies outside its healthy range (:mod:`trl_credit.health`), where the result is
+    marked when its last value lies outside its healthy range (:mod:`trl_credit.evaluation.health`), where the result is
     saved, and the ``trl-credit-eval`` command that evaluates it on the prompt it trained on, next to its base model
     (``--compare_base``)."""
     args = trainer.args

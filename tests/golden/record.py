@@ -72,7 +72,7 @@ LOGP_KEYS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_l
 
 # ---------------------------------------------------------------------------------------------------- rewards
 def _text(completion) -> str:
-    from trl_credit.rewards import completion_text
+    from trl_credit.tasks.rewards import completion_text
 
     return completion_text(completion)
 
@@ -350,7 +350,7 @@ def capturing(recorder: Recorder):
 
 # ---------------------------------------------------------------------------------------------------- runs
 def make_dataset():
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     return make_arithmetic_dataset(num_train=8, num_test=2, seed=SEED)["train"]
 

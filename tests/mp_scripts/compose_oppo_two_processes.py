@@ -15,10 +15,10 @@ import sys
 
 from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under torchrun)
 from trl_credit.config import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
-from trl_credit.data import make_arithmetic_dataset
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.data import make_arithmetic_dataset
+from trl_credit.tasks.rewards import completion_text
 
 NUM_GENERATIONS = 4
 

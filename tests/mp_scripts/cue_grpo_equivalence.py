@@ -9,7 +9,7 @@ import os
 import sys
 
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
-from trl_credit.data import make_arithmetic_dataset
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 A = "We substitute x = 2 into the equation.\n\nWe compute the value of the sum now.\n\nTherefore the answer is \\boxed{4}."
 B = "The root is \\sqrt{16} which is exact.\n\nTaking \\log_2 of both sides gives 2.\n\nTherefore the answer is \\boxed{4}."

@@ -19,10 +19,10 @@ import torch
 from datasets import Dataset
 
 from trl_credit.config import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.datpo.parts import BlockCredit, Trees
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 
 def parity_verifier(completions, completion_ids, **kwargs):

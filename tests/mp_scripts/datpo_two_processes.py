@@ -27,8 +27,8 @@ import torch
 from datasets import Dataset
 
 from trl_credit import DATPOConfig, DATPOTrainer
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.models import load_default_embedder
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 
 def prompt_keyed_reward(completions, answer, completion_ids, **kwargs):

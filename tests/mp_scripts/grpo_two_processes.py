@@ -5,7 +5,7 @@ import sys
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.data import make_arithmetic_dataset
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 
 def length_parity_reward(completions, **kwargs):

@@ -14,7 +14,7 @@ import sys
 
 from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under torchrun)
 from trl_credit import OPPOConfig, OPPOTrainer
-from trl_credit.data import make_arithmetic_dataset
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 NUM_GENERATIONS = 4
 

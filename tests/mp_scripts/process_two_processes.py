@@ -9,10 +9,10 @@ import os
 import sys
 
 from trl_credit import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.process.parts import ProcessCredit
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 TEXTS = [
     "We add 2 and 2.\nThat gives 4.\nTherefore \\boxed{4}.",

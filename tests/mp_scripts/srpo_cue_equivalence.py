@@ -12,10 +12,10 @@ import os
 import sys
 
 from trl_credit import CreditConfig
-from trl_credit.core import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
-from trl_credit.data import make_arithmetic_dataset
 from trl_credit.srpo.parts import Resets
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 A = "We substitute x = 2 into the equation.\nWe compute the value of the sum now.\nTherefore \\boxed{4}."
 B = "The root is \\sqrt{16} which is exact.\nTaking \\log_2 of both sides gives 2.\nTherefore \\boxed{4}."

@@ -13,7 +13,7 @@ import os
 import sys
 
 from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.data import make_arithmetic_dataset
+from trl_credit.tasks.data import make_arithmetic_dataset
 
 
 def rank_dependent_reward(completions, **kwargs):

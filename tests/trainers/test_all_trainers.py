@@ -100,7 +100,7 @@ def minimal_call(method, model_path, tmp_path, monkeypatch):
     """TRL's quick start, ``GRPOTrainer(model=..., reward_funcs=..., train_dataset=...)``, with the method's trainer:
     no `args`, so every config field keeps its default, bf16 included (the check that refuses bf16 without a GPU is
     bypassed so the call runs on the CPU). Returns the trainer and a config built with the defaults."""
-    from trl_credit.data import make_arithmetic_dataset
+    from trl_credit.tasks.data import make_arithmetic_dataset
 
     monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
     monkeypatch.chdir(tmp_path)  # the default output dir is relative

@@ -10,7 +10,7 @@ from trl import GRPOTrainer
 import trl_credit.cue_grpo.parts as cue_trainer_module
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
 from trl_credit.cue_grpo import extract_cues
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.rewards import completion_text
 
 
 def length_parity_reward(completions, **kwargs):

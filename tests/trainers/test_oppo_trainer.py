@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_credit.scoring as scoring
+import trl_credit.core.scoring as scoring
 from tests.tiny import build_tiny_model
 from trl_credit import OPPOConfig, OPPOTrainer
 from trl_credit.oppo.parts import ValueRecursion
@@ -620,7 +620,7 @@ def test_per_sequence_decisions_keep_trl_static_signatures(tiny_model_path, tiny
 
     from trl import GRPOTrainer
 
-    from trl_credit.anchors import loss_sequence_anchors
+    from trl_credit.core.anchors import loss_sequence_anchors
 
     for name in ("get_off_policy_mask", "get_gamma_weights"):
         assert isinstance(inspect.getattr_static(OPPOTrainer, name), staticmethod)
@@ -854,7 +854,7 @@ def test_dropin_evaluates_with_trl_grpo_test_configurations(tiny_model_path, tin
 def test_plain_logps_record_that_does_not_line_up_falls_back_to_scoring_with_a_warning(
     tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch
 ):
-    from trl_credit.generation_hooks import GenerationRecorder
+    from trl_credit.generation.hooks import GenerationRecorder
 
     monkeypatch.setattr(GenerationRecorder, "logps", lambda self, completion_ids: None)
     trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=length_parity_reward,
@@ -871,7 +871,7 @@ def test_generation_recorder_logps_and_entropies_by_hand():
     # token sampled from d0; row 1 ended with EOS (id 2) after one token, row 0 generated two tokens.
     from types import SimpleNamespace
 
-    from trl_credit.generation_hooks import GenerationRecorder
+    from trl_credit.generation.hooks import GenerationRecorder
 
     recorder = GenerationRecorder(temperature=2.0, logps=True, entropies=True)
     logits0 = torch.tensor([[[0.0, 2.0, 4.0]], [[4.0, 0.0, 2.0]]])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trl_credit
-from trl_credit.rewards import completion_text
+from trl_credit.tasks.rewards import completion_text
 
 from tests.trainers.test_all_trainers import CASES, CaptureLogs  # method -> (trainer, config, settings, prefix)
 
@@ -277,8 +277,8 @@ def test_shared_prefill_and_row_compaction_stand_aside_for_a_hybrid_cache(
     # and keeps them to the end, and the tokens are those of the same call without the hooks.
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_credit.generation import sampling_overrides
-    from trl_credit.generation_hooks import hf_generate_hooks
+    from trl_credit.core.generation import sampling_overrides
+    from trl_credit.generation.hooks import hf_generate_hooks
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, report_to="none",
                       use_cpu=True)
@@ -314,7 +314,7 @@ def test_rows_are_selectable_only_where_every_layer_selects_all_its_state():
         LinearAttentionLayer,
     )
 
-    from trl_credit.generation_hooks import _layers_rows_selectable
+    from trl_credit.generation.hooks import _layers_rows_selectable
 
     assert _layers_rows_selectable([DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=4), DummyLayer()])
     assert not _layers_rows_selectable([DynamicLayer(), LinearAttentionLayer()])  # no batch_select_indices

@@ -13,9 +13,9 @@ def test_srpo_smollm2_lora_step(reset, tmp_path):
     from peft import LoraConfig
 
     from trl_credit import SRPOConfig, SRPOTrainer
-    from trl_credit.data import make_arithmetic_dataset
     from trl_credit.models import default_model_path
-    from trl_credit.rewards import final_number_reward
+    from trl_credit.tasks.data import make_arithmetic_dataset
+    from trl_credit.tasks.rewards import final_number_reward
 
     torch.set_num_threads(1)  # shared CPUs: oversubscribed threads make generation many times slower
     dataset = make_arithmetic_dataset(num_train=16, num_test=2, digits=2, num_operands=3)["train"]
@@ -63,9 +63,9 @@ def test_srpo_chain_resets_come_from_the_policy_or_the_checker(reset, tmp_path):
     # gives every reset of a multi-thought seed from the policy, none from a uniform draw; the oracle resets at the
     # checker's first wrong thought. Quality metrics are logged in both.
     from trl_credit import SRPOConfig, SRPOTrainer
-    from trl_credit.chain import make_chain_dataset
     from trl_credit.models import chain_model_path
-    from trl_credit.rewards import accuracy_reward
+    from trl_credit.tasks.chain import make_chain_dataset
+    from trl_credit.tasks.rewards import accuracy_reward
 
     torch.set_num_threads(1)
     dataset = make_chain_dataset(num_train=16, num_test=2)["train"]

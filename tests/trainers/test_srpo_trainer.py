@@ -10,8 +10,8 @@ import torch
 import trl_credit.srpo.localize as srpo_localize_module
 import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.rewards import completion_text
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
+from trl_credit.tasks.rewards import completion_text
 
 TEMPLATE = "Q: {question}"
 SHORT_LOCALIZATION = "P: {question}\n{steps}\nFirst wrong step (1 to {num_steps})?"
@@ -629,7 +629,7 @@ def test_suffix_budget_is_max_completion_length_minus_the_prefix(tiny_model_path
 
 
 def test_hf_generation_stops_each_row_at_its_budget_and_at_stop_strings(tiny_model_path, tiny_dataset, tmp_path):
-    from trl_credit.generation import generate_from_prefixes
+    from trl_credit.core.generation import generate_from_prefixes
 
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, [], max_completion_length=10)
     tokenizer = trainer.processing_class

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trl_credit.success import SuccessArguments
-from trl_credit.trl_compat import adopt_activation_checkpointing
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.success import SuccessArguments
+from trl_credit.core.viz import CreditLoggingArguments
+from trl_credit.trl_bridge.compat import adopt_activation_checkpointing
 
 from .weights import DEFAULT_ALPHA, WEIGHTING_MODES
 
@@ -179,7 +179,7 @@ class CueGRPOConfig(CueGRPOFields, CreditLoggingArguments, SuccessArguments, GRP
     GRPOConfig's default; the paper's training recipe (K = 64, lr 5e-7, β = 0.001, LoRA r16/α32) is in
     ``examples/recipes/cue_grpo.yaml``.
 
-    Success (fields of :class:`~trl_credit.success.SuccessArguments`): ``success_reward`` names the reward function
+    Success (fields of :class:`~trl_credit.core.success.SuccessArguments`): ``success_reward`` names the reward function
     that decides whether a completion is correct (the verifier; its name or index in ``reward_funcs``, None = the
     first one) and ``success_threshold`` (default 1.0) is the raw reward of that function a correct completion reaches
     (>=). The positive set whose strategies are clustered and reweighted is P = {i : correct_i and A_i > 0}, with A_i

@@ -4,7 +4,7 @@ advantages of each group by rarity weights (docs/cue_grpo.md#positive-set).
 Glue only; the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and :mod:`.judge`. After the credit
 computed the advantages (GRPO's: TRL's group advantages), it gathers them (and the texts of the positive
 completions, from TRL's ``_generate`` in the rollout capture) across processes, computes each group's partition and
-weights over the batch record's groups (:class:`~trl_credit.batch.RowBatch`), multiplies the positive advantages and
+weights over the batch record's groups (:class:`~trl_credit.core.batch.RowBatch`), multiplies the positive advantages and
 returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
 
 With DATPO's trees (rollout ``trees``, credit ``blocks``) P and the weights come from the trees' leaf outcomes
@@ -21,15 +21,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .. import bridge
-from ..batch import RowBatch
-from ..collectives import gather_rows
-from ..core import Modifier
-from ..generation import generate_from_prefixes
-from ..rewards import completion_text
-from ..trainer_logs import log_metric, warn_once
-from ..trainer_setup import is_composed, outside_zero3_init, speaker
-from ..registry import register_part
+from trl_credit.core.batch import RowBatch
+from trl_credit.core.collectives import gather_rows
+from trl_credit.core.generation import generate_from_prefixes
+from trl_credit.core.logs import log_metric, warn_once
+from trl_credit.core.registry import register_part
+from trl_credit.core.setup import is_composed, outside_zero3_init, speaker
+from trl_credit.core.trainer import Modifier
+from trl_credit.tasks.rewards import completion_text
+from trl_credit.trl_bridge import privates as bridge
 from .config import CueGRPOConfig, CueGRPOFields
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups

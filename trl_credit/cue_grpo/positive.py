@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from ..batch import RowBatch
-from ..success import groups_with_reward_variance
+from trl_credit.core.batch import RowBatch
+from trl_credit.core.success import groups_with_reward_variance
 
 __all__ = [
     "positive_sets", "varied_groups", "checked_partition_labels", "leaf_advantages", "reweighted_leaves",

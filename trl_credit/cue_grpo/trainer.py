@@ -1,14 +1,14 @@
 """CueGRPOTrainer: GRPOTrainer whose positive advantages are multiplied by rarity weights (docs/cue_grpo.md#positive-set).
 
-A preset of the credit core (:class:`trl_credit.core.CreditTrainer`): GRPO's rollouts, GRPO's group-normalized
+A preset of the credit core (:class:`trl_credit.core.trainer.CreditTrainer`): GRPO's rollouts, GRPO's group-normalized
 outcome (TRL's advantages), then the :class:`~trl_credit.cue_grpo.parts.RarityWeights` modifier. The loss, KL,
 clipping, importance sampling, ... are GRPO's, untouched.
 """
 
 from __future__ import annotations
 
-from ..core import CreditTrainer, GroupOutcome
-from ..trainer_setup import resolve_method_args
+from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.trainer import CreditTrainer, GroupOutcome
 from .config import CueGRPOConfig
 from .parts import (  # noqa: F401 - positive_sets, checked_partition_labels: importable from here as before
     PartitionFn,

@@ -7,11 +7,11 @@ import math
 
 import torch
 
-from .. import bridge
-from ..collectives import fill_rows, gather_counts, gather_rows, rewards_of_extra_rows
-from ..generation import sampling_overrides
-from ..generation_hooks import hf_generate_hooks
-from ..trainer_logs import log_metric
+from trl_credit.core.collectives import fill_rows, gather_counts, gather_rows, rewards_of_extra_rows
+from trl_credit.core.generation import sampling_overrides
+from trl_credit.core.logs import log_metric
+from trl_credit.generation.hooks import hf_generate_hooks
+from trl_credit.trl_bridge import privates as bridge
 from .forest import TreeBatch, sampled_length
 
 __all__ = ["generate_branches", "budget_bands", "branch_rewards"]

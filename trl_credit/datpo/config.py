@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from trl import GRPOConfig
 
-from trl_credit.success import SuccessArguments
-from trl_credit.trl_compat import adopt_activation_checkpointing
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.success import SuccessArguments
+from trl_credit.core.viz import CreditLoggingArguments
+from trl_credit.trl_bridge.compat import adopt_activation_checkpointing
 
 from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS, FORK_POSITIONS

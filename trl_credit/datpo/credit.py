@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from .. import bridge
-from ..collectives import decode_completions, gather_rows
-from ..rewards import completion_text
+from trl_credit.core.collectives import decode_completions, gather_rows
+from trl_credit.tasks.rewards import completion_text
+from trl_credit.trl_bridge import privates as bridge
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
 from .forest import ForestCredit, LeafOutcomes, TreeBatch, is_truncated
 from .tree import ROOT

@@ -1,4 +1,4 @@
-"""DATPO as parts of the credit core (trl_credit/core.py; docs/datpo.md, paper Alg. 3): :class:`Trees`, the rollout,
+"""DATPO as parts of the credit core (trl_credit/core/trainer.py; docs/datpo.md, paper Alg. 3): :class:`Trees`, the rollout,
 and :class:`BlockCredit`, the credit. The pure math stays in budget.py, forks.py, tree.py and diversity.py.
 
 Each training generation batch:
@@ -43,18 +43,18 @@ import random
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.trl_compat import shuffle_sequence_dict
+from trl_credit.trl_bridge import privates as bridge
+from trl_credit.trl_bridge.compat import shuffle_sequence_dict
 
-from ..batch import RowBatch, trl_groups
-from ..collectives import gather_counts, gather_rows, local_rows
-from ..core import Credit, Rollout
-from ..generation_hooks import GenerationRecorder
-from ..registry import only, register_part
-from ..scoring import pad_rows, score_completions
-from ..success import unscorable_rows
-from ..trainer_logs import log_metric, nonfinite_reward_groups, warn_once
-from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
+from trl_credit.core.batch import RowBatch, trl_groups
+from trl_credit.core.collectives import gather_counts, gather_rows, local_rows
+from trl_credit.core.logs import log_metric, nonfinite_reward_groups, warn_once
+from trl_credit.core.registry import only, register_part
+from trl_credit.core.scoring import pad_rows, score_completions
+from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
+from trl_credit.core.success import unscorable_rows
+from trl_credit.core.trainer import Credit, Rollout
+from trl_credit.generation.hooks import GenerationRecorder
 from .batching import sort_rows_by_length, split_rows
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
@@ -109,7 +109,7 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
 )
 class Trees(Rollout):
     """DATPO's difficulty-adaptive tree rollouts (module docstring). Training only: evaluation stays GRPO on the
-    base rollouts. The record (:class:`~trl_credit.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
+    base rollouts. The record (:class:`~trl_credit.core.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
     of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` under ``extras["trees"]``: the rows TRL
     trains on (branches, fillers, the masks of truncated rows and their old/ref log-probs) depend on the credit, so
     they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
@@ -148,7 +148,7 @@ class Trees(Rollout):
     def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
-        the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`),
+        the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
         if not self.phase1 or not GenerationRecorder.available(trainer):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import bridge
-from ..collectives import fill_rows, gather_counts
-from ..scoring import pad_rows, score_completions
-from ..trl_compat import use_adapter
+from trl_credit.core.collectives import fill_rows, gather_counts
+from trl_credit.core.scoring import pad_rows, score_completions
+from trl_credit.trl_bridge import privates as bridge
+from trl_credit.trl_bridge.compat import use_adapter
 from .forest import ForestCredit, TreeBatch, is_truncated
 
 __all__ = ["training_rows", "score_collectively", "importance_sampling_ratio"]

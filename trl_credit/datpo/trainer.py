@@ -4,8 +4,8 @@ parts.py has what changes relative to GRPOTrainer and how). Evaluation stays GRP
 
 from __future__ import annotations
 
-from ..core import CreditTrainer
-from ..trainer_setup import resolve_method_args
+from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.trainer import CreditTrainer
 from .config import DATPOConfig
 from .parts import BlockCredit, Trees, diversity_alpha
 

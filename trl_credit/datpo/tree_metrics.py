@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..trainer_logs import log_metric, warn_once
-from ..trainer_setup import speaker
+from trl_credit.core.logs import log_metric, warn_once
+from trl_credit.core.setup import speaker
 from .forest import ForestCredit, TreeBatch
 
 __all__ = ["log_tree_metrics", "log_fork_coverage"]

@@ -7,9 +7,9 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from trl_credit.success import SuccessArguments
-from trl_credit.trl_compat import adopt_activation_checkpointing
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.success import SuccessArguments
+from trl_credit.core.viz import CreditLoggingArguments
+from trl_credit.trl_bridge.compat import adopt_activation_checkpointing
 
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE
 
@@ -171,7 +171,7 @@ class OPPOConfig(OPPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
     prior_strength (`float`, defaults to `1.0`): α of the Beta prior, ℓ_0 = log((k + α)/(G − k + α)).
     advantage_eps (`float`, defaults to `1e-6`): ε of the per-group token normalization.
 
-    > Success (from [`~trl_credit.success.SuccessArguments`])
+    > Success (from [`~trl_credit.core.success.SuccessArguments`])
 
     success_reward (`str`, `int` or `None`, defaults to `None`): the reward function that decides whether a
         completion is correct (the verifier), by name or index in `reward_funcs`; `None` = the first one.

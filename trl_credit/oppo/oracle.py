@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.trl_compat import HAS_FUSED_LM_HEAD, TRL_VERSION, add_fused_lm_head
+from trl_credit.trl_bridge import privates as bridge
+from trl_credit.trl_bridge.compat import HAS_FUSED_LM_HEAD, TRL_VERSION, add_fused_lm_head
 
 __all__ = [
     "DEFAULT_ORACLE_TEMPLATE",
@@ -89,14 +89,14 @@ def score_evidence(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o_t, s_t), each (B, T): log-probs of the sampled completion tokens under ``model`` with the oracle prompts
     and with the plain prompts (docs/oppo.md#oracle-prompt), scored by TRL's ``_get_per_token_logps_and_entropies`` (no grad, same
-    temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit.scoring.score_completions``.
+    temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit.core.scoring.score_completions``.
 
     With ``student_logps`` given (self-oracle: TRL's ``old_per_token_logps``, the log-probs recorded during
     generation or vLLM's) only the B oracle rows are scored; otherwise the B oracle rows and the B plain rows are stacked into one batch of 2B rows and scored in the
     same call, so OPPO costs one extra pass call either way.
     """
-    from trl_credit.scoring import score_completions
-    from trl_credit.trl_compat import pad
+    from trl_credit.core.scoring import score_completions
+    from trl_credit.trl_bridge.compat import pad
 
     plain_rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
     rows = [list(map(int, ids)) for ids in oracle_prompt_ids]

@@ -1,10 +1,10 @@
-"""OPPO's part of the credit core (trl_credit/core.py): :class:`ValueRecursion`, the credit that turns each
+"""OPPO's part of the credit core (trl_credit/core/trainer.py): :class:`ValueRecursion`, the credit that turns each
 completion's outcome into per-token advantages (B, T) by the Bayesian value recursion (docs/oppo.md, paper §4). OPPO's
-rollout is GRPO's (:class:`~trl_credit.core.GroupRollout`); composed, it credits any rollout's groups (SRPO's reset
+rollout is GRPO's (:class:`~trl_credit.core.trainer.GroupRollout`); composed, it credits any rollout's groups (SRPO's reset
 sub-groups) and hands the per-row modifiers (Cue-GRPO's) each row's sign(A^seq) (docs/oppo.md#composition).
 
 What it does around TRL, per generation batch:
-- From the batch's record (:class:`~trl_credit.batch.RowBatch`: TRL's global reward matrix, the verifier's
+- From the batch's record (:class:`~trl_credit.core.batch.RowBatch`: TRL's global reward matrix, the verifier's
   decisions, scorable rows, group ids) come each group's k (completions the verifier, ``success_reward``, calls
   correct), its number of scorable completions G and each row's anchoring sign sign(A^seq) (from the rewards, so
   that a row tying its group's mean gets 0). Unscorable rows, and rows of no group, get advantage exactly 0 on every
@@ -19,7 +19,7 @@ What it does around TRL, per generation batch:
   for every ``loss_type``.
 - ``off_policy_mask_threshold`` / ``loss_type="vespo"`` make their per-sequence decision from the sequence's sign
   anchor sign(A^seq), put in the record (``RowBatch.sequence_anchors``) and carried to the loss by the core
-  (trl_credit/anchors.py).
+  (trl_credit/core/anchors.py).
 - A teacher (``oracle="teacher"``) is loaded, frozen and prepared like TRL's reference model
   (:meth:`ValueRecursion.setup`).
 """
@@ -30,12 +30,12 @@ import contextlib
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.batch import NO_GROUP, RowBatch
-from trl_credit.core import Credit, GroupOutcome
-from trl_credit.generation_hooks import GenerationRecorder
-from trl_credit.oppo.config import OPPOFields
+from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.trainer import Credit, GroupOutcome
+from trl_credit.generation.hooks import GenerationRecorder
 from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
+from trl_credit.oppo.config import OPPOFields
+from trl_credit.trl_bridge import privates as bridge
 from trl_credit.oppo.oracle import (
     add_float32_head,
     add_float32_teacher_head,
@@ -51,10 +51,10 @@ from trl_credit.oppo.recursion import (
     row_token_moments,
     sequence_anchor_signs,
 )
-from trl_credit.registry import register_part
-from trl_credit.trainer_logs import log_metric, warn_once
-from trl_credit.trainer_setup import bind_success, check_single_turn, is_composed, speaker, trainer_mode
-from trl_credit.trl_compat import (
+from trl_credit.core.logs import log_metric, warn_once
+from trl_credit.core.registry import register_part
+from trl_credit.core.setup import bind_success, check_single_turn, is_composed, speaker, trainer_mode
+from trl_credit.trl_bridge.compat import (
     HAS_FUSED_LM_HEAD,
     create_model_from_path,
     disable_dropout_in_model,
@@ -198,7 +198,7 @@ class ValueRecursion(Credit):
     def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
-        are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`) for :meth:`advantages`,
+        are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`) for :meth:`advantages`,
         with the LM head in float32 like the extra pass's (so the tokens are sampled from float32 logits, as with
         TRL's ``cast_lm_head_to_fp32``)."""
         self.generation_logps = None
@@ -216,7 +216,7 @@ class ValueRecursion(Credit):
     # (or its KL is small) and VESPO picks its gamma weighting by the advantage's sign, both meant per sequence. With
     # (B, T) advantages TRL would decide per token, and after the group normalization the tokens of one completion
     # can have both signs. OPPO's sequence-level direction is the sign anchor sign(A^seq) (paper Eq. 21), so both
-    # decide from it: `token_advantages` puts it in the record, the core hands it to the loss (trl_credit/anchors.py).
+    # decide from it: `token_advantages` puts it in the record, the core hands it to the loss (trl_credit/core/anchors.py).
     sets_sequence_anchors = True
 
     # ------------------------------------------------------------------------------------------------ the credit

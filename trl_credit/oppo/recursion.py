@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trl_credit.success import total_rewards, unscorable_rows
+from trl_credit.core.success import total_rewards, unscorable_rows
 
 __all__ = [
     "TokenCredit",

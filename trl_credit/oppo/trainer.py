@@ -1,7 +1,7 @@
 """OPPOTrainer: GRPOTrainer with OPPO's token-level advantages (docs/oppo.md, paper §4). Checked against trl 1.16.0.
 
-A preset of the credit core (:class:`~trl_credit.core.CreditTrainer`): GRPO's rollouts
-(:class:`~trl_credit.core.GroupRollout`) and OPPO's credit (:class:`~trl_credit.oppo.parts.ValueRecursion`, whose
+A preset of the credit core (:class:`~trl_credit.core.trainer.CreditTrainer`): GRPO's rollouts
+(:class:`~trl_credit.core.trainer.GroupRollout`) and OPPO's credit (:class:`~trl_credit.oppo.parts.ValueRecursion`, whose
 docstring says what changes relative to GRPOTrainer). This class only checks its arguments before any model is
 loaded and picks those parts; it overrides no TRL method.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import textwrap
 
-from trl_credit.core import CreditTrainer, GroupRollout
+from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.trainer import CreditTrainer, GroupRollout
 from trl_credit.oppo.answers import check_answers
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.parts import ValueRecursion
-from trl_credit.trainer_setup import resolve_method_args
-from trl_credit.trl_compat import require_trl
+from trl_credit.trl_bridge.compat import require_trl
 
 __all__ = ["OPPOTrainer"]
 

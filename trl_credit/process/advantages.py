@@ -28,7 +28,7 @@ STD_EPS = 1e-4
 #: TRL's ``scale_rewards`` values, with the same meaning for the step rewards.
 SCALES = ("group", "batch", "none")
 
-NO_GROUP = -1  # trl_credit.batch.NO_GROUP, repeated so this module needs no torch
+NO_GROUP = -1  # trl_credit.core.batch.NO_GROUP, repeated so this module needs no torch
 
 
 def _unbiased_std(values: Sequence[float]) -> float:

@@ -1,4 +1,4 @@
-"""The process credit as a part of the credit core (trl_credit/core.py): :class:`ProcessCredit`, GRPO's process
+"""The process credit as a part of the credit core (trl_credit/core/trainer.py): :class:`ProcessCredit`, GRPO's process
 supervision (DeepSeekMath §4.1.3; docs/process.md). Per generation batch:
 
 - Each credited row (scorable, in a group, its group free of ±inf rewards) of this process is split into steps on
@@ -21,18 +21,18 @@ import warnings
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.batch import NO_GROUP, RowBatch
-from trl_credit.collectives import gather_rows
-from trl_credit.core import Credit
-from trl_credit.process.config import ProcessFields
+from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.collectives import gather_rows
+from trl_credit.core.logs import log_metric, nonfinite_reward_groups, warn_once
+from trl_credit.core.registry import register_part
+from trl_credit.core.setup import check_single_turn
+from trl_credit.core.success import total_rewards
+from trl_credit.core.trainer import Credit
 from trl_credit.process.advantages import normalized_step_rewards, token_advantages
+from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
-from trl_credit.registry import register_part
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
-from trl_credit.success import total_rewards
-from trl_credit.trainer_logs import log_metric, nonfinite_reward_groups, warn_once
-from trl_credit.trainer_setup import check_single_turn
+from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
@@ -78,7 +78,7 @@ class ProcessCredit(Credit):
             )
 
     # TRL's per-sequence decisions (off_policy_mask_threshold, VESPO) read each row's sequence advantage with the
-    # (B, T) advantages (batch.sequence_anchors, handed to the loss by the core: trl_credit/anchors.py), as for OPPO.
+    # (B, T) advantages (batch.sequence_anchors, handed to the loss by the core: trl_credit/core/anchors.py), as for OPPO.
     sets_sequence_anchors = True
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):

@@ -30,7 +30,7 @@ StepReward = Callable[..., "list[float | None]"]
 #: Step-reward functions a config can name (``process_step_reward``): a callable, or ``"module:function"``.
 STEP_REWARDS: dict[str, StepReward | str] = {
     "chain": "trl_credit.process.step_rewards:chain_step_rewards",
-    "sums": "trl_credit.testbed.sums:step_rewards",  # the tiny testbed's checker (docs/testbed.md#the-tiny-testbed)
+    "sums": "trl_credit.tasks.sums:step_rewards",  # the tiny testbed's checker (docs/testbed.md#the-tiny-testbed)
 }
 
 
@@ -97,7 +97,7 @@ def checked_rewards(rewards, num_steps: int, name: str, where: str) -> list[floa
 
 
 def chain_step_rewards(prompt, completion, steps, **row) -> list[float]:
-    """The built-in ``chain`` task's step checker as step rewards (trl_credit/chain.py, docs/testbed.md): 1.0 for
+    """The built-in ``chain`` task's step checker as step rewards (trl_credit/tasks/chain.py, docs/testbed.md): 1.0 for
     every step before the first wrong one, 0.0 for it and every step after it.
 
     The checker numbers the completion's non-empty lines; with the delimiter ``"\\n"`` line k is step k (a step of

@@ -2,16 +2,16 @@
 
 A prompt's buffer holds a base group (``base`` iid rollouts from the question) and ``reset_groups`` shared-prefix
 groups (``suffixes_per_reset`` suffixes each, resampled from one reset state). Advantages are normalized within
-each of these groups separately, never across them (:class:`trl_credit.core.GroupOutcome` over the group ids of
+each of these groups separately, never across them (:class:`trl_credit.core.trainer.GroupOutcome` over the group ids of
 :func:`srpo_group_ids`). Only torch/stdlib.
 
-The group-normalized advantages themselves are generic (:mod:`trl_credit.advantages`; re-exported here):
+The group-normalized advantages themselves are generic (:mod:`trl_credit.core.advantages`; re-exported here):
 ``grouped_advantages`` ("sum_then_normalize") and ``normalize_then_sum_advantages`` ("normalize_then_sum", GDPO).
 """
 
 from __future__ import annotations
 
-from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
+from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 
 __all__ = ["srpo_group_ids", "grouped_advantages", "normalize_then_sum_advantages"]
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trl_credit.success import SuccessArguments
-from trl_credit.trl_compat import adopt_activation_checkpointing
-from trl_credit.viz import CreditLoggingArguments
+from trl_credit.core.success import SuccessArguments
+from trl_credit.core.viz import CreditLoggingArguments
+from trl_credit.trl_bridge.compat import adopt_activation_checkpointing
 
 from trl_credit.srpo.localization import STEP_CHECKERS
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, ROLLOUT_TEMPLATES, resolve_rollout_template

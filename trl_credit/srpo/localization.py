@@ -91,11 +91,11 @@ def pick_step(scores: Sequence[float], temperature: float = 0.0, rng: random.Ran
 
 # ---------------------------------------------------------------------------------------------------- checkers
 def chain_step_checker(question: str, thoughts: Sequence[str]) -> int | None:
-    """Step checker of the built-in ``chain`` task (trl_credit/chain.py, docs/testbed.md): the thought holding the
+    """Step checker of the built-in ``chain`` task (trl_credit/tasks/chain.py, docs/testbed.md): the thought holding the
     first wrong line. The checker numbers the completion's non-empty lines; with ``thought_delimiter="\\n"`` line k
     is thought k, and a thought spanning several lines owns all of them. A missing answer (one past the last line)
     maps to the last thought. ``question`` is the chain problem, with or without the task's instruction."""
-    from trl_credit.chain import CHAIN_INSTRUCTION, first_wrong_step
+    from trl_credit.tasks.chain import CHAIN_INSTRUCTION, first_wrong_step
 
     owner = [k for k, text in enumerate(thoughts, start=1) for line in text.splitlines() if line.strip()]
     if not owner:
@@ -118,8 +118,8 @@ def _chain_question(text: str, instruction: str) -> str:
 
 #: Step checkers a config can name (``SRPOConfig.step_checker``, ``--step_checker chain``).
 def sums_step_checker(question: str, thoughts: Sequence[str]) -> int | None:
-    """Step checker of the tiny testbed's sums task (trl_credit/testbed/sums.py, docs/testbed.md#the-tiny-testbed)."""
-    from trl_credit.testbed.sums import step_checker
+    """Step checker of the tiny testbed's sums task (trl_credit/tasks/sums.py, docs/testbed.md#the-tiny-testbed)."""
+    from trl_credit.tasks.sums import step_checker
 
     return step_checker(question, list(thoughts))
 

@@ -12,12 +12,12 @@ import inspect
 import torch
 import transformers
 
-from trl_credit import bridge
-from trl_credit.collectives import gather_counts
-from trl_credit.generation import generate_from_prefixes
-from trl_credit.scoring import pad_rows, score_completions
-from trl_credit.collectives import fill_rows
-from trl_credit.generation_hooks import _accepts_logits_to_keep, _prefill_can_be_shared
+from trl_credit.core.collectives import gather_counts
+from trl_credit.core.collectives import fill_rows
+from trl_credit.core.generation import generate_from_prefixes
+from trl_credit.core.scoring import pad_rows, score_completions
+from trl_credit.generation.hooks import _accepts_logits_to_keep, _prefill_can_be_shared
+from trl_credit.trl_bridge import privates as bridge
 from trl_credit.srpo.localization import (
     BOXED_OPEN,
     answer_texts,
@@ -28,7 +28,7 @@ from trl_credit.srpo.localization import (
 from trl_credit.srpo.prompts import localization_prompt, parse_reset_step, question_of, stop_strings
 from trl_credit.srpo.resets import Reset, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats
-from trl_credit.trl_compat import HAS_FUSED_LM_HEAD, disable_gradient_checkpointing
+from trl_credit.trl_bridge.compat import HAS_FUSED_LM_HEAD, disable_gradient_checkpointing
 
 __all__ = ["localize", "answer_scores"]
 

@@ -13,7 +13,7 @@ vLLM / DeepSpeed / PEFT handling - is TRL's):
 - Rewards: the batch's global rewards are the core's capture of TRL's ``_calculate_rewards``; seed candidates are
   scored through TRL's ``_calculate_rewards`` too (padded to the same row count on every process, because it ends
   with a ``gather``), with reward-function side logs discarded.
-- Record: a training step's :class:`~trl_credit.batch.RowBatch` has SRPO's sub-groups as its groups (each prompt's
+- Record: a training step's :class:`~trl_credit.core.batch.RowBatch` has SRPO's sub-groups as its groups (each prompt's
   base group, each shared-prefix group; fallback rows in none), so the core's ``GroupOutcome`` normalizes within
   each (docs/srpo.md#advantages).
 - Evaluation (``model.eval()``): plain iid generation from the wrapped prompts, TRL's groups and GRPO advantages.
@@ -28,13 +28,15 @@ from typing import Any
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
-from trl_credit.collectives import gather_counts, rewards_of_extra_rows
-from trl_credit.core import Rollout
-from trl_credit.generation import generate_from_prefixes
-from trl_credit.mixins import RolloutCapture, refuse_empty_completions
-from trl_credit.registry import register_part
+from trl_credit.core.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
+from trl_credit.core.collectives import gather_counts, rewards_of_extra_rows
+from trl_credit.core.generation import generate_from_prefixes
+from trl_credit.core.logs import log_metric
+from trl_credit.core.mixins import RolloutCapture, refuse_empty_completions
+from trl_credit.core.registry import register_part
+from trl_credit.core.setup import bind_success, check_single_turn, is_composed, rollout_success, speaker
+from trl_credit.core.success import unscorable_rows
+from trl_credit.core.trainer import Rollout
 from trl_credit.srpo.advantages import srpo_group_ids
 from trl_credit.srpo.config import SRPOFields
 from trl_credit.srpo.localization import LocalizationQuality, checked_step, resolve_step_checker
@@ -43,9 +45,7 @@ from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_ro
 from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
-from trl_credit.success import unscorable_rows
-from trl_credit.trainer_logs import log_metric
-from trl_credit.trainer_setup import bind_success, check_single_turn, is_composed, rollout_success, speaker
+from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["Resets"]
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from trl_credit.rewards import extract_boxed
+from trl_credit.tasks.rewards import extract_boxed
 
 __all__ = [
     "THOUGHT_MDP_ROLLOUT_TEMPLATE",

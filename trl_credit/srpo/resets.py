@@ -1,5 +1,5 @@
 """Seeds, reset indices and training rows of SRPO/RRPO (docs/srpo.md#algorithm, paper §4.2, Algorithm 2). Only stdlib
-(and the row kinds of :mod:`trl_credit.batch`).
+(and the row kinds of :mod:`trl_credit.core.batch`).
 
 - :func:`incorrect_indices`: the seed is the *first* incorrect rollout in sampling order (docs/srpo.md#seeds).
 - :func:`random_reset_step` (RRPO) and :func:`choose_reset_step` (SRPO with the random fallback of docs/srpo.md#reset-index).
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Row kinds of the training batch (base rollout, shared-prefix (suffix) row, fallback row): the credit core's.
-from trl_credit.batch import ROW_BASE, ROW_FALLBACK, ROW_SUFFIX
+from trl_credit.core.batch import ROW_BASE, ROW_FALLBACK, ROW_SUFFIX
 
 __all__ = [
     "Reset",

@@ -10,10 +10,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from trl_credit import bridge
-from trl_credit.trainer_logs import log_metric, warn_once
-from trl_credit.trainer_setup import speaker
+from trl_credit.core.logs import log_metric, warn_once
+from trl_credit.core.setup import speaker
 from trl_credit.srpo.localization import LocalizationQuality
+from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["StepStats", "log_step_stats", "SOURCES"]
 

@@ -1,6 +1,6 @@
 """SRPOTrainer: the credit core's preset for SRPO / RRPO (docs/srpo.md, paper §4, Algorithm 2): the reset-and-
 resample rollouts (:class:`trl_credit.srpo.parts.Resets`, which says how they hook into TRL's GRPOTrainer) and the
-group-normalized outcome within each sub-group (:class:`trl_credit.core.GroupOutcome` over the record's groups: base
+group-normalized outcome within each sub-group (:class:`trl_credit.core.trainer.GroupOutcome` over the record's groups: base
 group, each shared-prefix group; docs/srpo.md#advantages). Evaluation (``model.eval()``): plain iid generation from
 the wrapped prompts and TRL's GRPO advantages.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from trl_credit.trainer_setup import resolve_method_args
-from trl_credit.core import CreditTrainer, GroupOutcome
+from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.setup import grpo_arguments
+from trl_credit.core.trainer import CreditTrainer, GroupOutcome
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.parts import Resets
-from trl_credit.trainer_setup import grpo_arguments
 
 __all__ = ["SRPOTrainer"]
 
@@ -23,7 +23,7 @@ class SRPOTrainer(CreditTrainer):
     """Self-Reset (``reset="self"``), Random-Reset (``reset="random"``) and oracle-reset (``reset="oracle"``)
     Policy Optimization on top of GRPOTrainer: :class:`~trl_credit.srpo.parts.Resets` rollouts (per prompt a base
     group, seeds, a reset per seed, suffixes from each reset state; paper §4.2, Algorithm 2) and
-    :class:`~trl_credit.core.GroupOutcome` credit within each sub-group (paper §4.3).
+    :class:`~trl_credit.core.trainer.GroupOutcome` credit within each sub-group (paper §4.3).
 
     ``step_checker``: a callable ``(question, thoughts) -> int | None`` (the 1-indexed first wrong thought, None when
     none is wrong; ``question`` is the prompt's last user message before the rollout template wraps it) overriding

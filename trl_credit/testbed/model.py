@@ -20,7 +20,8 @@ import time
 import torch
 
 from trl_credit import models
-from trl_credit.testbed import sums
+from trl_credit.srpo.prompts import localization_prompt
+from trl_credit.tasks import sums
 
 __all__ = ["VOCAB", "Recipe", "make_tokenizer", "model_config", "build_model", "testbed_model_path", "weights_digest"]
 
@@ -181,7 +182,7 @@ def build_model(recipe: Recipe, output_dir: str, progress: bool = False) -> dict
         rng = random.Random(recipe.seed)
         examples = []
         for _ in range(4):  # four draws of the mix per problem: slips, structures and kinds vary across copies
-            examples += sums.sft_examples(train_problems, rng, recipe.slip_rate, recipe.backward_rate,
+            examples += sft_examples(train_problems, rng, recipe.slip_rate, recipe.backward_rate,
                                           recipe.carry_weight, recipe.oracle_rate, recipe.localization_rate)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
 
@@ -222,3 +223,45 @@ def build_model(recipe: Recipe, output_dir: str, progress: bool = False) -> dict
         return info
     finally:
         torch.set_num_threads(threads)
+
+
+# The supervised mix (trl_credit/tasks/sums.py's docstring): the task's solutions with the base model's flaws
+# built in, and SRPO's localization and OPPO's oracle prompts in the forms the trainers send them.
+def _slip_step(steps: list[tuple[int, int, int]], rng: random.Random, carry_weight: float) -> int:
+    """A 1-indexed step drawn with weight ``carry_weight`` on carry steps (x + y >= 10), 1 on the others."""
+    weights = [carry_weight if x + y >= 10 else 1.0 for x, y, _ in steps]
+    return rng.choices(range(1, len(steps) + 1), weights=weights)[0]
+
+
+def sft_examples(problems: list[sums.SumsProblem], rng: random.Random, slip_rate: float = 0.6,
+                 backward_rate: float = 0.15, carry_weight: float = 4.0, oracle_rate: float = 0.2,
+                 localization_rate: float = 0.25) -> list[tuple[str, str]]:
+    """``(prompt, completion)`` pairs of the supervised mix (module docstring), one per problem: an oracle-prompted
+    error-free solution (``oracle_rate``), a localization example on a slipped solution (``localization_rate``), or
+    a plain solution (the rest; ``slip_rate`` of them slipped)."""
+    examples = []
+    for problem in problems:
+        structure = "backward" if rng.random() < backward_rate else "forward"
+        kind = rng.random()
+        if kind < oracle_rate:
+            prompt = problem.question + sums.ORACLE_TEMPLATE.format(answer=problem.answer)
+            examples.append((prompt, "\n".join(sums.solution_lines(sums.solve(problem, structure)))))
+            continue
+        clean = sums.solve(problem, structure)
+        slipped = kind < oracle_rate + localization_rate or rng.random() < slip_rate
+        if not slipped:
+            examples.append((problem.question, "\n".join(sums.solution_lines(clean))))
+            continue
+        at = _slip_step(clean, rng, carry_weight)
+        lines = sums.solution_lines(sums.solve(problem, structure, slip_at=at, slip=rng.choice((1, -1))))
+        if kind < oracle_rate + localization_rate:
+            # the seed as SRPO renders it (its thoughts are the lines, the answer line last), answered with the
+            # first wrong step; a truncated chain (no answer line) now and then, as the policy's seeds can be
+            if rng.random() < 0.2 and len(lines) > 2:
+                lines = lines[: rng.randint(2, len(lines) - 1)]
+            wrong = sums.step_checker(problem.question, lines)
+            prompt = localization_prompt(problem.question, lines, sums.LOCALIZATION_TEMPLATE)
+            examples.append((prompt, f"\\boxed{{{wrong}}}"))
+        else:
+            examples.append((problem.question, "\n".join(lines)))
+    return examples

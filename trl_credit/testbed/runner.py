@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from trl_credit.testbed import sums
+from trl_credit.tasks import sums
 from trl_credit.testbed.model import make_tokenizer, testbed_model_path
 
 __all__ = ["METHODS", "method_spec", "run", "evaluate", "pass_at_k"]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trl_credit.trl_compat import disable_gradient_checkpointing, pad
+from trl_credit.trl_bridge.compat import disable_gradient_checkpointing, pad
 
 __all__ = ["pad_rows", "score_completions"]
 

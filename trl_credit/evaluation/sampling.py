@@ -1,5 +1,5 @@
 """Sampling for evaluation: a model and its tokenizer, and n sampled completions per prompt (part 1 of
-:mod:`trl_credit.evaluate`'s pipeline; re-exported there).
+:mod:`trl_credit.evaluation.evaluate`'s pipeline; re-exported there).
 
 Chat prompts are rendered as TRL's trainers render them at training time (the tokenizer's chat template with the
 generation prompt, no extra special tokens), so an evaluation sees the token sequence the policy trained on.
@@ -16,7 +16,7 @@ __all__ = ["EVAL_TEMPERATURE", "EVAL_MAX_NEW_TOKENS", "load_model_and_tokenizer"
            "sample_completions"]
 
 #: Default sampling of an evaluation: the setting of the README's base-accuracy table (``benchmarks/base_accuracy.py``,
-#: :mod:`trl_credit.data`: temperature 0.7, top-p 1.0, 64 new tokens), so default numbers are comparable with it.
+#: :mod:`trl_credit.tasks.data`: temperature 0.7, top-p 1.0, 64 new tokens), so default numbers are comparable with it.
 EVAL_TEMPERATURE = 0.7
 EVAL_MAX_NEW_TOKENS = 64
 
@@ -33,7 +33,7 @@ def load_model_and_tokenizer(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .models import resolve_model_path
+    from trl_credit.models import resolve_model_path
 
     if model_name_or_path is None and adapter and os.path.exists(os.path.join(adapter, "adapter_config.json")):
         with open(os.path.join(adapter, "adapter_config.json")) as handle:
@@ -47,7 +47,7 @@ def load_model_and_tokenizer(
     if adapter:
         from peft import PeftModel
 
-        from .trl_compat import hidden_library_deprecations
+        from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
         with hidden_library_deprecations():  # PEFT calls the renamed `is_gradient_checkpointing`
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()

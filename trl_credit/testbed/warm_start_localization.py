@@ -4,14 +4,14 @@ SRPO asks the policy for the first wrong thought of its failed rollout (the pape
 dedicated localizer is its future work). A 135M model was never taught to answer that prompt. This module writes
 supervised examples of it: a correct solution of a train problem (either structure) with one injected error at a
 chosen line - a wrong arithmetic result (propagated: later lines compute on it), a wrong operand, or a skipped
-operation; the answer line can box a wrong value - kept only when :func:`~trl_credit.chain.first_wrong_step`
+operation; the answer line can box a wrong value - kept only when :func:`~trl_credit.tasks.chain.first_wrong_step`
 says the first wrong line is the intended one. The example is the exact chat message SRPOTrainer sends
 (``localization_prompt(question_of(prompt), thoughts)`` as one user message; thoughts are the chain's lines with
 ``thought_delimiter="\\n"``) and the reply ``\\boxed{k}``.
 
-    python -m trl_credit.warm_start --init_model smollm2-135m-chain --num_examples 8 \\
+    python -m trl_credit.testbed.warm_start --init_model smollm2-135m-chain --num_examples 8 \\
         --localization_examples 24 --epochs 1        # builds CHAIN_LOC_MODEL (a second stage on CHAIN_MODEL)
-    python -m trl_credit.warm_start_localization --results benchmarks/results/warm_start_localization.json
+    python -m trl_credit.testbed.warm_start_localization --results benchmarks/results/warm_start_localization.json
 
 The second command evaluates localization against the checker for both warm starts (and pass@1 of each). Without
 ``--init_model``, ``--localization_examples N`` adds the examples to the first warm start's own mix (from the
@@ -26,8 +26,8 @@ import random
 import time
 from collections import Counter
 
-from .chain import _OPS, ChainProblem, chain_solutions, check_steps, make_chain_dataset, parse_question
-from .metrics import wilson_interval
+from trl_credit.evaluation.metrics import wilson_interval
+from trl_credit.tasks.chain import _OPS, ChainProblem, chain_solutions, check_steps, make_chain_dataset, parse_question
 
 __all__ = [
     "ERROR_KINDS",
@@ -138,7 +138,7 @@ def chain_thoughts(completion: str) -> list[str]:
 def localization_messages(prompt, completion: str) -> list[dict]:
     """The localization request SRPOTrainer sends for a failed ``completion`` of the dataset ``prompt`` (chat
     messages or text), with the default template: one user message (a text prompt would be sent as text)."""
-    from .srpo.prompts import localization_prompt, question_of
+    from trl_credit.srpo.prompts import localization_prompt, question_of
 
     return [{"role": "user", "content": localization_prompt(question_of(prompt), chain_thoughts(completion))}]
 
@@ -183,7 +183,7 @@ def localize(model, tokenizer, messages: list, num_steps: list[int], max_new_tok
     with ``ended_with_eos``); ``max_new_tokens`` is ``SRPOConfig.localization_max_tokens``'s default."""
     import torch
 
-    from .srpo.prompts import parse_reset_step, stop_strings
+    from trl_credit.srpo.prompts import parse_reset_step, stop_strings
 
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
@@ -221,9 +221,9 @@ def localization_report(picks: list[int | None], targets: list[int], num_steps: 
 
 
 def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samples: int, data_seed: int) -> dict:
-    from .evaluate import load_model_and_tokenizer, sample_completions
-    from .models import resolve_model_path
-    from .rewards import accuracy_reward
+    from trl_credit.evaluation.evaluate import load_model_and_tokenizer, sample_completions
+    from trl_credit.models import resolve_model_path
+    from trl_credit.tasks.rewards import accuracy_reward
 
     model, tokenizer = load_model_and_tokenizer(resolve_model_path(name))
     start = time.perf_counter()
@@ -264,8 +264,8 @@ def _evaluate_model(name: str, injected: list[dict], num_problems: int, num_samp
 
 
 def main(argv=None) -> dict:
-    from .evaluate import write_report
-    from .models import CHAIN_LOC_MODEL, CHAIN_MODEL
+    from trl_credit.evaluation.evaluate import write_report
+    from trl_credit.models import CHAIN_LOC_MODEL, CHAIN_MODEL
 
     parser = argparse.ArgumentParser(description="Localization accuracy of the chain warm starts vs the checker.")
     parser.add_argument("--models", nargs="+", default=[CHAIN_MODEL, CHAIN_LOC_MODEL])

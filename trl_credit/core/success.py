@@ -17,7 +17,7 @@ leaves it out of the group baseline; our trainers do the same in every statistic
 An unscorable row is neither correct nor incorrect; a row whose verifier alone returned ``None`` is not correct.
 
 Pure functions over tensors and lists; the trainer glue (resolving the index at construction) is
-:func:`trl_credit.trainer_setup.bind_success`.
+:func:`trl_credit.core.setup.bind_success`.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from trl_credit.collectives import local_rows
-from trl_credit.trainer_setup import speaker, trainer_mode
+from trl_credit.core.collectives import local_rows
+from trl_credit.core.setup import speaker, trainer_mode
 
 __all__ = [
     "log_metric",

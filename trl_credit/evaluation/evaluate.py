@@ -1,10 +1,10 @@
 """Repeated-sampling evaluation: pass@k, AUC@K, avg@k and maj@k of a model on a dataset (docs/design.md#answer-checking).
 
-Run ``python -m trl_credit.evaluate --help`` (console script ``trl-credit-eval``). The pipeline has three parts,
+Run ``python -m trl_credit.evaluation.evaluate --help`` (console script ``trl-credit-eval``). The pipeline has three parts,
 usable on their own:
 
 1. :func:`sample_completions` — n sampled completions per prompt with batched HF ``generate`` (needs a model;
-   :mod:`trl_credit.sampling`, re-exported here).
+   :mod:`trl_credit.evaluation.sampling`, re-exported here).
 2. :func:`score_completions` — rewards and voting keys per completion (pure; no model).
 3. :func:`build_report` — metrics from per-problem correctness (pure), then :func:`write_report` writes the JSON
    report and :func:`plot_pass_at_k` the PNG curve.
@@ -14,7 +14,7 @@ correct samples, AUC@K over the budgets {1,4,8,16,32,64,128,256} ∩ [1, K]. avg
 n samples too (the expectation over random k-subsets): avg@k = c/n for every k, maj@k exact with random tie-breaking.
 
 Sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the setting of the README's base-accuracy table
-(``benchmarks/base_accuracy.py``, :mod:`trl_credit.data`), so a default evaluation of a model trained on the
+(``benchmarks/base_accuracy.py``, :mod:`trl_credit.tasks.data`), so a default evaluation of a model trained on the
 built-in task is comparable with that table. Long-form tasks need a larger ``max_new_tokens``.
 """
 
@@ -28,9 +28,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .data import BUILTIN_DATASET, CHAIN_DATASET
-from .metrics import AUC_BUDGETS, MAJ_MAX_SAMPLES, auc_at_k, maj_at_ks, majority_answer, mean_pass_at_k
-from .rewards import (
+from trl_credit.evaluation.metrics import AUC_BUDGETS, MAJ_MAX_SAMPLES, auc_at_k, maj_at_ks, majority_answer, mean_pass_at_k
+from trl_credit.tasks.data import BUILTIN_DATASET, CHAIN_DATASET
+from trl_credit.tasks.rewards import (
     accuracy_reward,
     completion_text,
     extract_final_answer,
@@ -39,7 +39,7 @@ from .rewards import (
     math_verify_reward,
     normalize_answer,
 )
-from .sampling import EVAL_MAX_NEW_TOKENS, EVAL_TEMPERATURE, load_model_and_tokenizer, sample_completions
+from trl_credit.evaluation.sampling import EVAL_MAX_NEW_TOKENS, EVAL_TEMPERATURE, load_model_and_tokenizer, sample_completions
 
 __all__ = [
     "EVAL_MAX_NEW_TOKENS",
@@ -130,9 +130,9 @@ def build_report(problems: Sequence[dict], settings: dict | None = None) -> dict
     - ``pass_at_k``: unbiased pass@k averaged over problems (Cue-GRPO Eq. 10) for k in :func:`report_budgets`;
     - ``auc_at_k``: AUC@K (Eq. 9) for every budget K in {4,...,256} with K <= n;
     - ``avg_at_k``: the expected accuracy of k samples drawn from the n, which is c/n for every k (the sampled
-      accuracy, = pass@1; :func:`~trl_credit.metrics.avg_at_k`); ``maj_at_k`` (when ``answers`` are given): the
+      accuracy, = pass@1; :func:`~trl_credit.evaluation.metrics.avg_at_k`); ``maj_at_k`` (when ``answers`` are given): the
       probability that the majority vote of k samples drawn from the n is correct, ties broken uniformly at random
-      (:func:`~trl_credit.metrics.maj_at_k`; up to 1000 samples per problem, else left out with a warning);
+      (:func:`~trl_credit.evaluation.metrics.maj_at_k`; up to 1000 samples per problem, else left out with a warning);
       ``accuracy``: mean over all samples;
     - ``problems``: per-problem ``num_correct``/``num_samples`` (+ metadata); ``settings`` as given.
     Keys of the per-k dicts are strings (JSON object keys).
@@ -224,7 +224,7 @@ def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Problems and the whole run (sampling: trl_credit.sampling)
+# Problems and the whole run (sampling: trl_credit.evaluation.sampling)
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -241,9 +241,9 @@ def load_problems(
     """``(prompts, answers)`` of the evaluation problems.
 
     ``"arithmetic"`` (default) is the built-in task's test split (``builtin_kwargs`` go to
-    :func:`trl_credit.data.make_arithmetic_dataset`: ``digits``, ``num_operands``, ``operators``, ``seed``,
+    :func:`trl_credit.tasks.data.make_arithmetic_dataset`: ``digits``, ``num_operands``, ``operators``, ``seed``,
     ``instruction``...), by default its whole test split; ``"chain"`` the chain task's
-    (:func:`trl_credit.chain.make_chain_dataset`, by default its 200 test problems, ``seed``...). Their first m
+    (:func:`trl_credit.tasks.chain.make_chain_dataset`, by default its 200 test problems, ``seed``...). Their first m
     problems are the first m of every larger test split with the same settings, whatever the train split. Any
     other name is loaded with ``datasets.load_dataset(dataset, dataset_config, split=split)``. Prompts are chat
     message lists or plain strings; ``num_problems`` keeps the first that many.
@@ -256,7 +256,7 @@ def load_problems(
     if num_problems is not None and num_problems < 1:
         raise ValueError(f"num_problems must be >= 1 (or None for all), got {num_problems}")
     if dataset in (None, "", BUILTIN_DATASET, CHAIN_DATASET):
-        from .data import load_task_dataset
+        from trl_credit.tasks.data import load_task_dataset
 
         if num_problems is not None:
             builtin_kwargs["num_test"] = num_problems  # the first m of any test split with the same settings
@@ -275,7 +275,7 @@ def load_problems(
         rows = rows.select(range(min(num_problems, len(rows))))
     prompts = list(rows[prompt_column])
     if rollout_template is not None:
-        from .srpo.prompts import resolve_rollout_template, wrap_prompt
+        from trl_credit.srpo.prompts import resolve_rollout_template, wrap_prompt
 
         template = resolve_rollout_template(rollout_template)  # raises naming the accepted values
         prompts = [wrap_prompt(prompt, template) for prompt in prompts]
@@ -437,13 +437,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--compare_base", action="store_true",
                         help="With --adapter: also evaluate its base model with the same settings (into "
                         "<output_dir>-base) and print the accuracy difference with its 95%% interval "
-                        "(trl_credit.compare).")
+                        "(trl_credit.evaluation.compare).")
     parser.add_argument("--no_progress", action="store_true", help="Hide the progress bar.")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m trl_credit.evaluate`` / ``trl-credit-eval``); returns the exit code."""
+    """Command-line entry point (``python -m trl_credit.evaluation.evaluate`` / ``trl-credit-eval``); returns the exit code."""
     args = _parse_args(argv)
     arithmetic_only = [f"--{name}" for name in ("digits", "num_operands", "operators") if getattr(args, name) is not None]
     if args.dataset == CHAIN_DATASET and arithmetic_only:
@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_summary(report))
     print(f"\nreport: {report['files']['report']}\nplot: {report['files']['plot']}")
     if args.compare_base:
-        from .compare import format_difference, paired_difference
+        from trl_credit.evaluation.compare import format_difference, paired_difference
 
         base_model = args.model or adapter_base_model(args.adapter)
         base = evaluate(**{**settings, "model": base_model, "adapter": None,

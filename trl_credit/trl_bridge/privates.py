@@ -2,9 +2,9 @@
 
 A part never reads ``trainer._<name>`` itself (``tests/test_trl_overrides.py`` scans the method packages for it):
 it calls the function here that names what it wants. Each function documents the private it reads, either TRL's
-(``GRPOTrainer``'s, registered in :mod:`trl_credit.trl_compat`'s ``ATTRIBUTES`` / ``CALLED`` / ``OVERRIDDEN`` and
+(``GRPOTrainer``'s, registered in :mod:`trl_credit.trl_bridge.compat`'s ``ATTRIBUTES`` / ``CALLED`` / ``OVERRIDDEN`` and
 checked against the installed TRL by ``tests/test_trl_contract.py``) or the credit core's own (set by
-:mod:`trl_credit.core` and :mod:`trl_credit.trainer_setup`). So when TRL renames a private, or the core moves one
+:mod:`trl_credit.core.trainer` and :mod:`trl_credit.core.setup`). So when TRL renames a private, or the core moves one
 of its own, this module changes and the parts do not. Every function only reads or forwards: no copy, no default
 (docs/design.md, "Shared modules").
 """
@@ -88,13 +88,13 @@ def set_buffered_inputs(trainer, micro_batches) -> None:
 
 # ------------------------------------------------------------------------------------------------ the core's own
 def trl_generate_and_score(trainer, inputs):
-    """``CreditTrainer._trl_generate_and_score_completions(inputs)`` (trl_credit.core): TRL's own generate-and-score
+    """``CreditTrainer._trl_generate_and_score_completions(inputs)`` (trl_credit.core.trainer): TRL's own generate-and-score
     of the batch, with the rollouts and the reward matrix captured, no part's credit applied."""
     return trainer._trl_generate_and_score_completions(inputs)
 
 
 def rollout_capture(trainer):
-    """``CreditTrainer._rollout_capture`` (trl_credit.core): the ``RolloutCapture`` of the generation batch being
+    """``CreditTrainer._rollout_capture`` (trl_credit.core.trainer): the ``RolloutCapture`` of the generation batch being
     scored, None outside one."""
     return trainer._rollout_capture
 

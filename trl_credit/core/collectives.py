@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from packaging.version import Version
 from trl import GRPOTrainer
 
-from trl_credit.trl_compat import is_conversational, parse_response
+from trl_credit.trl_bridge.compat import is_conversational, parse_response
 
 __all__ = [
     "gather_counts",

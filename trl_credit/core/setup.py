@@ -1,7 +1,7 @@
 """What every method trainer does at construction, and the mode it runs in: a config of the right class
 (:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only
 (:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
-:func:`rollout_success`, :mod:`trl_credit.success`), and frozen helper models loaded whole under ZeRO-3
+:func:`rollout_success`, :mod:`trl_credit.core.success`), and frozen helper models loaded whole under ZeRO-3
 (:func:`outside_zero3_init`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trl_credit.trl_compat import check_trl_can_train
+from trl_credit.trl_bridge.compat import check_trl_can_train
 
 __all__ = [
     "trainer_mode",
@@ -95,7 +95,7 @@ def check_single_turn(trainer, method: str) -> None:
 def bind_success(trainer) -> int:
     """Resolve ``args.success_reward`` against TRL's ``reward_func_names`` once, at construction, so a wrong name or
     index fails before any training. Stored as ``trainer._success_index``."""
-    from trl_credit.success import resolve_success_index
+    from trl_credit.core.success import resolve_success_index
 
     trainer._success_index = resolve_success_index(trainer.args.success_reward, trainer.reward_func_names)
     return trainer._success_index
@@ -103,7 +103,7 @@ def bind_success(trainer) -> int:
 
 def rollout_success(trainer, rewards_per_func: torch.Tensor) -> torch.Tensor:
     """(N,) bool: rows whose verifier reward (``args.success_reward``) is >= ``args.success_threshold``."""
-    from trl_credit.success import success_rows
+    from trl_credit.core.success import success_rows
 
     return success_rows(rewards_per_func, trainer._success_index, trainer.args.success_threshold)
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from trl_credit.trainer_logs import warn_once
-from trl_credit.trainer_setup import speaker
-from trl_credit.trl_compat import small_logprob_tiles
+from trl_credit.core.logs import warn_once
+from trl_credit.core.setup import speaker
+from trl_credit.trl_bridge.compat import small_logprob_tiles
 
 __all__ = [
     "RolloutCapture",
@@ -114,7 +114,7 @@ def checking_empty_completions(trainer) -> Iterator[None]:
     """While TRL's ``_generate`` runs (the core's override enters this around it): the completions it receives are
     checked by :func:`refuse_empty_completions` before TRL reads them, those of ``_generate_single_turn`` by the core's
     override of it (``trainer._checking_completions``), those of a ``rollout_func`` here. Generation calls made
-    through :func:`~trl_credit.generation.generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
+    through :func:`~trl_credit.core.generation.generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
     are not: a method handles those itself."""
     had_own = "rollout_func" in trainer.__dict__
     rollout_func, outer = trainer.rollout_func, trainer._checking_completions
@@ -175,7 +175,7 @@ def return_freed_buffers(threshold: int | None = None) -> bool:
 class CPUMemoryMixin:
     """Trainer mixin: training on the CPU, large buffers go back to the OS when freed (:func:`return_freed_buffers`)
     and TRL's log-prob passes use small vocabulary tiles
-    (:func:`trl_credit.trl_compat.small_logprob_tiles`, for the whole training step: generation-phase passes and the
+    (:func:`trl_credit.trl_bridge.compat.small_logprob_tiles`, for the whole training step: generation-phase passes and the
     loss); both change no numbers. With them the README's SRPO job peaks at about a third of the memory
     (docs/design.md#memory-on-the-cpu)."""
 

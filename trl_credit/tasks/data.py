@@ -16,7 +16,7 @@ The default is the only setting in the useful range for RL (reward variance with
 The strict docs/design.md#answer-checking ``accuracy_reward`` scores SmolLM2-135M at ~0% on every setting: the model writes "The final
 answer is 11." instead of boxing its answer, so use ``final_number_reward`` for this task.
 
-``load_task_dataset("chain")`` builds the multi-step task of :mod:`trl_credit.chain` instead: chains of 3-6
+``load_task_dataset("chain")`` builds the multi-step task of :mod:`trl_credit.tasks.chain` instead: chains of 3-6
 checkable steps, one per line, with a step checker (``first_wrong_step``) that gives each wrong completion its
 first wrong step; see docs/testbed.md.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 
-from .chain import CHAIN_DATASET, make_chain_dataset
+from trl_credit.tasks.chain import CHAIN_DATASET, make_chain_dataset
 
 __all__ = ["ARITHMETIC_INSTRUCTION", "make_arithmetic_problems", "make_arithmetic_dataset", "load_task_dataset"]
 
@@ -112,7 +112,7 @@ def make_arithmetic_dataset(
 
 def load_task_dataset(dataset_name: str | None = BUILTIN_DATASET, dataset_config: str | None = None, **builtin_kwargs):
     """``"arithmetic"`` (or None) builds the built-in arithmetic task, ``"chain"`` the built-in multi-step task
-    (:func:`trl_credit.chain.make_chain_dataset`; ``builtin_kwargs`` go to the builder); any other name goes to
+    (:func:`trl_credit.tasks.chain.make_chain_dataset`; ``builtin_kwargs`` go to the builder); any other name goes to
     ``datasets.load_dataset``."""
     if dataset_name in (None, "", BUILTIN_DATASET):
         return make_arithmetic_dataset(**builtin_kwargs)

@@ -1,7 +1,7 @@
 """Did training help? The accuracy of a trained model against its base model on the same problems, with an interval
 (``trl-credit-eval --adapter <dir> --compare_base``).
 
-Both reports come from :func:`trl_credit.evaluate.evaluate` with the same settings, so problem i is the same problem
+Both reports come from :func:`trl_credit.evaluation.evaluate.evaluate` with the same settings, so problem i is the same problem
 in both. The difference is paired over problems: d_i = c_i / n - b_i / n (the trained and the base model's share of
 correct samples on problem i), its mean is the difference of the two accuracies (avg@k = pass@1), and the 95%
 interval is mean ± 1.96 · sd(d) / sqrt(m) over the m problems (normal approximation; it holds both the problems drawn

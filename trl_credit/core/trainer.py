@@ -4,7 +4,7 @@ method is made of (docs/design.md#the-credit-core).
 Every generation batch runs in one fixed order:
 
 1. **rollout** (:class:`Rollout`): which rows exist and how they are generated (GRPO's groups, SRPO's resets,
-   DATPO's trees); it returns TRL's batch and its :class:`~trl_credit.batch.RowBatch` record;
+   DATPO's trees); it returns TRL's batch and its :class:`~trl_credit.core.batch.RowBatch` record;
 2. **credit** (:class:`Credit`): the advantages over the record's groups (GRPO's group-normalized outcome, OPPO's
    value recursion, DATPO's block Monte Carlo);
 3. **modifiers** (:class:`Modifier`, in order): transforms of those advantages (Cue-GRPO's rarity weights);
@@ -27,17 +27,17 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
-from trl_credit.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
-from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
-from trl_credit.generation import one_weight_push
-from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
+from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
+from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
+from trl_credit.core.batch import NO_GROUP, RowBatch, trl_groups
+from trl_credit.core.generation import one_weight_push
+from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
+from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
+from trl_credit.core.registry import register_part
+from trl_credit.core.setup import bind_success, speaker
+from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.registry import register_part
-from trl_credit.success import total_rewards
-from trl_credit.trainer_logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
-from trl_credit.trainer_setup import bind_success, speaker
-from trl_credit.trl_compat import hidden_library_deprecations
+from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
@@ -98,7 +98,7 @@ class Credit(Part):
 
     sets_sequence_anchors = False
     """True for a credit whose (B, T) advantages carry ``batch.sequence_anchors``: TRL's per-sequence decisions are
-    then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/anchors.py)."""
+    then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/core/anchors.py)."""
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
         raise NotImplementedError
@@ -125,7 +125,7 @@ class GroupOutcome(Credit):
 
     Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
     group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
-    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.advantages`, with TRL's
+    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.core.advantages`, with TRL's
     ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
     out of every statistic, and TRL's completions table shows these advantages."""
 
@@ -192,7 +192,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         for callback in callbacks:
             self.add_credit_callback(callback)
         if type(self) is CreditTrainer:  # a composed method: its config selects its parts (a preset has its own)
-            from trl_credit.trainer_setup import resolve_method_args
+            from trl_credit.core.setup import resolve_method_args
 
             if args is None or not isinstance(args, GRPOConfig) or isinstance(args, CreditConfig):
                 args = resolve_method_args(args, CreditConfig, model, "CreditTrainer", "Credit")
@@ -317,7 +317,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             return self._through_parts("loss", super()._compute_loss)(model, inputs)
 
     # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a credit that
-    # sets sequence anchors (OPPO's sign(A^seq), trl_credit/anchors.py) has them decided per sequence; otherwise TRL's.
+    # sets sequence anchors (OPPO's sign(A^seq), trl_credit/core/anchors.py) has them decided per sequence; otherwise TRL's.
     get_off_policy_mask = decided_per_sequence("get_off_policy_mask")
     get_gamma_weights = decided_per_sequence("get_gamma_weights")
 

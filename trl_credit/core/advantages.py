@@ -1,5 +1,5 @@
 """Group-normalized outcome advantages over any groups of rows (docs/design.md#the-credit-core): what
-:class:`trl_credit.core.GroupOutcome` computes when the groups are not TRL's consecutive ones (SRPO's base and
+:class:`trl_credit.core.trainer.GroupOutcome` computes when the groups are not TRL's consecutive ones (SRPO's base and
 shared-prefix sub-groups, docs/srpo.md#advantages). Only torch/stdlib.
 
 Two ways to combine several reward functions, as TRL's ``multi_objective_aggregation``:

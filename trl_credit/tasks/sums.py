@@ -24,7 +24,7 @@ arithmetic error or a chain that stopped early), any line after it is ``"text af
 without an answer line is wrong at ``"no answer"``, one past its last line. None means no line is wrong, and then
 :func:`accuracy_reward` is 1.
 
-Training data for the from-scratch model (:func:`sft_examples`) has the base model's flaws built in, at known steps:
+Training data for the from-scratch model (:func:`trl_credit.testbed.model.sft_examples`) has the base model's flaws built in, at known steps:
 60% of the plain solutions carry one arithmetic slip (``z`` off by one) and the chain continues correctly from the
 wrong value, so the answer is wrong; the slip lands on a carry step (``x + y >= 10``) four times as often as on
 another, so where a sampled solution goes wrong is predictable from its content. 15% of the plain solutions are
@@ -58,7 +58,6 @@ __all__ = [
     "step_checker",
     "step_rewards",
     "question_digits",
-    "sft_examples",
 ]
 
 #: OPPO's oracle prompt for this task: appended to the prompt (``oracle_template`` of OPPOConfig).
@@ -263,45 +262,3 @@ def format_reward(completions, **kwargs) -> list[float]:
               and _ANSWER.match(lines[-1]) is not None)
         rewards.append(1.0 if ok else 0.0)
     return rewards
-
-
-def _slip_step(steps: list[tuple[int, int, int]], rng: random.Random, carry_weight: float) -> int:
-    """A 1-indexed step drawn with weight ``carry_weight`` on carry steps (x + y >= 10), 1 on the others."""
-    weights = [carry_weight if x + y >= 10 else 1.0 for x, y, _ in steps]
-    return rng.choices(range(1, len(steps) + 1), weights=weights)[0]
-
-
-def sft_examples(problems: list[SumsProblem], rng: random.Random, slip_rate: float = 0.6,
-                 backward_rate: float = 0.15, carry_weight: float = 4.0, oracle_rate: float = 0.2,
-                 localization_rate: float = 0.25) -> list[tuple[str, str]]:
-    """``(prompt, completion)`` pairs of the supervised mix (module docstring), one per problem: an oracle-prompted
-    error-free solution (``oracle_rate``), a localization example on a slipped solution (``localization_rate``), or
-    a plain solution (the rest; ``slip_rate`` of them slipped)."""
-    from trl_credit.srpo.prompts import localization_prompt
-
-    examples = []
-    for problem in problems:
-        structure = "backward" if rng.random() < backward_rate else "forward"
-        kind = rng.random()
-        if kind < oracle_rate:
-            prompt = problem.question + ORACLE_TEMPLATE.format(answer=problem.answer)
-            examples.append((prompt, "\n".join(solution_lines(solve(problem, structure)))))
-            continue
-        clean = solve(problem, structure)
-        slipped = kind < oracle_rate + localization_rate or rng.random() < slip_rate
-        if not slipped:
-            examples.append((problem.question, "\n".join(solution_lines(clean))))
-            continue
-        at = _slip_step(clean, rng, carry_weight)
-        lines = solution_lines(solve(problem, structure, slip_at=at, slip=rng.choice((1, -1))))
-        if kind < oracle_rate + localization_rate:
-            # the seed as SRPO renders it (its thoughts are the lines, the answer line last), answered with the
-            # first wrong step; a truncated chain (no answer line) now and then, as the policy's seeds can be
-            if rng.random() < 0.2 and len(lines) > 2:
-                lines = lines[: rng.randint(2, len(lines) - 1)]
-            wrong = step_checker(problem.question, lines)
-            prompt = localization_prompt(problem.question, lines, LOCALIZATION_TEMPLATE)
-            examples.append((prompt, f"\\boxed{{{wrong}}}"))
-        else:
-            examples.append((problem.question, "\n".join(lines)))
-    return examples

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from trl_credit.success import unscorable_rows
+from trl_credit.core.success import unscorable_rows
 
 __all__ = ["ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "trl_groups"]
 
@@ -60,7 +60,7 @@ class RowBatch:
     sign(A^seq)), for the modifiers that act per row (Cue-GRPO's positive set); set by such a credit."""
     sequence_anchors: torch.Tensor | None = None
     """(N,) (CPU): each row's sequence-level advantage for TRL's per-sequence decisions (``off_policy_mask_threshold``,
-    VESPO) when the credit's advantages are per token (trl_credit/anchors.py); set by such a credit, written into
+    VESPO) when the credit's advantages are per token (trl_credit/core/anchors.py); set by such a credit, written into
     TRL's batch by the core."""
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
     """What a rollout hands its credit beyond the rows (DATPO's trees)."""
@@ -100,7 +100,7 @@ class RowBatch:
 def trl_groups(trainer, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:
     """The record of a batch TRL generated itself: groups of ``num_generations`` (``num_generations_eval`` in
     evaluation) consecutive global rows, every row a base row."""
-    from trl_credit.trainer_setup import rollout_success, trainer_mode
+    from trl_credit.core.setup import rollout_success, trainer_mode
 
     size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
     num_rows = rewards_per_func.size(0)

@@ -5,7 +5,7 @@ the one-step-per-line format, so it gives the RL methods nothing to work with on
 written solutions of the train split, both solution structures, teaches the format; deliberately short, so that
 the model stays far from perfect (held-out pass@1 in the RL-useful band) and makes its errors inside the chain.
 
-    python -m trl_credit.warm_start [--results benchmarks/results/warm_start_chain.json]
+    python -m trl_credit.testbed.warm_start [--results benchmarks/results/warm_start_chain.json]
 
 builds :data:`trl_credit.models.CHAIN_MODEL` in the cache (deterministic in ``--seed`` on a CPU), evaluates it on
 held-out problems and prints pass@1, mean steps per answer and the distribution of the first wrong step.
@@ -23,9 +23,9 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from .chain import check_steps, make_chain_dataset, parse_question, solution_text
-from .models import DEFAULT_MODEL, chain_loc_model_path, chain_model_path, resolve_model_path
-from .rewards import accuracy_reward
+from trl_credit.models import DEFAULT_MODEL, chain_loc_model_path, chain_model_path, resolve_model_path
+from trl_credit.tasks.chain import check_steps, make_chain_dataset, parse_question, solution_text
+from trl_credit.tasks.rewards import accuracy_reward
 
 __all__ = ["WarmStartConfig", "sft_dataset", "build_chain_model", "evaluate_chain_model", "main"]
 
@@ -41,7 +41,7 @@ class WarmStartConfig:
     learning_rate: float = 1e-3
     batch_size: int = 8
     lora_r: int = 32
-    #: Localization examples added to the mix (trl_credit.warm_start_localization); > 0 builds CHAIN_LOC_MODEL.
+    #: Localization examples added to the mix (trl_credit.testbed.warm_start_localization); > 0 builds CHAIN_LOC_MODEL.
     localization_examples: int = 0
     #: The model fine-tuned (a name of trl_credit.models or a path); CHAIN_MODEL makes a second, shorter stage.
     init_model: str = DEFAULT_MODEL
@@ -57,7 +57,7 @@ def sft_dataset(num_examples: int, data_seed: int = 0, localization_examples: in
     """Prompt-completion chat rows of the first ``num_examples`` train problems; a distributive problem is solved
     term by term or factored with equal probability (seeded), so the model learns both structures. Then
     ``localization_examples`` SRPO localization requests answered ``\\boxed{k}``, on the train problems after those
-    (:func:`~trl_credit.warm_start_localization.localization_examples`)."""
+    (:func:`~trl_credit.testbed.warm_start_localization.localization_examples`)."""
     from datasets import Dataset
 
     extra = 4 * localization_examples  # a few injections fail the checker's test and move on to the next problem
@@ -69,7 +69,7 @@ def sft_dataset(num_examples: int, data_seed: int = 0, localization_examples: in
         prompts.append(prompt)
         completions.append([{"role": "assistant", "content": solution_text(parse_question(question), structure)}])
     if localization_examples:
-        from .warm_start_localization import localization_examples as make_examples
+        from trl_credit.testbed.warm_start_localization import localization_examples as make_examples
 
         for example in make_examples(rows[num_examples:], localization_examples, seed=data_seed):
             prompts.append(example["prompt"])
@@ -180,7 +180,7 @@ def evaluate_chain_model(
     """Sample held-out test problems and check every step: pass@1 (boxed answer, ``accuracy_reward``), strict
     pass@1 (no wrong step), mean steps per answer, the first-wrong-step distribution and its reasons, and which
     structure the distributive problems are solved with."""
-    from .evaluate import load_model_and_tokenizer, sample_completions
+    from trl_credit.evaluation.evaluate import load_model_and_tokenizer, sample_completions
 
     test = make_chain_dataset(num_train=0, num_test=num_problems, seed=data_seed)["test"]
     model, tokenizer = load_model_and_tokenizer(resolve_model_path(model_name_or_path))

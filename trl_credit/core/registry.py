@@ -68,7 +68,7 @@ class PartSpec:
         return f"{self.cls.__module__}.{self.cls.__qualname__}"
 
 
-# The method each kind's parts are called through (trl_credit/core.py), checked by name: this module imports no part.
+# The method each kind's parts are called through (trl_credit/core/trainer.py), checked by name: this module imports no part.
 _ENTRY_POINTS = {"rollout": "generate_and_score", "credit": "advantages", "modifiers": "apply"}
 _BASES = {"rollout": "Rollout", "credit": "Credit", "modifiers": "Modifier"}
 
@@ -81,7 +81,7 @@ _fields_taken_by: list[str] = []
 
 def register_part(kind: str, name: str, *, help: str, fields: type | None = None, check: str | Callable | None = None,
                   check_after_grpo: str | Callable | None = None, accepts: Mapping[str, Only] | None = None):
-    """Class decorator: register a :class:`~trl_credit.core.Part` subclass as the part ``name`` of ``kind``.
+    """Class decorator: register a :class:`~trl_credit.core.trainer.Part` subclass as the part ``name`` of ``kind``.
 
     ``kind`` is "rollout", "credit" or "modifiers"; ``help`` says in one line what it is; ``fields`` is the dataclass
     mixin of its config fields (set only when the part is selected) with ``check`` / ``check_after_grpo``, run on the
@@ -120,7 +120,7 @@ def register_part(kind: str, name: str, *, help: str, fields: type | None = None
     def register(cls: type) -> type:
         if not isinstance(cls, type) or not callable(getattr(cls, _ENTRY_POINTS[kind], None)):
             raise TypeError(f"register_part({kind!r}, {name!r}) decorates a part class with a "
-                            f"`{_ENTRY_POINTS[kind]}` method (a subclass of trl_credit.core's {_BASES[kind]}), "
+                            f"`{_ENTRY_POINTS[kind]}` method (a subclass of trl_credit.core.trainer's {_BASES[kind]}), "
                             f"got {cls!r}.")
         spec = PartSpec(kind, name, cls, help, fields, check, check_after_grpo, accepts)
         previous = _REGISTRY[kind].get(name)

@@ -4,7 +4,7 @@
   localization, suffixes, judge) through ``GRPOTrainer._generate_single_turn``, so HF ``generate``, continuous
   batching and vLLM (server and colocate) all work, with per-call overrides (greedy, max tokens, stop strings)
   reaching every path, and every process making the same collective calls even when it has nothing to generate.
-  HF ``generate``'s own part (per-row budgets, shared prefill) is :mod:`trl_credit.generation_hooks`.
+  HF ``generate``'s own part (per-row budgets, shared prefill) is :mod:`trl_credit.generation.hooks`.
 - :func:`one_weight_push`: the policy weights reach vLLM once per generation phase, however many generation calls
   a method makes in it (the credit core runs its whole ``_generate_and_score_completions`` inside it).
 """
@@ -16,8 +16,8 @@ import copy
 import math
 from collections.abc import Iterator, Sequence
 
-from trl_credit.collectives import fill_rows, gather_counts
-from trl_credit.generation_hooks import hf_generate_hooks, kept_length
+from trl_credit.core.collectives import fill_rows, gather_counts
+from trl_credit.generation.hooks import hf_generate_hooks, kept_length
 
 __all__ = ["sampling_overrides", "generate_from_prefixes", "one_weight_push"]
 

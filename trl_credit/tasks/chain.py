@@ -51,7 +51,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from .rewards import completion_text, extract_boxed
+from trl_credit.tasks.rewards import completion_text, extract_boxed
 
 __all__ = [
     "CHAIN_DATASET",
@@ -68,7 +68,7 @@ __all__ = [
     "chain_format_reward",
 ]
 
-#: The task's name for ``--dataset_name`` (``trl_credit.data.load_task_dataset``, which imports it from here).
+#: The task's name for ``--dataset_name`` (``trl_credit.tasks.data.load_task_dataset``, which imports it from here).
 CHAIN_DATASET = "chain"
 
 CHAIN_INSTRUCTION = (
