@@ -121,6 +121,12 @@ class DATPOFields:
         default=64,
         metadata={"help": "Block texts embedded per embedder call."},
     )
+    embedding_cache_size: int = field(
+        default=4096,
+        metadata={"help": "Block texts whose embeddings are kept across steps (least recently used dropped first; "
+                          "the embedder is frozen, so a text repeated in a later step is not embedded again). "
+                          "0: no cache."},
+    )
     rows_per_forward: int | None = field(
         default=None,
         metadata={"help": "Most training rows in one forward/backward pass. A DATPO micro-batch holds a variable "
@@ -166,6 +172,10 @@ class DATPOFields:
             )
         if self.embedding_batch_size < 1:
             raise ValueError(f"`embedding_batch_size` must be >= 1, got {self.embedding_batch_size!r}")
+        if isinstance(self.embedding_cache_size, bool) or not isinstance(self.embedding_cache_size, int) or (
+            self.embedding_cache_size < 0
+        ):
+            raise ValueError(f"`embedding_cache_size` must be an integer >= 0, got {self.embedding_cache_size!r}")
         if self.fork_position not in FORK_POSITIONS:
             raise ValueError(f"`fork_position` must be one of {FORK_POSITIONS}, got {self.fork_position!r}")
         if self.fork_fallback not in FORK_FALLBACKS:

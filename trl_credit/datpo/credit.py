@@ -12,6 +12,7 @@ from .. import bridge
 from ..collectives import decode_completions, gather_rows
 from ..rewards import completion_text
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
+from .embedding import BlockEmbedder
 from .forest import ForestCredit, LeafOutcomes, TreeBatch, is_truncated
 from .tree import ROOT
 
@@ -43,7 +44,8 @@ def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards
 
 
 def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embed (``embedder.encode``) this process's blocks that have structural siblings, gather the embeddings, compute Div; returns
+    """Embed this process's blocks that have structural siblings (``embedder``: a :class:`~.embedding.BlockEmbedder`,
+    or a model with ``encode`` that one wraps for this call), gather the embeddings, compute Div; returns
     (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic)."""
     args = trainer.args
     forest = trees.forest
@@ -65,16 +67,11 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[tor
     keep_texts = [text for text in texts if text.strip()]
     local_embeddings = []
     if keep_texts:
-        # Each distinct text once (docs/datpo.md#sibling-diversity): sibling branches often repeat each other word
-        # for word, and a text's embedding does not depend on the batch it is in, so a repeat takes its first copy's.
-        unique = list(dict.fromkeys(keep_texts))
-        with torch.no_grad():
-            encoded = embedder.encode(
-                unique, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
-            )
-        encoded = torch.as_tensor(encoded).float().cpu()
-        row_of = {text: n for n, text in enumerate(unique)}
-        local_embeddings = [(b, encoded[row_of[text]].tolist()) for b, text in zip(keep, keep_texts)]
+        # each distinct text once, cached texts and pads skipped (BlockEmbedder, docs/datpo.md#sibling-diversity)
+        if not isinstance(embedder, BlockEmbedder):
+            embedder = BlockEmbedder(embedder, args.embedding_batch_size)
+        encoded = embedder.embed(keep_texts)
+        local_embeddings = [(b, vector.tolist()) for b, vector in zip(keep, encoded)]
     gathered = gather_rows(trainer, local_embeddings)
     if not gathered:
         return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)
