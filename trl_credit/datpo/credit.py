@@ -29,27 +29,36 @@ def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards
     forest = trees.forest
     rewards = forest.rewards() if rewards is None else rewards
     base = forest.block_advantages(args.value_estimate, rewards)
-    diversity = torch.zeros_like(base)
-    has_siblings = torch.zeros(len(base), dtype=torch.bool)
-    if args.use_diversity:
-        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
     scale = max([1.0] + [abs(r) for r in rewards if r is not None and math.isfinite(r)])
     gate = bonus_gate(base, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
     # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
     infinite = {block.group for block in forest.blocks if block.reward is not None and math.isinf(block.reward)}
     no_bonus = [block.unscorable or block.group in infinite for block in forest.blocks]
     gate[torch.tensor(no_bonus, dtype=torch.bool)] = 0.0
+    diversity = torch.zeros_like(base)
+    has_siblings = torch.zeros(len(base), dtype=torch.bool)
+    if args.use_diversity:
+        # diversity_embedding="gated": only the sibling groups where some block gets the bonus need embeddings (a
+        # block's Div reads its whole group); the others' Div is multiplied by a zero gate
+        groups = None
+        if args.diversity_embedding == "gated":
+            groups = {forest.blocks[b].sibling_key for b in gate.nonzero().flatten().tolist()}
+        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder, groups)
     grounded = grounded_forks(trainer, trees) if trainer.mask_truncated_completions else None
     return ForestCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
 
 
-def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[torch.Tensor, torch.Tensor]:
+def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embed this process's blocks that have structural siblings (``embedder``: a :class:`~.embedding.BlockEmbedder`,
     or a model with ``encode`` that one wraps for this call), gather the embeddings, compute Div; returns
-    (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic)."""
+    (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic).
+    ``groups``: the sibling keys to embed (None: all); a block of another group gets Div 0 and no siblings."""
     args = trainer.args
     forest = trees.forest
     keys = [None if block.unscorable else block.sibling_key for block in forest.blocks]
+    if groups is not None:
+        keys = [key if key in groups else None for key in keys]
     if not args.diversity_root_siblings:
         keys = [None if forest.blocks[b].start == ROOT else key for b, key in enumerate(keys)]
     sizes: dict = {}
