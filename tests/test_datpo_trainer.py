@@ -235,6 +235,8 @@ def test_config_validation():
         (dict(fork_fallback="random"), "fork_fallback"),
         (dict(fork_position="sentence_start"), "fork_position"),
         (dict(rows_per_forward=0), "rows_per_forward"),
+        (dict(diversity_embedding="some"), "diversity_embedding"),
+        (dict(embedding_cache_size=-1), "embedding_cache_size"),
     ]:
         with pytest.raises(ValueError, match=match):
             DATPOConfig(**common, **bad)
@@ -560,3 +562,46 @@ def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_u
     assert True in passes  # the trainer's own entropy pass ran
     log = next(log for log in trainer.state.log_history if "datpo/entropy_from_sampler" in log)
     assert log["datpo/entropy_from_sampler"] == 0.0
+
+
+class CountingEmbedder:
+    """The packaged embedder behind ``encode``, counting the texts it is given (no tokenizer attribute: each step's
+    texts go to ``encode`` in one call)."""
+
+    def __init__(self, model):
+        self.model, self.texts = model, []
+
+    def encode(self, texts, **kwargs):
+        self.texts.extend(texts)
+        return self.model.encode(texts, **kwargs)
+
+
+def test_gated_embedding_gives_the_same_advantages_from_fewer_texts(tiny_model_path, tmp_path):
+    """diversity_embedding="gated" embeds only the sibling groups with a block that gets the bonus: the advantages
+    and losses are those of embedding every group (Div of an ungated group is multiplied by a zero gate)."""
+    from trl_credit.models import load_default_embedder
+
+    model = load_default_embedder(device="cpu")
+    runs = {}
+    for mode in ("all", "gated"):
+        embedder = CountingEmbedder(model)
+        config = DATPOConfig(
+            output_dir=str(tmp_path / mode), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
+            max_steps=2, learning_rate=1e-2, report_to="none", logging_steps=1, use_cpu=True, save_strategy="no",
+            fork_method="tok_entropy", seed=3, diversity_embedding=mode, embedding_cache_size=0,
+        )
+        trainer = RecordingDATPOTrainer(model=tiny_model_path, reward_funcs=prompt_keyed_reward, args=config,
+                                        train_dataset=two_prompt_dataset(), embedder=embedder)
+        trainer.train()
+        runs[mode] = (trainer, embedder.texts)
+    (full, full_texts), (gated, gated_texts) = runs["all"], runs["gated"]
+    # fewer texts: some fork's siblings all scored alike (no A_base > 0 among them), e.g. 110 of 115 on this run
+    assert set(gated_texts) <= set(full_texts) and len(gated_texts) < len(full_texts)
+    assert full.records[0]["alpha"] > 0  # the first step's bonus reaches the advantages
+    assert bool(full.records[0]["batch"]["datpo_diversity_bonus"].abs().max() > 0)  # and some block has one
+    for a, b in zip(full.records, gated.records):
+        assert torch.equal(a["batch"]["completion_ids"], b["batch"]["completion_ids"])
+        for key in ("advantages", "datpo_diversity_bonus"):
+            torch.testing.assert_close(a["batch"][key], b["batch"][key], rtol=0, atol=1e-6)
+    losses = [[log["loss"] for log in t.state.log_history if "loss" in log] for t in (full, gated)]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)

@@ -13,9 +13,10 @@ from .diversity import ALPHA_SCHEDULES
 from .forks import FORK_METHODS, FORK_POSITIONS
 from .tree import VALUE_ESTIMATES
 
-__all__ = ["DATPOConfig", "DATPOFields", "FORK_FALLBACKS", "BRANCH_BUDGETS"]
+__all__ = ["DATPOConfig", "DATPOFields", "FORK_FALLBACKS", "BRANCH_BUDGETS", "DIVERSITY_EMBEDDINGS"]
 
 FORK_FALLBACKS = ("tok_entropy", "none")
+DIVERSITY_EMBEDDINGS = ("all", "gated")
 BRANCH_BUDGETS = ("remaining", "full")
 
 
@@ -106,6 +107,15 @@ class DATPOFields:
                           "not a fork). True: also count the first blocks of the N base rollouts (all starting at "
                           "the root) as siblings, as the authors' code does."},
     )
+    diversity_embedding: str = field(
+        default="all",
+        metadata={"help": "Which sibling groups are embedded. 'all' (default): every group with two or more "
+                          "blocks, so datpo/sibling_diversity covers them all. 'gated': only the groups where some "
+                          "block gets the bonus (A_base > 0, Eq. 4; every group with diversity_on_all_blocks): the "
+                          "same advantages and losses with fewer texts embedded, and datpo/sibling_diversity then "
+                          "averages those groups only.",
+                  "choices": list(DIVERSITY_EMBEDDINGS)},
+    )
     embedding_model: str | None = field(
         default=None,
         metadata={"help": "sentence-transformers model for block embeddings (paper: "
@@ -120,6 +130,12 @@ class DATPOFields:
     embedding_batch_size: int = field(
         default=64,
         metadata={"help": "Block texts embedded per embedder call."},
+    )
+    embedding_cache_size: int = field(
+        default=4096,
+        metadata={"help": "Block texts whose embeddings are kept across steps (least recently used dropped first; "
+                          "the embedder is frozen, so a text repeated in a later step is not embedded again). "
+                          "0: no cache."},
     )
     rows_per_forward: int | None = field(
         default=None,
@@ -164,8 +180,16 @@ class DATPOFields:
             raise ValueError(
                 f"`diversity_alpha_schedule` must be one of {ALPHA_SCHEDULES}, got {self.diversity_alpha_schedule!r}"
             )
+        if self.diversity_embedding not in DIVERSITY_EMBEDDINGS:
+            raise ValueError(
+                f"`diversity_embedding` must be one of {DIVERSITY_EMBEDDINGS}, got {self.diversity_embedding!r}"
+            )
         if self.embedding_batch_size < 1:
             raise ValueError(f"`embedding_batch_size` must be >= 1, got {self.embedding_batch_size!r}")
+        if isinstance(self.embedding_cache_size, bool) or not isinstance(self.embedding_cache_size, int) or (
+            self.embedding_cache_size < 0
+        ):
+            raise ValueError(f"`embedding_cache_size` must be an integer >= 0, got {self.embedding_cache_size!r}")
         if self.fork_position not in FORK_POSITIONS:
             raise ValueError(f"`fork_position` must be one of {FORK_POSITIONS}, got {self.fork_position!r}")
         if self.fork_fallback not in FORK_FALLBACKS:

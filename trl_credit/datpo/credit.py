@@ -12,6 +12,7 @@ from trl_credit.core.collectives import decode_completions, gather_rows
 from trl_credit.tasks.rewards import completion_text
 from trl_credit.trl_bridge import privates as bridge
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
+from .embedding import BlockEmbedder
 from .forest import ForestCredit, LeafOutcomes, TreeBatch, is_truncated
 from .tree import ROOT
 
@@ -28,26 +29,36 @@ def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards
     forest = trees.forest
     rewards = forest.rewards() if rewards is None else rewards
     base = forest.block_advantages(args.value_estimate, rewards)
-    diversity = torch.zeros_like(base)
-    has_siblings = torch.zeros(len(base), dtype=torch.bool)
-    if args.use_diversity:
-        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
     scale = max([1.0] + [abs(r) for r in rewards if r is not None and math.isfinite(r)])
     gate = bonus_gate(base, on_all_blocks=args.diversity_on_all_blocks, tolerance=POSITIVE_TOLERANCE * scale)
     # An unscorable block keeps advantage 0, and so does every block of a tree with a ±inf leaf reward.
     infinite = {block.group for block in forest.blocks if block.reward is not None and math.isinf(block.reward)}
     no_bonus = [block.unscorable or block.group in infinite for block in forest.blocks]
     gate[torch.tensor(no_bonus, dtype=torch.bool)] = 0.0
+    diversity = torch.zeros_like(base)
+    has_siblings = torch.zeros(len(base), dtype=torch.bool)
+    if args.use_diversity:
+        # diversity_embedding="gated": only the sibling groups where some block gets the bonus need embeddings (a
+        # block's Div reads its whole group); the others' Div is multiplied by a zero gate
+        groups = None
+        if args.diversity_embedding == "gated":
+            groups = {forest.blocks[b].sibling_key for b in gate.nonzero().flatten().tolist()}
+        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder, groups)
     grounded = grounded_forks(trainer, trees) if trainer.mask_truncated_completions else None
     return ForestCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
 
 
-def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[torch.Tensor, torch.Tensor]:
-    """Embed (``embedder.encode``) this process's blocks that have structural siblings, gather the embeddings, compute Div; returns
-    (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic)."""
+def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embed this process's blocks that have structural siblings (``embedder``: a :class:`~.embedding.BlockEmbedder`,
+    or a model with ``encode`` that one wraps for this call), gather the embeddings, compute Div; returns
+    (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic).
+    ``groups``: the sibling keys to embed (None: all); a block of another group gets Div 0 and no siblings."""
     args = trainer.args
     forest = trees.forest
     keys = [None if block.unscorable else block.sibling_key for block in forest.blocks]
+    if groups is not None:
+        keys = [key if key in groups else None for key in keys]
     if not args.diversity_root_siblings:
         keys = [None if forest.blocks[b].start == ROOT else key for b, key in enumerate(keys)]
     sizes: dict = {}
@@ -65,16 +76,11 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder) -> tuple[tor
     keep_texts = [text for text in texts if text.strip()]
     local_embeddings = []
     if keep_texts:
-        # Each distinct text once (docs/datpo.md#sibling-diversity): sibling branches often repeat each other word
-        # for word, and a text's embedding does not depend on the batch it is in, so a repeat takes its first copy's.
-        unique = list(dict.fromkeys(keep_texts))
-        with torch.no_grad():
-            encoded = embedder.encode(
-                unique, batch_size=args.embedding_batch_size, convert_to_tensor=True, show_progress_bar=False,
-            )
-        encoded = torch.as_tensor(encoded).float().cpu()
-        row_of = {text: n for n, text in enumerate(unique)}
-        local_embeddings = [(b, encoded[row_of[text]].tolist()) for b, text in zip(keep, keep_texts)]
+        # each distinct text once, cached texts and pads skipped (BlockEmbedder, docs/datpo.md#sibling-diversity)
+        if not isinstance(embedder, BlockEmbedder):
+            embedder = BlockEmbedder(embedder, args.embedding_batch_size)
+        encoded = embedder.embed(keep_texts)
+        local_embeddings = [(b, vector.tolist()) for b, vector in zip(keep, encoded)]
     gathered = gather_rows(trainer, local_embeddings)
     if not gathered:
         return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)

@@ -61,6 +61,7 @@ from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig, DATPOFields
 from .credit import block_credit, tree_leaves
 from .diversity import annealed_alpha
+from .embedding import BlockEmbedder
 from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
 from .forks import select_forks, sentence_spans, token_char_offsets
 from .rows import training_rows
@@ -409,6 +410,7 @@ class BlockCredit(Credit):
 
     def __init__(self, embedder=None):
         self.embedder = embedder
+        self._block_embedder: BlockEmbedder | None = None  # wraps self.embedder: its cache lives across steps
 
     def setup(self, trainer) -> None:
         args: DATPOConfig = trainer.args
@@ -440,7 +442,17 @@ class BlockCredit(Credit):
         if not isinstance(trees, TreeBatch):
             raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
         rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
-        return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder, rewards)
+        return block_credit(trainer, trees, diversity_alpha(trainer), self.block_embedder(trainer), rewards)
+
+    def block_embedder(self, trainer) -> BlockEmbedder | None:
+        """``self.embedder`` behind a :class:`~.embedding.BlockEmbedder` (``embedding_batch_size``,
+        ``embedding_cache_size``), made once per embedder so its cache of block texts serves every step."""
+        if self.embedder is None:
+            return None
+        if self._block_embedder is None or self._block_embedder.embedder is not self.embedder:
+            args: DATPOConfig = trainer.args
+            self._block_embedder = BlockEmbedder(self.embedder, args.embedding_batch_size, args.embedding_cache_size)
+        return self._block_embedder
 
     @staticmethod
     def leaf_outcomes_of_modifiers(trainer, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
