@@ -34,6 +34,7 @@ from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.registry import register_part
+from trl_credit.rewards import completion_text
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
@@ -155,6 +156,20 @@ class GroupOutcome(Credit):
         return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
 
 
+def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
+    """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
+    prompts (the dataset's), the completion texts (TRL's ``_generate``, as its reward functions saw them) and the
+    loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's prefix masking)."""
+    if batch.prompts is None:
+        batch.prompts = [x["prompt"] for x in inputs]
+    if batch.completions is None and capture.generated is not None:
+        # TRL's _generate returns (prompt_ids, completion_ids, tool_mask, completions, ...) (trl 1.14-1.16)
+        batch.completions = [completion_text(c) for c in capture.generated[3]]
+    if batch.loss_mask is None:
+        mask = output["completion_mask"]
+        batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
+
+
 @dataclasses.dataclass(frozen=True)
 class CreditStep:
     """What an ``on_credit`` callback receives, once per generation batch (training and evaluation), after the
@@ -259,6 +274,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         with one_weight_push(self):
             with self._capturing_rollouts() as capture, hidden_library_deprecations():
                 output, batch = self.rollout.generate_and_score(self, inputs, capture)
+                if batch is not None:
+                    fill_record(batch, inputs, output, capture)
                 if batch is None:
                     advantages = output["advantages"]
                 else:
@@ -273,7 +290,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             if batch is not None:
                 if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
                     replace_logged_advantages(self, batch.table_advantages)
-                self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+                self._log_credit(output, block_ids=batch.block_ids)
             if self._credit_callbacks:
                 step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
                 for callback in self._credit_callbacks:

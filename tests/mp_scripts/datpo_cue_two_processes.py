@@ -22,6 +22,7 @@ from trl_credit.config import CreditConfig
 from trl_credit.core import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.data import make_arithmetic_dataset
+from trl_credit.datpo.forest import TreeBatch
 from trl_credit.datpo.parts import BlockCredit, Trees
 
 
@@ -45,7 +46,7 @@ class RecordingBlocks(BlockCredit):
         self.trees = []
 
     def advantages(self, trainer, batch, inputs, output):
-        self.trees.append(batch.extras["trees"])
+        self.trees.append(batch.payload(TreeBatch))
         return super().advantages(trainer, batch, inputs, output)
 
 

@@ -3,7 +3,7 @@ advantages of each group by rarity weights (docs/cue_grpo.md#positive-set).
 
 Glue only; the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and :mod:`.judge`. After the credit
 computed the advantages (GRPO's: TRL's group advantages), it gathers them (and the texts of the positive
-completions, from TRL's ``_generate`` in the rollout capture) across processes, computes each group's partition and
+completions, from the batch record) across processes, computes each group's partition and
 weights over the batch record's groups (:class:`~trl_credit.batch.RowBatch`), multiplies the positive advantages and
 returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
 
@@ -72,6 +72,7 @@ class RarityWeights(Modifier):
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
         self._leaves_weighted = False  # this batch's weights were computed from DATPO's leaf outcomes (leaf_outcomes)
         self._row_weights_on_trees: dict = {}  # cue_tree_credit="rows": rollout of a leaf of P -> its weight
+        self._unit_rows_on_trees: list = []  # cue_tree_credit="rows": the rollout of each unit (block) of the credit
         self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
     def setup(self, trainer) -> None:
@@ -122,11 +123,11 @@ class RarityWeights(Modifier):
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
         the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
-        (``batch.extras["trees"]``, ``advantages`` a :class:`~trl_credit.datpo.forest.ForestCredit`): with
+        (``advantages`` a :class:`~trl_credit.datpo.forest.ForestCredit`, after :meth:`leaf_outcomes`): with
         ``cue_tree_credit="rows"`` the positive block advantages of the rows of P's leaves are multiplied by their
         weights (:func:`~.positive.reweighted_rows`); with ``"leaves"`` a pass-through, the weights were applied to
         the leaf outcomes (:meth:`leaf_outcomes`)."""
-        if "trees" in batch.extras:
+        if self._leaves_weighted or not torch.is_tensor(advantages):
             # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, asked by the BlockCredit
             # credit before its aggregation).
             if not self._leaves_weighted:
@@ -137,19 +138,17 @@ class RarityWeights(Modifier):
                 )
             self._leaves_weighted = False
             row_weights, self._row_weights_on_trees = self._row_weights_on_trees, {}
+            rows, self._unit_rows_on_trees = self._unit_rows_on_trees, []
             if trainer.args.cue_tree_credit == "rows":
                 # The diversity bonus's gate was read from DATPO's A_base; w > 0 keeps every sign, so it holds.
-                rows = [block.rollout for block in batch.extras["trees"].forest.blocks]
                 advantages.base = reweighted_rows(advantages.base, rows, row_weights)
             return advantages
         start = time.perf_counter()
-        rollouts = bridge.rollout_capture(trainer)
-        if rollouts is None or rollouts.generated is None:
-            raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass "
-                               "_generate?)")
+        if batch.completions is None:
+            raise RuntimeError(f"{speaker(trainer, self)}: the batch record holds no completion texts (TRL's "
+                               "_generate was not captured: did a subclass bypass it?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        in_loss = trainer.accelerator.gather((mask.sum(dim=1) > 0).long()).bool().cpu()
+        in_loss = trainer.accelerator.gather((batch.loss_mask.sum(dim=1) > 0).long()).bool().cpu()
         if advantages.dim() == 1:
             sequence = trainer.accelerator.gather(advantages.detach()).double().cpu()
         elif batch.sequence_signs is not None:
@@ -180,7 +179,7 @@ class RarityWeights(Modifier):
         varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
         # Unscorable rows are never correct (success_rows), so they never enter P.
         positives, excluded = positive_sets(advantages, batch.success, in_loss, varied, groups)
-        texts = self._captured_texts(trainer, inputs, batch.local.start)
+        texts = self._captured_texts(batch, inputs)
         return self._rarity_weights(trainer, positives, excluded, groups, texts, batch.num_rows)
 
     def leaf_outcomes(self, trainer, batch: RowBatch, leaves) -> torch.Tensor:
@@ -204,10 +203,10 @@ class RarityWeights(Modifier):
                                        len(leaves.rewards))
         self._leaves_weighted = True  # apply() then acts on (or passes through) the block credit
         if trainer.args.cue_tree_credit == "rows":
-            blocks = batch.extras["trees"].forest.blocks
             self._row_weights_on_trees = {
-                blocks[b].rollout: float(w) for b, w in zip(leaves.blocks, weights.tolist()) if w != 1.0
+                row: float(w) for row, w in zip(leaves.rows, weights.tolist()) if w != 1.0
             }
+            self._unit_rows_on_trees = list(leaves.unit_rows)
             rewards = leaves.rewards
         else:
             rewards = reweighted_leaves(leaves.rewards, advantages, weights)
@@ -305,11 +304,11 @@ class RarityWeights(Modifier):
         )
 
     @staticmethod
-    def _captured_texts(trainer, inputs, offset: int) -> dict[int, tuple[str, object]]:
-        """Global row -> (completion text, prompt) of this process's rows, from TRL's ``_generate`` (trl 1.16.0:
-        (prompt_ids, completion_ids, tool_mask, completions, ...)) in the rollout capture."""
-        completions = bridge.rollout_capture(trainer).generated[3]
-        return {offset + i: (completion_text(c), _prompt_of(inputs[i])) for i, c in enumerate(completions)}
+    def _captured_texts(batch: RowBatch, inputs) -> dict[int, tuple[str, object]]:
+        """Global row -> (completion text, prompt) of this process's rows: the record's texts, and the dataset's
+        prompt (the judge's problem, not a rollout template's)."""
+        offset = batch.local.start
+        return {offset + i: (text, _prompt_of(inputs[i])) for i, text in enumerate(batch.completions)}
 
     def _partitions(self, trainer, positives, groups, local_texts):
         """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton

@@ -174,6 +174,8 @@ class LeafOutcomes:
     correct: torch.Tensor  # (L,) bool: the verifier (success_reward >= success_threshold)
     in_loss: torch.Tensor  # (L,) bool: the leaf's own last block reaches the loss (not truncated and masked)
     local_texts: dict[int, tuple[str, object]]  # this process's leaves: (full completion text, the dataset prompt)
+    rows: list  # the rollout each leaf ends (its block's ``rollout``)
+    unit_rows: list  # per block of the forest, its rollout (a modifier scaling a leaf's row finds its blocks)
 
 
 def build_forest(skeletons: Skeletons, budgets, base_rewards, branch_rewards, num_generations: int) -> Forest:

@@ -110,7 +110,7 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
 class Trees(Rollout):
     """DATPO's difficulty-adaptive tree rollouts (module docstring). Training only: evaluation stays GRPO on the
     base rollouts. The record (:class:`~trl_credit.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
-    of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` under ``extras["trees"]``: the rows TRL
+    of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` attached as a payload: the rows TRL
     trains on (branches, fillers, the masks of truncated rows and their old/ref log-probs) depend on the credit, so
     they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
 
@@ -173,13 +173,13 @@ class Trees(Rollout):
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
         batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
-        batch.extras["trees"] = trees
+        batch.attach(trees)
         return base, batch
 
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
         :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
-        trees: TreeBatch = batch.extras["trees"]
+        trees = batch.payload(TreeBatch)
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
         batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
@@ -188,7 +188,7 @@ class Trees(Rollout):
         # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
         # one block.
         width = rows["completion_ids"].size(1)
-        batch.extras["block_ids"] = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
+        batch.block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
         return rows
 
     def grow(self, trainer, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
@@ -391,7 +391,7 @@ class Trees(Rollout):
                accepts={"rollout": only("trees", why="block advantages are defined on DATPO's trees only")})
 class BlockCredit(Credit):
     """DATPO's credit (docs/datpo.md#block-advantages): per block of the trees of a :class:`Trees` rollout
-    (``batch.extras["trees"]``), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus
+    (the record's :class:`~.forest.TreeBatch` payload), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus
     (Eq. 4, 8; ``use_diversity``, with ``embedder``, a sentence-transformers model or anything with
     ``encode(texts, batch_size=, convert_to_tensor=)``; ``args.embedding_model`` is loaded when None).
 
@@ -436,9 +436,7 @@ class BlockCredit(Credit):
             )
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
-        trees = batch.extras.get("trees")
-        if not isinstance(trees, TreeBatch):
-            raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
+        trees = batch.payload(TreeBatch)  # MissingPayload names it: this credit needs the `Trees` rollout
         rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
         return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder, rewards)
 
