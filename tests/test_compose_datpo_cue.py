@@ -304,8 +304,8 @@ def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
     # The weights act on the leaves; apply() alone on the blocks' credit (a credit that never asked) must not pass
     # silently.
     credit = SimpleNamespace(base=torch.zeros(2))
-    with pytest.raises(RuntimeError, match="leaf outcomes"):
-        RarityWeights(partition_fn=length_partition).apply(None, None, None, {}, credit)
+    with pytest.raises(RuntimeError, match="leaf outcomes, but the rollout declared none"):
+        RarityWeights(partition_fn=length_partition).apply(None, SimpleNamespace(outcomes=None), None, {}, credit)
 
 
 def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_credit.batch import NO_GROUP, ROW_BASE, MissingPayload, RowBatch
-from trl_credit.core import fill_record
+from trl_credit.batch import NO_GROUP, ROW_BASE, MissingPayload, Outcomes, RowBatch
+from trl_credit.core import Credit, GroupRollout, Modifier, Rollout, credit_step, fill_record, training_batch
 from trl_credit.mixins import RolloutCapture
 
 
@@ -93,3 +93,128 @@ def test_rarity_weights_refuse_a_record_without_texts_by_name():
     trainer = SimpleNamespace(args=SimpleNamespace(), accelerator=SimpleNamespace(process_index=0))
     with pytest.raises(RuntimeError, match="holds no completion texts"):
         RarityWeights().apply(trainer, batch, [{"prompt": "p"}] * 2, {}, torch.zeros(2))
+
+
+# ------------------------------------------------------------------ the core's step: outcome stage, one cut, one write
+class _ToyRollout(Rollout):
+    """Two processes x 2 rows, this process the second: rows 2-3. Declares outcomes when ``with_outcomes``."""
+
+    def __init__(self, calls, with_outcomes=True):
+        self.calls, self.with_outcomes = calls, with_outcomes
+
+    def generate_and_score(self, trainer, inputs, capture):
+        self.calls.append("rollout")
+        output = {"completion_mask": torch.ones(2, 3, dtype=torch.long), "advantages": torch.zeros(2)}
+        return output, _record()
+
+    def outcomes(self, trainer, batch):
+        self.calls.append("outcomes")
+        if not self.with_outcomes:
+            return None
+        return Outcomes(groups={0: [0, 1], 1: [2]}, rewards=torch.tensor([1.0, 0.0, 3.0], dtype=torch.float64),
+                        correct=torch.tensor([True, False, True]), in_loss=torch.ones(3, dtype=torch.bool),
+                        local_texts={}, rows=["a", "b", "c"], unit_rows=["a", "b", "c"])
+
+
+class _OutcomeCredit(Credit):
+    """The sum of the outcomes' rewards as every row's advantage (every row of the record: global)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def advantages(self, trainer, batch, inputs, output):
+        self.calls.append("credit")
+        total = 0.0 if batch.outcomes is None else float(batch.outcomes.rewards.sum())
+        return torch.arange(4, dtype=torch.float32) + total
+
+
+class _Doubling(Modifier):
+    acts_on_outcomes = True
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def leaf_outcomes(self, trainer, batch, outcomes):
+        self.calls.append(("outcomes x2", outcomes.rewards.tolist()))
+        return outcomes.rewards * 2
+
+    def apply(self, trainer, batch, inputs, output, advantages):
+        self.calls.append(("apply", advantages.tolist()))
+        return advantages
+
+
+def _toy_trainer(calls, with_outcomes=True):
+    return SimpleNamespace(rollout=_ToyRollout(calls, with_outcomes), credit=_OutcomeCredit(calls),
+                           modifiers=[_Doubling(calls), _Doubling(calls)])
+
+
+def test_the_core_runs_outcome_stage_modifiers_before_the_credit_without_datpo():
+    calls = []
+    output, batch, advantages = credit_step(_toy_trainer(calls), [{"prompt": "p"}] * 2, RolloutCapture())
+    # Outcomes 1, 0, 3: doubled twice (in modifier order) before the credit -> 4, 0, 12, sum 16.
+    assert calls == ["rollout", "outcomes", ("outcomes x2", [1.0, 0.0, 3.0]), ("outcomes x2", [2.0, 0.0, 6.0]),
+                     "credit", ("apply", [16.0, 17.0, 18.0, 19.0]), ("apply", [16.0, 17.0, 18.0, 19.0])]
+    assert batch.outcomes.rewards.tolist() == [4.0, 0.0, 12.0]
+    # The modifiers got every row (the credit's global advantages); the core cut them to rows 2-3 once and wrote them.
+    assert advantages.tolist() == [18.0, 19.0] and output["advantages"] is advantages
+
+
+def test_a_rollout_without_outcomes_skips_the_outcome_stage():
+    calls = []
+    _, batch, advantages = credit_step(_toy_trainer(calls, with_outcomes=False), [{"prompt": "p"}] * 2,
+                                       RolloutCapture())
+    assert calls == ["rollout", "outcomes", "credit", ("apply", [0.0, 1.0, 2.0, 3.0]), ("apply", [0.0, 1.0, 2.0, 3.0])]
+    assert batch.outcomes is None and advantages.tolist() == [2.0, 3.0]
+
+
+def test_no_modifier_on_outcomes_asks_the_rollout_for_none():
+    calls = []
+
+    class Plain(_Doubling):
+        acts_on_outcomes = False
+
+    trainer = _toy_trainer(calls)
+    trainer.modifiers = [Plain(calls)]
+    credit_step(trainer, [{"prompt": "p"}] * 2, RolloutCapture())
+    assert "outcomes" not in calls  # building outcomes (DATPO: decoding every leaf) only when a modifier wants them
+
+
+def test_local_advantages_are_written_as_they_are():
+    # A credit over TRL's groups returns this process's rows (TRL's advantages): no second cut.
+    batch = _record()
+    trainer = SimpleNamespace(rollout=GroupRollout())
+    output = {"advantages": torch.zeros(2)}
+    written, advantages = training_batch(trainer, batch, [], output, torch.tensor([5.0, 6.0]))
+    assert advantages.tolist() == [5.0, 6.0] and written["advantages"] is advantages
+
+
+class _NoFloatGather:
+    """An accelerator of one process that refuses to gather advantages (floats): the masks may be gathered."""
+
+    num_processes, process_index, is_main_process = 1, 0, True
+
+    def gather(self, tensor):
+        assert not tensor.is_floating_point(), "advantages gathered"
+        return tensor
+
+
+def test_rarity_weights_take_global_advantages_without_gathering_them(tmp_path):
+    # SRPO's sub-groups x Cue: GroupOutcome returns every row; Cue reads them as they are (no gather) and returns
+    # every row, which the core cuts once. Group 0 = rows 0-2 (rewards 1, 1, 0), P = {0, 1} in clusters "a", "b";
+    # group 1 = rows 3, 4 (1, 0), P = {3}. CR with α = 1 over P = {0, 1}: sizes 1, 1 -> 1, 1 -> floor shift τ - 1
+    # = 0.05 -> 1.05 each; P = {3}: 1.05.
+    from tests.test_compose_oppo import _fake_trainer
+    from trl_credit.cue_grpo.parts import RarityWeights
+
+    rewards = torch.tensor([[1.0], [1.0], [0.0], [1.0], [0.0]])
+    batch = RowBatch(rewards_per_func=rewards, group_ids=torch.tensor([0, 0, 0, 1, 1]),
+                     row_kinds=torch.full((5,), ROW_BASE), success=rewards[:, 0] >= 1.0,
+                     scorable=torch.ones(5, dtype=torch.bool), num_local=5, process_index=0,
+                     completions=["a", "b", "c", "d", "e"], loss_mask=torch.ones(5, 2, dtype=torch.long))
+    modifier = RarityWeights(partition_fn=lambda completions, prompt: completions)
+    trainer = _fake_trainer(tmp_path, None, rewards)
+    trainer.accelerator = _NoFloatGather()
+    modifier.setup(trainer)
+    advantages = torch.tensor([0.5, 0.5, -1.0, 0.7, -0.7])
+    result = modifier.apply(trainer, batch, [{"prompt": "p"}] * 5, {}, advantages)
+    torch.testing.assert_close(result, torch.tensor([0.5 * 1.05, 0.5 * 1.05, -1.0, 0.7 * 1.05, -0.7]))

@@ -24,7 +24,7 @@ import torch
 from trl_credit.success import unscorable_rows
 
 __all__ = [
-    "ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "MissingPayload",
+    "ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "Outcomes", "MissingPayload",
     "trl_groups",
 ]
 
@@ -39,6 +39,31 @@ P = TypeVar("P")
 
 class MissingPayload(LookupError):
     """A part asked the record for a payload type no rollout attached (:meth:`RowBatch.payload`)."""
+
+
+@dataclasses.dataclass
+class Outcomes:
+    """The outcomes a credit aggregates, for a rollout whose credit values outcomes rather than rows (DATPO's trees:
+    the leaves, whose rewards the block Monte Carlo values average). The rollout builds them
+    (``Rollout.leaf_outcomes``) when a modifier acts at the outcome stage; the core hands them to every such
+    modifier (``Modifier.outcomes``) and keeps the result in the record (``RowBatch.outcomes``) for the credit. Global
+    (the same on every process) except ``local_texts``."""
+
+    groups: dict[int, list[int]]
+    """Group (the prompt's tree) -> its outcomes, in order."""
+    rewards: torch.Tensor
+    """(L,) float64: each outcome's reward as the credit uses it (NaN: unscorable); a modifier returns new ones."""
+    correct: torch.Tensor
+    """(L,) bool: the verifier (``success_reward`` >= ``success_threshold``) calls the outcome correct."""
+    in_loss: torch.Tensor
+    """(L,) bool: the outcome's own last tokens reach the loss (not truncated and masked)."""
+    local_texts: dict[int, tuple[str, object]]
+    """This process's outcomes: (the full completion text, the dataset prompt)."""
+    rows: list
+    """(L,): the id of the generated sequence (training row) each outcome ends."""
+    unit_rows: list
+    """One per unit of the credit's advantages (DATPO: per block): the id of the sequence it belongs to, so a
+    modifier can scale the units of an outcome's row (Cue-GRPO's ``cue_tree_credit="rows"``)."""
 
 
 @dataclasses.dataclass
@@ -88,6 +113,9 @@ class RowBatch:
     block_ids: list | None = None
     """Per training row of this process, each token's block (the credit heatmap draws its boundaries: DATPO's forks);
     None: one block per row."""
+    outcomes: Outcomes | None = None
+    """The outcomes after the outcome-stage modifiers (:class:`Outcomes`), for the credit; None when no modifier acts
+    on outcomes or the rollout declares none."""
     payloads: dict[type, Any] = dataclasses.field(default_factory=dict, repr=False)
     """Typed payloads a rollout hands its credit beyond the rows (:meth:`attach`): payload type -> the payload."""
     table_advantages: list[float] | None = None
@@ -108,6 +136,11 @@ class RowBatch:
     def local_rows(self, values):
         """A global tensor (rows first) or list, cut to this process's rows."""
         return values[self.local]
+
+    def is_global(self, values) -> bool:
+        """``values`` (rows first) hold every row of the record, not only this process's. With one process both are
+        the same rows, and the answer does not matter."""
+        return len(values) == self.num_rows
 
     def groups(self) -> dict[int, list[int]]:
         """Group id -> its global rows, in row order (rows of :data:`NO_GROUP` left out)."""

@@ -8,7 +8,13 @@ Every generation batch runs in one fixed order:
 2. **credit** (:class:`Credit`): the advantages over the record's groups (GRPO's group-normalized outcome, OPPO's
    value recursion, DATPO's block Monte Carlo);
 3. **modifiers** (:class:`Modifier`, in order): transforms of those advantages (Cue-GRPO's rarity weights);
-4. the rollout turns the batch and the advantages into the rows TRL trains on (:meth:`Rollout.training_batch`).
+4. the core writes TRL's batch once (:func:`training_batch`): the advantages, cut to this process's rows once, and
+   the sequence anchors; a rollout that builds its own rows (``Rollout.builds_rows``: DATPO's trees) turns the batch
+   and the advantages into the rows TRL trains on (:meth:`Rollout.training_batch`).
+
+Before the credit, on a rollout whose credit aggregates outcomes (``Rollout.outcomes``: DATPO's leaves), the core
+hands those outcomes to every modifier that acts at the outcome stage (``Modifier.acts_on_outcomes``: Cue-GRPO's
+rarity weights) and keeps the result in the record (``RowBatch.outcomes``) for the credit (:func:`outcome_stage`).
 
 The TRL hooks a part needs around generation, batching and the loss are middlewares: the core's override calls
 each part's hook in order (rollout, credit, modifiers), every hook receiving ``proceed``, the rest of the chain
@@ -29,7 +35,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
-from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
+from trl_credit.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
 from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
@@ -42,6 +48,7 @@ from trl_credit.trl_compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
+    "credit_step", "fill_record", "outcome_stage", "training_batch",
 ]
 
 
@@ -81,16 +88,26 @@ class Part:
 class Rollout(Part):
     """Which rows a generation batch holds."""
 
+    builds_rows = False
+    """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core
+    then has :meth:`training_batch` build them; otherwise the core writes the advantages into TRL's batch."""
+
     def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
         None as the record when no credit applies (the batch is trained as TRL built it)."""
         output = trainer._trl_generate_and_score_completions(inputs)
         return output, trl_groups(trainer, capture.rewards(speaker(trainer, self)), output["completion_ids"].size(0))
 
+    def outcomes(self, trainer, batch: RowBatch) -> Outcomes | None:
+        """The outcomes this rollout's credit aggregates (DATPO's leaves), asked by the core only when a modifier acts
+        at the outcome stage; None (the default): the credit values the rows themselves."""
+        return None
+
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages) -> dict:
-        """The rows TRL trains on, with the advantages (this process's rows) the credit and modifiers computed."""
-        output["advantages"] = advantages
-        return output
+        """With :attr:`builds_rows`: this process's rows TRL trains on, built from TRL's batch of the record's rows and
+        what the credit and the modifiers returned."""
+        raise NotImplementedError(f"{type(self).__name__} sets builds_rows but does not build the rows "
+                                  "(training_batch)")
 
 
 class Credit(Part):
@@ -108,6 +125,16 @@ class Credit(Part):
 class Modifier(Part):
     """A transform of the credit's advantages."""
 
+    acts_on_outcomes = False
+    """True for a modifier that also acts at the outcome stage: on a rollout that declares outcomes
+    (:meth:`Rollout.outcomes`), the core calls :meth:`leaf_outcomes` before the credit, which aggregates the outcomes
+    it returns (Cue-GRPO's rarity weights on DATPO's leaves); :meth:`apply` runs after the credit as for every
+    modifier."""
+
+    def leaf_outcomes(self, trainer, batch: RowBatch, outcomes: Outcomes):
+        """The outcomes' rewards (L,) after this modifier (``outcomes.rewards`` as the earlier modifiers left them)."""
+        raise NotImplementedError
+
     def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages):
         raise NotImplementedError
 
@@ -123,6 +150,9 @@ class GroupRollout(Rollout):
 class GroupOutcome(Credit):
     """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
     a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
+
+    Over TRL's groups it returns this process's rows (TRL computed them); over other groups every row of the record
+    (computed here from the global rewards), which the core cuts to this process's rows once, after the modifiers.
 
     Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
     group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
@@ -153,7 +183,7 @@ class GroupOutcome(Credit):
             advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
-        return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
+        return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
 
 
 def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
@@ -168,6 +198,54 @@ def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) 
     if batch.loss_mask is None:
         mask = output["completion_mask"]
         batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
+
+
+def outcome_stage(trainer, batch: RowBatch) -> None:
+    """The outcome stage, before the credit: the rollout's outcomes (``Rollout.outcomes``) through every modifier that
+    acts on outcomes, in order, kept in ``batch.outcomes`` for the credit. Nothing when no modifier acts on outcomes
+    or the rollout declares none (``batch.outcomes`` stays None)."""
+    acting = [modifier for modifier in trainer.modifiers if modifier.acts_on_outcomes]
+    if not acting:
+        return
+    outcomes = trainer.rollout.outcomes(trainer, batch)
+    if outcomes is None:
+        return
+    for modifier in acting:
+        outcomes.rewards = modifier.leaf_outcomes(trainer, batch, outcomes)
+    batch.outcomes = outcomes
+
+
+def training_batch(trainer, batch: RowBatch, inputs, output: dict, advantages) -> tuple[dict, Any]:
+    """The one write of TRL's batch per generation batch: the sequence anchors (this process's rows) and the
+    advantages, cut from every row of the record to this process's rows here and only here (a credit or modifier
+    may return either: :meth:`RowBatch.is_global`); a rollout that builds its own rows (``builds_rows``) builds them
+    from TRL's batch and the advantages instead. Returns TRL's training batch and the advantages as written."""
+    trl_advantages = output["advantages"]
+    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
+        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
+            dtype=trl_advantages.dtype, device=trl_advantages.device)
+    if trainer.rollout.builds_rows:
+        return trainer.rollout.training_batch(trainer, batch, inputs, output, advantages), advantages
+    if batch.is_global(advantages):
+        advantages = batch.local_rows(advantages)
+    output["advantages"] = advantages
+    return output, advantages
+
+
+def credit_step(trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None, Any]:
+    """One generation batch through ``trainer``'s parts (module docstring): rollout, record filled, outcome stage,
+    credit, modifiers, TRL's batch written. Returns TRL's training batch, the record (None when the rollout left the
+    batch to TRL) and the advantages as the modifiers left them (this process's rows)."""
+    output, batch = trainer.rollout.generate_and_score(trainer, inputs, capture)
+    if batch is None:
+        return output, None, output["advantages"]
+    fill_record(batch, inputs, output, capture)
+    outcome_stage(trainer, batch)
+    advantages = trainer.credit.advantages(trainer, batch, inputs, output)
+    for modifier in trainer.modifiers:
+        advantages = modifier.apply(trainer, batch, inputs, output, advantages)
+    output, advantages = training_batch(trainer, batch, inputs, output, advantages)
+    return output, batch, advantages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,20 +351,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         # TRL's generation context calls renamed methods (hidden_library_deprecations).
         with one_weight_push(self):
             with self._capturing_rollouts() as capture, hidden_library_deprecations():
-                output, batch = self.rollout.generate_and_score(self, inputs, capture)
-                if batch is not None:
-                    fill_record(batch, inputs, output, capture)
-                if batch is None:
-                    advantages = output["advantages"]
-                else:
-                    advantages = self.credit.advantages(self, batch, inputs, output)
-                    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
-                        trl_advantages = output["advantages"]
-                        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
-                            dtype=trl_advantages.dtype, device=trl_advantages.device)
-                    for modifier in self.modifiers:
-                        advantages = modifier.apply(self, batch, inputs, output, advantages)
-                    output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+                output, batch, advantages = credit_step(self, inputs, capture)
             if batch is not None:
                 if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
                     replace_logged_advantages(self, batch.table_advantages)

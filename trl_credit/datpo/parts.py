@@ -61,7 +61,7 @@ from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig, DATPOFields
 from .credit import block_credit, tree_leaves
 from .diversity import annealed_alpha
-from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
+from .forest import ForestCredit, LeafOutcomes, Skeletons, TreeBatch, build_forest
 from .forks import select_forks, sentence_spans, token_char_offsets
 from .rows import training_rows
 from .tree import leaf_rewards
@@ -115,6 +115,7 @@ class Trees(Rollout):
     they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
 
     name = "trees"
+    builds_rows = True  # a row per base rollout and per branch (training_batch), more rows than TRL generated
 
     def __init__(self):
         self.phase1 = False  # True while TRL generates the base rollouts of a training batch
@@ -175,6 +176,11 @@ class Trees(Rollout):
         batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
         batch.attach(trees)
         return base, batch
+
+    def outcomes(self, trainer, batch: RowBatch) -> LeafOutcomes:
+        """The trees' leaves as outcomes (:func:`.credit.tree_leaves`), for the core's outcome stage: the modifiers that
+        act on outcomes re-weight them before :class:`BlockCredit` aggregates them."""
+        return tree_leaves(trainer, batch.payload(TreeBatch))
 
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
@@ -397,10 +403,11 @@ class BlockCredit(Credit):
 
     :meth:`advantages` returns a :class:`~.forest.ForestCredit` (per block), not a tensor of the rows: the rows are
     built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
-    receives that object. A modifier acts on the trees through its ``leaf_outcomes(trainer, batch, leaves) ->
-    rewards`` method instead, which this credit calls before the aggregation (:meth:`leaf_outcomes_of_modifiers`):
-    it reads (and may re-weight) the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo
-    values average (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then
+    receives that object. A modifier acts on the trees at the outcome stage instead (``Modifier.acts_on_outcomes``:
+    the core hands it the leaf outcomes :meth:`Trees.outcomes` builds, :class:`~.forest.LeafOutcomes`, before this
+    credit runs), reading (and possibly re-weighting) the outcomes the blocks' Monte Carlo values average
+    (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); this credit aggregates the record's
+    ``outcomes`` (:meth:`outcome_rewards`); the modifier's ``apply`` then
     gets this credit's :class:`~.forest.ForestCredit` (Cue-GRPO's rule scales its rows' positive blocks there). The bonus is part of the credit, not a modifier: it is gated by each block's A_base
     and kept apart from it down to the loss, where :meth:`loss` applies α of the optimizer step being trained (the
     schedule runs over optimizer steps, also when a generation batch serves several of them)."""
@@ -437,20 +444,13 @@ class BlockCredit(Credit):
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
         trees = batch.payload(TreeBatch)  # MissingPayload names it: this credit needs the `Trees` rollout
-        rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
+        rewards = None if batch.outcomes is None else self.outcome_rewards(trees, batch.outcomes)
         return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder, rewards)
 
     @staticmethod
-    def leaf_outcomes_of_modifiers(trainer, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
-        """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), after every
-        modifier that re-weights leaves (a ``leaf_outcomes(trainer, batch, leaves) -> rewards`` method: Cue-GRPO's
-        rarity weights) did, in order; None when no modifier does (the leaf rewards as they are)."""
-        modifiers = [m for m in getattr(trainer, "modifiers", ()) if hasattr(m, "leaf_outcomes")]
-        if not modifiers:
-            return None
-        leaves = tree_leaves(trainer, trees)
-        for modifier in modifiers:
-            leaves.rewards = modifier.leaf_outcomes(trainer, batch, leaves)
+    def outcome_rewards(trees: TreeBatch, leaves) -> list[float | None]:
+        """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), as the
+        outcome-stage modifiers left them (``leaves``: the record's :class:`~.forest.LeafOutcomes`)."""
         rewards = trees.forest.rewards()
         for leaf, b in enumerate(leaves.blocks):
             rewards[b] = float(leaves.rewards[leaf])
