@@ -40,6 +40,7 @@ from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.registry import register_part
+from trl_credit.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.rewards import completion_text
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
@@ -90,7 +91,10 @@ class Rollout(Part):
 
     builds_rows = False
     """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core
-    then has :meth:`training_batch` build them; otherwise the core writes the advantages into TRL's batch."""
+    then has :meth:`training_batch` build them (marked with ``row_count.NUM_ROWS``, the same count on every process)
+    and owns their variable row count: it splits them into micro-batches without dropping a row
+    (``row_count.micro_batch``) and weighs every row the same in the loss (``row_count.renormalized_loss``);
+    otherwise the core writes the advantages into TRL's batch."""
 
     def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
@@ -387,7 +391,13 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return completion_ids, logprobs
 
     def _prepare_inputs(self, generation_batch):
-        return self._through_parts("prepare_inputs", super()._prepare_inputs)(generation_batch)
+        # Rows a rollout built (a count TRL's floor-dividing split would cut) are split here without dropping any;
+        # evaluation batches are TRL's.
+        if self.rollout.builds_rows and self.model.training:
+            split = functools.partial(micro_batch, self)
+        else:
+            split = super()._prepare_inputs
+        return self._through_parts("prepare_inputs", split)(generation_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = self._through_parts("micro_batch_loss", super().compute_loss)
@@ -396,7 +406,10 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     def _compute_loss(self, model, inputs):
         required_by = speaker(self, self.credit) if self.credit.sets_sequence_anchors else None
         with batch_sequence_anchors(inputs, required_by):
-            return self._through_parts("loss", super()._compute_loss)(model, inputs)
+            loss = self._through_parts("loss", super()._compute_loss)(model, inputs)
+        if self.model.training and NUM_ROWS in inputs:  # rows a rollout built: weighed against the generation batch
+            loss = renormalized_loss(self, loss, inputs)
+        return loss
 
     # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a credit that
     # sets sequence anchors (OPPO's sign(A^seq), trl_credit/anchors.py) has them decided per sequence; otherwise TRL's.

@@ -22,13 +22,13 @@ Each training generation batch:
    (advantage per token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no
    token is trained twice. Advantages are (B, T), which TRL's ``_compute_loss`` takes as they are.
 
-Around TRL's batching and loss (the row count varies with the trees): :meth:`Trees.prepare_inputs` splits the rows
-into ``steps_per_generation`` micro-batches without dropping any (TRL's split floor-divides);
-``num_items_in_batch`` counts the loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default)
-averages over every token of the generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most
-``rows_per_forward`` rows; :meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer
-step being trained; :meth:`Trees.loss` renormalizes the row-averaging loss types (and ``bnpo``) to the whole
-generation batch, so micro-batch sizes, filler rows and the number of processes do not change any row's weight.
+Around TRL's batching and loss (the row count varies with the trees; ``Trees.builds_rows``): the core splits the
+rows into ``steps_per_generation`` micro-batches without dropping any (TRL's split floor-divides) and renormalizes
+the row-averaging loss types (and ``bnpo``) to the whole generation batch, so micro-batch sizes, filler rows and the
+number of processes do not change any row's weight (trl_credit/row_count.py); ``num_items_in_batch`` counts the
+loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default) averages over every token of the
+generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most ``rows_per_forward`` rows;
+:meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer step being trained.
 
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
@@ -44,18 +44,18 @@ import random
 import torch
 
 from trl_credit import bridge
-from trl_credit.trl_compat import shuffle_sequence_dict
 
 from ..batch import RowBatch, trl_groups
 from ..collectives import gather_counts, gather_rows, local_rows
 from ..core import Credit, Rollout
 from ..generation_hooks import GenerationRecorder
 from ..registry import only, register_part
+from ..row_count import NUM_ROWS, split_rows
 from ..scoring import pad_rows, score_completions
 from ..success import unscorable_rows
 from ..trainer_logs import log_metric, nonfinite_reward_groups, warn_once
 from ..trainer_setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
-from .batching import sort_rows_by_length, split_rows
+from .batching import sort_rows_by_length
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig, DATPOFields
@@ -69,11 +69,6 @@ from .tree_metrics import log_fork_coverage, log_tree_metrics
 
 __all__ = ["Trees", "BlockCredit", "diversity_alpha"]
 
-
-# Loss types whose TRL loss is a mean over the rows of the micro-batch (dr_grpo: over rows × max_completion_length).
-_ROW_AVERAGED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
-# Marks a micro-batch of DATPO's training rows (every process's real row count, for the renormalized loss).
-_NUM_ROWS = "datpo_num_rows"
 
 
 def diversity_alpha(trainer) -> float:
@@ -325,29 +320,17 @@ class Trees(Rollout):
         )
         trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
 
-    # ------------------------------------------------------------------ batching and loss
-    def prepare_inputs(self, trainer, proceed, generation_batch):
-        # Follows GRPOTrainer._prepare_inputs (trl 1.16.0), with the split replaced: the row count varies with the
-        # trees, and TRL's split_tensor_dict floor-divides it and drops the remainder. So in training TRL's method
-        # (and the hooks of the parts after this one) is not called.
-        if not trainer.model.training:
-            return proceed(generation_batch)
-        steps = trainer.args.steps_per_generation
-        step = bridge.optimizer_step(trainer)
-        if step % (steps * trainer.num_iterations) == 0 or bridge.buffered_inputs(trainer) is None:
-            batch = shuffle_sequence_dict(bridge.generate_and_score(trainer, generation_batch))
-            bridge.set_buffered_inputs(trainer, split_rows(batch, steps, trainer.pad_to_multiple_of))
-        return bridge.buffered_inputs(trainer)[bridge.optimizer_step(trainer) % steps]
-
+    # ------------------------------------------------------------------ loss (the split and the renormalization of the
+    # variable row count are the core's: trl_credit/row_count.py)
     def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
         ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
         can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
         returned loss (which the Trainer back-propagates) carries the others' values for logging. Each piece's loss
-        is normalized against the whole generation batch (:meth:`loss`), so the pieces add up to exactly the loss of
+        is normalized against the whole generation batch (the core's ``row_count.renormalized_loss``), so the pieces add up to exactly the loss of
         the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
         the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
-        if return_outputs or not trainer.model.training or _NUM_ROWS not in inputs:
+        if return_outputs or not trainer.model.training or NUM_ROWS not in inputs:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         num_rows = inputs["completion_ids"].size(0)
         cap = trainer.args.rows_per_forward or trainer.args.per_device_train_batch_size
@@ -374,23 +357,6 @@ class Trees(Rollout):
             earlier = earlier + loss.detach()
         return proceed(model, pieces[-1], return_outputs, num_items_in_batch) + earlier
 
-    def loss(self, trainer, proceed, model, inputs):
-        loss = proceed(model, inputs)
-        if not trainer.model.training or _NUM_ROWS not in inputs:
-            return loss
-        # TRL's row-averaging loss types divide by the rows (bnpo: the tokens) of the micro-batch. DATPO's
-        # micro-batches differ in size and hold empty filler rows (row counts are evened out across processes), so
-        # that would weight a row by the size of the micro-batch it landed in. Renormalize to the whole generation
-        # batch instead, the way dapo's `num_items_in_batch` does: every row (token, for bnpo) then weighs the same
-        # whatever the split, the number of processes or the fillers, and equal micro-batches give TRL's value.
-        per_generation = trainer.accelerator.num_processes * trainer.args.steps_per_generation
-        if trainer.loss_type in _ROW_AVERAGED_LOSSES:
-            rows = inputs["completion_ids"].size(0)
-            loss = loss * (rows * per_generation / inputs[_NUM_ROWS].clamp(min=1))
-        elif trainer.loss_type == "bnpo":
-            tokens = inputs["completion_mask"].sum().clamp(min=1)
-            loss = loss * (tokens * per_generation / inputs["num_items_in_batch"].clamp(min=1))
-        return loss
 
 
 @register_part("credit", "blocks", help="DATPO's block Monte Carlo advantages",

@@ -11,6 +11,7 @@ import torch
 
 from .. import bridge
 from ..collectives import fill_rows, gather_counts
+from ..row_count import NUM_ROWS
 from ..scoring import pad_rows, score_completions
 from ..trl_compat import use_adapter
 from .forest import ForestCredit, TreeBatch, is_truncated
@@ -79,7 +80,7 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -
         "datpo_base_advantages": token_base.to(device),
         "datpo_diversity_bonus": token_bonus.to(device),
         # real rows of the generation batch on all processes, for the loss types that average over rows
-        "datpo_num_rows": torch.tensor(sum(row_counts), device=device),
+        NUM_ROWS: torch.tensor(sum(row_counts), device=device),
     }
 
     def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):
