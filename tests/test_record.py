@@ -66,7 +66,8 @@ def test_the_core_fills_this_processes_prompts_texts_and_loss_mask_from_trls_bat
     # tool_mask (SRPO's shared prefix) masks row 3's first token. A conversational completion's text is the
     # assistant turn's content.
     inputs = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+1?", "answer": "4"}]
-    output = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]), "tool_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])}
+    output = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+              "tool_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])}
     capture = RolloutCapture()
     capture.generated = (None, None, None, ["four", [{"role": "assistant", "content": "it is 4"}]])
     batch = _record()

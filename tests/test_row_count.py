@@ -82,8 +82,8 @@ def test_the_loss_of_built_rows_is_renormalized_to_the_generation_batch(loss_typ
     # 2 processes x 2 micro-batches per generation; this micro-batch: 3 rows, 5 loss tokens; the generation batch:
     # 10 real rows, 25 loss tokens. Row-averaging losses: 3 rows x 4 micro-batches / 10 rows = 1.2; bnpo: 5 tokens
     # x 4 / 25 = 0.8; dapo already divides by the generation batch's tokens (num_items_in_batch).
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2), args=SimpleNamespace(steps_per_generation=2),
-                              loss_type=loss_type)
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2),
+                              args=SimpleNamespace(steps_per_generation=2), loss_type=loss_type)
     inputs = {"completion_ids": torch.zeros(3, 4), "completion_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0],
                                                                                      [1, 1, 0, 0]]),
               NUM_ROWS: torch.tensor(10), "num_items_in_batch": torch.tensor(25)}

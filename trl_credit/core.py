@@ -40,8 +40,8 @@ from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.registry import register_part
-from trl_credit.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.rewards import completion_text
+from trl_credit.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.success import total_rewards
 from trl_credit.trainer_logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.trainer_setup import bind_success, speaker
@@ -155,12 +155,10 @@ class GroupOutcome(Credit):
     """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
     a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
 
-    Over TRL's groups it returns this process's rows (TRL computed them); over other groups every row of the record
-    (computed here from the global rewards), which the core cuts to this process's rows once, after the modifiers.
-
-    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
-    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
-    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.advantages`, with TRL's
+    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed (this process's rows), with
+    0 for every row of a group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups
+    (SRPO's sub-groups) they are every row of the record, which the core cuts to this process's rows once, after the
+    modifiers; they are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.advantages`, with TRL's
     ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
     out of every statistic, and TRL's completions table shows these advantages."""
 

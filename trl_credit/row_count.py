@@ -62,7 +62,8 @@ def split_rows(batch: dict, num_chunks: int, pad_to_multiple_of: int | None = No
         for key in _PROMPT_KEYS:
             chunk[key] = chunk[key][:, prompt_cols:]
         for key, value in chunk.items():
-            if key not in _PROMPT_KEYS and isinstance(value, torch.Tensor) and value.dim() == 2 and value.size(1) == width:
+            per_token = isinstance(value, torch.Tensor) and value.dim() == 2 and value.size(1) == width
+            if per_token and key not in _PROMPT_KEYS:
                 chunk[key] = value[:, :completion_cols]
         chunks.append(chunk)
     return chunks
