@@ -7,6 +7,7 @@ others keep r_l, and DATPO's block advantages are computed from r' (so shared bl
 
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -300,12 +301,11 @@ def test_one_step_trains_the_reweighted_block_advantages(rule, tiny_model_path, 
 
 
 def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
-    # The weights act on the leaves; apply() alone (a credit that never asked) must not pass silently.
-    class Batch:
-        extras = {"trees": object()}
-
-    with pytest.raises(RuntimeError, match="leaf outcomes"):
-        RarityWeights(partition_fn=length_partition).apply(None, Batch(), None, {}, torch.zeros(2))
+    # The weights act on the leaves; apply() alone on the blocks' credit (a credit that never asked) must not pass
+    # silently.
+    credit = SimpleNamespace(base=torch.zeros(2))
+    with pytest.raises(RuntimeError, match="leaf outcomes, but the rollout declared none"):
+        RarityWeights(partition_fn=length_partition).apply(None, SimpleNamespace(outcomes=None), None, {}, credit)
 
 
 def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():

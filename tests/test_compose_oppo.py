@@ -138,7 +138,7 @@ def _fake_trainer(tmp_path, texts, rewards):
     args = CreditConfig(output_dir=str(tmp_path), credit="oppo", modifiers=["cue"], cue_partition="callable",
                         cue_alpha=1.0, report_to="none", use_cpu=True)
     return SimpleNamespace(
-        args=args, accelerator=_Accelerator(), _rollout_capture=SimpleNamespace(generated=(None, None, None, texts)),
+        args=args, accelerator=_Accelerator(),
         reward_weights=torch.ones(rewards.size(1)), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
         model=SimpleNamespace(training=True), state=SimpleNamespace(global_step=0), reward_func_names=["verifier"],
         _success_index=0,
@@ -159,7 +159,8 @@ def test_rarity_weights_scale_the_positive_tokens_of_p_rows_hand_worked(tmp_path
     batch = RowBatch(rewards_per_func=rewards, group_ids=torch.tensor([0, 0, 0, 0, 1, 1, NO_GROUP]),
                      row_kinds=torch.full((7,), ROW_BASE), success=rewards[:, 0] >= 1.0,
                      scorable=torch.ones(7, dtype=torch.bool), num_local=7, process_index=0,
-                     sequence_signs=torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 0.0], dtype=torch.float64))
+                     sequence_signs=torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 0.0], dtype=torch.float64),
+                     completions=texts, loss_mask=torch.tensor([[1, 1, 0]] + [[1, 1, 1]] * 6))
     advantages = torch.tensor([[0.5, -0.2, 0.0], [0.4, 0.1, 0.3], [-0.1, 0.6, 0.2], [-0.5, -0.3, 0.2],
                                [0.3, -0.4, 0.7], [-0.3, 0.2, -0.1], [0.9, 0.9, 0.9]])
     output = {"completion_mask": torch.tensor([[1, 1, 0]] + [[1, 1, 1]] * 6)}

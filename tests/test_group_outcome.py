@@ -35,7 +35,10 @@ def record(rewards, group_ids, num_local, process_index):
 def run(trainer, batch, metric="srpo/nonfinite_reward_rate"):
     trainer._metrics["train"] = {metric: []}
     output = {"advantages": torch.zeros(batch.num_local)}
-    local = GroupOutcome(metric).advantages(trainer, batch, None, output)
+    advantages = GroupOutcome(metric).advantages(trainer, batch, None, output)
+    # over sub-groups the credit returns every row; the core cuts them to this process's rows once
+    assert advantages.size(0) == batch.num_rows
+    local = batch.local_rows(advantages)
     # the credit hands the table's values to the record; the core writes them into TRL's table once
     assert list(trainer._logs["advantages"]) == [9.0] * 8
     return local, batch.table_advantages, trainer._metrics["train"][metric]

@@ -5,6 +5,7 @@ trainer method."""
 import math
 
 import pytest
+import torch
 from trl import GRPOConfig
 
 import trl_credit
@@ -52,6 +53,12 @@ def test_on_credit_sees_each_generation_batch_once_with_the_record_and_its_advan
         assert step.advantages.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)
         assert step.output["advantages"] is step.advantages  # what TRL trains on
         assert step.output["completion_ids"].size(0) == 8
+        # What parts read lives in the record: this process's prompts, texts as TRL decoded them, the loss mask.
+        assert step.record.prompts == [x["prompt"] for x in step.inputs]
+        ids, mask = step.output["completion_ids"], step.output["completion_mask"]
+        decode = trainer.processing_class.decode
+        assert step.record.completions == [decode(ids[i][mask[i].bool()], skip_special_tokens=True) for i in range(8)]
+        assert torch.equal(step.record.loss_mask, mask)
 
 
 def test_a_preset_calls_an_added_callback_with_its_modifiers_advantages(tiny_model_path, tiny_dataset, tmp_path):

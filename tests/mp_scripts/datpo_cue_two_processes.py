@@ -21,6 +21,7 @@ from datasets import Dataset
 from trl_credit.config import CreditConfig
 from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
+from trl_credit.datpo.forest import TreeBatch
 from trl_credit.datpo.parts import BlockCredit, Trees
 from trl_credit.tasks.data import make_arithmetic_dataset
 
@@ -45,7 +46,7 @@ class RecordingBlocks(BlockCredit):
         self.trees = []
 
     def advantages(self, trainer, batch, inputs, output):
-        self.trees.append(batch.extras["trees"])
+        self.trees.append(batch.payload(TreeBatch))
         return super().advantages(trainer, batch, inputs, output)
 
 

@@ -3,30 +3,67 @@
 TRL builds a generation batch as rows of every process in process order, the same number per process; each process
 keeps its own slice. A :class:`RowBatch` describes every row of the *global* batch once: the reward matrix TRL
 computed, which (sub-)group's statistics the row shares, what kind of row it is, whether the verifier calls it
-correct and whether any reward function scored it. Rollouts build it (:func:`trl_groups` for GRPO's groups of
-``num_generations`` consecutive rows; SRPO's resets and DATPO's trees their own), credits and modifiers read it, and
-it alone does the three moves every method makes around TRL's batch: the cut of a global tensor to this process's
-rows (:meth:`RowBatch.local_rows`), the group lists (:meth:`RowBatch.groups`) and the advantages TRL's completions
-table shows (:meth:`RowBatch.log_advantages`).
+correct and whether any reward function scored it; for this process's rows, what parts read beside the rewards
+(the prompts, the completion texts, the loss mask). Rollouts build it (:func:`trl_groups` for GRPO's groups of
+``num_generations`` consecutive rows; SRPO's resets and DATPO's trees their own), the core fills what the rollout
+left unset from TRL's batch once (``core.fill_record``), credits and modifiers read it, and it alone does the moves
+every method makes around TRL's batch: the cut of a global tensor to this process's rows
+(:meth:`RowBatch.local_rows`), the group lists (:meth:`RowBatch.groups`) and the advantages TRL's completions table
+shows (:meth:`RowBatch.log_advantages`). What one rollout hands its own credit beyond the rows travels as a typed
+payload (:meth:`RowBatch.attach` / :meth:`RowBatch.payload`), one dataclass per kind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from trl_credit.core.success import unscorable_rows
 
-__all__ = ["ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "trl_groups"]
+__all__ = [
+    "ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "Outcomes", "MissingPayload",
+    "trl_groups",
+]
 
 # Row kinds. A base row is an iid rollout of the prompt (GRPO's rows, DATPO's trunks, SRPO's base group); a suffix
 # row continues a shared prefix (SRPO's reset groups); a fallback row fills a reset group that found no seed (zero
 # advantage, no loss); a branch row is a subtree's completion from a fork point (DATPO).
 ROW_BASE, ROW_SUFFIX, ROW_FALLBACK, ROW_BRANCH = 0, 1, 2, 3
 NO_GROUP = -1  # group id of a row that shares no group's statistics (fallback rows)
+
+P = TypeVar("P")
+
+
+class MissingPayload(LookupError):
+    """A part asked the record for a payload type no rollout attached (:meth:`RowBatch.payload`)."""
+
+
+@dataclasses.dataclass
+class Outcomes:
+    """The outcomes a credit aggregates, for a rollout whose credit values outcomes rather than rows (DATPO's trees:
+    the leaves, whose rewards the block Monte Carlo values average). The rollout builds them
+    (``Rollout.leaf_outcomes``) when a modifier acts at the outcome stage; the core hands them to every such
+    modifier (``Modifier.outcomes``) and keeps the result in the record (``RowBatch.outcomes``) for the credit. Global
+    (the same on every process) except ``local_texts``."""
+
+    groups: dict[int, list[int]]
+    """Group (the prompt's tree) -> its outcomes, in order."""
+    rewards: torch.Tensor
+    """(L,) float64: each outcome's reward as the credit uses it (NaN: unscorable); a modifier returns new ones."""
+    correct: torch.Tensor
+    """(L,) bool: the verifier (``success_reward`` >= ``success_threshold``) calls the outcome correct."""
+    in_loss: torch.Tensor
+    """(L,) bool: the outcome's own last tokens reach the loss (not truncated and masked)."""
+    local_texts: dict[int, tuple[str, object]]
+    """This process's outcomes: (the full completion text, the dataset prompt)."""
+    rows: list
+    """(L,): the id of the generated sequence (training row) each outcome ends."""
+    unit_rows: list
+    """One per unit of the credit's advantages (DATPO: per block): the id of the sequence it belongs to, so a
+    modifier can scale the units of an outcome's row (Cue-GRPO's ``cue_tree_credit="rows"``)."""
 
 
 @dataclasses.dataclass
@@ -62,8 +99,25 @@ class RowBatch:
     """(N,) (CPU): each row's sequence-level advantage for TRL's per-sequence decisions (``off_policy_mask_threshold``,
     VESPO) when the credit's advantages are per token (trl_credit/core/anchors.py); set by such a credit, written into
     TRL's batch by the core."""
-    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """What a rollout hands its credit beyond the rows (DATPO's trees)."""
+    prompts: list | None = None
+    """This process's rows: the prompt each completion was generated from (a rollout that rewrites TRL's prompts, as
+    SRPO's rollout template does, sets its own; the core fills the dataset's ``inputs[i]["prompt"]`` otherwise). Local
+    rows, like the texts: the core would otherwise gather every prompt and text every step although most steps need
+    none of them; a part that needs another process's rows gathers those (Cue-GRPO gathers P's texts)."""
+    completions: list[str] | None = None
+    """This process's rows: each completion's text as TRL decoded it (``rewards.completion_text`` of a conversational
+    completion), filled by the core from TRL's ``_generate``; None when TRL's ``_generate`` was not captured."""
+    loss_mask: torch.Tensor | None = None
+    """(B, T) this process's rows: the tokens TRL's loss trains, TRL's ``completion_mask`` after the rollout's prefix
+    masking (``tool_mask``: SRPO's shared prefixes, fallback rows); filled by the core from TRL's batch."""
+    block_ids: list | None = None
+    """Per training row of this process, each token's block (the credit heatmap draws its boundaries: DATPO's forks);
+    None: one block per row."""
+    outcomes: Outcomes | None = None
+    """The outcomes after the outcome-stage modifiers (:class:`Outcomes`), for the credit; None when no modifier acts
+    on outcomes or the rollout declares none."""
+    payloads: dict[type, Any] = dataclasses.field(default_factory=dict, repr=False)
+    """Typed payloads a rollout hands its credit beyond the rows (:meth:`attach`): payload type -> the payload."""
     table_advantages: list[float] | None = None
     """One value per row of TRL's completions table (each global row; DATPO: each base rollout) (``log_completions``), set by a part whose advantages
     differ from GRPO's (:meth:`log_advantages`); the core writes it into the table once, after every part ran.
@@ -83,6 +137,11 @@ class RowBatch:
         """A global tensor (rows first) or list, cut to this process's rows."""
         return values[self.local]
 
+    def is_global(self, values) -> bool:
+        """``values`` (rows first) hold every row of the record, not only this process's. With one process both are
+        the same rows, and the answer does not matter."""
+        return len(values) == self.num_rows
+
     def groups(self) -> dict[int, list[int]]:
         """Group id -> its global rows, in row order (rows of :data:`NO_GROUP` left out)."""
         members: dict[int, list[int]] = {}
@@ -90,6 +149,29 @@ class RowBatch:
             if group != NO_GROUP:
                 members.setdefault(group, []).append(row)
         return members
+
+    def attach(self, payload: Any) -> None:
+        """Hand ``payload`` (a dataclass instance: DATPO's ``TreeBatch``, SRPO's ``ResetRows``) to the parts that read
+        it by its type (:meth:`payload`). One payload per type."""
+        if isinstance(payload, type) or not dataclasses.is_dataclass(payload):
+            raise TypeError(f"RowBatch.attach: payload must be a dataclass instance, got {type(payload).__name__}")
+        if type(payload) in self.payloads:
+            raise ValueError(f"RowBatch.attach: a {type(payload).__name__} payload is already attached")
+        self.payloads[type(payload)] = payload
+
+    def payload(self, kind: type[P]) -> P:
+        """The payload of type ``kind`` a rollout attached; :class:`MissingPayload` naming the type when none was."""
+        try:
+            return self.payloads[kind]
+        except KeyError:
+            attached = ", ".join(sorted(t.__name__ for t in self.payloads)) or "none"
+            raise MissingPayload(
+                f"The batch record has no {getattr(kind, '__name__', kind)} payload (attached: {attached}): the "
+                "part reading it needs the rollout that attaches it."
+            ) from None
+
+    def has_payload(self, kind: type) -> bool:
+        return kind in self.payloads
 
     def log_advantages(self, values: Sequence[float]) -> None:
         """``values`` (one per global row) replace GRPO's advantages in TRL's completions table (``log_completions``).

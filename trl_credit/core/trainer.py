@@ -8,7 +8,13 @@ Every generation batch runs in one fixed order:
 2. **credit** (:class:`Credit`): the advantages over the record's groups (GRPO's group-normalized outcome, OPPO's
    value recursion, DATPO's block Monte Carlo);
 3. **modifiers** (:class:`Modifier`, in order): transforms of those advantages (Cue-GRPO's rarity weights);
-4. the rollout turns the batch and the advantages into the rows TRL trains on (:meth:`Rollout.training_batch`).
+4. the core writes TRL's batch once (:func:`training_batch`): the advantages, cut to this process's rows once, and
+   the sequence anchors; a rollout that builds its own rows (``Rollout.builds_rows``: DATPO's trees) turns the batch
+   and the advantages into the rows TRL trains on (:meth:`Rollout.training_batch`).
+
+Before the credit, on a rollout whose credit aggregates outcomes (``Rollout.outcomes``: DATPO's leaves), the core
+hands those outcomes to every modifier that acts at the outcome stage (``Modifier.acts_on_outcomes``: Cue-GRPO's
+rarity weights) and keeps the result in the record (``RowBatch.outcomes``) for the credit (:func:`outcome_stage`).
 
 The TRL hooks a part needs around generation, batching and the loss are middlewares: the core's override calls
 each part's hook in order (rollout, credit, modifiers), every hook receiving ``proceed``, the rest of the chain
@@ -29,18 +35,21 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
-from trl_credit.core.batch import NO_GROUP, RowBatch, trl_groups
+from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
 from trl_credit.core.generation import one_weight_push
 from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.core.registry import register_part
+from trl_credit.core.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.core.setup import bind_success, speaker
 from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
+from trl_credit.tasks.rewards import completion_text
 from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
+    "credit_step", "fill_record", "outcome_stage", "training_batch",
 ]
 
 
@@ -80,16 +89,29 @@ class Part:
 class Rollout(Part):
     """Which rows a generation batch holds."""
 
+    builds_rows = False
+    """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core
+    then has :meth:`training_batch` build them (marked with ``row_count.NUM_ROWS``, the same count on every process)
+    and owns their variable row count: it splits them into micro-batches without dropping a row
+    (``row_count.micro_batch``) and weighs every row the same in the loss (``row_count.renormalized_loss``);
+    otherwise the core writes the advantages into TRL's batch."""
+
     def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
         None as the record when no credit applies (the batch is trained as TRL built it)."""
         output = trainer._trl_generate_and_score_completions(inputs)
         return output, trl_groups(trainer, capture.rewards(speaker(trainer, self)), output["completion_ids"].size(0))
 
+    def outcomes(self, trainer, batch: RowBatch) -> Outcomes | None:
+        """The outcomes this rollout's credit aggregates (DATPO's leaves), asked by the core only when a modifier acts
+        at the outcome stage; None (the default): the credit values the rows themselves."""
+        return None
+
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages) -> dict:
-        """The rows TRL trains on, with the advantages (this process's rows) the credit and modifiers computed."""
-        output["advantages"] = advantages
-        return output
+        """With :attr:`builds_rows`: this process's rows TRL trains on, built from TRL's batch of the record's rows and
+        what the credit and the modifiers returned."""
+        raise NotImplementedError(f"{type(self).__name__} sets builds_rows but does not build the rows "
+                                  "(training_batch)")
 
 
 class Credit(Part):
@@ -107,6 +129,16 @@ class Credit(Part):
 class Modifier(Part):
     """A transform of the credit's advantages."""
 
+    acts_on_outcomes = False
+    """True for a modifier that also acts at the outcome stage: on a rollout that declares outcomes
+    (:meth:`Rollout.outcomes`), the core calls :meth:`leaf_outcomes` before the credit, which aggregates the outcomes
+    it returns (Cue-GRPO's rarity weights on DATPO's leaves); :meth:`apply` runs after the credit as for every
+    modifier."""
+
+    def leaf_outcomes(self, trainer, batch: RowBatch, outcomes: Outcomes):
+        """The outcomes' rewards (L,) after this modifier (``outcomes.rewards`` as the earlier modifiers left them)."""
+        raise NotImplementedError
+
     def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages):
         raise NotImplementedError
 
@@ -123,9 +155,10 @@ class GroupOutcome(Credit):
     """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
     a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
 
-    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, with 0 for every row of a
-    group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups (SRPO's sub-groups) they
-    are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.core.advantages`, with TRL's
+    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed (this process's rows), with
+    0 for every row of a group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups
+    (SRPO's sub-groups) they are every row of the record, which the core cuts to this process's rows once, after the
+    modifiers; they are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.core.advantages`, with TRL's
     ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
     out of every statistic, and TRL's completions table shows these advantages."""
 
@@ -152,7 +185,69 @@ class GroupOutcome(Credit):
             advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
-        return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
+        return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
+
+
+def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
+    """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
+    prompts (the dataset's), the completion texts (TRL's ``_generate``, as its reward functions saw them) and the
+    loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's prefix masking)."""
+    if batch.prompts is None:
+        batch.prompts = [x["prompt"] for x in inputs]
+    if batch.completions is None and capture.generated is not None:
+        # TRL's _generate returns (prompt_ids, completion_ids, tool_mask, completions, ...) (trl 1.14-1.16)
+        batch.completions = [completion_text(c) for c in capture.generated[3]]
+    if batch.loss_mask is None:
+        mask = output["completion_mask"]
+        batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
+
+
+def outcome_stage(trainer, batch: RowBatch) -> None:
+    """The outcome stage, before the credit: the rollout's outcomes (``Rollout.outcomes``) through every modifier that
+    acts on outcomes, in order, kept in ``batch.outcomes`` for the credit. Nothing when no modifier acts on outcomes
+    or the rollout declares none (``batch.outcomes`` stays None)."""
+    acting = [modifier for modifier in trainer.modifiers if modifier.acts_on_outcomes]
+    if not acting:
+        return
+    outcomes = trainer.rollout.outcomes(trainer, batch)
+    if outcomes is None:
+        return
+    for modifier in acting:
+        outcomes.rewards = modifier.leaf_outcomes(trainer, batch, outcomes)
+    batch.outcomes = outcomes
+
+
+def training_batch(trainer, batch: RowBatch, inputs, output: dict, advantages) -> tuple[dict, Any]:
+    """The one write of TRL's batch per generation batch: the sequence anchors (this process's rows) and the
+    advantages, cut from every row of the record to this process's rows here and only here (a credit or modifier
+    may return either: :meth:`RowBatch.is_global`); a rollout that builds its own rows (``builds_rows``) builds them
+    from TRL's batch and the advantages instead. Returns TRL's training batch and the advantages as written."""
+    trl_advantages = output["advantages"]
+    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
+        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
+            dtype=trl_advantages.dtype, device=trl_advantages.device)
+    if trainer.rollout.builds_rows:
+        return trainer.rollout.training_batch(trainer, batch, inputs, output, advantages), advantages
+    if batch.is_global(advantages):
+        advantages = batch.local_rows(advantages)
+    output["advantages"] = advantages
+    return output, advantages
+
+
+def credit_step(trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None, Any]:
+    """One generation batch through ``trainer``'s parts (module docstring): rollout, record filled, outcome stage,
+    credit, modifiers, TRL's batch written. Returns TRL's training batch, the record (None when the rollout left the
+    batch to TRL) and the advantages as the modifiers left them (this process's rows)."""
+    output, batch = trainer.rollout.generate_and_score(trainer, inputs, capture)
+    if batch is None:
+        return output, None, output["advantages"]
+    fill_record(batch, inputs, output, capture)
+    outcome_stage(trainer, batch)
+    advantages = trainer.credit.advantages(trainer, batch, inputs, output)
+    for modifier in trainer.modifiers:
+        advantages = modifier.apply(trainer, batch, inputs, output, advantages)
+    output, advantages = training_batch(trainer, batch, inputs, output, advantages)
+    return output, batch, advantages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,22 +353,11 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         # TRL's generation context calls renamed methods (hidden_library_deprecations).
         with one_weight_push(self):
             with self._capturing_rollouts() as capture, hidden_library_deprecations():
-                output, batch = self.rollout.generate_and_score(self, inputs, capture)
-                if batch is None:
-                    advantages = output["advantages"]
-                else:
-                    advantages = self.credit.advantages(self, batch, inputs, output)
-                    if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
-                        trl_advantages = output["advantages"]
-                        output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
-                            dtype=trl_advantages.dtype, device=trl_advantages.device)
-                    for modifier in self.modifiers:
-                        advantages = modifier.apply(self, batch, inputs, output, advantages)
-                    output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+                output, batch, advantages = credit_step(self, inputs, capture)
             if batch is not None:
                 if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
                     replace_logged_advantages(self, batch.table_advantages)
-                self._log_credit(output, block_ids=batch.extras.get("block_ids"))
+                self._log_credit(output, block_ids=batch.block_ids)
             if self._credit_callbacks:
                 step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
                 for callback in self._credit_callbacks:
@@ -305,7 +389,13 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return completion_ids, logprobs
 
     def _prepare_inputs(self, generation_batch):
-        return self._through_parts("prepare_inputs", super()._prepare_inputs)(generation_batch)
+        # Rows a rollout built (a count TRL's floor-dividing split would cut) are split here without dropping any;
+        # evaluation batches are TRL's.
+        if self.rollout.builds_rows and self.model.training:
+            split = functools.partial(micro_batch, self)
+        else:
+            split = super()._prepare_inputs
+        return self._through_parts("prepare_inputs", split)(generation_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = self._through_parts("micro_batch_loss", super().compute_loss)
@@ -314,7 +404,10 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     def _compute_loss(self, model, inputs):
         required_by = speaker(self, self.credit) if self.credit.sets_sequence_anchors else None
         with batch_sequence_anchors(inputs, required_by):
-            return self._through_parts("loss", super()._compute_loss)(model, inputs)
+            loss = self._through_parts("loss", super()._compute_loss)(model, inputs)
+        if self.model.training and NUM_ROWS in inputs:  # rows a rollout built: weighed against the generation batch
+            loss = renormalized_loss(self, loss, inputs)
+        return loss
 
     # Per-sequence decisions of TRL's loss (off_policy_mask_threshold, VESPO) with per-token advantages: a credit that
     # sets sequence anchors (OPPO's sign(A^seq), trl_credit/core/anchors.py) has them decided per sequence; otherwise TRL's.

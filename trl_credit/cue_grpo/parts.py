@@ -3,12 +3,12 @@ advantages of each group by rarity weights (docs/cue_grpo.md#positive-set).
 
 Glue only; the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and :mod:`.judge`. After the credit
 computed the advantages (GRPO's: TRL's group advantages), it gathers them (and the texts of the positive
-completions, from TRL's ``_generate`` in the rollout capture) across processes, computes each group's partition and
+completions, from the batch record) across processes, computes each group's partition and
 weights over the batch record's groups (:class:`~trl_credit.core.batch.RowBatch`), multiplies the positive advantages and
 returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
 
 With DATPO's trees (rollout ``trees``, credit ``blocks``) P and the weights come from the trees' leaf outcomes
-(:meth:`RarityWeights.leaf_outcomes`, asked by the block credit before its aggregation); ``cue_tree_credit`` decides
+(:meth:`RarityWeights.leaf_outcomes`, the outcome stage the core runs before the credit); ``cue_tree_credit`` decides
 where they act: on the positive block advantages of the rows of P's leaves (``"rows"``, Cue-GRPO's rule, in
 :meth:`RarityWeights.apply`), or on the leaf outcomes before the block Monte Carlo aggregation (``"leaves"``).
 """
@@ -63,6 +63,7 @@ class RarityWeights(Modifier):
     not SRPO's rollout template."""
 
     name = "cue"
+    acts_on_outcomes = True  # on DATPO's leaves (the core's outcome stage): leaf_outcomes
 
     def __init__(self, partition_fn: PartitionFn | None = None, judge_model=None, judge_tokenizer=None):
         self.partition_fn = partition_fn
@@ -70,7 +71,6 @@ class RarityWeights(Modifier):
         self.judge_model, self.judge_tokenizer = None, None
         self._judge_is_policy = False
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
-        self._leaves_weighted = False  # this batch's weights were computed from DATPO's leaf outcomes (leaf_outcomes)
         self._row_weights_on_trees: dict = {}  # cue_tree_credit="rows": rollout of a leaf of P -> its weight
         self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
@@ -122,36 +122,36 @@ class RarityWeights(Modifier):
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
         the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
-        (``batch.extras["trees"]``, ``advantages`` a :class:`~trl_credit.datpo.forest.ForestCredit`): with
+        (``advantages`` a :class:`~trl_credit.datpo.forest.ForestCredit`, ``batch.outcomes`` the leaves the core
+        handed :meth:`leaf_outcomes`): with
         ``cue_tree_credit="rows"`` the positive block advantages of the rows of P's leaves are multiplied by their
         weights (:func:`~.positive.reweighted_rows`); with ``"leaves"`` a pass-through, the weights were applied to
-        the leaf outcomes (:meth:`leaf_outcomes`)."""
-        if "trees" in batch.extras:
-            # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, asked by the BlockCredit
-            # credit before its aggregation).
-            if not self._leaves_weighted:
+        the leaf outcomes (:meth:`leaf_outcomes`).
+
+        Sequence advantages may hold every row of the record (a credit over sub-groups computes them globally) or
+        this process's rows (TRL's); the result keeps the layout it got, and the core cuts it once."""
+        if batch.outcomes is not None or not torch.is_tensor(advantages):
+            # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, the core's outcome stage).
+            if batch.outcomes is None:
                 raise RuntimeError(
                     f"{speaker(trainer, self)}: Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf "
-                    "outcomes, but the credit did not ask for them (RarityWeights.leaf_outcomes): use credit='blocks' "
-                    "(BlockCredit) with rollout='trees'."
+                    "outcomes, but the rollout declared none (Rollout.outcomes) and the core did not call "
+                    "RarityWeights.leaf_outcomes: use rollout='trees' with credit='blocks'."
                 )
-            self._leaves_weighted = False
             row_weights, self._row_weights_on_trees = self._row_weights_on_trees, {}
             if trainer.args.cue_tree_credit == "rows":
                 # The diversity bonus's gate was read from DATPO's A_base; w > 0 keeps every sign, so it holds.
-                rows = [block.rollout for block in batch.extras["trees"].forest.blocks]
-                advantages.base = reweighted_rows(advantages.base, rows, row_weights)
+                advantages.base = reweighted_rows(advantages.base, batch.outcomes.unit_rows, row_weights)
             return advantages
         start = time.perf_counter()
-        rollouts = bridge.rollout_capture(trainer)
-        if rollouts is None or rollouts.generated is None:
-            raise RuntimeError(f"{speaker(trainer, self)}: the completions were not captured (did a subclass bypass "
-                               "_generate?)")
+        if batch.completions is None:
+            raise RuntimeError(f"{speaker(trainer, self)}: the batch record holds no completion texts (TRL's "
+                               "_generate was not captured: did a subclass bypass it?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        in_loss = trainer.accelerator.gather((mask.sum(dim=1) > 0).long()).bool().cpu()
+        in_loss = trainer.accelerator.gather((batch.loss_mask.sum(dim=1) > 0).long()).bool().cpu()
+        whole = batch.is_global(advantages)  # every row already (a credit over sub-groups): nothing to gather
         if advantages.dim() == 1:
-            sequence = trainer.accelerator.gather(advantages.detach()).double().cpu()
+            sequence = (advantages if whole else trainer.accelerator.gather(advantages)).detach().double().cpu()
         elif batch.sequence_signs is not None:
             sequence = batch.sequence_signs.double().cpu()
         else:
@@ -162,7 +162,7 @@ class RarityWeights(Modifier):
             raise RuntimeError(f"{speaker(trainer, self)}: {sequence.numel()} advantages for a batch record of "
                                f"{batch.num_rows} rows")
         weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
-        local_weights = batch.local_rows(weights).to(advantages.device)
+        local_weights = (weights if whole else batch.local_rows(weights)).to(advantages.device)
         if advantages.dim() == 1:
             batch.log_advantages((sequence * weights).tolist())  # TRL's table shows GRPO's
             result = (advantages.double() * local_weights).to(advantages.dtype)
@@ -180,13 +180,13 @@ class RarityWeights(Modifier):
         varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
         # Unscorable rows are never correct (success_rows), so they never enter P.
         positives, excluded = positive_sets(advantages, batch.success, in_loss, varied, groups)
-        texts = self._captured_texts(trainer, inputs, batch.local.start)
+        texts = self._captured_texts(batch, inputs)
         return self._rarity_weights(trainer, positives, excluded, groups, texts, batch.num_rows)
 
     def leaf_outcomes(self, trainer, batch: RowBatch, leaves) -> torch.Tensor:
         """DATPO's trees (docs/composition.md): rarity weights on the leaf outcomes, before the block Monte Carlo
-        aggregation (:class:`~trl_credit.datpo.parts.BlockCredit` calls this with the
-        :class:`~trl_credit.datpo.forest.LeafOutcomes` of the forest and aggregates what it returns).
+        aggregation (the core's outcome stage calls this with the :class:`~trl_credit.datpo.forest.LeafOutcomes` of
+        the forest, and :class:`~trl_credit.datpo.parts.BlockCredit` aggregates what it returns).
 
         Within each tree (the prompt's group), the leaves are the base rollouts and the branches (each a full
         completion: prefix + branch), with their leaf rewards r_l. P = the leaves that are correct (the verifier),
@@ -202,11 +202,9 @@ class RarityWeights(Modifier):
         positives, excluded = positive_sets(advantages, leaves.correct, leaves.in_loss, varied, leaves.groups)
         weights = self._rarity_weights(trainer, positives, excluded, leaves.groups, leaves.local_texts,
                                        len(leaves.rewards))
-        self._leaves_weighted = True  # apply() then acts on (or passes through) the block credit
         if trainer.args.cue_tree_credit == "rows":
-            blocks = batch.extras["trees"].forest.blocks
             self._row_weights_on_trees = {
-                blocks[b].rollout: float(w) for b, w in zip(leaves.blocks, weights.tolist()) if w != 1.0
+                row: float(w) for row, w in zip(leaves.rows, weights.tolist()) if w != 1.0
             }
             rewards = leaves.rewards
         else:
@@ -305,11 +303,11 @@ class RarityWeights(Modifier):
         )
 
     @staticmethod
-    def _captured_texts(trainer, inputs, offset: int) -> dict[int, tuple[str, object]]:
-        """Global row -> (completion text, prompt) of this process's rows, from TRL's ``_generate`` (trl 1.16.0:
-        (prompt_ids, completion_ids, tool_mask, completions, ...)) in the rollout capture."""
-        completions = bridge.rollout_capture(trainer).generated[3]
-        return {offset + i: (completion_text(c), _prompt_of(inputs[i])) for i, c in enumerate(completions)}
+    def _captured_texts(batch: RowBatch, inputs) -> dict[int, tuple[str, object]]:
+        """Global row -> (completion text, prompt) of this process's rows: the record's texts, and the dataset's
+        prompt (the judge's problem, not a rollout template's)."""
+        offset = batch.local.start
+        return {offset + i: (text, _prompt_of(inputs[i])) for i, text in enumerate(batch.completions)}
 
     def _partitions(self, trainer, positives, groups, local_texts):
         """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton

@@ -188,4 +188,6 @@ def tree_leaves(trainer, trees: TreeBatch) -> LeafOutcomes:
         correct=torch.tensor(correct, dtype=torch.bool),
         in_loss=torch.tensor(in_loss, dtype=torch.bool),
         local_texts={leaf: (text, trees.prompts[row]) for leaf, text, row in zip(local, texts, rows)},
+        rows=[forest.blocks[b].rollout for b in blocks],
+        unit_rows=[block.rollout for block in forest.blocks],
     )

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from trl_credit.core.batch import Outcomes
 from .tree import ROOT, block_advantages, node_values
 
 __all__ = [
@@ -162,18 +163,13 @@ class ForestCredit:
 
 
 @dataclasses.dataclass
-class LeafOutcomes:
+class LeafOutcomes(Outcomes):
     """The leaves of every tree of a generation batch as outcomes, for the modifiers that re-weight them before the
-    block Monte Carlo aggregation (``leaf_outcomes`` hook, asked by :class:`~trl_credit.datpo.parts.BlockCredit`).
+    block Monte Carlo aggregation (the core's outcome stage: ``Trees.outcomes``, ``Modifier.leaf_outcomes``).
     Leaf ``l`` is the terminal block ``blocks[l]`` of the forest: a base rollout, or a branch whose completion is the
     full response (prefix + branch). Global (the same on every process) except ``local_texts``."""
 
-    blocks: list[int]  # the forest block of each leaf
-    groups: dict[int, list[int]]  # tree (the prompt's group) -> its leaves, in block order
-    rewards: torch.Tensor  # (L,) float64: the leaf rewards r as DATPO uses them (NaN: unscorable)
-    correct: torch.Tensor  # (L,) bool: the verifier (success_reward >= success_threshold)
-    in_loss: torch.Tensor  # (L,) bool: the leaf's own last block reaches the loss (not truncated and masked)
-    local_texts: dict[int, tuple[str, object]]  # this process's leaves: (full completion text, the dataset prompt)
+    blocks: list[int]  # the forest block of each leaf (rows: its block's rollout; unit_rows: every block's)
 
 
 def build_forest(skeletons: Skeletons, budgets, base_rewards, branch_rewards, num_generations: int) -> Forest:

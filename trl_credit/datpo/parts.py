@@ -22,13 +22,13 @@ Each training generation batch:
    (advantage per token = its block's) and one per branch (prompt = prompt + prefix, completion = branch), so no
    token is trained twice. Advantages are (B, T), which TRL's ``_compute_loss`` takes as they are.
 
-Around TRL's batching and loss (the row count varies with the trees): :meth:`Trees.prepare_inputs` splits the rows
-into ``steps_per_generation`` micro-batches without dropping any (TRL's split floor-divides);
-``num_items_in_batch`` counts the loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default)
-averages over every token of the generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most
-``rows_per_forward`` rows; :meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer
-step being trained; :meth:`Trees.loss` renormalizes the row-averaging loss types (and ``bnpo``) to the whole
-generation batch, so micro-batch sizes, filler rows and the number of processes do not change any row's weight.
+Around TRL's batching and loss (the row count varies with the trees; ``Trees.builds_rows``): the core splits the
+rows into ``steps_per_generation`` micro-batches without dropping any (TRL's split floor-divides) and renormalizes
+the row-averaging loss types (and ``bnpo``) to the whole generation batch, so micro-batch sizes, filler rows and the
+number of processes do not change any row's weight (trl_credit/core/row_count.py); ``num_items_in_batch`` counts the
+loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default) averages over every token of the
+generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most ``rows_per_forward`` rows;
+:meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer step being trained.
 
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
@@ -44,25 +44,25 @@ import random
 import torch
 
 from trl_credit.trl_bridge import privates as bridge
-from trl_credit.trl_bridge.compat import shuffle_sequence_dict
 
 from trl_credit.core.batch import RowBatch, trl_groups
 from trl_credit.core.collectives import gather_counts, gather_rows, local_rows
 from trl_credit.core.logs import log_metric, nonfinite_reward_groups, warn_once
 from trl_credit.core.registry import only, register_part
+from trl_credit.core.row_count import NUM_ROWS, split_rows
 from trl_credit.core.scoring import pad_rows, score_completions
 from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
 from trl_credit.core.success import unscorable_rows
 from trl_credit.core.trainer import Credit, Rollout
 from trl_credit.generation.hooks import GenerationRecorder
-from .batching import sort_rows_by_length, split_rows
+from .batching import sort_rows_by_length
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
 from .config import DATPOConfig, DATPOFields
 from .credit import block_credit, tree_leaves
 from .diversity import annealed_alpha
 from .embedding import BlockEmbedder
-from .forest import ForestCredit, Skeletons, TreeBatch, build_forest
+from .forest import ForestCredit, LeafOutcomes, Skeletons, TreeBatch, build_forest
 from .forks import select_forks, sentence_spans, token_char_offsets
 from .rows import training_rows
 from .tree import leaf_rewards
@@ -70,11 +70,6 @@ from .tree_metrics import log_fork_coverage, log_tree_metrics
 
 __all__ = ["Trees", "BlockCredit", "diversity_alpha"]
 
-
-# Loss types whose TRL loss is a mean over the rows of the micro-batch (dr_grpo: over rows × max_completion_length).
-_ROW_AVERAGED_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")
-# Marks a micro-batch of DATPO's training rows (every process's real row count, for the renormalized loss).
-_NUM_ROWS = "datpo_num_rows"
 
 
 def diversity_alpha(trainer) -> float:
@@ -111,11 +106,12 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
 class Trees(Rollout):
     """DATPO's difficulty-adaptive tree rollouts (module docstring). Training only: evaluation stays GRPO on the
     base rollouts. The record (:class:`~trl_credit.core.batch.RowBatch`) holds TRL's base rows (``trl_groups``: the group
-    of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` under ``extras["trees"]``: the rows TRL
+    of a row is its prompt's tree), with the :class:`~.forest.TreeBatch` attached as a payload: the rows TRL
     trains on (branches, fillers, the masks of truncated rows and their old/ref log-probs) depend on the credit, so
     they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
 
     name = "trees"
+    builds_rows = True  # a row per base rollout and per branch (training_batch), more rows than TRL generated
 
     def __init__(self):
         self.phase1 = False  # True while TRL generates the base rollouts of a training batch
@@ -174,13 +170,18 @@ class Trees(Rollout):
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
         batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
-        batch.extras["trees"] = trees
+        batch.attach(trees)
         return base, batch
+
+    def outcomes(self, trainer, batch: RowBatch) -> LeafOutcomes:
+        """The trees' leaves as outcomes (:func:`.credit.tree_leaves`), for the core's outcome stage: the modifiers that
+        act on outcomes re-weight them before :class:`BlockCredit` aggregates them."""
+        return tree_leaves(trainer, batch.payload(TreeBatch))
 
     def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
         :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
-        trees: TreeBatch = batch.extras["trees"]
+        trees = batch.payload(TreeBatch)
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
         batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
@@ -189,7 +190,7 @@ class Trees(Rollout):
         # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
         # one block.
         width = rows["completion_ids"].size(1)
-        batch.extras["block_ids"] = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
+        batch.block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
         return rows
 
     def grow(self, trainer, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
@@ -320,29 +321,17 @@ class Trees(Rollout):
         )
         trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
 
-    # ------------------------------------------------------------------ batching and loss
-    def prepare_inputs(self, trainer, proceed, generation_batch):
-        # Follows GRPOTrainer._prepare_inputs (trl 1.16.0), with the split replaced: the row count varies with the
-        # trees, and TRL's split_tensor_dict floor-divides it and drops the remainder. So in training TRL's method
-        # (and the hooks of the parts after this one) is not called.
-        if not trainer.model.training:
-            return proceed(generation_batch)
-        steps = trainer.args.steps_per_generation
-        step = bridge.optimizer_step(trainer)
-        if step % (steps * trainer.num_iterations) == 0 or bridge.buffered_inputs(trainer) is None:
-            batch = shuffle_sequence_dict(bridge.generate_and_score(trainer, generation_batch))
-            bridge.set_buffered_inputs(trainer, split_rows(batch, steps, trainer.pad_to_multiple_of))
-        return bridge.buffered_inputs(trainer)[bridge.optimizer_step(trainer) % steps]
-
+    # ------------------------------------------------------------------ loss (the split and the renormalization of the
+    # variable row count are the core's: trl_credit/core/row_count.py)
     def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
         ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
         can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
         returned loss (which the Trainer back-propagates) carries the others' values for logging. Each piece's loss
-        is normalized against the whole generation batch (:meth:`loss`), so the pieces add up to exactly the loss of
+        is normalized against the whole generation batch (the core's ``row_count.renormalized_loss``), so the pieces add up to exactly the loss of
         the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
         the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
-        if return_outputs or not trainer.model.training or _NUM_ROWS not in inputs:
+        if return_outputs or not trainer.model.training or NUM_ROWS not in inputs:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         num_rows = inputs["completion_ids"].size(0)
         cap = trainer.args.rows_per_forward or trainer.args.per_device_train_batch_size
@@ -369,39 +358,23 @@ class Trees(Rollout):
             earlier = earlier + loss.detach()
         return proceed(model, pieces[-1], return_outputs, num_items_in_batch) + earlier
 
-    def loss(self, trainer, proceed, model, inputs):
-        loss = proceed(model, inputs)
-        if not trainer.model.training or _NUM_ROWS not in inputs:
-            return loss
-        # TRL's row-averaging loss types divide by the rows (bnpo: the tokens) of the micro-batch. DATPO's
-        # micro-batches differ in size and hold empty filler rows (row counts are evened out across processes), so
-        # that would weight a row by the size of the micro-batch it landed in. Renormalize to the whole generation
-        # batch instead, the way dapo's `num_items_in_batch` does: every row (token, for bnpo) then weighs the same
-        # whatever the split, the number of processes or the fillers, and equal micro-batches give TRL's value.
-        per_generation = trainer.accelerator.num_processes * trainer.args.steps_per_generation
-        if trainer.loss_type in _ROW_AVERAGED_LOSSES:
-            rows = inputs["completion_ids"].size(0)
-            loss = loss * (rows * per_generation / inputs[_NUM_ROWS].clamp(min=1))
-        elif trainer.loss_type == "bnpo":
-            tokens = inputs["completion_mask"].sum().clamp(min=1)
-            loss = loss * (tokens * per_generation / inputs["num_items_in_batch"].clamp(min=1))
-        return loss
 
 
 @register_part("credit", "blocks", help="DATPO's block Monte Carlo advantages",
                accepts={"rollout": only("trees", why="block advantages are defined on DATPO's trees only")})
 class BlockCredit(Credit):
     """DATPO's credit (docs/datpo.md#block-advantages): per block of the trees of a :class:`Trees` rollout
-    (``batch.extras["trees"]``), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus
+    (the record's :class:`~.forest.TreeBatch` payload), A_base (Eq. 3, the tree's Monte Carlo values) and the gated sibling-diversity bonus
     (Eq. 4, 8; ``use_diversity``, with ``embedder``, a sentence-transformers model or anything with
     ``encode(texts, batch_size=, convert_to_tensor=)``; ``args.embedding_model`` is loaded when None).
 
     :meth:`advantages` returns a :class:`~.forest.ForestCredit` (per block), not a tensor of the rows: the rows are
     built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
-    receives that object. A modifier acts on the trees through its ``leaf_outcomes(trainer, batch, leaves) ->
-    rewards`` method instead, which this credit calls before the aggregation (:meth:`leaf_outcomes_of_modifiers`):
-    it reads (and may re-weight) the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo
-    values average (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then
+    receives that object. A modifier acts on the trees at the outcome stage instead (``Modifier.acts_on_outcomes``:
+    the core hands it the leaf outcomes :meth:`Trees.outcomes` builds, :class:`~.forest.LeafOutcomes`, before this
+    credit runs), reading (and possibly re-weighting) the outcomes the blocks' Monte Carlo values average
+    (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); this credit aggregates the record's
+    ``outcomes`` (:meth:`outcome_rewards`); the modifier's ``apply`` then
     gets this credit's :class:`~.forest.ForestCredit` (Cue-GRPO's rule scales its rows' positive blocks there). The bonus is part of the credit, not a modifier: it is gated by each block's A_base
     and kept apart from it down to the loss, where :meth:`loss` applies α of the optimizer step being trained (the
     schedule runs over optimizer steps, also when a generation batch serves several of them)."""
@@ -438,10 +411,8 @@ class BlockCredit(Credit):
             )
 
     def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
-        trees = batch.extras.get("trees")
-        if not isinstance(trees, TreeBatch):
-            raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
-        rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
+        trees = batch.payload(TreeBatch)  # MissingPayload names it: this credit needs the `Trees` rollout
+        rewards = None if batch.outcomes is None else self.outcome_rewards(trees, batch.outcomes)
         return block_credit(trainer, trees, diversity_alpha(trainer), self.block_embedder(trainer), rewards)
 
     def block_embedder(self, trainer) -> BlockEmbedder | None:
@@ -455,16 +426,9 @@ class BlockCredit(Credit):
         return self._block_embedder
 
     @staticmethod
-    def leaf_outcomes_of_modifiers(trainer, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
-        """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), after every
-        modifier that re-weights leaves (a ``leaf_outcomes(trainer, batch, leaves) -> rewards`` method: Cue-GRPO's
-        rarity weights) did, in order; None when no modifier does (the leaf rewards as they are)."""
-        modifiers = [m for m in getattr(trainer, "modifiers", ()) if hasattr(m, "leaf_outcomes")]
-        if not modifiers:
-            return None
-        leaves = tree_leaves(trainer, trees)
-        for modifier in modifiers:
-            leaves.rewards = modifier.leaf_outcomes(trainer, batch, leaves)
+    def outcome_rewards(trees: TreeBatch, leaves) -> list[float | None]:
+        """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), as the
+        outcome-stage modifiers left them (``leaves``: the record's :class:`~.forest.LeafOutcomes`)."""
         rewards = trees.forest.rewards()
         for leaf, b in enumerate(leaves.blocks):
             rewards[b] = float(leaves.rewards[leaf])

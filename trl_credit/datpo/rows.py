@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from trl_credit.core.collectives import fill_rows, gather_counts
+from trl_credit.core.row_count import NUM_ROWS
 from trl_credit.core.scoring import pad_rows, score_completions
 from trl_credit.trl_bridge import privates as bridge
 from trl_credit.trl_bridge.compat import use_adapter
@@ -79,7 +80,7 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -
         "datpo_base_advantages": token_base.to(device),
         "datpo_diversity_bonus": token_bonus.to(device),
         # real rows of the generation batch on all processes, for the loss types that average over rows
-        "datpo_num_rows": torch.tensor(sum(row_counts), device=device),
+        NUM_ROWS: torch.tensor(sum(row_counts), device=device),
     }
 
     def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):

@@ -331,14 +331,14 @@ class ValueRecursion(Credit):
         seq_advantages = batch.local_rows(anchor_signs).masked_fill(~row_in_group, 0.0).to(output["advantages"].dtype)
         # Tokens that carry OPPO credit: the completion's tokens of scorable rows in a group. Other rows keep TRL's
         # loss mask but get advantage 0 and stay out of the group's token moments. The recursion runs over the whole
-        # completion (the oracle scores all of it), but TRL trains only the tokens of its `tool_mask` (SRPO: not a
-        # suffix row's shared prefix), so the group moments are taken over those: Ã is normalized where it is trained.
+        # completion (the oracle scores all of it), but TRL trains only the tokens of the record's loss mask (SRPO: not
+        # a suffix row's shared prefix), so the group moments are taken over those: Ã is normalized where it is trained.
         credit_mask = completion_mask * row_credited.unsqueeze(1).to(completion_mask.dtype)
-        trained_mask = credit_mask * output["tool_mask"] if "tool_mask" in output else credit_mask
+        trained_mask = batch.loss_mask * row_credited.unsqueeze(1).to(batch.loss_mask.dtype)
 
         # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs),
         # from the prompts the completions were generated from (a rollout that rewrites them says so in the record).
-        prompts = batch.extras.get("prompts") or [x["prompt"] for x in inputs]
+        prompts = batch.prompts
         if len(prompts) != len(inputs):
             raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for "
                                f"{len(inputs)} rows.")

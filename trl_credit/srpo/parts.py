@@ -21,6 +21,7 @@ vLLM / DeepSpeed / PEFT handling - is TRL's):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import defaultdict
@@ -47,7 +48,16 @@ from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
 from trl_credit.trl_bridge import privates as bridge
 
-__all__ = ["Resets"]
+__all__ = ["Resets", "ResetRows"]
+
+
+@dataclasses.dataclass
+class ResetRows:
+    """SRPO's payload on the record of a training batch (``RowBatch.payload(ResetRows)``)."""
+
+    prefix_clean: torch.Tensor
+    """(N,) long (CPU), every row: a suffix row's reset prefix is clean (1) or erroneous (0) by the step checker;
+    -1 when unknown (no checker) and on every other row."""
 
 
 @register_part("rollout", "resets", help="SRPO/RRPO's reset-and-resample groups", fields=SRPOFields,
@@ -62,9 +72,9 @@ class Resets(Rollout):
     in no group: zero advantage, zero loss mask).
 
     ``step_checker``: a callable ``(question, thoughts) -> int | None`` or a named checker, overriding
-    ``SRPOConfig.step_checker`` (srpo/localization.py). The record's ``extras["prefix_clean"]`` says, per row, whether
-    a suffix row's reset prefix is clean (1), erroneous (0) or unknown (-1; every other row); its
-    ``extras["prompts"]``, this process's rows' prompts as generated from (wrapped in the rollout template)."""
+    ``SRPOConfig.step_checker`` (srpo/localization.py). The record's :class:`ResetRows` payload says, per row, whether
+    a suffix row's reset prefix is clean (1), erroneous (0) or unknown (-1; every other row); its ``prompts`` are
+    this process's rows' prompts as generated from (wrapped in the rollout template)."""
 
     name = "resets"
 
@@ -133,7 +143,7 @@ class Resets(Rollout):
         prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
         if self._row_kinds is None:  # evaluation: TRL's iid groups
             batch = trl_groups(trainer, rewards_per_func, output["completion_ids"].size(0))
-            batch.extras["prompts"] = prompts
+            batch.prompts = prompts
             return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
         local = torch.tensor(list(zip(self._row_kinds, self._row_clean, self._prefix_lengths)), dtype=torch.long,
@@ -156,8 +166,9 @@ class Resets(Rollout):
             num_local=len(self._row_kinds),
             process_index=trainer.accelerator.process_index,
             prefix_lengths=prefix_lengths,
-            extras={"prefix_clean": clean, "prompts": prompts},
+            prompts=prompts,
         )
+        batch.attach(ResetRows(prefix_clean=clean))
         self._log_pass_rates(trainer, batch)
         return output, batch
 
@@ -169,7 +180,7 @@ class Resets(Rollout):
             log_metric(trainer, "srpo/correction_rate", batch.success[suffix_rows].float().mean().item())
         if self.step_checker is not None:
             for flag, name in ((1, "clean"), (0, "erroneous")):
-                rows = suffix_rows & (batch.extras["prefix_clean"] == flag)
+                rows = suffix_rows & (batch.payload(ResetRows).prefix_clean == flag)
                 if rows.any():
                     log_metric(trainer, f"srpo/correction_rate_{name}_prefix", batch.success[rows].float().mean().item())
         base_rows = (batch.row_kinds == ROW_BASE) & batch.scorable
