@@ -7,6 +7,7 @@ others keep r_l, and DATPO's block advantages are computed from r' (so shared bl
 
 import math
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -305,7 +306,8 @@ def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
         extras = {"trees": object()}
 
     with pytest.raises(RuntimeError, match="leaf outcomes"):
-        RarityWeights(partition_fn=length_partition).apply(None, Batch(), None, {}, torch.zeros(2))
+        RarityWeights(partition_fn=length_partition).apply(SimpleNamespace(trainer=None), Batch(), None, {},
+                                                           torch.zeros(2))
 
 
 def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():

@@ -167,7 +167,7 @@ def test_rarity_weights_scale_the_positive_tokens_of_p_rows_hand_worked(tmp_path
     trainer = _fake_trainer(tmp_path, texts, rewards)
     modifier.setup(trainer)
     inputs = [{"prompt": "p"}] * 7
-    result = modifier.apply(trainer, batch, inputs, output, advantages)
+    result = modifier.apply(SimpleNamespace(trainer=trainer), batch, inputs, output, advantages)  # not yet ported
     # CR with α = 1 over P = {0, 1, 2}, clusters {0, 1} and {2}: |C|^-1 = 1/2, 1/2, 1, mean 2/3 -> 3/4, 3/4, 3/2;
     # inside [0.3, 3]; floor shift τ - min = 1.05 - 3/4 = 0.3 -> 1.05, 1.05, 1.8. P = {4}: one cluster, 1 -> 1.05.
     expected = torch.tensor([[0.5 * 1.05, -0.2, 0.0], [0.4 * 1.05, 0.1 * 1.05, 0.3 * 1.05], [-0.1, 0.6 * 1.8, 0.2 * 1.8],

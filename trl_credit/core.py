@@ -30,6 +30,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_credit.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.batch import NO_GROUP, RowBatch, trl_groups
+from trl_credit.context import BatchContext, hook_context
 from trl_credit.generation import one_weight_push
 from trl_credit.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.model_card import MethodModelCardMixin
@@ -50,22 +51,23 @@ class Part:
     name = "part"
 
     def setup(self, trainer) -> None:
-        """After ``GRPOTrainer.__init__``: check the trainer's settings, load helper models."""
+        """After ``GRPOTrainer.__init__``: check the trainer's settings, load helper models. The one hook that gets the
+        trainer; every other gets a :class:`~trl_credit.context.BatchContext` (docs/design.md#the-batch-context)."""
 
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """Around TRL's ``_generate_single_turn`` (e.g. to record what HF ``generate`` computes on the way)."""
         return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
-    def prepare_inputs(self, trainer, proceed, generation_batch):
+    def prepare_inputs(self, ctx, proceed, generation_batch):
         """Around TRL's ``_prepare_inputs`` (the split of a generation batch into micro-batches)."""
         return proceed(generation_batch)
 
-    def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def micro_batch_loss(self, ctx, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Around the Trainer's ``compute_loss`` of one micro-batch."""
         return proceed(model, inputs, return_outputs, num_items_in_batch)
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
         """Around TRL's ``_compute_loss`` (the advantages and masks reaching TRL's loss math)."""
         return proceed(model, inputs)
 
@@ -80,13 +82,13 @@ class Part:
 class Rollout(Part):
     """Which rows a generation batch holds."""
 
-    def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx: BatchContext, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
         None as the record when no credit applies (the batch is trained as TRL built it)."""
-        output = trainer._trl_generate_and_score_completions(inputs)
-        return output, trl_groups(trainer, capture.rewards(speaker(trainer, self)), output["completion_ids"].size(0))
+        output = ctx.trl_batch(inputs)
+        return output, trl_groups(ctx, capture.rewards(ctx.speaker(self)), output["completion_ids"].size(0))
 
-    def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages) -> dict:
+    def training_batch(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages) -> dict:
         """The rows TRL trains on, with the advantages (this process's rows) the credit and modifiers computed."""
         output["advantages"] = advantages
         return output
@@ -100,14 +102,14 @@ class Credit(Part):
     """True for a credit whose (B, T) advantages carry ``batch.sequence_anchors``: TRL's per-sequence decisions are
     then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/anchors.py)."""
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         raise NotImplementedError
 
 
 class Modifier(Part):
     """A transform of the credit's advantages."""
 
-    def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages):
+    def apply(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages):
         raise NotImplementedError
 
 
@@ -135,21 +137,21 @@ class GroupOutcome(Credit):
         self.nonfinite_metric = nonfinite_metric
         self.speaks_as = speaks_as  # the part whose computation this is (OPPO's credit uses one), for messages
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         if batch.group_size is not None:
-            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
+            return zero_nonfinite_groups(ctx, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
                                          part=self.speaks_as or self)
         rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
         grouped = group_ids != NO_GROUP
-        nonfinite_reward_groups(trainer, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
+        nonfinite_reward_groups(ctx, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
                                 self.nonfinite_metric, part=self.speaks_as or self)
-        if trainer.multi_objective_aggregation == "normalize_then_sum":
+        if ctx.multi_objective_aggregation == "normalize_then_sum":
             # Each reward function z-scored within each group, weighted sum, one batch-wide rescale (TRL's GDPO).
-            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, trainer.reward_weights,
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, ctx.reward_weights,
                                                        valid=grouped)
         else:
-            rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # NaN when unscorable
-            advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
+            rewards = total_rewards(rewards_per_func, ctx.reward_weights)  # NaN when unscorable
+            advantages = grouped_advantages(rewards, group_ids, scale=ctx.scale_rewards, valid=grouped)
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
         return batch.local_rows(advantages.to(trl_advantages.device)).to(trl_advantages.dtype)
@@ -171,6 +173,8 @@ class CreditStep:
     """This process's advantages, ``(B,)`` or ``(B, T)``, as the credit and the modifiers left them."""
     output: dict
     """TRL's training batch as the loss receives it (``completion_ids``, ``completion_mask``, ``advantages``, ...)."""
+    context: BatchContext | None = None
+    """The :class:`~trl_credit.context.BatchContext` the parts got for this batch (args, mode, step, metrics, ...)."""
 
 
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -223,16 +227,19 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return [self.rollout, self.credit, *self.modifiers]
 
     def _through_parts(self, hook: str, trl_method):
-        """``trl_method`` wrapped by every part's ``hook``: the rollout's outermost, TRL's innermost."""
+        """``trl_method`` wrapped by every part's ``hook``: the rollout's outermost, TRL's innermost. Each hook gets
+        the context of the generation batch in progress, or outside one a context without a batch."""
+        ctx = self._batch_context if self._batch_context is not None else hook_context(self)
         proceed = trl_method
         for part in reversed(self.parts):
-            proceed = functools.partial(getattr(part, hook), self, proceed)
+            proceed = functools.partial(getattr(part, hook), ctx, proceed)
         return proceed
 
     # ------------------------------------------------------------------ the generation batch
     # Each TRL name below is overridden here and nowhere else (tests/test_trl_overrides.py); what several concerns
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
+    _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
 
     @contextlib.contextmanager
@@ -248,6 +255,16 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         finally:
             self._rollout_capture = outer
 
+    @contextlib.contextmanager
+    def _in_batch_context(self, inputs, capture) -> Iterator[BatchContext]:
+        """The generation batch's :class:`BatchContext`, handed to every part's hook inside (one per batch)."""
+        outer = self._batch_context
+        self._batch_context = BatchContext.for_trainer(self, inputs, capture)
+        try:
+            yield self._batch_context
+        finally:
+            self._batch_context = outer
+
     def _trl_generate_and_score_completions(self, inputs):
         """TRL's own generation batch, for rollouts."""
         return super()._generate_and_score_completions(inputs)
@@ -257,25 +274,28 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         # generation.one_weight_push); TRL's rollouts and the global rewards of this batch captured for the parts;
         # TRL's generation context calls renamed methods (hidden_library_deprecations).
         with one_weight_push(self):
-            with self._capturing_rollouts() as capture, hidden_library_deprecations():
-                output, batch = self.rollout.generate_and_score(self, inputs, capture)
+            with self._capturing_rollouts() as capture, hidden_library_deprecations(), \
+                    self._in_batch_context(inputs, capture) as ctx:
+                output, batch = self.rollout.generate_and_score(ctx, inputs, capture)
+                ctx.record = batch
                 if batch is None:
                     advantages = output["advantages"]
                 else:
-                    advantages = self.credit.advantages(self, batch, inputs, output)
+                    advantages = self.credit.advantages(ctx, batch, inputs, output)
                     if batch.sequence_anchors is not None:  # this process's rows, as TRL's advantages
                         trl_advantages = output["advantages"]
                         output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
                             dtype=trl_advantages.dtype, device=trl_advantages.device)
                     for modifier in self.modifiers:
-                        advantages = modifier.apply(self, batch, inputs, output, advantages)
-                    output = self.rollout.training_batch(self, batch, inputs, output, advantages)
+                        advantages = modifier.apply(ctx, batch, inputs, output, advantages)
+                    output = self.rollout.training_batch(ctx, batch, inputs, output, advantages)
             if batch is not None:
                 if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
                     replace_logged_advantages(self, batch.table_advantages)
                 self._log_credit(output, block_ids=batch.extras.get("block_ids"))
             if self._credit_callbacks:
-                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
+                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output,
+                                  context=ctx)
                 for callback in self._credit_callbacks:
                     callback(step)
         return output

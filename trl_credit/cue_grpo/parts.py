@@ -118,7 +118,7 @@ class RarityWeights(Modifier):
 
     # ------------------------------------------------------------------ redistribution
 
-    def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
+    def apply(self, ctx, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
         the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
@@ -126,6 +126,7 @@ class RarityWeights(Modifier):
         ``cue_tree_credit="rows"`` the positive block advantages of the rows of P's leaves are multiplied by their
         weights (:func:`~.positive.reweighted_rows`); with ``"leaves"`` a pass-through, the weights were applied to
         the leaf outcomes (:meth:`leaf_outcomes`)."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if "trees" in batch.extras:
             # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, asked by the BlockCredit
             # credit before its aggregation).

@@ -94,7 +94,7 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
     trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
     matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
     # block_advantages gives them 0; the trees rollout assembles the leaves
-    nonfinite_reward_groups(trainer, matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
+    nonfinite_reward_groups(bridge.batch_context(trainer), matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
     rewards = leaf_rewards(matrix.cpu(), trees, trainer.reward_weights.cpu(), trainer.args.multi_objective_aggregation)
     rewards = rewards.tolist()
     return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
@@ -145,11 +145,12 @@ class Trees(Rollout):
             )
 
     # ------------------------------------------------------------------ generation
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not self.phase1 or not GenerationRecorder.available(trainer):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         recorder = GenerationRecorder(trainer.temperature, logps=False, entropies=True)
@@ -158,7 +159,8 @@ class Trees(Rollout):
         self.sampled_entropies = recorder.entropies(completion_ids)
         return completion_ids, logprobs
 
-    def generate_and_score(self, trainer, inputs, capture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx, inputs, capture) -> tuple[dict, RowBatch | None]:
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not trainer.model.training:
             return bridge.trl_generate_and_score(trainer, inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
@@ -172,13 +174,14 @@ class Trees(Rollout):
         rewards_per_func = capture.rewards(speaker(trainer, self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
-        batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
+        batch = trl_groups(ctx, rewards_per_func, len(completion_ids))
         batch.extras["trees"] = trees
         return base, batch
 
-    def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
+    def training_batch(self, ctx, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
         :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         trees: TreeBatch = batch.extras["trees"]
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
@@ -320,10 +323,11 @@ class Trees(Rollout):
         trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
 
     # ------------------------------------------------------------------ batching and loss
-    def prepare_inputs(self, trainer, proceed, generation_batch):
+    def prepare_inputs(self, ctx, proceed, generation_batch):
         # Follows GRPOTrainer._prepare_inputs (trl 1.16.0), with the split replaced: the row count varies with the
         # trees, and TRL's split_tensor_dict floor-divides it and drops the remainder. So in training TRL's method
         # (and the hooks of the parts after this one) is not called.
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not trainer.model.training:
             return proceed(generation_batch)
         steps = trainer.args.steps_per_generation
@@ -333,7 +337,7 @@ class Trees(Rollout):
             bridge.set_buffered_inputs(trainer, split_rows(batch, steps, trainer.pad_to_multiple_of))
         return bridge.buffered_inputs(trainer)[bridge.optimizer_step(trainer) % steps]
 
-    def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def micro_batch_loss(self, ctx, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
         ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
         can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
@@ -341,6 +345,7 @@ class Trees(Rollout):
         is normalized against the whole generation batch (:meth:`loss`), so the pieces add up to exactly the loss of
         the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
         the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if return_outputs or not trainer.model.training or _NUM_ROWS not in inputs:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         num_rows = inputs["completion_ids"].size(0)
@@ -368,7 +373,8 @@ class Trees(Rollout):
             earlier = earlier + loss.detach()
         return proceed(model, pieces[-1], return_outputs, num_items_in_batch) + earlier
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         loss = proceed(model, inputs)
         if not trainer.model.training or _NUM_ROWS not in inputs:
             return loss
@@ -435,18 +441,20 @@ class BlockCredit(Credit):
                 args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
             )
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
+    def advantages(self, ctx, batch: RowBatch, inputs, output: dict) -> ForestCredit:
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         trees = batch.extras.get("trees")
         if not isinstance(trees, TreeBatch):
             raise TypeError("BlockCredit credits the blocks of DATPO's trees: it needs the `Trees` rollout.")
-        rewards = self.leaf_outcomes_of_modifiers(trainer, batch, trees)
+        rewards = self.leaf_outcomes_of_modifiers(ctx, batch, trees)
         return block_credit(trainer, trees, diversity_alpha(trainer), self.embedder, rewards)
 
     @staticmethod
-    def leaf_outcomes_of_modifiers(trainer, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
+    def leaf_outcomes_of_modifiers(ctx, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
         """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), after every
         modifier that re-weights leaves (a ``leaf_outcomes(trainer, batch, leaves) -> rewards`` method: Cue-GRPO's
         rarity weights) did, in order; None when no modifier does (the leaf rewards as they are)."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         modifiers = [m for m in getattr(trainer, "modifiers", ()) if hasattr(m, "leaf_outcomes")]
         if not modifiers:
             return None
@@ -458,7 +466,8 @@ class BlockCredit(Credit):
             rewards[b] = float(leaves.rewards[leaf])
         return rewards
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not trainer.model.training or "datpo_base_advantages" not in inputs:
             return proceed(model, inputs)
         alpha = diversity_alpha(trainer)  # α of the optimizer step being trained (paper §4.4)

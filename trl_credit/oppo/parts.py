@@ -195,12 +195,13 @@ class ValueRecursion(Credit):
             add_float32_head(causal_lm(trainer), trainer.temperature)
         self._teacher_source = (None, None)  # the prepared teacher is kept, not what it was built from
 
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
         are recorded on the way (:class:`~trl_credit.generation_hooks.GenerationRecorder`) for :meth:`advantages`,
         with the LM head in float32 like the extra pass's (so the tokens are sampled from float32 logits, as with
         TRL's ``cast_lm_head_to_fp32``)."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         self.generation_logps = None
         if not records_generation_logps(trainer):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
@@ -220,11 +221,12 @@ class ValueRecursion(Credit):
     sets_sequence_anchors = True
 
     # ------------------------------------------------------------------------------------------------ the credit
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx, batch: RowBatch, inputs, output: dict):
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         try:
             # GRPO's advantages are not used (OPPO's replace them), only what computing them reports: the warning
             # and `oppo/nonfinite_reward_rate` of groups with a ±inf reward, and TRL's completions table
-            self.outcome.advantages(trainer, batch, inputs, output)
+            self.outcome.advantages(ctx, batch, inputs, output)
             advantages, _ = self.token_advantages(trainer, batch, inputs, output)
         finally:
             self.generation_logps = None  # this batch's generation record is used once

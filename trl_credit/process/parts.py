@@ -81,14 +81,15 @@ class ProcessCredit(Credit):
     # (B, T) advantages (batch.sequence_anchors, handed to the loss by the core: trl_credit/anchors.py), as for OPPO.
     sets_sequence_anchors = True
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx, batch: RowBatch, inputs, output: dict):
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         num_local, num_tokens = completion_ids.shape
         # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
         grouped = batch.group_ids != NO_GROUP
         nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
         nonfinite[grouped] = nonfinite_reward_groups(
-            trainer, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
+            ctx, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
             "process/nonfinite_reward_rate").cpu()
         credited = batch.local_rows(batch.scorable & grouped & ~nonfinite).tolist()
         prefixes = [0] * num_local if batch.prefix_lengths is None else batch.local_rows(batch.prefix_lengths).tolist()

@@ -121,7 +121,8 @@ class Resets(Rollout):
 
     # ------------------------------------------------------------------ the generation batch and its record
 
-    def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         self._inputs, self._row_kinds = inputs, None
         try:
             output = bridge.trl_generate_and_score(trainer, inputs)
@@ -132,7 +133,7 @@ class Resets(Rollout):
         # the completions under their own prompts (OPPO's oracle prompts).
         prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
         if self._row_kinds is None:  # evaluation: TRL's iid groups
-            batch = trl_groups(trainer, rewards_per_func, output["completion_ids"].size(0))
+            batch = trl_groups(ctx, rewards_per_func, output["completion_ids"].size(0))
             batch.extras["prompts"] = prompts
             return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
