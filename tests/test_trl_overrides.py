@@ -232,7 +232,7 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # (construction) and the construction-time helpers named below may hold the trainer; a TRL private is read behind
 # the context, never on it (``ctx._trainer``). A package not listed here is not ported yet and still reads the
 # trainer through the context's transitional ``ctx.trainer``.
-CONTEXT_PACKAGES: list[str] = []
+CONTEXT_PACKAGES = ["process"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS: dict[str, set[str]] = {}  # "package/module.py" -> helpers called from setup only
 
@@ -271,7 +271,7 @@ def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] 
     return [f"{where}:{line} {what}" for where, line, _, what in sorted(set(found))]
 
 
-@pytest.mark.parametrize("package", CONTEXT_PACKAGES or [pytest.param(None, marks=pytest.mark.skip("none yet"))])
+@pytest.mark.parametrize("package", CONTEXT_PACKAGES)
 def test_ported_method_packages_use_the_context_not_the_trainer_at_batch_time(package):
     assert trainer_uses_at_batch_time(REPO / "trl_credit" / package, CONSTRUCTION_HELPERS) == []
 
