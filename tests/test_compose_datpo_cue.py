@@ -7,13 +7,13 @@ others keep r_l, and DATPO's block advantages are computed from r' (so shared bl
 
 import math
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 import torch
 from trl import GRPOTrainer
 
 from trl_credit.config import CreditConfig
+from trl_credit.context import BatchContext
 from trl_credit.core import CreditTrainer
 from trl_credit.cue_grpo.parts import (
     RarityWeights, leaf_advantages, positive_sets, reweighted_leaves, reweighted_rows,
@@ -306,8 +306,7 @@ def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
         extras = {"trees": object()}
 
     with pytest.raises(RuntimeError, match="leaf outcomes"):
-        RarityWeights(partition_fn=length_partition).apply(SimpleNamespace(trainer=None), Batch(), None, {},
-                                                           torch.zeros(2))
+        RarityWeights(partition_fn=length_partition).apply(BatchContext(args=None), Batch(), None, {}, torch.zeros(2))
 
 
 def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():
@@ -335,8 +334,8 @@ def test_truncated_leaves_stay_out_of_p_under_mask_truncated_completions(tiny_mo
     seen = []
 
     class RecordingWeights(RarityWeights):
-        def leaf_outcomes(self, trainer, batch, leaves):
-            rewards = super().leaf_outcomes(trainer, batch, leaves)
+        def leaf_outcomes(self, ctx, batch, leaves):
+            rewards = super().leaf_outcomes(ctx, batch, leaves)
             seen.append((leaves, rewards))
             return rewards
 

@@ -232,9 +232,11 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # (construction) and the construction-time helpers named below may hold the trainer; a TRL private is read behind
 # the context, never on it (``ctx._trainer``). A package not listed here is not ported yet and still reads the
 # trainer through the context's transitional ``ctx.trainer``.
-CONTEXT_PACKAGES = ["process"]
+CONTEXT_PACKAGES = ["process", "cue_grpo"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
-CONSTRUCTION_HELPERS: dict[str, set[str]] = {}  # "package/module.py" -> helpers called from setup only
+CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
+    "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
+}
 
 
 def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] | None = None) -> list[str]:

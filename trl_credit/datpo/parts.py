@@ -403,7 +403,7 @@ class BlockCredit(Credit):
 
     :meth:`advantages` returns a :class:`~.forest.ForestCredit` (per block), not a tensor of the rows: the rows are
     built from it by :meth:`Trees.training_batch`, so this credit runs only with that rollout and a modifier after it
-    receives that object. A modifier acts on the trees through its ``leaf_outcomes(trainer, batch, leaves) ->
+    receives that object. A modifier acts on the trees through its ``leaf_outcomes(ctx, batch, leaves) ->
     rewards`` method instead, which this credit calls before the aggregation (:meth:`leaf_outcomes_of_modifiers`):
     it reads (and may re-weight) the leaf outcomes (:class:`~.forest.LeafOutcomes`) that the blocks' Monte Carlo
     values average (Cue-GRPO's rarity weights: ``cue_grpo.parts.RarityWeights.leaf_outcomes``); its ``apply`` then
@@ -452,7 +452,7 @@ class BlockCredit(Credit):
     @staticmethod
     def leaf_outcomes_of_modifiers(ctx, batch: RowBatch, trees: TreeBatch) -> list[float | None] | None:
         """The leaf outcomes the block Monte Carlo values aggregate (one per block, as ``Forest.rewards``), after every
-        modifier that re-weights leaves (a ``leaf_outcomes(trainer, batch, leaves) -> rewards`` method: Cue-GRPO's
+        modifier that re-weights leaves (a ``leaf_outcomes(ctx, batch, leaves) -> rewards`` method: Cue-GRPO's
         rarity weights) did, in order; None when no modifier does (the leaf rewards as they are)."""
         trainer = ctx.trainer  # transitional: not yet ported to the context
         modifiers = [m for m in getattr(trainer, "modifiers", ()) if hasattr(m, "leaf_outcomes")]
@@ -460,7 +460,7 @@ class BlockCredit(Credit):
             return None
         leaves = tree_leaves(trainer, trees)
         for modifier in modifiers:
-            leaves.rewards = modifier.leaf_outcomes(trainer, batch, leaves)
+            leaves.rewards = modifier.leaf_outcomes(ctx, batch, leaves)
         rewards = trees.forest.rewards()
         for leaf, b in enumerate(leaves.blocks):
             rewards[b] = float(leaves.rewards[leaf])
