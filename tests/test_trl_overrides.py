@@ -232,10 +232,11 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # (construction) and the construction-time helpers named below may hold the trainer; a TRL private is read behind
 # the context, never on it (``ctx._trainer``). A package not listed here is not ported yet and still reads the
 # trainer through the context's transitional ``ctx.trainer``.
-CONTEXT_PACKAGES = ["process", "cue_grpo"]
+CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
     "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
+    "oppo/parts.py": {"causal_lm", "load_teacher"},  # the float32 head / the teacher, prepared at setup
 }
 
 

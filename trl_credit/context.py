@@ -25,6 +25,7 @@ from __future__ import annotations
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
+from types import SimpleNamespace
 import torch
 
 __all__ = ["BatchContext", "hook_context"]
@@ -39,14 +40,17 @@ class BatchContext:
     :class:`~trl_credit.mixins.RolloutCapture`), ``record`` (the batch's :class:`~trl_credit.batch.RowBatch`, set by
     the core once the rollout built it), ``reward_weights``, ``reward_func_names``, ``scale_rewards``,
     ``multi_objective_aggregation`` and ``group_size`` (TRL's ``num_generations`` of the mode), ``success_index``
-    (the verifier's column, None without a verifier setting), ``metrics`` (name -> logged values of this mode).
+    (the verifier's column, None without a verifier setting), ``sampling`` (TRL's generation settings:
+    ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``use_vllm``,
+    ``use_transformers_continuous_batching``, ``pad_to_multiple_of``, and ``custom_rollout``: a ``rollout_func``
+    generates the rows), ``metrics`` (name -> logged values of this mode).
     """
 
     def __init__(self, *, args, mode: str = "train", step: int = 0, process_index: int = 0, num_processes: int = 1,
                  device="cpu", is_main_process: bool = True, inputs: Sequence = (), capture=None,
                  reward_weights: torch.Tensor | None = None, reward_func_names: Sequence[str] = (),
                  scale_rewards="group", multi_objective_aggregation: str = "sum_then_normalize",
-                 group_size: int | None = None, success_index: int | None = None, metrics=None,
+                 group_size: int | None = None, success_index: int | None = None, sampling=None, metrics=None,
                  warned: set | None = None, owner: str = "CreditTrainer", trainer=None):
         if mode not in ("train", "eval"):
             raise ValueError(f"BatchContext: mode must be 'train' or 'eval', got {mode!r}")
@@ -67,6 +71,7 @@ class BatchContext:
         self.multi_objective_aggregation = multi_objective_aggregation
         self.group_size = group_size
         self.success_index = success_index
+        self.sampling = sampling if sampling is not None else _sampling(args)
         self.metrics = defaultdict(list) if metrics is None else metrics
         self._warned = set() if warned is None else warned
         self._owner = owner
@@ -94,6 +99,7 @@ class BatchContext:
             scale_rewards=trainer.scale_rewards, multi_objective_aggregation=trainer.multi_objective_aggregation,
             group_size=trainer.num_generations if mode == "train" else trainer.num_generations_eval,
             success_index=bridge.success_index(trainer) if hasattr(trainer, "_success_index") else None,
+            sampling=_sampling(trainer, custom_rollout=getattr(trainer, "rollout_func", None) is not None),
             metrics=bridge.metrics(trainer)[mode], warned=trainer.__dict__.setdefault("_trl_credit_warned", set()),
             owner=type(trainer).__name__, trainer=trainer,
         )
@@ -246,6 +252,19 @@ class BatchContext:
         return self._needs_trainer("policy").model
 
     @property
+    def causal_lm(self):
+        """The policy's causal LM that ``generate`` and the log-prob passes run: ``accelerator.unwrap_model(model)``,
+        its PEFT base model when it has one (to hook its forward: OPPO's ``GenerationRecorder``, float32 heads)."""
+        trainer = self._needs_trainer("causal_lm")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    @property
+    def mixed_precision(self) -> str:
+        """``accelerator.mixed_precision`` (``"no"``, ``"bf16"``, ``"fp16"``, ...); ``"no"`` without a trainer."""
+        return "no" if self._trainer is None else self._trainer.accelerator.mixed_precision
+
+    @property
     def reference(self):
         """The reference model (``trainer.ref_model``; None when TRL keeps none)."""
         return getattr(self._needs_trainer("reference"), "ref_model", None)
@@ -259,3 +278,13 @@ def hook_context(trainer) -> BatchContext:
     """The context of a hook outside a generation batch (no inputs, capture or record)."""
     return BatchContext.for_trainer(trainer)
 
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "use_vllm",
+             "use_transformers_continuous_batching", "pad_to_multiple_of")
+
+
+def _sampling(source, custom_rollout: bool = False) -> SimpleNamespace:
+    """TRL's generation settings, as ``GRPOTrainer.__init__`` copies them from its args onto itself (``source``: the
+    trainer, or the args of a context without one; a setting the source lacks is None)."""
+    values = {name: getattr(source, name, None) for name in _SAMPLING}
+    return SimpleNamespace(**values, custom_rollout=custom_rollout)
