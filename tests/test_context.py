@@ -9,6 +9,7 @@ Cue-GRPO's CR rarity weights (paper Eq. 3 and 8: ``|C_i|^-alpha`` normalized to 
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from types import SimpleNamespace
 
@@ -81,6 +82,14 @@ def test_metric_warn_gather_cut_and_scratch_without_a_trainer():
     assert ctx.scratch(part) == {"weighted": True} and ctx.scratch(other) == {}
     assert BatchContext(args=None).scratch(part) == {}  # a new batch starts empty
     assert ctx.speaker() == "CreditTrainer" and ctx.speaker(SimpleNamespace(name="cue")) == "CreditTrainer (cue)"
+
+
+def test_rng_is_seeded_by_the_run_seed_the_step_and_the_key():
+    ctx = BatchContext(args=SimpleNamespace(seed=7), step=3)
+    draws = [ctx.rng(2, 5).random() for _ in range(2)]
+    assert draws[0] == draws[1] == random.Random("7:3:2:5").random()  # the same on every call (every process)
+    assert ctx.rng(2, 6).random() != draws[0]  # another key
+    assert BatchContext(args=SimpleNamespace(seed=7), step=4).rng(2, 5).random() != draws[0]  # another step
 
 
 def test_without_a_trainer_the_model_verbs_and_several_processes_are_refused_by_name():

@@ -11,7 +11,7 @@ use) and a few verbs. Over a trainer (:meth:`BatchContext.for_trainer`) each ver
 through the shared modules (:mod:`trl_credit.collectives`, :mod:`trl_credit.generation`,
 :mod:`trl_credit.trainer_logs`) and :mod:`trl_credit.bridge` for TRL's privates; each docstring says what of the
 trainer it reads. Without a trainer (``BatchContext(args=..., ...)``, one process) the plain values and the verbs
-``metric``, ``warn``, ``gather``, ``gather_rows``, ``cut`` and ``scratch`` work, so a credit or a modifier runs on a
+``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng`` and ``scratch`` work, so a credit or a modifier runs on a
 record and its args alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
 ``tokenize``, ``policy``, ...) raise a clear error there.
 
@@ -22,10 +22,12 @@ state that lives across batches (random generators, round counters) stays on the
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from types import SimpleNamespace
+
 import torch
 
 __all__ = ["BatchContext", "hook_context"]
@@ -125,6 +127,13 @@ class BatchContext:
     def scratch(self, part) -> dict:
         """A dict for ``part``'s state of this batch (one per part object; a new batch starts empty)."""
         return self._scratch.setdefault(id(part), {})
+
+    def rng(self, *key) -> random.Random:
+        """A generator seeded by the run's seed (``args.seed``), this batch's step and ``key`` (the caller's: a
+        round, a group), ``random.Random("seed:step:key...")``: the same draws on every process and in a resumed
+        run, none shared between keys. A part whose draws continue across batches keeps its own generator
+        (``Part.rng_state``)."""
+        return random.Random(":".join(str(part) for part in (self.args.seed, self.step, *key)))
 
     # ------------------------------------------------------------------------------------------------ reporting
     def speaker(self, part=None) -> str:

@@ -15,7 +15,6 @@ where they act: on the positive block advantages of the rows of P's leaves (``"r
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -328,7 +327,7 @@ class RarityWeights(Modifier):
                 [skeletons[row] for row in members], args.cue_rho, args.cue_epsilon
             )
             if args.cue_partition == "random":
-                rng = random.Random(f"{args.seed}:{ctx.step}:{self._cue_round}:{group}")
+                rng = ctx.rng(self._cue_round, group)  # random.Random("seed:step:round:group")
                 cluster_ids = random_partition(len(members), len(set(cluster_ids)), rng)
             partitions[group] = cluster_ids
             if args.cue_singleton_reset:
