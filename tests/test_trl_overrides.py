@@ -228,11 +228,12 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 
 
 # ------------------------------------------------------------------------------ parts get a context, not the trainer
-# The method packages whose parts take a BatchContext at batch time (trl_credit/context.py). Only ``setup(trainer)``
-# (construction) and the construction-time helpers named below may hold the trainer; a TRL private is read behind
-# the context, never on it (``ctx._trainer``). A package not listed here is not ported yet and still reads the
-# trainer through the context's transitional ``ctx.trainer``.
-CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo"]
+# The method packages (or modules of one) whose parts take a BatchContext at batch time (trl_credit/context.py).
+# Only ``setup(trainer)`` (construction) and the construction-time helpers named below may hold the trainer; a TRL
+# private is read behind the context, never on it (``ctx._trainer``). What is not listed here is not ported yet and
+# still reads the trainer through the context's transitional ``ctx.trainer`` (srpo/parts.py, srpo/localize.py,
+# datpo/).
+CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo/step_metrics.py"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
     "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
@@ -247,9 +248,10 @@ def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] 
     (``ctx._x``)."""
     helpers = helpers or {}
     found = []
-    for path in sorted(root.rglob("*.py")):
+    base = root.parent.parent if root.is_file() else root.parent  # "package/module.py" either way
+    for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        where = path.relative_to(root.parent).as_posix()
+        where = path.relative_to(base).as_posix()
         allowed = CONSTRUCTION_TIME | helpers.get(where, set())
         functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
         inside_allowed = {id(inner) for fn in functions if fn.name in allowed for inner in ast.walk(fn)}

@@ -202,7 +202,8 @@ class Resets(Rollout):
         args = trainer.args
         paper_mode = args.localization == "generate" and args.localization_fallback == "random"
         log_sources = args.reset == "self" and not paper_mode  # paper's mode: the parse rate is the split
-        log_step_stats(trainer, stats, rounds, log_sources, self.step_checker is not None)
+        # transitional: TRL calls the rollout function with the trainer; the batch's context is the core's
+        log_step_stats(bridge.batch_context(trainer), stats, rounds, log_sources, self.step_checker is not None)
         return output
 
     def _prompt_groups(self, trainer, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:
