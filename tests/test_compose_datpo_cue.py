@@ -14,6 +14,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_credit.config import CreditConfig
+from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import (
     RarityWeights, leaf_advantages, positive_sets, reweighted_leaves, reweighted_rows,
@@ -305,7 +306,7 @@ def test_rarity_weights_on_trees_need_the_block_credit_to_ask():
     # silently.
     credit = SimpleNamespace(base=torch.zeros(2))
     with pytest.raises(RuntimeError, match="leaf outcomes, but the rollout declared none"):
-        RarityWeights(partition_fn=length_partition).apply(None, SimpleNamespace(outcomes=None), None, {}, credit)
+        RarityWeights(partition_fn=length_partition).apply(BatchContext(args=None), SimpleNamespace(outcomes=None), None, {}, credit)
 
 
 def test_cue_tree_credit_is_checked_and_refused_where_there_are_no_trees():
@@ -333,8 +334,8 @@ def test_truncated_leaves_stay_out_of_p_under_mask_truncated_completions(tiny_mo
     seen = []
 
     class RecordingWeights(RarityWeights):
-        def leaf_outcomes(self, trainer, batch, leaves):
-            rewards = super().leaf_outcomes(trainer, batch, leaves)
+        def leaf_outcomes(self, ctx, batch, leaves):
+            rewards = super().leaf_outcomes(ctx, batch, leaves)
             seen.append((leaves, rewards))
             return rewards
 

@@ -18,6 +18,7 @@ from tests.mp import run_torchrun
 from tests.trainers.test_oppo_trainer import _row_logps, parity_row, reference_advantages
 from trl_credit.config import CreditConfig
 from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.oppo.parts import ValueRecursion
@@ -137,12 +138,9 @@ class _Accelerator:
 def _fake_trainer(tmp_path, texts, rewards):
     args = CreditConfig(output_dir=str(tmp_path), credit="oppo", modifiers=["cue"], cue_partition="callable",
                         cue_alpha=1.0, report_to="none", use_cpu=True)
-    return SimpleNamespace(
-        args=args, accelerator=_Accelerator(),
-        reward_weights=torch.ones(rewards.size(1)), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        model=SimpleNamespace(training=True), state=SimpleNamespace(global_step=0), reward_func_names=["verifier"],
-        _success_index=0,
-    )
+    # what RarityWeights.setup reads at construction
+    return SimpleNamespace(args=args, accelerator=_Accelerator(), reward_weights=torch.ones(rewards.size(1)),
+                           reward_func_names=["verifier"])
 
 
 def test_rarity_weights_scale_the_positive_tokens_of_p_rows_hand_worked(tmp_path):
@@ -168,7 +166,10 @@ def test_rarity_weights_scale_the_positive_tokens_of_p_rows_hand_worked(tmp_path
     trainer = _fake_trainer(tmp_path, texts, rewards)
     modifier.setup(trainer)
     inputs = [{"prompt": "p"}] * 7
-    result = modifier.apply(trainer, batch, inputs, output, advantages)
+    # the batch as the modifier sees it: a context over the captured texts, no trainer
+    ctx = BatchContext(args=trainer.args, capture=SimpleNamespace(generated=(None, None, None, texts)),
+                       reward_weights=trainer.reward_weights, reward_func_names=["verifier"], success_index=0)
+    result = modifier.apply(ctx, batch, inputs, output, advantages)
     # CR with α = 1 over P = {0, 1, 2}, clusters {0, 1} and {2}: |C|^-1 = 1/2, 1/2, 1, mean 2/3 -> 3/4, 3/4, 3/2;
     # inside [0.3, 3]; floor shift τ - min = 1.05 - 3/4 = 0.3 -> 1.05, 1.05, 1.8. P = {4}: one cluster, 1 -> 1.05.
     expected = torch.tensor([[0.5 * 1.05, -0.2, 0.0], [0.4 * 1.05, 0.1 * 1.05, 0.3 * 1.05], [-0.1, 0.6 * 1.8, 0.2 * 1.8],

@@ -27,8 +27,9 @@ class _Recording(Part):
     def __init__(self, name, calls):
         self.name, self.calls = name, calls
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
         self.calls.append(f"{self.name} in")
+        self.contexts = getattr(self, "contexts", []) + [ctx]
         result = proceed(model, {**inputs, "seen": inputs.get("seen", ()) + (self.name,)})
         self.calls.append(f"{self.name} out")
         return result
@@ -46,6 +47,7 @@ def test_parts_wrap_trls_hook_rollout_outermost():
     class Stub:
         parts = [_Recording("rollout", calls), _Recording("credit", calls), _Recording("modifier", calls)]
         _through_parts = CreditTrainer._through_parts
+        _batch_context = object()  # inside a generation batch: its context, not the trainer, reaches every hook
 
     def trls_compute_loss(model, inputs):
         calls.append(("trl", inputs["seen"]))
@@ -54,6 +56,7 @@ def test_parts_wrap_trls_hook_rollout_outermost():
     assert Stub()._through_parts("loss", trls_compute_loss)("model", {}) == 7
     assert calls == ["rollout in", "credit in", "modifier in", ("trl", ("rollout", "credit", "modifier")),
                      "modifier out", "credit out", "rollout out"]
+    assert all(part.contexts == [Stub._batch_context] for part in Stub.parts)
 
 
 def test_each_parts_random_state_is_saved_and_restored():

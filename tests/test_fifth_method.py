@@ -31,9 +31,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.config import CreditConfig
 from trl_credit.core.batch import RowBatch
-from trl_credit.core.logs import log_metric, zero_nonfinite_groups
+from trl_credit.core.context import BatchContext
+from trl_credit.core.logs import zero_nonfinite_groups
 from trl_credit.core.registry import part_spec, register_part
-from trl_credit.core.scoring import score_completions
 from trl_credit.core.setup import resolve_method_args
 from trl_credit.core.success import SuccessArguments, total_rewards
 from trl_credit.core.trainer import Credit, CreditTrainer
@@ -77,16 +77,16 @@ class SignCredit(Credit):
     def __init__(self, scale: float):
         self.scale = scale
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output):
         if batch.group_size is None:
             raise ValueError("SignCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
-        values = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size,
+        values = sign_advantages(total_rewards(batch.rewards_per_func, ctx.reward_weights), batch.group_size,
                                  self.scale)
         batch.log_advantages(values.tolist())  # TRL's completions table shows ours, not GRPO's
         local = batch.local_rows(values).to(output["advantages"])
         # ±inf rewards: warned once and logged each step (the pure function already gave those groups 0)
-        local = zero_nonfinite_groups(trainer, local, batch.rewards_per_func, "sign/nonfinite_reward_rate")
-        log_metric(trainer, "sign/frac_zero_advantage", (values == 0).double().mean().item())
+        local = zero_nonfinite_groups(ctx, local, batch.rewards_per_func, "sign/nonfinite_reward_rate")
+        ctx.metric("sign/frac_zero_advantage", (values == 0).double().mean().item())
         return local
 
 
@@ -109,16 +109,17 @@ class SurpriseCredit(Credit):
     """Per-token advantages (B, T): the sign advantage of (1) times 1 - pi(token) under the policy, from one extra
     no-grad scoring pass over this process's rows (module docstring)."""
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output):
         if batch.group_size is None:
             raise ValueError("SurpriseCredit needs TRL's groups of consecutive rows (GRPO's rollouts).")
-        signs = sign_advantages(total_rewards(batch.rewards_per_func, trainer.reward_weights), batch.group_size, 1.0)
+        signs = sign_advantages(total_rewards(batch.rewards_per_func, ctx.reward_weights), batch.group_size, 1.0)
         batch.log_advantages(signs.tolist())  # the completions table shows each row's direction
-        logps, _ = score_completions(trainer, trainer.model, output["prompt_ids"], output["prompt_mask"],
-                                     output["completion_ids"], output["completion_mask"])
+        # one no-grad pass of the policy over this process's rows (TRL's log-prob pass)
+        logps, _ = ctx.logprobs(output["prompt_ids"], output["prompt_mask"], output["completion_ids"],
+                                output["completion_mask"])
         mask = output["completion_mask"]
         surprise = (1.0 - logps.exp()) * mask
-        log_metric(trainer, "surprise/mean_surprise", (surprise.sum() / mask.sum()).item())
+        ctx.metric("surprise/mean_surprise", (surprise.sum() / mask.sum()).item())
         local = batch.local_rows(signs).to(surprise)
         return local[:, None] * surprise
 

@@ -44,8 +44,11 @@ def test_on_credit_sees_each_generation_batch_once_with_the_record_and_its_advan
 
     assert len(steps) == len(returned) == 2  # 2 optimizer steps, one generation batch each
     assert order == ["first", "added"] * 2  # on_credit's in its order, then add_credit_callback's
-    for step, rewards in zip(steps, returned, strict=True):
+    for number, (step, rewards) in enumerate(zip(steps, returned, strict=True)):
         assert isinstance(step, CreditStep) and step.trainer is trainer and len(step.inputs) == 8
+        # the context the parts got: this batch's (its record, inputs and optimizer step), one per batch
+        assert step.context.record is step.record and step.context.inputs is step.inputs
+        assert (step.context.mode, step.context.step) == ("train", number)
         assert step.record.rewards_per_func[:, 0].tolist() == rewards
         assert step.record.group_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
         expected = _grpo_reference(rewards, 4)
@@ -59,6 +62,7 @@ def test_on_credit_sees_each_generation_batch_once_with_the_record_and_its_advan
         decode = trainer.processing_class.decode
         assert step.record.completions == [decode(ids[i][mask[i].bool()], skip_special_tokens=True) for i in range(8)]
         assert torch.equal(step.record.loss_mask, mask)
+    assert steps[0].context is not steps[1].context
 
 
 def test_a_preset_calls_an_added_callback_with_its_modifiers_advantages(tiny_model_path, tiny_dataset, tmp_path):

@@ -7,6 +7,7 @@ import torch
 from datasets import Dataset
 
 from trl_credit import OPPOConfig, OPPOTrainer
+from trl_credit.core.context import BatchContext
 from trl_credit.oppo.oracle import DEFAULT_ORACLE_TEMPLATE, build_oracle_prompt, build_oracle_prompts, score_evidence
 
 
@@ -91,8 +92,9 @@ def test_oracle_logps_align_with_token_by_token_reference(tiny_model_path, tiny_
     prompt_ids = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in plain_ids])
     prompt_mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in plain_ids])
 
+    ctx = BatchContext.for_trainer(trainer)  # what the credit gets at batch time
     oracle_logps, student_logps = score_evidence(
-        trainer, trainer.model, oracle_ids, prompt_ids, prompt_mask, completion_ids, completion_mask, batch_size=2
+        ctx, trainer.model, oracle_ids, prompt_ids, prompt_mask, completion_ids, completion_mask, batch_size=2
     )
     reference_model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
     for i, completion in enumerate(completions):
@@ -105,7 +107,7 @@ def test_oracle_logps_align_with_token_by_token_reference(tiny_model_path, tiny_
 
     # Reusing given student log-probs scores only the oracle rows, with the same result.
     given = torch.full_like(student_logps, -1.0)
-    o2, s2 = score_evidence(trainer, trainer.model, oracle_ids, prompt_ids, prompt_mask, completion_ids, completion_mask, student_logps=given)
+    o2, s2 = score_evidence(ctx, trainer.model, oracle_ids, prompt_ids, prompt_mask, completion_ids, completion_mask, student_logps=given)
     assert s2 is given
     torch.testing.assert_close(o2 * completion_mask, oracle_logps * completion_mask, atol=1e-5, rtol=0)
 

@@ -10,6 +10,7 @@ import torch
 
 from trl_credit.core.batch import NO_GROUP, ROW_BASE, MissingPayload, Outcomes, RowBatch
 from trl_credit.core.mixins import RolloutCapture
+from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import Credit, GroupRollout, Modifier, Rollout, credit_step, fill_record, training_batch
 
 
@@ -91,9 +92,9 @@ def test_rarity_weights_refuse_a_record_without_texts_by_name():
     from trl_credit.cue_grpo.parts import RarityWeights
 
     batch = _record(num_rows=2, num_local=2, process_index=0, loss_mask=torch.ones(2, 2))
-    trainer = SimpleNamespace(args=SimpleNamespace(), accelerator=SimpleNamespace(process_index=0))
+    ctx = BatchContext(args=SimpleNamespace())
     with pytest.raises(RuntimeError, match="holds no completion texts"):
-        RarityWeights().apply(trainer, batch, [{"prompt": "p"}] * 2, {}, torch.zeros(2))
+        RarityWeights().apply(ctx, batch, [{"prompt": "p"}] * 2, {}, torch.zeros(2))
 
 
 # ------------------------------------------------------------------ the core's step: outcome stage, one cut, one write
@@ -151,7 +152,8 @@ def _toy_trainer(calls, with_outcomes=True):
 
 def test_the_core_runs_outcome_stage_modifiers_before_the_credit_without_datpo():
     calls = []
-    output, batch, advantages = credit_step(_toy_trainer(calls), [{"prompt": "p"}] * 2, RolloutCapture())
+    output, batch, advantages = credit_step(_toy_trainer(calls), BatchContext(args=None), [{"prompt": "p"}] * 2,
+                                           RolloutCapture())
     # Outcomes 1, 0, 3: doubled twice (in modifier order) before the credit -> 4, 0, 12, sum 16.
     assert calls == ["rollout", "outcomes", ("outcomes x2", [1.0, 0.0, 3.0]), ("outcomes x2", [2.0, 0.0, 6.0]),
                      "credit", ("apply", [16.0, 17.0, 18.0, 19.0]), ("apply", [16.0, 17.0, 18.0, 19.0])]
@@ -162,7 +164,7 @@ def test_the_core_runs_outcome_stage_modifiers_before_the_credit_without_datpo()
 
 def test_a_rollout_without_outcomes_skips_the_outcome_stage():
     calls = []
-    _, batch, advantages = credit_step(_toy_trainer(calls, with_outcomes=False), [{"prompt": "p"}] * 2,
+    _, batch, advantages = credit_step(_toy_trainer(calls, with_outcomes=False), BatchContext(args=None), [{"prompt": "p"}] * 2,
                                        RolloutCapture())
     assert calls == ["rollout", "outcomes", "credit", ("apply", [0.0, 1.0, 2.0, 3.0]), ("apply", [0.0, 1.0, 2.0, 3.0])]
     assert batch.outcomes is None and advantages.tolist() == [2.0, 3.0]
@@ -176,7 +178,7 @@ def test_no_modifier_on_outcomes_asks_the_rollout_for_none():
 
     trainer = _toy_trainer(calls)
     trainer.modifiers = [Plain(calls)]
-    credit_step(trainer, [{"prompt": "p"}] * 2, RolloutCapture())
+    credit_step(trainer, BatchContext(args=None), [{"prompt": "p"}] * 2, RolloutCapture())
     assert "outcomes" not in calls  # building outcomes (DATPO: decoding every leaf) only when a modifier wants them
 
 
@@ -185,7 +187,7 @@ def test_local_advantages_are_written_as_they_are():
     batch = _record()
     trainer = SimpleNamespace(rollout=GroupRollout())
     output = {"advantages": torch.zeros(2)}
-    written, advantages = training_batch(trainer, batch, [], output, torch.tensor([5.0, 6.0]))
+    written, advantages = training_batch(trainer, BatchContext(args=None), batch, [], output, torch.tensor([5.0, 6.0]))
     assert advantages.tolist() == [5.0, 6.0] and written["advantages"] is advantages
 
 
@@ -214,8 +216,9 @@ def test_rarity_weights_take_global_advantages_without_gathering_them(tmp_path):
                      completions=["a", "b", "c", "d", "e"], loss_mask=torch.ones(5, 2, dtype=torch.long))
     modifier = RarityWeights(partition_fn=lambda completions, prompt: completions)
     trainer = _fake_trainer(tmp_path, None, rewards)
-    trainer.accelerator = _NoFloatGather()
     modifier.setup(trainer)
+    ctx = BatchContext(args=trainer.args, reward_func_names=["verifier"], success_index=0)
+    ctx.gather = _NoFloatGather().gather
     advantages = torch.tensor([0.5, 0.5, -1.0, 0.7, -0.7])
-    result = modifier.apply(trainer, batch, [{"prompt": "p"}] * 5, {}, advantages)
+    result = modifier.apply(ctx, batch, [{"prompt": "p"}] * 5, {}, advantages)
     torch.testing.assert_close(result, torch.tensor([0.5 * 1.05, 0.5 * 1.05, -1.0, 0.7 * 1.05, -0.7]))

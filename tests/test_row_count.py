@@ -43,8 +43,9 @@ class _BuildsRows(Rollout):
 
 
 def _fake_trainer(num_rows: int, training: bool = True):
+    # _batch_context: any object, as no part's hook reads it (parts=[])
     trainer = SimpleNamespace(
-        rollout=_BuildsRows(), model=SimpleNamespace(training=training), parts=[],
+        rollout=_BuildsRows(), model=SimpleNamespace(training=training), parts=[], _batch_context=object(),
         args=SimpleNamespace(steps_per_generation=2), num_iterations=1, pad_to_multiple_of=None,
         _step=0, _buffered_inputs=None, generated=[],
     )

@@ -227,3 +227,76 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
     assert private_trainer_reads(_write(tmp_path, source)) == [
         "pkg/module.py:2 _tokenizer", "pkg/module.py:3 _buffered_inputs", "pkg/module.py:4 _tokenize_prompts",
         "pkg/module.py:5 _step"]
+
+
+# ------------------------------------------------------------------------------ parts get a context, not the trainer
+# The method packages (or modules of one) whose parts take a BatchContext at batch time (trl_credit/core/context.py).
+# Only ``setup(trainer)`` (construction) and the construction-time helpers named below may hold the trainer; a TRL
+# private is read behind the context, never on it (``ctx._trainer``). What is not listed here is not ported yet and
+# still reads the trainer through the context's transitional ``ctx.trainer`` (srpo/parts.py, srpo/localize.py,
+# datpo/).
+CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo/step_metrics.py"]
+CONSTRUCTION_TIME = {"setup", "__init__"}
+CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
+    "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
+    "oppo/parts.py": {"causal_lm", "load_teacher"},  # the float32 head / the teacher, prepared at setup
+}
+
+
+def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] | None = None) -> list[str]:
+    """``"path:line what"`` for each use, in a function other than ``setup`` / ``__init__`` / a named construction
+    helper, of the trainer (the name ``trainer``, an attribute ``.trainer``: the context's transitional hatch), of
+    :mod:`trl_credit.trl_bridge.privates` (whose every function takes the trainer), or of a private attribute of the context
+    (``ctx._x``)."""
+    helpers = helpers or {}
+    found = []
+    base = root.parent.parent if root.is_file() else root.parent  # "package/module.py" either way
+    for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        where = path.relative_to(base).as_posix()
+        allowed = CONSTRUCTION_TIME | helpers.get(where, set())
+        functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        inside_allowed = {id(inner) for fn in functions if fn.name in allowed for inner in ast.walk(fn)}
+        for fn in functions:
+            if id(fn) in inside_allowed:
+                continue
+            for node in ast.walk(fn):
+                what = None
+                if isinstance(node, ast.Name) and node.id == "trainer":
+                    what = "trainer"
+                elif isinstance(node, ast.arg) and node.arg == "trainer":
+                    what = "trainer parameter"
+                elif isinstance(node, ast.Attribute) and node.attr == "trainer":
+                    what = ".trainer"
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    if node.value.id == "bridge":
+                        what = f"bridge.{node.attr}"
+                    elif node.value.id == "ctx" and node.attr.startswith("_"):
+                        what = f"ctx.{node.attr}"
+                if what:
+                    found.append((where, node.lineno, node.col_offset, what))
+    return [f"{where}:{line} {what}" for where, line, _, what in sorted(set(found))]
+
+
+@pytest.mark.parametrize("package", CONTEXT_PACKAGES)
+def test_ported_method_packages_use_the_context_not_the_trainer_at_batch_time(package):
+    assert trainer_uses_at_batch_time(REPO / "trl_credit" / package, CONSTRUCTION_HELPERS) == []
+
+
+def test_the_batch_time_scan_finds_each_kind_of_use(tmp_path):
+    source = ("class Credit:\n"
+              "    def setup(self, trainer):\n"                       # construction: allowed
+              "        self.tok = bridge.tokenizer(trainer)\n"
+              "        def nested():\n"
+              "            return trainer.args\n"
+              "    def advantages(self, ctx, batch, inputs, output):\n"
+              "        trainer = ctx.trainer\n"                       # the transitional hatch
+              "        ids = bridge.pad_token_id(ctx.trainer)\n"
+              "        return ctx._trainer.model, ctx.args, ctx.metric('x/y', 1.0)\n"
+              "def _helper(trainer, values):\n"                      # a helper taking the trainer
+              "    return values\n"
+              "def _load(trainer):\n"                                # a named construction helper: allowed
+              "    return trainer.model\n")
+    assert trainer_uses_at_batch_time(_write(tmp_path, source), {"pkg/module.py": {"_load"}}) == [
+        "pkg/module.py:7 trainer", "pkg/module.py:7 .trainer", "pkg/module.py:8 bridge.pad_token_id",
+        "pkg/module.py:8 .trainer", "pkg/module.py:9 ctx._trainer", "pkg/module.py:10 trainer parameter"]

@@ -85,9 +85,9 @@ class TRLOnly(GRPOTrainer):
 class ExtraCallsRollout(GroupRollout):
     """GRPO's rollouts, then the extra calls a method's part makes in the same generation phase."""
 
-    def generate_and_score(self, trainer, inputs, capture):
-        output, batch = super().generate_and_score(trainer, inputs, capture)
-        _extra_calls(trainer, output)
+    def generate_and_score(self, ctx, inputs, capture):
+        output, batch = super().generate_and_score(ctx, inputs, capture)
+        _extra_calls(ctx.trainer, output)  # the trainer-level helpers under test (generate_from_prefixes)
         return output, batch
 
 

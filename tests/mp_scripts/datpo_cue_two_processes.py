@@ -45,9 +45,9 @@ class RecordingBlocks(BlockCredit):
         super().__init__()
         self.trees = []
 
-    def advantages(self, trainer, batch, inputs, output):
+    def advantages(self, ctx, batch, inputs, output):
         self.trees.append(batch.payload(TreeBatch))
-        return super().advantages(trainer, batch, inputs, output)
+        return super().advantages(ctx, batch, inputs, output)
 
 
 class DeterministicTrees(CreditTrainer):

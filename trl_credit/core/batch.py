@@ -179,22 +179,25 @@ class RowBatch:
         self.table_advantages = [float(v) for v in values]
 
 
-def trl_groups(trainer, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:
-    """The record of a batch TRL generated itself: groups of ``num_generations`` (``num_generations_eval`` in
-    evaluation) consecutive global rows, every row a base row."""
-    from trl_credit.core.setup import rollout_success, trainer_mode
+def trl_groups(ctx, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:
+    """The record of a batch TRL generated itself: groups of ``ctx.group_size`` (TRL's ``num_generations``, or
+    ``num_generations_eval`` in evaluation) consecutive global rows, every row a base row. ``ctx``: the batch's
+    :class:`~trl_credit.core.context.BatchContext`."""
+    from trl_credit.core.success import success_rows
 
-    size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
+    size = ctx.group_size
     num_rows = rewards_per_func.size(0)
     if num_rows % size:
-        raise RuntimeError(f"{type(trainer).__name__}: {num_rows} rows do not form groups of {size}.")
+        raise RuntimeError(f"{ctx.speaker()}: {num_rows} rows do not form groups of {size}.")
+    success = (None if ctx.success_index is None
+               else success_rows(rewards_per_func, ctx.success_index, ctx.args.success_threshold).cpu())
     return RowBatch(
         rewards_per_func=rewards_per_func,
         group_ids=torch.arange(num_rows) // size,
         row_kinds=torch.full((num_rows,), ROW_BASE, dtype=torch.long),
-        success=rollout_success(trainer, rewards_per_func).cpu() if hasattr(trainer, "_success_index") else None,
+        success=success,
         scorable=(~unscorable_rows(rewards_per_func)).cpu(),
         num_local=num_local,
-        process_index=trainer.accelerator.process_index,
+        process_index=ctx.process_index,
         group_size=size,
     )

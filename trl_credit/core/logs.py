@@ -10,8 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trl_credit.core.collectives import local_rows
-from trl_credit.core.setup import speaker, trainer_mode
+from trl_credit.core.setup import trainer_mode
 
 __all__ = [
     "log_metric",
@@ -40,7 +39,7 @@ def warn_once(trainer, key: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def nonfinite_reward_groups(trainer, rewards_per_func: torch.Tensor, group_ids, metric: str, part=None) -> torch.Tensor:
+def nonfinite_reward_groups(ctx, rewards_per_func: torch.Tensor, group_ids, metric: str, part=None) -> torch.Tensor:
     """(N,) bool: the rows (of the global ``rewards_per_func``) whose group (``group_ids``, one per row) holds a
     reward of ±inf from a reward function of non-zero weight.
 
@@ -49,38 +48,36 @@ def nonfinite_reward_groups(trainer, rewards_per_func: torch.Tensor, group_ids, 
     them to 0: the group takes no step (``scale_rewards="batch"``: no group does, the batch std being inf;
     ``"none"``: the other rows get ±3.4e38 and the model turns NaN, which our trainers avoid by giving the group 0).
     With ``normalize_then_sum`` only that reward function drops out of the group. The caller applies this; here the
-    reward function is named in a warning (once, by the trainer and ``part``: ``trainer_setup.speaker``) and
-    ``metric``, the share of groups with such a reward, is logged.
+    reward function is named in a warning (once, speaking as ``ctx.speaker(part)``) and ``metric``, the share of
+    groups with such a reward, is logged (``ctx``: the batch's :class:`~trl_credit.core.context.BatchContext`).
     """
-    weights = trainer.reward_weights.to(rewards_per_func.device) != 0
+    weights = ctx.reward_weights.to(rewards_per_func.device) != 0
     infinite = torch.isinf(rewards_per_func) & weights.unsqueeze(0)
     groups = torch.as_tensor(group_ids, device=rewards_per_func.device).flatten()
     _, owner = torch.unique(groups, return_inverse=True)
     counts = torch.zeros(int(owner.max()) + 1 if owner.numel() else 0, device=groups.device)
     bad_groups = counts.index_add_(0, owner, infinite.any(dim=1).float()) > 0
-    log_metric(trainer, metric, bad_groups.float().mean().item() if bad_groups.numel() else 0.0)
+    ctx.metric(metric, bad_groups.float().mean().item() if bad_groups.numel() else 0.0)
     if bad_groups.any():
-        names = [name for k, name in enumerate(trainer.reward_func_names) if infinite[:, k].any()]
-        warn_once(
-            trainer,
+        names = [name for k, name in enumerate(ctx.reward_func_names) if infinite[:, k].any()]
+        ctx.warn(
             "nonfinite_reward",
-            f"{speaker(trainer, part)}: reward function(s) {', '.join(map(repr, names))} returned ±inf. As in TRL's "
+            f"{ctx.speaker(part)}: reward function(s) {', '.join(map(repr, names))} returned ±inf. As in TRL's "
             "GRPO, a group holding such a reward gets advantage 0 (with multi_objective_aggregation="
             f"'normalize_then_sum': that function counts 0 in the group). `{metric}` logs the share of such groups.",
         )
     return bad_groups[owner]
 
 
-def zero_nonfinite_groups(trainer, advantages: torch.Tensor, rewards_per_func: torch.Tensor, metric: str, part=None):
+def zero_nonfinite_groups(ctx, advantages: torch.Tensor, rewards_per_func: torch.Tensor, metric: str, part=None):
     """TRL's advantages of this process's rows (TRL's layout: groups of ``num_generations`` consecutive global rows),
     0 on every row of a group with a ±inf reward under ``sum_then_normalize`` (:func:`nonfinite_reward_groups`): what
     TRL gives them with its default scaling, also with ``scale_rewards="none"``, where TRL's own are ±3.4e38."""
-    size = trainer.num_generations if trainer_mode(trainer) == "train" else trainer.num_generations_eval
-    group_ids = torch.arange(rewards_per_func.size(0)) // size
-    bad = nonfinite_reward_groups(trainer, rewards_per_func, group_ids, metric, part)
-    if trainer.multi_objective_aggregation == "normalize_then_sum":
+    group_ids = torch.arange(rewards_per_func.size(0)) // ctx.group_size
+    bad = nonfinite_reward_groups(ctx, rewards_per_func, group_ids, metric, part)
+    if ctx.multi_objective_aggregation == "normalize_then_sum":
         return advantages  # TRL's are finite: the function only drops out of the group
-    local = bad[local_rows(trainer, advantages.size(0))].to(advantages.device)
+    local = ctx.cut(bad, advantages.size(0)).to(advantages.device)
     return advantages.masked_fill(local.view(-1, *([1] * (advantages.dim() - 1))), 0.0)
 
 

@@ -36,6 +36,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
+from trl_credit.core.context import BatchContext, hook_context
 from trl_credit.core.generation import one_weight_push
 from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
@@ -59,22 +60,23 @@ class Part:
     name = "part"
 
     def setup(self, trainer) -> None:
-        """After ``GRPOTrainer.__init__``: check the trainer's settings, load helper models."""
+        """After ``GRPOTrainer.__init__``: check the trainer's settings, load helper models. The one hook that gets the
+        trainer; every other gets a :class:`~trl_credit.core.context.BatchContext` (docs/design.md#the-batch-context)."""
 
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """Around TRL's ``_generate_single_turn`` (e.g. to record what HF ``generate`` computes on the way)."""
         return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
-    def prepare_inputs(self, trainer, proceed, generation_batch):
+    def prepare_inputs(self, ctx, proceed, generation_batch):
         """Around TRL's ``_prepare_inputs`` (the split of a generation batch into micro-batches)."""
         return proceed(generation_batch)
 
-    def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def micro_batch_loss(self, ctx, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Around the Trainer's ``compute_loss`` of one micro-batch."""
         return proceed(model, inputs, return_outputs, num_items_in_batch)
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
         """Around TRL's ``_compute_loss`` (the advantages and masks reaching TRL's loss math)."""
         return proceed(model, inputs)
 
@@ -96,18 +98,18 @@ class Rollout(Part):
     (``row_count.micro_batch``) and weighs every row the same in the loss (``row_count.renormalized_loss``);
     otherwise the core writes the advantages into TRL's batch."""
 
-    def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx: BatchContext, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
         """TRL's batch (``_generate_and_score_completions``'s output for this process's rows) and its record, or
         None as the record when no credit applies (the batch is trained as TRL built it)."""
-        output = trainer._trl_generate_and_score_completions(inputs)
-        return output, trl_groups(trainer, capture.rewards(speaker(trainer, self)), output["completion_ids"].size(0))
+        output = ctx.trl_batch(inputs)
+        return output, trl_groups(ctx, capture.rewards(ctx.speaker(self)), output["completion_ids"].size(0))
 
-    def outcomes(self, trainer, batch: RowBatch) -> Outcomes | None:
+    def outcomes(self, ctx: BatchContext, batch: RowBatch) -> Outcomes | None:
         """The outcomes this rollout's credit aggregates (DATPO's leaves), asked by the core only when a modifier acts
         at the outcome stage; None (the default): the credit values the rows themselves."""
         return None
 
-    def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages) -> dict:
+    def training_batch(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages) -> dict:
         """With :attr:`builds_rows`: this process's rows TRL trains on, built from TRL's batch of the record's rows and
         what the credit and the modifiers returned."""
         raise NotImplementedError(f"{type(self).__name__} sets builds_rows but does not build the rows "
@@ -122,7 +124,7 @@ class Credit(Part):
     """True for a credit whose (B, T) advantages carry ``batch.sequence_anchors``: TRL's per-sequence decisions are
     then made from them, and (B, T) advantages without them are refused in the loss (trl_credit/core/anchors.py)."""
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         raise NotImplementedError
 
 
@@ -135,11 +137,11 @@ class Modifier(Part):
     it returns (Cue-GRPO's rarity weights on DATPO's leaves); :meth:`apply` runs after the credit as for every
     modifier."""
 
-    def leaf_outcomes(self, trainer, batch: RowBatch, outcomes: Outcomes):
+    def leaf_outcomes(self, ctx: BatchContext, batch: RowBatch, outcomes: Outcomes):
         """The outcomes' rewards (L,) after this modifier (``outcomes.rewards`` as the earlier modifiers left them)."""
         raise NotImplementedError
 
-    def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages):
+    def apply(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages):
         raise NotImplementedError
 
 
@@ -168,21 +170,21 @@ class GroupOutcome(Credit):
         self.nonfinite_metric = nonfinite_metric
         self.speaks_as = speaks_as  # the part whose computation this is (OPPO's credit uses one), for messages
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         if batch.group_size is not None:
-            return zero_nonfinite_groups(trainer, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
+            return zero_nonfinite_groups(ctx, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
                                          part=self.speaks_as or self)
         rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
         grouped = group_ids != NO_GROUP
-        nonfinite_reward_groups(trainer, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
+        nonfinite_reward_groups(ctx, rewards_per_func[grouped.to(rewards_per_func.device)], group_ids[grouped],
                                 self.nonfinite_metric, part=self.speaks_as or self)
-        if trainer.multi_objective_aggregation == "normalize_then_sum":
+        if ctx.multi_objective_aggregation == "normalize_then_sum":
             # Each reward function z-scored within each group, weighted sum, one batch-wide rescale (TRL's GDPO).
-            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, trainer.reward_weights,
+            advantages = normalize_then_sum_advantages(rewards_per_func, group_ids, ctx.reward_weights,
                                                        valid=grouped)
         else:
-            rewards = total_rewards(rewards_per_func, trainer.reward_weights)  # NaN when unscorable
-            advantages = grouped_advantages(rewards, group_ids, scale=trainer.scale_rewards, valid=grouped)
+            rewards = total_rewards(rewards_per_func, ctx.reward_weights)  # NaN when unscorable
+            advantages = grouped_advantages(rewards, group_ids, scale=ctx.scale_rewards, valid=grouped)
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
         return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
@@ -202,22 +204,22 @@ def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) 
         batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
 
 
-def outcome_stage(trainer, batch: RowBatch) -> None:
+def outcome_stage(trainer, ctx: BatchContext, batch: RowBatch) -> None:
     """The outcome stage, before the credit: the rollout's outcomes (``Rollout.outcomes``) through every modifier that
     acts on outcomes, in order, kept in ``batch.outcomes`` for the credit. Nothing when no modifier acts on outcomes
     or the rollout declares none (``batch.outcomes`` stays None)."""
     acting = [modifier for modifier in trainer.modifiers if modifier.acts_on_outcomes]
     if not acting:
         return
-    outcomes = trainer.rollout.outcomes(trainer, batch)
+    outcomes = trainer.rollout.outcomes(ctx, batch)
     if outcomes is None:
         return
     for modifier in acting:
-        outcomes.rewards = modifier.leaf_outcomes(trainer, batch, outcomes)
+        outcomes.rewards = modifier.leaf_outcomes(ctx, batch, outcomes)
     batch.outcomes = outcomes
 
 
-def training_batch(trainer, batch: RowBatch, inputs, output: dict, advantages) -> tuple[dict, Any]:
+def training_batch(trainer, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages) -> tuple[dict, Any]:
     """The one write of TRL's batch per generation batch: the sequence anchors (this process's rows) and the
     advantages, cut from every row of the record to this process's rows here and only here (a credit or modifier
     may return either: :meth:`RowBatch.is_global`); a rollout that builds its own rows (``builds_rows``) builds them
@@ -227,26 +229,27 @@ def training_batch(trainer, batch: RowBatch, inputs, output: dict, advantages) -
         output[SEQUENCE_ANCHORS] = batch.local_rows(batch.sequence_anchors).to(
             dtype=trl_advantages.dtype, device=trl_advantages.device)
     if trainer.rollout.builds_rows:
-        return trainer.rollout.training_batch(trainer, batch, inputs, output, advantages), advantages
+        return trainer.rollout.training_batch(ctx, batch, inputs, output, advantages), advantages
     if batch.is_global(advantages):
         advantages = batch.local_rows(advantages)
     output["advantages"] = advantages
     return output, advantages
 
 
-def credit_step(trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None, Any]:
+def credit_step(trainer, ctx: BatchContext, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None, Any]:
     """One generation batch through ``trainer``'s parts (module docstring): rollout, record filled, outcome stage,
     credit, modifiers, TRL's batch written. Returns TRL's training batch, the record (None when the rollout left the
     batch to TRL) and the advantages as the modifiers left them (this process's rows)."""
-    output, batch = trainer.rollout.generate_and_score(trainer, inputs, capture)
+    output, batch = trainer.rollout.generate_and_score(ctx, inputs, capture)
+    ctx.record = batch
     if batch is None:
         return output, None, output["advantages"]
     fill_record(batch, inputs, output, capture)
-    outcome_stage(trainer, batch)
-    advantages = trainer.credit.advantages(trainer, batch, inputs, output)
+    outcome_stage(trainer, ctx, batch)
+    advantages = trainer.credit.advantages(ctx, batch, inputs, output)
     for modifier in trainer.modifiers:
-        advantages = modifier.apply(trainer, batch, inputs, output, advantages)
-    output, advantages = training_batch(trainer, batch, inputs, output, advantages)
+        advantages = modifier.apply(ctx, batch, inputs, output, advantages)
+    output, advantages = training_batch(trainer, ctx, batch, inputs, output, advantages)
     return output, batch, advantages
 
 
@@ -266,6 +269,8 @@ class CreditStep:
     """This process's advantages, ``(B,)`` or ``(B, T)``, as the credit and the modifiers left them."""
     output: dict
     """TRL's training batch as the loss receives it (``completion_ids``, ``completion_mask``, ``advantages``, ...)."""
+    context: BatchContext | None = None
+    """The :class:`~trl_credit.core.context.BatchContext` the parts got for this batch (args, mode, step, metrics, ...)."""
 
 
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -318,16 +323,19 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         return [self.rollout, self.credit, *self.modifiers]
 
     def _through_parts(self, hook: str, trl_method):
-        """``trl_method`` wrapped by every part's ``hook``: the rollout's outermost, TRL's innermost."""
+        """``trl_method`` wrapped by every part's ``hook``: the rollout's outermost, TRL's innermost. Each hook gets
+        the context of the generation batch in progress, or outside one a context without a batch."""
+        ctx = self._batch_context if self._batch_context is not None else hook_context(self)
         proceed = trl_method
         for part in reversed(self.parts):
-            proceed = functools.partial(getattr(part, hook), self, proceed)
+            proceed = functools.partial(getattr(part, hook), ctx, proceed)
         return proceed
 
     # ------------------------------------------------------------------ the generation batch
     # Each TRL name below is overridden here and nowhere else (tests/test_trl_overrides.py); what several concerns
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
+    _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
 
     @contextlib.contextmanager
@@ -343,6 +351,16 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         finally:
             self._rollout_capture = outer
 
+    @contextlib.contextmanager
+    def _in_batch_context(self, inputs, capture) -> Iterator[BatchContext]:
+        """The generation batch's :class:`BatchContext`, handed to every part's hook inside (one per batch)."""
+        outer = self._batch_context
+        self._batch_context = BatchContext.for_trainer(self, inputs, capture)
+        try:
+            yield self._batch_context
+        finally:
+            self._batch_context = outer
+
     def _trl_generate_and_score_completions(self, inputs):
         """TRL's own generation batch, for rollouts."""
         return super()._generate_and_score_completions(inputs)
@@ -352,14 +370,16 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         # generation.one_weight_push); TRL's rollouts and the global rewards of this batch captured for the parts;
         # TRL's generation context calls renamed methods (hidden_library_deprecations).
         with one_weight_push(self):
-            with self._capturing_rollouts() as capture, hidden_library_deprecations():
-                output, batch, advantages = credit_step(self, inputs, capture)
+            with self._capturing_rollouts() as capture, hidden_library_deprecations(), \
+                    self._in_batch_context(inputs, capture) as ctx:
+                output, batch, advantages = credit_step(self, ctx, inputs, capture)
             if batch is not None:
                 if batch.table_advantages is not None:  # the parts' values over GRPO's, written once
                     replace_logged_advantages(self, batch.table_advantages)
                 self._log_credit(output, block_ids=batch.block_ids)
             if self._credit_callbacks:
-                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output)
+                step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output,
+                                  context=ctx)
                 for callback in self._credit_callbacks:
                     callback(step)
         return output

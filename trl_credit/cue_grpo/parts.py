@@ -15,21 +15,17 @@ where they act: on the positive block advantages of the rows of P's leaves (``"r
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from trl_credit.core.batch import RowBatch
-from trl_credit.core.collectives import gather_rows
-from trl_credit.core.generation import generate_from_prefixes
-from trl_credit.core.logs import log_metric, warn_once
+from trl_credit.core.context import BatchContext
 from trl_credit.core.registry import register_part
 from trl_credit.core.setup import is_composed, outside_zero3_init, speaker
 from trl_credit.core.trainer import Modifier
 from trl_credit.tasks.rewards import completion_text
-from trl_credit.trl_bridge import privates as bridge
 from .config import CueGRPOConfig, CueGRPOFields
 from .cues import extract_cues_batch
 from .judge import judge_messages, judge_partition, parse_judge_groups
@@ -71,7 +67,8 @@ class RarityWeights(Modifier):
         self.judge_model, self.judge_tokenizer = None, None
         self._judge_is_policy = False
         self._cue_round = 0  # generation rounds so far, identical on every process (seeds the random partition)
-        self._row_weights_on_trees: dict = {}  # cue_tree_credit="rows": rollout of a leaf of P -> its weight
+        # One batch's state lives in the context: ctx.scratch(self)["row_weights_on_trees"] (cue_tree_credit="rows":
+        # rollout of a leaf of P -> its weight), from leaf_outcomes to apply.
         self.overhead_seconds: list[float] = []  # wall time of each redistribution (for benchmarks)
 
     def setup(self, trainer) -> None:
@@ -118,7 +115,7 @@ class RarityWeights(Modifier):
 
     # ------------------------------------------------------------------ redistribution
 
-    def apply(self, trainer, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
+    def apply(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict, advantages: torch.Tensor) -> torch.Tensor:
         """Sequence advantages ``(B,)``: A_i -> w_i A_i for i in P (docs/cue_grpo.md#positive-set). Per-token credit
         ``(B, T)`` (OPPO's): P is read from each row's sequence direction (``batch.sequence_signs``) and w_i scales
         the positive part of the row's credit, A_it -> w_i A_it where A_it > 0 (docs/composition.md). DATPO's trees
@@ -134,34 +131,34 @@ class RarityWeights(Modifier):
             # DATPO's trees: P and the weights came from the leaf outcomes (leaf_outcomes, the core's outcome stage).
             if batch.outcomes is None:
                 raise RuntimeError(
-                    f"{speaker(trainer, self)}: Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf "
+                    f"{ctx.speaker(self)}: Cue-GRPO's rarity weights on DATPO's trees are computed from the leaf "
                     "outcomes, but the rollout declared none (Rollout.outcomes) and the core did not call "
                     "RarityWeights.leaf_outcomes: use rollout='trees' with credit='blocks'."
                 )
-            row_weights, self._row_weights_on_trees = self._row_weights_on_trees, {}
-            if trainer.args.cue_tree_credit == "rows":
+            row_weights = ctx.scratch(self).get("row_weights_on_trees", {})
+            if ctx.args.cue_tree_credit == "rows":
                 # The diversity bonus's gate was read from DATPO's A_base; w > 0 keeps every sign, so it holds.
                 advantages.base = reweighted_rows(advantages.base, batch.outcomes.unit_rows, row_weights)
             return advantages
         start = time.perf_counter()
         if batch.completions is None:
-            raise RuntimeError(f"{speaker(trainer, self)}: the batch record holds no completion texts (TRL's "
+            raise RuntimeError(f"{ctx.speaker(self)}: the batch record holds no completion texts (TRL's "
                                "_generate was not captured: did a subclass bypass it?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
-        in_loss = trainer.accelerator.gather((batch.loss_mask.sum(dim=1) > 0).long()).bool().cpu()
+        in_loss = ctx.gather((batch.loss_mask.sum(dim=1) > 0).long()).bool().cpu()
         whole = batch.is_global(advantages)  # every row already (a credit over sub-groups): nothing to gather
         if advantages.dim() == 1:
-            sequence = (advantages if whole else trainer.accelerator.gather(advantages)).detach().double().cpu()
+            sequence = (advantages if whole else ctx.gather(advantages)).detach().double().cpu()
         elif batch.sequence_signs is not None:
             sequence = batch.sequence_signs.double().cpu()
         else:
-            raise ValueError(f"{speaker(trainer, self)}: Cue-GRPO's rarity weights got per-token advantages from a "
+            raise ValueError(f"{ctx.speaker(self)}: Cue-GRPO's rarity weights got per-token advantages from a "
                              "credit that gives no sequence "
                              "direction per row (RowBatch.sequence_signs).")
         if sequence.numel() != batch.num_rows:
-            raise RuntimeError(f"{speaker(trainer, self)}: {sequence.numel()} advantages for a batch record of "
+            raise RuntimeError(f"{ctx.speaker(self)}: {sequence.numel()} advantages for a batch record of "
                                f"{batch.num_rows} rows")
-        weights = self._row_weights(trainer, batch, inputs, sequence, in_loss)
+        weights = self._row_weights(ctx, batch, inputs, sequence, in_loss)
         local_weights = (weights if whole else batch.local_rows(weights)).to(advantages.device)
         if advantages.dim() == 1:
             batch.log_advantages((sequence * weights).tolist())  # TRL's table shows GRPO's
@@ -172,18 +169,19 @@ class RarityWeights(Modifier):
         self.overhead_seconds.append(time.perf_counter() - start)
         return result
 
-    def _row_weights(self, trainer, batch: RowBatch, inputs, advantages: torch.Tensor, in_loss: torch.Tensor):
+    def _row_weights(self, ctx: BatchContext, batch: RowBatch, inputs, advantages: torch.Tensor,
+                     in_loss: torch.Tensor):
         """(N,) float64: each global row's rarity weight w_i (1 outside P), from the sequence advantages of every
         row (their sign decides P). Logs the cue/ metrics."""
-        args = trainer.args
+        args = ctx.args
         groups = batch.groups()
-        varied = varied_groups(batch, trainer.reward_weights, args.multi_objective_aggregation)
+        varied = varied_groups(batch, ctx.reward_weights, args.multi_objective_aggregation)
         # Unscorable rows are never correct (success_rows), so they never enter P.
         positives, excluded = positive_sets(advantages, batch.success, in_loss, varied, groups)
         texts = self._captured_texts(batch, inputs)
-        return self._rarity_weights(trainer, positives, excluded, groups, texts, batch.num_rows)
+        return self._rarity_weights(ctx, positives, excluded, groups, texts, batch.num_rows)
 
-    def leaf_outcomes(self, trainer, batch: RowBatch, leaves) -> torch.Tensor:
+    def leaf_outcomes(self, ctx: BatchContext, batch: RowBatch, leaves) -> torch.Tensor:
         """DATPO's trees (docs/composition.md): rarity weights on the leaf outcomes, before the block Monte Carlo
         aggregation (the core's outcome stage calls this with the :class:`~trl_credit.datpo.forest.LeafOutcomes` of
         the forest, and :class:`~trl_credit.datpo.parts.BlockCredit` aggregates what it returns).
@@ -200,10 +198,10 @@ class RarityWeights(Modifier):
         start = time.perf_counter()
         advantages, varied = leaf_advantages(leaves.rewards, leaves.groups)
         positives, excluded = positive_sets(advantages, leaves.correct, leaves.in_loss, varied, leaves.groups)
-        weights = self._rarity_weights(trainer, positives, excluded, leaves.groups, leaves.local_texts,
+        weights = self._rarity_weights(ctx, positives, excluded, leaves.groups, leaves.local_texts,
                                        len(leaves.rewards))
-        if trainer.args.cue_tree_credit == "rows":
-            self._row_weights_on_trees = {
+        if ctx.args.cue_tree_credit == "rows":
+            ctx.scratch(self)["row_weights_on_trees"] = {
                 row: float(w) for row, w in zip(leaves.rows, weights.tolist()) if w != 1.0
             }
             rewards = leaves.rewards
@@ -212,25 +210,24 @@ class RarityWeights(Modifier):
         self.overhead_seconds.append(time.perf_counter() - start)
         return rewards
 
-    def _rarity_weights(self, trainer, positives, excluded, groups, local_texts, num_rows) -> torch.Tensor:
+    def _rarity_weights(self, ctx: BatchContext, positives, excluded, groups, local_texts, num_rows) -> torch.Tensor:
         """(num_rows,) float64: the rarity weight of each row of P (``positives``: group -> its rows), 1 elsewhere.
         ``local_texts``: row -> (completion text, prompt) of this process's rows (:meth:`_partitions`). Logs the cue/
         metrics over ``groups``."""
-        args = trainer.args
+        args = ctx.args
         self._cue_round += 1
-        log_metric(trainer, "cue/frac_positive_advantage_excluded", excluded)
+        ctx.metric("cue/frac_positive_advantage_excluded", excluded)
         if excluded == 1.0:
-            warn_once(
-                trainer,
+            ctx.warn(
                 "cue_no_correct_positive",
-                f"{speaker(trainer, self)} found completions with A_i > 0 but none of them correct (or all with a "
+                f"{ctx.speaker(self)} found completions with A_i > 0 but none of them correct (or all with a "
                 "masked loss), so "
                 "this step was plain GRPO. Correct means the `success_reward` function "
-                f"({bridge.success_reward_name(trainer)!r}) returned >= success_threshold "
+                f"({ctx.success_reward_name!r}) returned >= success_threshold "
                 f"({args.success_threshold}): check both if your verifier is not that function or not 0/1. "
                 "`cue/frac_positive_advantage_excluded` logs the rate every step.",
             )
-        partitions, lengths, parse_failures = self._partitions(trainer, positives, groups, local_texts)
+        partitions, lengths, parse_failures = self._partitions(ctx, positives, groups, local_texts)
 
         weights = torch.ones(num_rows, dtype=torch.float64)
         clusters_per_group, spreads, sizes, masses, nonuniform = [], [], [], [], 0
@@ -255,28 +252,28 @@ class RarityWeights(Modifier):
 
         num_groups = len(groups)
         if positives:
-            log_metric(trainer, "cue/clusters_per_group", sum(clusters_per_group) / len(clusters_per_group))
-            log_metric(trainer, "cue/weight_spread", sum(spreads) / len(spreads))
-        log_metric(trainer, "cue/frac_groups_nonuniform", nonuniform / num_groups)
-        log_metric(trainer, "cue/frac_groups_redistributed", len(positives) / num_groups)
-        self._log_single_clusters(trainer, positives, partitions)
+            ctx.metric("cue/clusters_per_group", sum(clusters_per_group) / len(clusters_per_group))
+            ctx.metric("cue/weight_spread", sum(spreads) / len(spreads))
+        ctx.metric("cue/frac_groups_nonuniform", nonuniform / num_groups)
+        ctx.metric("cue/frac_groups_redistributed", len(positives) / num_groups)
+        self._log_single_clusters(ctx, positives, partitions)
         slope = cluster_mass_slope(sizes, masses)
         if slope == slope:  # defined only with two distinct cluster sizes in the step
-            log_metric(trainer, "cue/mass_slope", slope)
+            ctx.metric("cue/mass_slope", slope)
         if parse_failures is not None:
-            log_metric(trainer, "cue/judge_parse_failure_rate", parse_failures)
+            ctx.metric("cue/judge_parse_failure_rate", parse_failures)
         return weights
 
-    def _log_single_clusters(self, trainer, positives, partitions) -> None:
+    def _log_single_clusters(self, ctx: BatchContext, positives, partitions) -> None:
         """``cue/single_cluster_rate``: the share of groups with two or more positives whose positives all fall in
         one cluster, so their rarity weights are uniform (GRPO; with ``cr``, the positive advantages × τ). A group
         with one positive has nothing to partition and does not count; ``uniform_boost`` does not cluster at all."""
-        args = trainer.args
+        args = ctx.args
         multi = [group for group, members in positives.items() if len(members) > 1]
         if not multi or args.cue_weighting == "uniform_boost":
             return
         rate = sum(len(set(partitions[group])) == 1 for group in multi) / len(multi)
-        log_metric(trainer, "cue/single_cluster_rate", rate)
+        ctx.metric("cue/single_cluster_rate", rate)
         if rate <= 0.5:
             return
         if args.cue_partition == "judge":
@@ -293,10 +290,9 @@ class RarityWeights(Modifier):
             fix = ("ask for step-by-step reasoning, or partition otherwise: cue_partition='judge' (an LLM judge) or "
                    "'callable' with partition_fn; a higher cue_epsilon splits answers that share only some cues")
         boost = f" with positive advantages × cue_tau ({args.cue_tau})" if args.cue_weighting == "cr" else ""
-        warn_once(
-            trainer,
+        ctx.warn(
             "cue_single_cluster",
-            f"{speaker(trainer, self)}: in {rate:.0%} of the groups with two or more correct positive completions, "
+            f"{ctx.speaker(self)}: in {rate:.0%} of the groups with two or more correct positive completions, "
             "these formed one "
             f"cluster, so their rarity weights were uniform and those groups got GRPO{boost} "
             f"(cue/single_cluster_rate logs the rate every step). Cause: {cause}. Fix: {fix}.",
@@ -309,37 +305,37 @@ class RarityWeights(Modifier):
         offset = batch.local.start
         return {offset + i: (text, _prompt_of(inputs[i])) for i, text in enumerate(batch.completions)}
 
-    def _partitions(self, trainer, positives, groups, local_texts):
+    def _partitions(self, ctx: BatchContext, positives, groups, local_texts):
         """Cluster ids (per group, over its positive rows in row order), cleaned skeleton lengths for the singleton
         reset (cue/random only) and the judge parse-failure rate (judge only, else None). ``positives``: group ->
         its rows in P; ``groups``: group -> all its rows (the judge may see them all); ``local_texts``: row ->
         (completion text, prompt) of the rows this process holds (every process partitions from the gathered
         texts of the rows it needs)."""
-        args = trainer.args
+        args = ctx.args
         if args.cue_partition not in ("cue", "random"):
-            return self._external_partitions(trainer, positives, groups, local_texts)
+            return self._external_partitions(ctx, positives, groups, local_texts)
         partitions: dict[int, list[int]] = {}
         lengths: dict[int, list[int]] = {}
         rows = [row for members in positives.values() for row in members]
-        texts = dict(gather_rows(trainer, _texts_of(local_texts, set(rows), with_prompt=False)))
+        texts = dict(ctx.gather_rows(_texts_of(local_texts, set(rows), with_prompt=False)))
         skeletons = dict(zip(rows, extract_cues_batch([texts[row] for row in rows]), strict=True))
         for group, members in positives.items():
             cluster_ids, cleaned_lengths = partition_skeletons(
                 [skeletons[row] for row in members], args.cue_rho, args.cue_epsilon
             )
             if args.cue_partition == "random":
-                rng = random.Random(f"{args.seed}:{trainer.state.global_step}:{self._cue_round}:{group}")
+                rng = ctx.rng(self._cue_round, group)  # random.Random("seed:step:round:group")
                 cluster_ids = random_partition(len(members), len(set(cluster_ids)), rng)
             partitions[group] = cluster_ids
             if args.cue_singleton_reset:
                 lengths[group] = cleaned_lengths
         return partitions, lengths, None
 
-    def _external_partitions(self, trainer, positives, groups, local_texts):
+    def _external_partitions(self, ctx: BatchContext, positives, groups, local_texts):
         # Judge / user callable: groups with |P| <= 1 need no call (one cluster). The others are dealt
         # round-robin to processes; each process partitions its own groups, then the results are shared.
-        args = trainer.args
-        world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        args = ctx.args
+        world, rank = ctx.num_processes, ctx.process_index
         partitions = {group: [0] * len(members) for group, members in positives.items()}
         to_partition = [group for group, members in positives.items() if len(members) > 1]
         mine = [group for j, group in enumerate(to_partition) if j % world == rank]
@@ -351,7 +347,7 @@ class RarityWeights(Modifier):
             return list(groups[group]) if need_all else list(positives[group])
 
         needed = {row for group in to_partition for row in shown_rows(group)}
-        shared = gather_rows(trainer, _texts_of(local_texts, needed, with_prompt=True))
+        shared = ctx.gather_rows(_texts_of(local_texts, needed, with_prompt=True))
         all_texts = {row: text for row, text, _ in shared}
         group_of = {row: group for group, rows in groups.items() for row in rows}
         prompts = {group_of[row]: prompt for row, _, prompt in shared}  # every row of a group has its prompt
@@ -376,28 +372,26 @@ class RarityWeights(Modifier):
                     args.cue_judge_tail_chars,
                 )
                 requests.append((group, messages, len(shown), numbers))
-            outputs = self._run_judge(trainer, [messages for _, messages, _, _ in requests])
+            outputs = self._run_judge(ctx, [messages for _, messages, _, _ in requests])
             for (group, _, num_shown, numbers), output in zip(requests, outputs, strict=True):
                 labels = parse_judge_groups(output, num_shown)
                 results.append((group, judge_partition(labels, numbers), labels is None))
         failures = 0
-        for group, cluster_ids, failed in gather_rows(trainer, results):
+        for group, cluster_ids, failed in ctx.gather_rows(results):
             partitions[group] = cluster_ids
             failures += failed
         rate = failures / len(to_partition) if args.cue_partition == "judge" and to_partition else None
         return partitions, {}, rate
 
-    def _run_judge(self, trainer, conversations: list[list[dict]]) -> list[str]:
+    def _run_judge(self, ctx: BatchContext, conversations: list[list[dict]]) -> list[str]:
         """Greedy judge answers, one per conversation (Appendix B: do_sample=False, max_new_tokens=512)."""
-        args = trainer.args
+        args = ctx.args
         if self._judge_is_policy:
             # Collective: every process calls it once per round, also with nothing to judge.
-            tokenizer = trainer.processing_class
+            tokenizer = ctx.processing_class
             tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
             prefixes = [_chat_ids(tokenizer, messages) for messages in conversations]
-            completions, _ = generate_from_prefixes(
-                trainer, prefixes, greedy=True, max_new_tokens=args.cue_judge_max_new_tokens
-            )
+            completions, _ = ctx.generate(prefixes, greedy=True, max_new_tokens=args.cue_judge_max_new_tokens)
             return tokenizer.batch_decode(completions, skip_special_tokens=True)
         outputs: list[str] = []
         tokenizer, model = self.judge_tokenizer, self.judge_model

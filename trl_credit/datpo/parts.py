@@ -90,7 +90,7 @@ def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branc
     trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
     matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
     # block_advantages gives them 0; the trees rollout assembles the leaves
-    nonfinite_reward_groups(trainer, matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
+    nonfinite_reward_groups(bridge.batch_context(trainer), matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
     rewards = leaf_rewards(matrix.cpu(), trees, trainer.reward_weights.cpu(), trainer.args.multi_objective_aggregation)
     rewards = rewards.tolist()
     return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
@@ -142,11 +142,12 @@ class Trees(Rollout):
             )
 
     # ------------------------------------------------------------------ generation
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not self.phase1 or not GenerationRecorder.available(trainer):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         recorder = GenerationRecorder(trainer.temperature, logps=False, entropies=True)
@@ -155,7 +156,8 @@ class Trees(Rollout):
         self.sampled_entropies = recorder.entropies(completion_ids)
         return completion_ids, logprobs
 
-    def generate_and_score(self, trainer, inputs, capture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx, inputs, capture) -> tuple[dict, RowBatch | None]:
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not trainer.model.training:
             return bridge.trl_generate_and_score(trainer, inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
@@ -169,18 +171,19 @@ class Trees(Rollout):
         rewards_per_func = capture.rewards(speaker(trainer, self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
-        batch = trl_groups(trainer, rewards_per_func, len(completion_ids))
+        batch = trl_groups(ctx, rewards_per_func, len(completion_ids))
         batch.attach(trees)
         return base, batch
 
-    def outcomes(self, trainer, batch: RowBatch) -> LeafOutcomes:
+    def outcomes(self, ctx, batch: RowBatch) -> LeafOutcomes:
         """The trees' leaves as outcomes (:func:`.credit.tree_leaves`), for the core's outcome stage: the modifiers that
         act on outcomes re-weight them before :class:`BlockCredit` aggregates them."""
-        return tree_leaves(trainer, batch.payload(TreeBatch))
+        return tree_leaves(ctx.trainer, batch.payload(TreeBatch))  # transitional: not yet ported to the context
 
-    def training_batch(self, trainer, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
+    def training_batch(self, ctx, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
         :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         trees = batch.payload(TreeBatch)
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
@@ -323,7 +326,7 @@ class Trees(Rollout):
 
     # ------------------------------------------------------------------ loss (the split and the renormalization of the
     # variable row count are the core's: trl_credit/core/row_count.py)
-    def micro_batch_loss(self, trainer, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def micro_batch_loss(self, ctx, proceed, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The micro-batch's loss, computed in forwards of at most ``rows_per_forward`` rows (default
         ``per_device_train_batch_size``): DATPO's micro-batches hold a variable number of rows (a whole tree's worth
         can land in one), so all but the last piece are back-propagated here, outside DDP's gradient sync, and the
@@ -331,6 +334,7 @@ class Trees(Rollout):
         is normalized against the whole generation batch (the core's ``row_count.renormalized_loss``), so the pieces add up to exactly the loss of
         the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
         the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if return_outputs or not trainer.model.training or NUM_ROWS not in inputs:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         num_rows = inputs["completion_ids"].size(0)
@@ -410,8 +414,9 @@ class BlockCredit(Credit):
                 args.embedding_model, device=device, trust_remote_code=args.embedding_trust_remote_code
             )
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict) -> ForestCredit:
+    def advantages(self, ctx, batch: RowBatch, inputs, output: dict) -> ForestCredit:
         trees = batch.payload(TreeBatch)  # MissingPayload names it: this credit needs the `Trees` rollout
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         rewards = None if batch.outcomes is None else self.outcome_rewards(trees, batch.outcomes)
         return block_credit(trainer, trees, diversity_alpha(trainer), self.block_embedder(trainer), rewards)
 
@@ -434,7 +439,8 @@ class BlockCredit(Credit):
             rewards[b] = float(leaves.rewards[leaf])
         return rewards
 
-    def loss(self, trainer, proceed, model, inputs):
+    def loss(self, ctx, proceed, model, inputs):
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         if not trainer.model.training or "datpo_base_advantages" not in inputs:
             return proceed(model, inputs)
         alpha = diversity_alpha(trainer)  # α of the optimizer step being trained (paper §4.4)

@@ -420,6 +420,12 @@ class GenerationRecorder:
         model = trainer.accelerator.unwrap_model(trainer.model)
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
+        with self.attached_to(model):
+            yield self
+
+    @contextlib.contextmanager
+    def attached_to(self, model) -> Iterator["GenerationRecorder"]:
+        """The hook on ``model`` (a causal LM, e.g. ``BatchContext.causal_lm``) while inside."""
         handle = model.register_forward_hook(self, with_kwargs=True)
         try:
             yield self

@@ -1,8 +1,9 @@
 """The oracle context of OPPO (docs/oppo.md#oracle-prompt, docs/oppo.md#scorer, paper §3.2 "Oracle Conditioning", App. I.2).
 
 :func:`build_oracle_prompt` is pure: it appends the ground-truth answer y* to a prompt. :func:`score_evidence`
-is trainer glue: it scores the sampled completion tokens under the oracle prompts (o_t) and, when needed, under the
-plain prompts (s_t), in one batched no-grad pass through TRL's own log-prob code. :func:`add_float32_head` and
+is glue over the batch's context (:class:`~trl_credit.core.context.BatchContext`): it scores the sampled completion
+tokens under the oracle prompts (o_t) and, when needed, under the plain prompts (s_t), in one batched no-grad pass
+through TRL's own log-prob code. :func:`add_float32_head` and
 :func:`float32_head` run the LM head of those log-probs in float32 (docs/oppo.md#evidence).
 """
 
@@ -17,7 +18,6 @@ from typing import Any
 
 import torch
 
-from trl_credit.trl_bridge import privates as bridge
 from trl_credit.trl_bridge.compat import HAS_FUSED_LM_HEAD, TRL_VERSION, add_fused_lm_head
 
 __all__ = [
@@ -77,7 +77,7 @@ def build_oracle_prompts(prompts: Sequence, answers: Sequence, template: str = D
 
 
 def score_evidence(
-    trainer,
+    ctx,
     model,
     oracle_prompt_ids: Sequence[Sequence[int]],
     prompt_ids: torch.Tensor,
@@ -89,13 +89,13 @@ def score_evidence(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o_t, s_t), each (B, T): log-probs of the sampled completion tokens under ``model`` with the oracle prompts
     and with the plain prompts (docs/oppo.md#oracle-prompt), scored by TRL's ``_get_per_token_logps_and_entropies`` (no grad, same
-    temperature and chunking as TRL's own old/ref log-prob passes) via ``trl_credit.core.scoring.score_completions``.
+    temperature and chunking as TRL's own old/ref log-prob passes) via the context's ``logprobs``
+    (``trl_credit.core.scoring.score_completions``); ``ctx``: the batch's :class:`~trl_credit.core.context.BatchContext`.
 
     With ``student_logps`` given (self-oracle: TRL's ``old_per_token_logps``, the log-probs recorded during
     generation or vLLM's) only the B oracle rows are scored; otherwise the B oracle rows and the B plain rows are stacked into one batch of 2B rows and scored in the
     same call, so OPPO costs one extra pass call either way.
     """
-    from trl_credit.core.scoring import score_completions
     from trl_credit.trl_bridge.compat import pad
 
     plain_rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
@@ -107,19 +107,18 @@ def score_evidence(
         completion_ids = torch.cat([completion_ids, completion_ids], dim=0)
         completion_mask = torch.cat([completion_mask, completion_mask], dim=0)
     device = completion_ids.device
-    pad_to = getattr(trainer, "pad_to_multiple_of", None)
+    pad_to = ctx.sampling.pad_to_multiple_of
     stacked_ids = pad(
         [torch.tensor(r, dtype=torch.long) for r in rows],
-        padding_value=bridge.pad_token_id(trainer),
+        padding_value=ctx.tokenizer.pad_token_id,
         padding_side="left",
         pad_to_multiple_of=pad_to,
     ).to(device)
     stacked_mask = pad(
         [torch.ones(len(r), dtype=torch.long) for r in rows], padding_value=0, padding_side="left", pad_to_multiple_of=pad_to
     ).to(device)
-    logps, _ = score_completions(
-        trainer, model, stacked_ids, stacked_mask, completion_ids, completion_mask, batch_size=batch_size
-    )
+    logps, _ = ctx.logprobs(stacked_ids, stacked_mask, completion_ids, completion_mask, model=model,
+                            batch_size=batch_size)
     num_rows = len(oracle_prompt_ids)
     oracle_logps = logps[:num_rows]
     if student_logps is None:

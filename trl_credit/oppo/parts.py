@@ -31,6 +31,7 @@ import contextlib
 import torch
 
 from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import Credit, GroupOutcome
 from trl_credit.generation.hooks import GenerationRecorder
 from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
@@ -51,9 +52,8 @@ from trl_credit.oppo.recursion import (
     row_token_moments,
     sequence_anchor_signs,
 )
-from trl_credit.core.logs import log_metric, warn_once
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import bind_success, check_single_turn, is_composed, speaker, trainer_mode
+from trl_credit.core.setup import bind_success, check_single_turn, is_composed, speaker
 from trl_credit.trl_bridge.compat import (
     HAS_FUSED_LM_HEAD,
     create_model_from_path,
@@ -72,26 +72,26 @@ def causal_lm(trainer):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def reduced_precision(trainer) -> bool:
+def reduced_precision(ctx: BatchContext) -> bool:
     """Whether the policy's LM head computes below float32 unless OPPO makes it float32 (bf16/fp16 autocast or
     weights): then log-probs computed outside OPPO's float32 head cannot serve as s_t."""
-    head = causal_lm(trainer).get_output_embeddings()
+    head = ctx.causal_lm.get_output_embeddings()
     reduced = (torch.bfloat16, torch.float16)
-    return trainer.accelerator.mixed_precision in ("bf16", "fp16") or head.weight.dtype in reduced
+    return ctx.mixed_precision in ("bf16", "fp16") or head.weight.dtype in reduced
 
 
-def records_generation_logps(trainer) -> bool:
+def records_generation_logps(ctx: BatchContext) -> bool:
     """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching), the
     self-oracle with ``plain_logps="auto"``, and TRL's own rollouts. A ``rollout_func`` (SRPO's resets) builds its
     rows from several generation calls (a suffix row's completion is a prefix from one call and a suffix from
     another, under the rollout's prompt), so no one call's record lines up with the rows: s_t is scored instead."""
-    args = trainer.args
+    args, sampling = ctx.args, ctx.sampling
     return (
         args.oracle == "self"
         and args.plain_logps == "auto"
-        and not trainer.use_vllm
-        and not trainer.use_transformers_continuous_batching
-        and getattr(trainer, "rollout_func", None) is None
+        and not sampling.use_vllm
+        and not sampling.use_transformers_continuous_batching
+        and not sampling.custom_rollout
     )
 
 
@@ -166,8 +166,8 @@ class ValueRecursion(Credit):
     def __init__(self, teacher=None, teacher_processing_class=None):
         self._teacher_source = (teacher, teacher_processing_class)
         self.teacher_model = None
-        # s_t recorded during this batch's HF generation (one list per row), None when not recorded.
-        self.generation_logps: list | None = None
+        # s_t recorded during a batch's HF generation (one list per row) lives in the batch's context:
+        # ctx.scratch(self)["generation_logps"], absent or None when not recorded.
         self.outcome = GroupOutcome(nonfinite_metric="oppo/nonfinite_reward_rate", speaks_as=self.name)
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
@@ -195,21 +195,23 @@ class ValueRecursion(Credit):
             add_float32_head(causal_lm(trainer), trainer.temperature)
         self._teacher_source = (None, None)  # the prepared teacher is kept, not what it was built from
 
-    def generate_single_turn(self, trainer, proceed, prompt_ids, images, multimodal_fields, num_generations,
+    def generate_single_turn(self, ctx, proceed, prompt_ids, images, multimodal_fields, num_generations,
                              has_tool_images=False):
         """TRL's generation; with HF ``generate`` and the self-oracle, the plain log-probs s_t of the sampled tokens
         are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`) for :meth:`advantages`,
         with the LM head in float32 like the extra pass's (so the tokens are sampled from float32 logits, as with
         TRL's ``cast_lm_head_to_fp32``)."""
-        self.generation_logps = None
-        if not records_generation_logps(trainer):
+        scratch = ctx.scratch(self)
+        scratch["generation_logps"] = None
+        if not records_generation_logps(ctx):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        recorder = GenerationRecorder(trainer.temperature, logps=True)
-        with recorder.attached(trainer), float32_head(causal_lm(trainer)) as head_in_float32:
+        recorder = GenerationRecorder(ctx.sampling.temperature, logps=True)
+        model = ctx.causal_lm
+        with recorder.attached_to(model), float32_head(model) as head_in_float32:
             completion_ids, logprobs = proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         # A head that could not run in float32 (e.g. with a LoRA adapter) under reduced precision: not s_t.
-        usable = head_in_float32 or not reduced_precision(trainer)
-        self.generation_logps = recorder.logps(completion_ids) if usable else None
+        usable = head_in_float32 or not reduced_precision(ctx)
+        scratch["generation_logps"] = recorder.logps(completion_ids) if usable else None
         return completion_ids, logprobs
 
     # Per-sequence decisions of TRL's loss. `off_policy_mask_threshold` keeps a sequence when its advantage is >= 0
@@ -220,39 +222,38 @@ class ValueRecursion(Credit):
     sets_sequence_anchors = True
 
     # ------------------------------------------------------------------------------------------------ the credit
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         try:
             # GRPO's advantages are not used (OPPO's replace them), only what computing them reports: the warning
             # and `oppo/nonfinite_reward_rate` of groups with a ±inf reward, and TRL's completions table
-            self.outcome.advantages(trainer, batch, inputs, output)
-            advantages, _ = self.token_advantages(trainer, batch, inputs, output)
+            self.outcome.advantages(ctx, batch, inputs, output)
+            advantages, _ = self.token_advantages(ctx, batch, inputs, output)
         finally:
-            self.generation_logps = None  # this batch's generation record is used once
+            ctx.scratch(self)["generation_logps"] = None  # this batch's generation record is used once
         return advantages
 
-    def _group_statistics(self, trainer, batch: RowBatch):
+    def _group_statistics(self, ctx: BatchContext, batch: RowBatch):
         """Per global row: sign(A^seq) (from the rewards, ties exact; 0 for rows of no group); per global group (the
         record's ``group_ids``, any layout): k (correct completions, by the verifier) and the number of scorable
         completions G."""
         rewards_per_func, scorable, correct = batch.rewards_per_func, batch.scorable, batch.success
         anchor_signs = sequence_anchor_signs(
             rewards_per_func,
-            trainer.reward_weights,
+            ctx.reward_weights,
             batch.group_ids,
-            bridge.success_index(trainer),
-            trainer.args.multi_objective_aggregation,
+            ctx.success_index,
+            ctx.args.multi_objective_aggregation,
         )
         num_correct, num_scorable = group_success_counts(correct, scorable, batch.group_ids)
         # Global rows, so every process logs the same rate: k / G of the whole batch.
         num_scorable_rows = int(scorable.sum())
-        log_metric(trainer, "oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
-        verifier_scored = ~torch.isnan(rewards_per_func[:, bridge.success_index(trainer)])
+        ctx.metric("oppo/success_rate", int(correct.sum()) / num_scorable_rows if num_scorable_rows else 0.0)
+        verifier_scored = ~torch.isnan(rewards_per_func[:, ctx.success_index])
         if num_scorable_rows and not bool(verifier_scored.any()):
-            name = bridge.success_reward_name(trainer)
-            warn_once(
-                trainer,
+            name = ctx.success_reward_name
+            ctx.warn(
                 "oppo_verifier_none",
-                f"{speaker(trainer, self)}: the `success_reward` function ({name!r}) returned None for every "
+                f"{ctx.speaker(self)}: the `success_reward` function ({name!r}) returned None for every "
                 "completion other reward "
                 "functions scored, so no completion counts as correct and the prior is k = 0 in every group. Set "
                 "`success_reward` to your verifier (its name or index in `reward_funcs`). `oppo/success_rate` logs "
@@ -260,19 +261,19 @@ class ValueRecursion(Credit):
             )
         return anchor_signs, num_correct, num_scorable
 
-    def _existing_plain_logps(self, trainer, output) -> torch.Tensor | None:
+    def _existing_plain_logps(self, ctx: BatchContext, output) -> torch.Tensor | None:
         """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows). Like
         o_t, s_t must come from a float32 LM head (docs/oppo.md#evidence)."""
-        args = trainer.args
+        args, sampling = ctx.args, ctx.sampling
         if args.oracle != "self" or args.plain_logps == "recompute":
             return None
-        reduced = reduced_precision(trainer)
+        reduced = reduced_precision(ctx)
         old_logps = output.get("old_per_token_logps")
         # TRL's own pass: exactly s_t (trl<1.15's cast_lm_head_to_fp32 head still runs under autocast)
         if old_logps is not None and ((args.cast_lm_head_to_fp32 and HAS_FUSED_LM_HEAD) or not reduced):
             return old_logps
         completion_ids = output["completion_ids"]
-        recorded = self.generation_logps
+        recorded = ctx.scratch(self).get("generation_logps")
         if recorded is not None and len(recorded) == completion_ids.size(0):
             table = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
             for row, values in enumerate(recorded):
@@ -283,41 +284,41 @@ class ValueRecursion(Credit):
         sampled = output.get("sampling_per_token_logps")
         plain_sampling = (
             not reduced  # vLLM's log-probs come from its own (serving dtype) head
-            and trainer.use_vllm
-            and (trainer.top_p is None or trainer.top_p >= 1.0)
-            and (trainer.top_k is None or trainer.top_k <= 0)
-            and not trainer.min_p
-            and (trainer.repetition_penalty is None or trainer.repetition_penalty == 1.0)
+            and sampling.use_vllm
+            and (sampling.top_p is None or sampling.top_p >= 1.0)
+            and (sampling.top_k is None or sampling.top_k <= 0)
+            and not sampling.min_p
+            and (sampling.repetition_penalty is None or sampling.repetition_penalty == 1.0)
         )
         if sampled is not None and plain_sampling and not torch.isnan(sampled[output["completion_mask"].bool()]).any():
             return sampled  # vLLM's log-probs of the sampled tokens under temperature-only sampling
         return None
 
     @staticmethod
-    def _batch_answers(trainer, inputs) -> list:
-        column = trainer.args.answer_column
+    def _batch_answers(ctx: BatchContext, inputs) -> list:
+        column = ctx.args.answer_column
         answers = []
         for row, x in enumerate(inputs):
             answer = x.get(column) if isinstance(x, dict) else None
             problem = answer_problem(answer) if isinstance(x, dict) and column in x else "is missing"
             if problem is not None:
-                where = f"row {row} of this process's batch (step {trainer.state.global_step})"
-                refuse_answer(column, where, answer, problem, speaker(trainer, "oppo"), type(trainer.args).__name__)
+                where = f"row {row} of this process's batch (step {ctx.step})"
+                refuse_answer(column, where, answer, problem, ctx.speaker("oppo"), type(ctx.args).__name__)
             answers.append(answer)
         return answers
 
-    def token_advantages(self, trainer, batch: RowBatch, inputs, output) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output) -> tuple[torch.Tensor, torch.Tensor]:
         """OPPO's normalized advantages Ã (B, T) of this process's rows and their anchors sign(A^seq) (B,)."""
-        args = trainer.args
+        args = ctx.args
         device = output["completion_ids"].device
         completion_mask = output["completion_mask"]
-        answers = self._batch_answers(trainer, inputs)  # fail before any scoring pass
+        answers = self._batch_answers(ctx, inputs)  # fail before any scoring pass
 
         # Each local row's group, and whether it is in one (a row of no group gets advantage 0).
         group_ids = batch.local_rows(batch.group_ids).to(device)
         row_in_group = group_ids != NO_GROUP
         group_index = group_ids.clamp(min=0)  # a valid index for rows of no group; their credit is masked out
-        statistics = self._group_statistics(trainer, batch)
+        statistics = self._group_statistics(ctx, batch)
         # Each row's sequence direction, for the modifiers that act per row (Cue-GRPO's positive set, which scales
         # the positive part of a row's credit).
         batch.sequence_signs = statistics[0].cpu()
@@ -340,30 +341,29 @@ class ValueRecursion(Credit):
         # from the prompts the completions were generated from (a rollout that rewrites them says so in the record).
         prompts = batch.prompts
         if len(prompts) != len(inputs):
-            raise RuntimeError(f"{speaker(trainer, self)}: the record holds {len(prompts)} rollout prompts for "
+            raise RuntimeError(f"{ctx.speaker(self)}: the record holds {len(prompts)} rollout prompts for "
                                f"{len(inputs)} rows.")
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
-        oracle_prompt_ids, _, _ = bridge.tokenize_prompts(trainer, oracle_prompts)
+        oracle_prompt_ids, _, _ = ctx.tokenize(oracle_prompts)
 
-        student_logps = self._existing_plain_logps(trainer, output)
+        student_logps = self._existing_plain_logps(ctx, output)
         extra_pass_rows = 1.0 if student_logps is not None else 2.0
-        if student_logps is None and records_generation_logps(trainer):
-            warn_once(
-                trainer,
+        if student_logps is None and records_generation_logps(ctx):
+            ctx.warn(
                 "oppo_plain_logps",
-                f"{speaker(trainer, self)} could not take the plain log-probs s_t from the generation (its record did "
+                f"{ctx.speaker(self)} could not take the plain log-probs s_t from the generation (its record did "
                 "not line up with "
                 "the completions, e.g. beam search or a custom generate, or under bf16/fp16 the LM head could not "
                 "run in float32, e.g. with a LoRA adapter on it), so its extra pass also scores the B plain rows "
                 "(2B rows, ~2x the cost). `oppo/extra_pass_rows` logs 2 on such steps.",
             )
-        scorer = trainer.model if args.oracle == "self" else self.teacher_model
-        train = trainer_mode(trainer) == "train"
+        scorer = ctx.policy if args.oracle == "self" else self.teacher_model
+        train = ctx.mode == "train"
         batch_size = args.per_device_train_batch_size if train else args.per_device_eval_batch_size
         # float32 LM head for o_t (and s_t when scored here); the teacher's head is float32 from loading
-        with float32_head(causal_lm(trainer)) if args.oracle == "self" else contextlib.nullcontext():
+        with float32_head(ctx.causal_lm) if args.oracle == "self" else contextlib.nullcontext():
             oracle_logps, student_logps = score_evidence(
-                trainer,
+                ctx,
                 scorer,
                 oracle_prompt_ids,
                 output["prompt_ids"],
@@ -374,7 +374,7 @@ class ValueRecursion(Credit):
                 batch_size=batch_size,
             )
         # Rows the extra pass scored, per row of the batch: 1 (the paper's one extra pass) or 2 (plain rows too).
-        log_metric(trainer, "oppo/extra_pass_rows", extra_pass_rows)
+        ctx.metric("oppo/extra_pass_rows", extra_pass_rows)
 
         credit = bayesian_value_recursion(
             oracle_logps,
@@ -395,16 +395,16 @@ class ValueRecursion(Credit):
         # Group normalization over the valid tokens of the whole group, which may live on several processes: the
         # gathered per-row moments are the global rows in TRL's order, those of rows in no group left out.
         row_moments = row_token_moments(credit.advantages, trained_mask)
-        all_row_moments = trainer.accelerator.gather(row_moments)
+        all_row_moments = ctx.gather(row_moments)
         moments = group_moments(all_row_moments, batch.group_ids.to(device), num_correct.numel())
         advantages = normalize_with_group_moments(
             credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps
         )
-        self._log_metrics(trainer, credit, advantages, trained_mask, row_scorable, row_credited)
+        self._log_metrics(ctx, credit, advantages, trained_mask, row_scorable, row_credited)
         return advantages.to(output["advantages"].dtype), seq_advantages
 
     @staticmethod
-    def _log_metrics(trainer, credit, advantages, credit_mask, scorable, credited) -> None:
+    def _log_metrics(ctx: BatchContext, credit, advantages, credit_mask, scorable, credited) -> None:
         mask = credit_mask.to(torch.float64)
         local = torch.stack(
             [
@@ -418,11 +418,11 @@ class ValueRecursion(Credit):
                 torch.tensor(float(scorable.numel()), dtype=torch.float64, device=mask.device),
             ]
         )
-        gathered = trainer.accelerator.gather(local).view(-1, 8).sum(0).tolist()
+        gathered = ctx.gather(local).view(-1, 8).sum(0).tolist()
         value_sum, tokens, clipped, abs_sum, prior_sum, credited_rows, unscorable, rows = gathered
         tokens = max(tokens, 1.0)
-        log_metric(trainer, "oppo/value_mean", value_sum / tokens)
-        log_metric(trainer, "oppo/evidence_clip_rate", clipped / tokens)
-        log_metric(trainer, "oppo/advantage_abs_mean", abs_sum / tokens)
-        log_metric(trainer, "oppo/prior_value_mean", prior_sum / max(credited_rows, 1.0))
-        log_metric(trainer, "oppo/unscorable_rate", unscorable / max(rows, 1.0))
+        ctx.metric("oppo/value_mean", value_sum / tokens)
+        ctx.metric("oppo/evidence_clip_rate", clipped / tokens)
+        ctx.metric("oppo/advantage_abs_mean", abs_sum / tokens)
+        ctx.metric("oppo/prior_value_mean", prior_sum / max(credited_rows, 1.0))
+        ctx.metric("oppo/unscorable_rate", unscorable / max(rows, 1.0))

@@ -22,8 +22,8 @@ import warnings
 import torch
 
 from trl_credit.core.batch import NO_GROUP, RowBatch
-from trl_credit.core.collectives import gather_rows
-from trl_credit.core.logs import log_metric, nonfinite_reward_groups, warn_once
+from trl_credit.core.context import BatchContext
+from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import register_part
 from trl_credit.core.setup import check_single_turn
 from trl_credit.core.success import total_rewards
@@ -32,7 +32,6 @@ from trl_credit.process.advantages import normalized_step_rewards, token_advanta
 from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
-from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
@@ -60,14 +59,15 @@ class ProcessCredit(Credit):
         if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
             check_single_turn(trainer, "credit='process'")
         source = self._step_reward_arg
-        self.step_reward = resolve_step_reward(source if source is not None else _arg(trainer, "process_step_reward"))
-        srpo_delimiter = getattr(trainer.args, "thought_delimiter", None)
-        if getattr(trainer.rollout, "name", None) == "resets" and srpo_delimiter != _arg(trainer,
+        args = trainer.args
+        self.step_reward = resolve_step_reward(source if source is not None else _arg(args, "process_step_reward"))
+        srpo_delimiter = getattr(args, "thought_delimiter", None)
+        if getattr(trainer.rollout, "name", None) == "resets" and srpo_delimiter != _arg(args,
                                                                                            "process_thought_delimiter"):
             warnings.warn(
                 f"credit='process' with rollout='resets': SRPO resets at thoughts ending with thought_delimiter="
                 f"{srpo_delimiter!r} but the process steps end with process_thought_delimiter="
-                f"{_arg(trainer, 'process_thought_delimiter')!r}, so a reset point may fall inside a step (which is "
+                f"{_arg(args, 'process_thought_delimiter')!r}, so a reset point may fall inside a step (which is "
                 "then scored and trained as one step across the prefix and the suffix). Set both to the same text.",
                 UserWarning, stacklevel=2)
         if self.step_reward is None:
@@ -81,20 +81,20 @@ class ProcessCredit(Credit):
     # (B, T) advantages (batch.sequence_anchors, handed to the loss by the core: trl_credit/core/anchors.py), as for OPPO.
     sets_sequence_anchors = True
 
-    def advantages(self, trainer, batch: RowBatch, inputs, output: dict):
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
         num_local, num_tokens = completion_ids.shape
         # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
         grouped = batch.group_ids != NO_GROUP
         nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
         nonfinite[grouped] = nonfinite_reward_groups(
-            trainer, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
+            ctx, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
             "process/nonfinite_reward_rate").cpu()
         credited = batch.local_rows(batch.scorable & grouped & ~nonfinite).tolist()
         prefixes = [0] * num_local if batch.prefix_lengths is None else batch.local_rows(batch.prefix_lengths).tolist()
         outcome = None
-        if _arg(trainer, "process_outcome") == "final_step":
-            outcome = batch.local_rows(total_rewards(batch.rewards_per_func, trainer.reward_weights).cpu()).tolist()
+        if _arg(ctx.args, "process_outcome") == "final_step":
+            outcome = batch.local_rows(total_rewards(batch.rewards_per_func, ctx.reward_weights).cpu()).tolist()
 
         # This process's rows: step ends and rewards (the outcome as a last step), and what enters the statistics.
         local_steps, local_records = [], []
@@ -104,7 +104,7 @@ class ProcessCredit(Credit):
                 local_records.append(None)
                 continue
             ids = completion_ids[i][completion_mask[i].bool()].tolist()
-            ends, rewards = self._step_rewards(trainer, inputs[i], ids, i)
+            ends, rewards = self._step_rewards(ctx, inputs[i], ids, i)
             record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
             if outcome is not None:
@@ -114,12 +114,12 @@ class ProcessCredit(Credit):
             local_steps.append(ends)
             local_records.append(record)
 
-        records = gather_rows(trainer, local_records)  # every row of the batch, in TRL's global order
+        records = ctx.gather_rows(local_records)  # every row of the batch, in TRL's global order
         if len(records) != batch.num_rows:
             raise RuntimeError(f"credit='process': {len(records)} rows of step rewards for {batch.num_rows} rows.")
         normalized = normalized_step_rewards(
             [None if r is None else r["rewards"] for r in records], batch.group_ids.tolist(),
-            scale=trainer.scale_rewards)
+            scale=ctx.scale_rewards)
         sequence = [sum(values) for values in normalized]  # a row's first trained token's advantage
         batch.log_advantages(sequence)
         batch.sequence_signs = torch.tensor(
@@ -130,13 +130,13 @@ class ProcessCredit(Credit):
             if ends is not None:
                 length = int(completion_mask[i].sum())
                 advantages[i, :length] = torch.tensor(token_advantages(ends, values, length), dtype=torch.float64)
-        self._log_metrics(trainer, records)
+        self._log_metrics(ctx, records)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
-    def _step_rewards(self, trainer, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
+    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
         """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked."""
-        tokenizer, delimiter = bridge.tokenizer(trainer), _arg(trainer, "process_thought_delimiter")
+        tokenizer, delimiter = ctx.tokenizer, _arg(ctx.args, "process_thought_delimiter")
         ends = split_thoughts(ids, tokenizer, delimiter)
         if not ends:
             return [], []
@@ -145,11 +145,11 @@ class ProcessCredit(Credit):
         columns = {key: value for key, value in row.items() if key != "prompt"}
         rewards = self.step_reward(row["prompt"], text, steps, **columns)
         name = getattr(self.step_reward, "__name__", repr(self.step_reward))
-        where = f"row {index} of this process's batch (step {trainer.state.global_step})"
+        where = f"row {index} of this process's batch (step {ctx.step})"
         return ends, checked_rewards(rewards, len(ends), repr(name), where)
 
     @staticmethod
-    def _log_metrics(trainer, records: list) -> None:
+    def _log_metrics(ctx: BatchContext, records: list) -> None:
         """Global metrics (every process holds every row's record): each over the credited rows."""
         rows = [r for r in records if r is not None]
         if not rows:
@@ -158,27 +158,28 @@ class ProcessCredit(Credit):
         unscored_rows = sum(r["steps"] == r["unscored"] for r in rows)  # no step scored (or no step at all)
         one_step = sum(r["steps"] == 1 for r in rows)
         first_zero = [r["first_zero"] for r in rows if r["first_zero"] is not None]
-        log_metric(trainer, "process/steps_per_completion", steps / len(rows))
-        log_metric(trainer, "process/unscored_step_rate", sum(r["unscored"] for r in rows) / max(steps, 1))
-        log_metric(trainer, "process/unscored_row_rate", unscored_rows / len(rows))
-        log_metric(trainer, "process/no_delimiter_rate", one_step / len(rows))
-        log_metric(trainer, "process/zero_step_rate", len(first_zero) / len(rows))
+        ctx.metric("process/steps_per_completion", steps / len(rows))
+        ctx.metric("process/unscored_step_rate", sum(r["unscored"] for r in rows) / max(steps, 1))
+        ctx.metric("process/unscored_row_rate", unscored_rows / len(rows))
+        ctx.metric("process/no_delimiter_rate", one_step / len(rows))
+        ctx.metric("process/zero_step_rate", len(first_zero) / len(rows))
         if first_zero:
-            log_metric(trainer, "process/first_zero_step_mean", sum(first_zero) / len(first_zero))
+            ctx.metric("process/first_zero_step_mean", sum(first_zero) / len(first_zero))
         if unscored_rows:
-            warn_once(trainer, "process_unscored",
-                      "credit='process': the step-reward function scored no step of some completions (every step "
-                      "None, or an empty completion), so they get no process credit (advantage 0 unless "
-                      "process_outcome='final_step'). `process/unscored_row_rate` logs their share.")
+            ctx.warn("process_unscored",
+                     "credit='process': the step-reward function scored no step of some completions (every step "
+                     "None, or an empty completion), so they get no process credit (advantage 0 unless "
+                     "process_outcome='final_step'). `process/unscored_row_rate` logs their share.")
         if one_step:
-            warn_once(trainer, "process_one_step",
-                      "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
-                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
-                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
+            ctx.warn("process_one_step",
+                     "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
+                     "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
+                     "asking for one step per line); `process/no_delimiter_rate` logs their share.")
 
 
-def _arg(trainer, name: str):
-    """A process field of the trainer's config, its default under a config without it (a plain GRPOConfig)."""
+def _arg(args, name: str):
+    """A process field of the trainer's config ``args``, its default under a config without it (a plain
+    GRPOConfig)."""
     from trl_credit.process.config import ProcessFields
 
-    return getattr(trainer.args, name, ProcessFields.__dataclass_fields__[name].default)
+    return getattr(args, name, ProcessFields.__dataclass_fields__[name].default)

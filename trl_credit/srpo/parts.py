@@ -131,7 +131,8 @@ class Resets(Rollout):
 
     # ------------------------------------------------------------------ the generation batch and its record
 
-    def generate_and_score(self, trainer, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+    def generate_and_score(self, ctx, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
+        trainer = ctx.trainer  # transitional: not yet ported to the context
         self._inputs, self._row_kinds = inputs, None
         try:
             output = bridge.trl_generate_and_score(trainer, inputs)
@@ -142,7 +143,7 @@ class Resets(Rollout):
         # the completions under their own prompts (OPPO's oracle prompts).
         prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
         if self._row_kinds is None:  # evaluation: TRL's iid groups
-            batch = trl_groups(trainer, rewards_per_func, output["completion_ids"].size(0))
+            batch = trl_groups(ctx, rewards_per_func, output["completion_ids"].size(0))
             batch.prompts = prompts
             return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
@@ -212,7 +213,8 @@ class Resets(Rollout):
         args = trainer.args
         paper_mode = args.localization == "generate" and args.localization_fallback == "random"
         log_sources = args.reset == "self" and not paper_mode  # paper's mode: the parse rate is the split
-        log_step_stats(trainer, stats, rounds, log_sources, self.step_checker is not None)
+        # transitional: TRL calls the rollout function with the trainer; the batch's context is the core's
+        log_step_stats(bridge.batch_context(trainer), stats, rounds, log_sources, self.step_checker is not None)
         return output
 
     def _prompt_groups(self, trainer, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:

@@ -1,7 +1,8 @@
 """The per-step counts of SRPO's rollout and the ``srpo/`` metrics and warnings made from them (docs/srpo.md#metrics).
 
 Every process fills a :class:`StepStats` with its own counts; :func:`log_step_stats` sums them over processes in one
-``gather`` (a collective call, made by every process) and logs the rates through TRL's metrics.
+``gather`` (a collective call, made by every process) and logs the rates through TRL's metrics, all through the
+batch's :class:`~trl_credit.core.context.BatchContext` (``ctx``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from trl_credit.core.logs import log_metric, warn_once
-from trl_credit.core.setup import speaker
 from trl_credit.srpo.localization import LocalizationQuality
-from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["StepStats", "log_step_stats", "SOURCES"]
 
@@ -53,11 +51,11 @@ class StepStats:
     clean: float = 0
     deviation_sum: float = 0
 
-    def summed(self, trainer) -> StepStats:
+    def summed(self, ctx) -> StepStats:
         """The counts summed over processes (collective)."""
         values = [float(getattr(self, f.name)) for f in fields(self)]
-        local = torch.tensor(values, dtype=torch.float64, device=trainer.accelerator.device)
-        totals = trainer.accelerator.gather(local).view(-1, len(values)).sum(dim=0).tolist()
+        local = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+        totals = ctx.gather(local).view(-1, len(values)).sum(dim=0).tolist()
         return StepStats(*totals)
 
     def add_quality(self, quality: LocalizationQuality) -> None:
@@ -65,22 +63,21 @@ class StepStats:
             setattr(self, name, getattr(self, name) + getattr(quality, name))
 
 
-def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, has_checker: bool) -> None:
+def log_step_stats(ctx, local: StepStats, rounds: int, log_sources: bool, has_checker: bool) -> None:
     """Sum ``local`` over processes and log the step's ``srpo/`` metrics (docs/srpo.md#metrics), with the warnings
     they call for (once each). ``log_sources``: log ``srpo/localization_source/*`` (SRPO outside the paper's
     generate-then-uniform mode, where ``srpo/localization_parse_rate`` already is the split)."""
-    args = trainer.args
-    s = local.summed(trainer)
+    args = ctx.args
+    s = local.summed(ctx)
     fallbacks = s.reset_groups - s.seeds
-    log_metric(trainer, "srpo/fallback_rate", fallbacks / s.reset_groups)
-    log_metric(trainer, "srpo/seed_rounds", rounds)
+    ctx.metric("srpo/fallback_rate", fallbacks / s.reset_groups)
+    ctx.metric("srpo/seed_rounds", rounds)
     empty_rate = s.empty_candidates / s.scored_candidates if s.scored_candidates else 0.0
-    log_metric(trainer, "srpo/empty_candidate_rate", empty_rate)
+    ctx.metric("srpo/empty_candidate_rate", empty_rate)
     if s.empty_candidates:
-        warn_once(
-            trainer,
+        ctx.warn(
             "srpo/empty_candidate",
-            f"{speaker(trainer, 'resets')}: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were "
+            f"{ctx.speaker('resets')}: {s.empty_candidates:.0f} of {s.scored_candidates:.0f} seed candidates were "
             "empty (0 "
             "tokens), so they have no thought to reset from and were not taken as seeds (srpo/empty_candidate_rate). "
             "HF generate and vLLM return the EOS token when the model stops at once; check a custom generation.",
@@ -88,38 +85,35 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
     base_size = args.num_base_generations
     if fallbacks == s.reset_groups:
         trained_as = "as GRPO on the base groups" if base_size else "nothing (this split has no base group)"
-        warn_once(
-            trainer,
+        ctx.warn(
             "srpo/no_seed",
-            f"{speaker(trainer, 'resets')} found no incorrect seed for any prompt of a step, so it trained "
+            f"{ctx.speaker('resets')} found no incorrect seed for any prompt of a step, so it trained "
             f"{trained_as} "
             f"(srpo/fallback_rate = 1). A seed is a rollout whose `success_reward` function (reward "
-            f"function {bridge.success_reward_name(trainer)!r}) scores below success_threshold="
+            f"function {ctx.success_reward_name!r}) scores below success_threshold="
             f"{args.success_threshold}: check that this is the verifier (accuracy), not a format reward.",
         )
     if fallbacks and not base_size:
         # No base group to fall back to: a prompt without an incorrect seed has only masked rows.
-        warn_once(
-            trainer,
+        ctx.warn(
             "srpo/no_base_group_fallback",
-            f"{speaker(trainer, 'resets')}: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect "
+            f"{ctx.speaker('resets')}: {fallbacks:.0f} of {s.reset_groups:.0f} reset groups found no incorrect "
             "seed "
-            f"(srpo/fallback_rate), and the split num_generations={trainer.num_generations} = reset_groups x "
+            f"(srpo/fallback_rate), and the split num_generations={ctx.group_size} = reset_groups x "
             f"suffixes_per_reset ({args.reset_groups} x {args.suffixes_per_reset}) has no base group to fall back to, "
             "so those prompts add nothing to the loss (their rows are masked). Fix: num_generations >= 4 (the "
             "default split then keeps a base group of ceil(num_generations / 2)) or an explicit split with a base "
             "group; or more seed rounds (max_seed_rounds) if the verifier does fail sometimes.",
         )
     if s.seeds:
-        log_metric(trainer, "srpo/reset_position", s.position_sum / s.seeds)
-        log_metric(trainer, "srpo/reset_at_question_rate", s.at_question / s.seeds)
-        log_metric(trainer, "srpo/single_thought_rate", s.single_thought / s.seeds)
-        log_metric(trainer, "srpo/thoughts_per_seed", s.thoughts_sum / s.seeds)
+        ctx.metric("srpo/reset_position", s.position_sum / s.seeds)
+        ctx.metric("srpo/reset_at_question_rate", s.at_question / s.seeds)
+        ctx.metric("srpo/single_thought_rate", s.single_thought / s.seeds)
+        ctx.metric("srpo/thoughts_per_seed", s.thoughts_sum / s.seeds)
         if s.single_thought / s.seeds > 0.5:
-            warn_once(
-                trainer,
+            ctx.warn(
                 "srpo/single_thought",
-                f"{speaker(trainer, 'resets')}: {s.single_thought:.0f} of {s.seeds:.0f} seeds have a single thought "
+                f"{ctx.speaker('resets')}: {s.single_thought:.0f} of {s.seeds:.0f} seeds have a single thought "
                 f"(srpo/single_thought_rate), so they can only reset at the question and SRPO degenerates to "
                 f"GRPO on two groups. Cause: the model does not write thought_delimiter={args.thought_delimiter!r}. "
                 + ("Fix: the model writes its answers on one line although rollout_template='lines' asks for one step "
@@ -128,32 +122,31 @@ def log_step_stats(trainer, local: StepStats, rounds: int, log_sources: bool, ha
                    "Fix: rollout_template='lines' (one step per line; thoughts then end at '\\n'), or set "
                    "`thought_delimiter` to what the model writes between steps."),
             )
-    _log_localization(trainer, s, log_sources, has_checker)
+    _log_localization(ctx, s, log_sources, has_checker)
     generated = s.base_tokens + s.seed_tokens + s.localization_tokens + s.suffix_tokens
     if s.base_tokens:
-        log_metric(trainer, "srpo/tokens_vs_base", generated / s.base_tokens)
+        ctx.metric("srpo/tokens_vs_base", generated / s.base_tokens)
     iid_tokens = s.base_tokens + s.seed_tokens
     if iid_tokens:
-        grpo_tokens = s.prompts * trainer.num_generations * iid_tokens / s.iid_rollouts  # a GRPO step, same budget
-        log_metric(trainer, "srpo/tokens_vs_grpo", generated / grpo_tokens)
-        log_metric(trainer, "srpo/paper_tokens_vs_grpo", (s.base_tokens + s.suffix_tokens) / grpo_tokens)
+        grpo_tokens = s.prompts * ctx.group_size * iid_tokens / s.iid_rollouts  # a GRPO step, same budget
+        ctx.metric("srpo/tokens_vs_grpo", generated / grpo_tokens)
+        ctx.metric("srpo/paper_tokens_vs_grpo", (s.base_tokens + s.suffix_tokens) / grpo_tokens)
         if s.localization_forward_tokens:
-            log_metric(trainer, "srpo/localization_forward_tokens_vs_grpo", s.localization_forward_tokens / grpo_tokens)
+            ctx.metric("srpo/localization_forward_tokens_vs_grpo", s.localization_forward_tokens / grpo_tokens)
 
 
-def _log_localization(trainer, s: StepStats, log_sources: bool, has_checker: bool) -> None:
-    args = trainer.args
+def _log_localization(ctx, s: StepStats, log_sources: bool, has_checker: bool) -> None:
+    args = ctx.args
     if s.localization_attempts:
-        log_metric(trainer, "srpo/localization_parse_rate", s.localization_parsed / s.localization_attempts)
+        ctx.metric("srpo/localization_parse_rate", s.localization_parsed / s.localization_attempts)
         if s.localization_parsed / s.localization_attempts < 0.5:
             fallback = (
                 "drawn uniformly at random (RRPO)" if args.localization_fallback == "random"
                 else "the policy's scored choice (localization_fallback='scored')"
             )
-            warn_once(
-                trainer,
+            ctx.warn(
                 "srpo/localization_unparsed",
-                f"{speaker(trainer, 'resets')}: {s.localization_attempts - s.localization_parsed:.0f} of "
+                f"{ctx.speaker('resets')}: {s.localization_attempts - s.localization_parsed:.0f} of "
                 f"{s.localization_attempts:.0f} localization answers did not name a step as \\boxed{{N}} "
                 f"(srpo/localization_parse_rate), so those resets were {fallback}. Fix: a `localization_template` "
                 "the model follows, a larger `localization_max_tokens`, or localization='scored'.",
@@ -161,20 +154,19 @@ def _log_localization(trainer, s: StepStats, log_sources: bool, has_checker: boo
     localized = s.generated + s.scored + s.random
     if log_sources and localized:
         for source in SOURCES:
-            log_metric(trainer, f"srpo/localization_source/{source}", getattr(s, source) / localized)
+            ctx.metric(f"srpo/localization_source/{source}", getattr(s, source) / localized)
     if s.oracle_attempts:
-        log_metric(trainer, "srpo/oracle_miss_rate", s.oracle_misses / s.oracle_attempts)
+        ctx.metric("srpo/oracle_miss_rate", s.oracle_misses / s.oracle_attempts)
         if s.oracle_misses:
-            warn_once(
-                trainer,
+            ctx.warn(
                 "srpo/oracle_miss",
-                f"{speaker(trainer, 'resets')}: the step checker found no wrong thought in {s.oracle_misses:.0f} of "
+                f"{ctx.speaker('resets')}: the step checker found no wrong thought in {s.oracle_misses:.0f} of "
                 f"{s.oracle_attempts:.0f} failed seeds (srpo/oracle_miss_rate), so those resets were drawn uniformly "
                 "at random (RRPO). The checker and the verifier disagree on them: check both.",
             )
     if has_checker:
         quality = LocalizationQuality.from_list([s.checked, s.unchecked, s.exact, s.clean, s.deviation_sum])
         for name, value in quality.rates().items():
-            log_metric(trainer, f"srpo/localization_{name}", value)
+            ctx.metric(f"srpo/localization_{name}", value)
         if s.checked + s.unchecked:
-            log_metric(trainer, "srpo/localization_checked_rate", s.checked / (s.checked + s.unchecked))
+            ctx.metric("srpo/localization_checked_rate", s.checked / (s.checked + s.unchecked))

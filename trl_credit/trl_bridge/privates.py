@@ -12,11 +12,13 @@ of its own, this module changes and the parts do not. Every function only reads 
 from __future__ import annotations
 
 __all__ = [
+    "batch_context",
     "buffered_inputs",
     "entropy_bonus_enabled",
     "generate_and_score",
     "generate_single_turn",
     "is_vlm",
+    "metrics",
     "optimizer_step",
     "pad_token_id",
     "reset_rng",
@@ -64,6 +66,11 @@ def is_vlm(trainer) -> bool:
     return trainer._is_vlm
 
 
+def metrics(trainer):
+    """``GRPOTrainer._metrics``: mode (``"train"`` / ``"eval"``) -> metric name -> values of the logging window."""
+    return trainer._metrics
+
+
 def entropy_bonus_enabled(trainer) -> bool:
     """``GRPOTrainer._entropy_bonus_enabled``: TRL adds an entropy term to its loss."""
     return trainer._entropy_bonus_enabled
@@ -97,6 +104,12 @@ def rollout_capture(trainer):
     """``CreditTrainer._rollout_capture`` (trl_credit.core.trainer): the ``RolloutCapture`` of the generation batch being
     scored, None outside one."""
     return trainer._rollout_capture
+
+
+def batch_context(trainer):
+    """``CreditTrainer._batch_context`` (trl_credit.core.trainer): the ``BatchContext`` of the generation batch in progress,
+    None outside one. TRANSITIONAL, for helpers of parts not yet ported to the context."""
+    return trainer._batch_context
 
 
 def success_index(trainer) -> int:

@@ -1,0 +1,106 @@
+"""The per-batch context (trl_credit/core/context.py): parts read a BatchContext, not the trainer, so a credit and a
+modifier run on a record and its args alone; the context's verbs without a trainer; one context per batch.
+
+The hand-worked example: GRPO's group-normalized outcome (``A = (r - mean_g) / (std_g + 1e-4)``, std unbiased) and
+Cue-GRPO's CR rarity weights (paper Eq. 3 and 8: ``|C_i|^-alpha`` normalized to mean 1 over P, clipped to
+[0.3, 3], shifted up so the smallest is tau = 1.05) on P, the correct rows with a positive advantage.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trl_credit.config import CreditConfig
+from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
+from trl_credit.core.context import BatchContext
+from trl_credit.core.trainer import GroupOutcome
+from trl_credit.cue_grpo.parts import RarityWeights
+
+EPS = 1e-4
+
+
+def _record():
+    # Group 0 = rows 0-3 (rewards 1, 1, 1, 0), group 1 = rows 4, 5 (1, 0), row 6 in no group. One process.
+    rewards = torch.tensor([[1.0], [1.0], [1.0], [0.0], [1.0], [0.0], [1.0]])
+    return RowBatch(rewards_per_func=rewards, group_ids=torch.tensor([0, 0, 0, 0, 1, 1, NO_GROUP]),
+                    row_kinds=torch.full((7,), ROW_BASE), success=rewards[:, 0] >= 1.0,
+                    scorable=torch.ones(7, dtype=torch.bool), num_local=7, process_index=0)
+
+
+def test_a_credit_and_a_modifier_run_on_a_record_and_args_alone(tmp_path):
+    args = CreditConfig(output_dir=str(tmp_path), modifiers=["cue"], cue_partition="callable", cue_alpha=1.0,
+                        report_to="none", use_cpu=True)
+    texts = ["a", "a", "b", "c", "d", "e", "f"]  # the completions TRL generated; partition_fn clusters by text
+    ctx = BatchContext(args=args, inputs=[{"prompt": "p"}] * 7, reward_func_names=["verifier"], success_index=0)
+    batch = _record()
+    # what the core fills in the record from TRL's batch (core.trainer.fill_record): prompts, texts, loss mask
+    batch.prompts, batch.completions, batch.loss_mask = ["p"] * 7, texts, torch.ones(7, 3, dtype=torch.long)
+    ctx.record = batch
+    output = {"advantages": torch.zeros(7), "completion_mask": torch.ones(7, 3, dtype=torch.long)}
+
+    outcome = GroupOutcome().advantages(ctx, batch, ctx.inputs, output)
+    # group 0: mean 3/4, std sqrt((3 (1/4)^2 + (3/4)^2) / 3) = 1/2; group 1: mean 1/2, std sqrt(1/2); row 6: 0
+    a0, a1 = 0.25 / (0.5 + EPS), 0.5 / (math.sqrt(0.5) + EPS)
+    assert outcome.tolist() == pytest.approx([a0, a0, a0, -3 * a0, a1, -a1, 0.0], abs=1e-6)
+
+    modifier = RarityWeights(partition_fn=lambda completions, prompt: completions)  # setup(trainer): construction
+    result = modifier.apply(ctx, batch, ctx.inputs, output, outcome)
+    # P = {0, 1, 2} in clusters {0, 1}, {2}: |C|^-1 = 1/2, 1/2, 1, mean 2/3 -> 3/4, 3/4, 3/2; floor shift
+    # 1.05 - 3/4 = 0.3 -> 1.05, 1.05, 1.8. P = {4}: one cluster, 1 -> 1.05. Negative and ungrouped rows keep theirs.
+    expected = [a0 * 1.05, a0 * 1.05, a0 * 1.8, -3 * a0, a1 * 1.05, -a1, 0.0]
+    assert result.tolist() == pytest.approx(expected, abs=1e-6)
+    assert batch.table_advantages == pytest.approx(expected, abs=1e-6)  # the modifier's values win the table
+    # both parts logged into the context's metrics (TRL's buffer when a trainer built it)
+    assert ctx.metrics["credit/nonfinite_reward_rate"] == [0.0]
+    assert ctx.metrics["cue/frac_groups_redistributed"] == [1.0]  # both groups have a positive
+    assert ctx.metrics["cue/clusters_per_group"] == [1.5]  # 2 clusters in group 0, 1 in group 1
+    assert ctx.metrics["cue/frac_positive_advantage_excluded"] == [0.0]
+
+
+def test_metric_warn_gather_cut_and_scratch_without_a_trainer():
+    ctx = BatchContext(args=None, process_index=1)
+    ctx.metric("x/y", 2)
+    ctx.metric("x/y", 0.5)
+    assert dict(ctx.metrics) == {"x/y": [2.0, 0.5]}
+    with pytest.warns(UserWarning, match="first"):
+        ctx.warn("key", "first")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx.warn("key", "second")  # once per key
+        ctx.warn("other", "third")
+    assert [str(w.message) for w in caught] == ["third"]
+    values = torch.arange(6)
+    assert ctx.gather(values) is values and ctx.gather_rows([1, 2]) == [1, 2] and ctx.gather_counts(3) == [3]
+    assert ctx.cut(values, 2).tolist() == [2, 3]  # process 1's rows, 2 per process
+    part, other = object(), object()
+    ctx.scratch(part)["weighted"] = True
+    assert ctx.scratch(part) == {"weighted": True} and ctx.scratch(other) == {}
+    assert BatchContext(args=None).scratch(part) == {}  # a new batch starts empty
+    assert ctx.speaker() == "CreditTrainer" and ctx.speaker(SimpleNamespace(name="cue")) == "CreditTrainer (cue)"
+
+
+def test_rng_is_seeded_by_the_run_seed_the_step_and_the_key():
+    ctx = BatchContext(args=SimpleNamespace(seed=7), step=3)
+    draws = [ctx.rng(2, 5).random() for _ in range(2)]
+    assert draws[0] == draws[1] == random.Random("7:3:2:5").random()  # the same on every call (every process)
+    assert ctx.rng(2, 6).random() != draws[0]  # another key
+    assert BatchContext(args=SimpleNamespace(seed=7), step=4).rng(2, 5).random() != draws[0]  # another step
+
+
+def test_without_a_trainer_the_model_verbs_and_several_processes_are_refused_by_name():
+    ctx = BatchContext(args=None)
+    for verb, call in [("generate", lambda: ctx.generate([[1]])), ("tokenize", lambda: ctx.tokenize(["p"])),
+                       ("policy", lambda: ctx.policy), ("trl_batch", lambda: ctx.trl_batch([])),
+                       ("logprobs", lambda: ctx.logprobs(None, None, None, None)), ("trainer", lambda: ctx.trainer)]:
+        with pytest.raises(RuntimeError, match=f"BatchContext.{verb} needs the trainer"):
+            call()
+    with pytest.raises(RuntimeError, match="BatchContext.gather_rows: 2 processes need a trainer"):
+        BatchContext(args=None, num_processes=2).gather_rows([1])
+    with pytest.raises(ValueError, match="mode must be 'train' or 'eval'"):
+        BatchContext(args=None, mode="test")

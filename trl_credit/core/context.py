@@ -1,0 +1,299 @@
+"""What a part reads and does in one generation batch, instead of the trainer (docs/design.md#the-batch-context).
+
+The credit core builds one :class:`BatchContext` per generation batch (training and evaluation) and hands it to every
+batch-time hook of every part: ``Rollout.generate_and_score`` / ``training_batch``, ``Credit.advantages``,
+``Modifier.apply``. Hooks outside a generation batch (the middlewares around TRL's ``_generate_single_turn``,
+``_prepare_inputs``, ``compute_loss``, ``_compute_loss``) get a context of the same class without a batch
+(``inputs`` empty, no capture, no record). Only ``Part.setup(trainer)``, at construction, keeps the trainer.
+
+A context holds plain values (``args``, ``mode``, ``step``, the process layout, the reward settings TRL's advantages
+use) and a few verbs. Over a trainer (:meth:`BatchContext.for_trainer`) each verb is implemented here, in one place,
+through the shared modules (:mod:`trl_credit.core.collectives`, :mod:`trl_credit.core.generation`,
+:mod:`trl_credit.core.logs`) and :mod:`trl_credit.trl_bridge.privates` for TRL's privates; each docstring says what of the
+trainer it reads. Without a trainer (``BatchContext(args=..., ...)``, one process) the plain values and the verbs
+``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng`` and ``scratch`` work, so a credit or a modifier runs on a
+record and its args alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
+``tokenize``, ``policy``, ...) raise a clear error there.
+
+Part state that lives for one batch lives in :meth:`BatchContext.scratch` (a dict per part, gone with the batch);
+state that lives across batches (random generators, round counters) stays on the part and is checkpointed through
+``Part.rng_state``.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import torch
+
+__all__ = ["BatchContext", "hook_context"]
+
+
+class BatchContext:
+    """One generation batch as the parts see it (module docstring).
+
+    Plain values: ``args`` (the trainer's config), ``mode`` (``"train"`` / ``"eval"``), ``step`` (the global
+    optimizer step), ``process_index``, ``num_processes``, ``device``, ``is_main_process``, ``inputs`` (this
+    process's rows of the generation batch), ``capture`` (what TRL generated and the reward matrix:
+    :class:`~trl_credit.core.mixins.RolloutCapture`), ``record`` (the batch's :class:`~trl_credit.core.batch.RowBatch`, set by
+    the core once the rollout built it), ``reward_weights``, ``reward_func_names``, ``scale_rewards``,
+    ``multi_objective_aggregation`` and ``group_size`` (TRL's ``num_generations`` of the mode), ``success_index``
+    (the verifier's column, None without a verifier setting), ``sampling`` (TRL's generation settings:
+    ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``use_vllm``,
+    ``use_transformers_continuous_batching``, ``pad_to_multiple_of``, and ``custom_rollout``: a ``rollout_func``
+    generates the rows), ``metrics`` (name -> logged values of this mode).
+    """
+
+    def __init__(self, *, args, mode: str = "train", step: int = 0, process_index: int = 0, num_processes: int = 1,
+                 device="cpu", is_main_process: bool = True, inputs: Sequence = (), capture=None,
+                 reward_weights: torch.Tensor | None = None, reward_func_names: Sequence[str] = (),
+                 scale_rewards="group", multi_objective_aggregation: str = "sum_then_normalize",
+                 group_size: int | None = None, success_index: int | None = None, sampling=None, metrics=None,
+                 warned: set | None = None, owner: str = "CreditTrainer", trainer=None):
+        if mode not in ("train", "eval"):
+            raise ValueError(f"BatchContext: mode must be 'train' or 'eval', got {mode!r}")
+        self.args = args
+        self.mode = mode
+        self.step = int(step)
+        self.process_index = int(process_index)
+        self.num_processes = int(num_processes)
+        self.device = torch.device(device)
+        self.is_main_process = bool(is_main_process)
+        self.inputs = inputs
+        self.capture = capture
+        self.record = None
+        self.reward_weights = (torch.ones(len(reward_func_names), dtype=torch.float32) if reward_weights is None
+                               else reward_weights)
+        self.reward_func_names = list(reward_func_names)
+        self.scale_rewards = scale_rewards
+        self.multi_objective_aggregation = multi_objective_aggregation
+        self.group_size = group_size
+        self.success_index = success_index
+        self.sampling = sampling if sampling is not None else _sampling(args)
+        self.metrics = defaultdict(list) if metrics is None else metrics
+        self._warned = set() if warned is None else warned
+        self._owner = owner
+        self._scratch: dict[int, dict] = {}
+        self._trainer = trainer
+
+    # ------------------------------------------------------------------------------------------------ construction
+    @classmethod
+    def for_trainer(cls, trainer, inputs: Sequence = (), capture=None) -> BatchContext:
+        """The context of a ``CreditTrainer`` (built by the core). Reads ``trainer.args``, ``trainer.model.training``
+        (the mode), ``trainer.state.global_step``, ``trainer.accelerator`` (process layout), TRL's reward settings
+        (``reward_weights``, ``reward_func_names``, ``scale_rewards``, ``multi_objective_aggregation``,
+        ``num_generations`` / ``num_generations_eval``), the core's ``_success_index`` (bridge), TRL's ``_metrics``
+        buffer of the mode and the core's set of warnings given."""
+        from trl_credit.core.setup import trainer_mode
+        from trl_credit.trl_bridge import privates as bridge
+
+        mode = trainer_mode(trainer)
+        accelerator = trainer.accelerator
+        return cls(
+            args=trainer.args, mode=mode, step=trainer.state.global_step, process_index=accelerator.process_index,
+            num_processes=accelerator.num_processes, device=accelerator.device,
+            is_main_process=accelerator.is_main_process, inputs=inputs, capture=capture,
+            reward_weights=trainer.reward_weights, reward_func_names=trainer.reward_func_names,
+            scale_rewards=trainer.scale_rewards, multi_objective_aggregation=trainer.multi_objective_aggregation,
+            group_size=trainer.num_generations if mode == "train" else trainer.num_generations_eval,
+            success_index=bridge.success_index(trainer) if hasattr(trainer, "_success_index") else None,
+            sampling=_sampling(trainer, custom_rollout=getattr(trainer, "rollout_func", None) is not None),
+            metrics=bridge.metrics(trainer)[mode], warned=trainer.__dict__.setdefault("_trl_credit_warned", set()),
+            owner=type(trainer).__name__, trainer=trainer,
+        )
+
+    def _one_process(self, verb: str) -> None:
+        if self.num_processes != 1:
+            raise RuntimeError(f"BatchContext.{verb}: {self.num_processes} processes need a trainer's accelerator to "
+                               "gather; this context was built without one.")
+
+    def _needs_trainer(self, verb: str):
+        if self._trainer is None:
+            raise RuntimeError(f"BatchContext.{verb} needs the trainer's model; this context was built without one "
+                               "(BatchContext.for_trainer builds one that has it).")
+        return self._trainer
+
+    @property
+    def trainer(self):
+        """TRANSITIONAL: the trainer itself, for parts not yet ported to the context (``tests/test_trl_overrides.py``
+        forbids it in the ported method packages)."""
+        return self._needs_trainer("trainer")
+
+    # ------------------------------------------------------------------------------------------------ one-batch state
+    def scratch(self, part) -> dict:
+        """A dict for ``part``'s state of this batch (one per part object; a new batch starts empty)."""
+        return self._scratch.setdefault(id(part), {})
+
+    def rng(self, *key) -> random.Random:
+        """A generator seeded by the run's seed (``args.seed``), this batch's step and ``key`` (the caller's: a
+        round, a group), ``random.Random("seed:step:key...")``: the same draws on every process and in a resumed
+        run, none shared between keys. A part whose draws continue across batches keeps its own generator
+        (``Part.rng_state``)."""
+        return random.Random(":".join(str(part) for part in (self.args.seed, self.step, *key)))
+
+    # ------------------------------------------------------------------------------------------------ reporting
+    def speaker(self, part=None) -> str:
+        """Who a message speaks as (``trainer_setup.speaker``: the class the user built, and the part in a composed
+        trainer); without a trainer, the owner name given and the part's name."""
+        if self._trainer is not None:
+            from trl_credit.core.setup import speaker
+
+            return speaker(self._trainer, part)
+        return self._owner if part is None else f"{self._owner} ({getattr(part, 'name', part)})"
+
+    def metric(self, name: str, value: float) -> None:
+        """Append a scalar to TRL's metric buffer of the mode (``GRPOTrainer._metrics[mode]``; without a trainer,
+        ``self.metrics``). TRL averages it over the logging window; pass values already reduced over processes."""
+        self.metrics[name].append(float(value))
+
+    def warn(self, key: str, message: str) -> None:
+        """Warn once per trainer and ``key`` (on the main process) that a part could not do its job on some input;
+        the caller also logs the matching rate metric every step."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        if self.is_main_process:
+            warnings.warn(message, UserWarning, stacklevel=2)
+
+    @property
+    def success_reward_name(self) -> str:
+        """The verifier's name (``reward_func_names[success_index]``), for messages."""
+        return self.reward_func_names[self.success_index]
+
+    # ------------------------------------------------------------------------------------------------ processes
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``accelerator.gather(tensor)``: every process's tensor concatenated on dim 0 in process order (a
+        collective call); one process: the tensor itself."""
+        if self._trainer is None:
+            self._one_process("gather")
+            return tensor
+        return self._trainer.accelerator.gather(tensor)
+
+    def gather_rows(self, rows: list) -> list:
+        """Per-process Python lists concatenated in process order (``collectives.gather_rows``; a collective call)."""
+        if self._trainer is None:
+            self._one_process("gather_rows")
+            return list(rows)
+        from trl_credit.core.collectives import gather_rows
+
+        return gather_rows(self._trainer, rows)
+
+    def gather_counts(self, count: int) -> list[int]:
+        """``count`` of every process, in process order (``collectives.gather_counts``; a collective call)."""
+        if self._trainer is None:
+            self._one_process("gather_counts")
+            return [int(count)]
+        from trl_credit.core.collectives import gather_counts
+
+        return gather_counts(self._trainer, count)
+
+    def cut(self, values, num_local: int):
+        """A global tensor or list (rows of every process, ``num_local`` each, in process order) cut to this
+        process's rows (TRL's ``process_slice``)."""
+        start = self.process_index * num_local
+        return values[start:start + num_local]
+
+    # ------------------------------------------------------------------------------------------------ the models
+    @property
+    def tokenizer(self):
+        """The processing class's tokenizer (``GRPOTrainer._tokenizer``, through the bridge)."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return bridge.tokenizer(self._needs_trainer("tokenizer"))
+
+    @property
+    def processing_class(self):
+        """``trainer.processing_class`` (the tokenizer or processor TRL decodes with)."""
+        return self._needs_trainer("processing_class").processing_class
+
+    def tokenize(self, prompts):
+        """``GRPOTrainer._tokenize_prompts(prompts)`` (bridge): ``(prompt_ids, images, multimodal_fields)``."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return bridge.tokenize_prompts(self._needs_trainer("tokenize"), prompts)
+
+    def generate(self, prefix_ids, **overrides) -> tuple[list[list[int]], list[list[float]] | None]:
+        """Extra generation calls from token prefixes through TRL's generation path and every part's
+        ``generate_single_turn`` hook (``generation.generate_from_prefixes``: ``chunk_size``, ``max_new_tokens``,
+        ``greedy``, ``temperature``, ``top_p``, ``stop_strings``). A collective call."""
+        from trl_credit.core import generation
+
+        return generation.generate_from_prefixes(self._needs_trainer("generate"), prefix_ids, **overrides)
+
+    def trl_batch(self, inputs) -> dict:
+        """TRL's own generate-and-score of ``inputs`` (the core's ``_trl_generate_and_score_completions``, bridge:
+        ``GRPOTrainer._generate_and_score_completions`` with the rollouts and the reward matrix captured into
+        ``self.capture``, no part's credit applied): TRL's batch dict of this process's rows."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return bridge.trl_generate_and_score(self._needs_trainer("trl_batch"), inputs)
+
+    def score(self, inputs, prompts, prompt_ids, completion_ids, filler, counts=None) -> list[torch.Tensor]:
+        """Reward matrices of rows outside TRL's batch through TRL's own ``_calculate_rewards``
+        (``collectives.rewards_of_extra_rows``, which saves and restores TRL's ``_pending_*`` log buffers). A
+        collective call."""
+        from trl_credit.core.collectives import rewards_of_extra_rows
+
+        return rewards_of_extra_rows(self._needs_trainer("score"), inputs, prompts, prompt_ids, completion_ids,
+                                     filler, counts)
+
+    def logprobs(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, model=None,
+                 compute_entropy: bool = False, batch_size: int | None = None):
+        """A no-grad scoring pass: per-token log-probs (and entropies) ``(B, T)`` of ``completion_ids`` after
+        ``prompt_ids`` under ``model`` (default: the policy), in TRL's layout and batching
+        (``scoring.score_completions``: ``GRPOTrainer._get_per_token_logps_and_entropies``, gradient checkpointing
+        off for the pass)."""
+        from trl_credit.core.scoring import score_completions
+
+        trainer = self._needs_trainer("logprobs")
+        return score_completions(trainer, trainer.model if model is None else model, prompt_ids, prompt_mask,
+                                 completion_ids, completion_mask, compute_entropy=compute_entropy,
+                                 batch_size=batch_size)
+
+    @property
+    def policy(self):
+        """The policy being trained (``trainer.model``, wrapped as the accelerator prepared it), for no-grad
+        scoring passes (OPPO's oracle, SRPO's localization)."""
+        return self._needs_trainer("policy").model
+
+    @property
+    def causal_lm(self):
+        """The policy's causal LM that ``generate`` and the log-prob passes run: ``accelerator.unwrap_model(model)``,
+        its PEFT base model when it has one (to hook its forward: OPPO's ``GenerationRecorder``, float32 heads)."""
+        trainer = self._needs_trainer("causal_lm")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    @property
+    def mixed_precision(self) -> str:
+        """``accelerator.mixed_precision`` (``"no"``, ``"bf16"``, ``"fp16"``, ...); ``"no"`` without a trainer."""
+        return "no" if self._trainer is None else self._trainer.accelerator.mixed_precision
+
+    @property
+    def reference(self):
+        """The reference model (``trainer.ref_model``; None when TRL keeps none)."""
+        return getattr(self._needs_trainer("reference"), "ref_model", None)
+
+    def __repr__(self) -> str:
+        return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
+                f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
+
+
+def hook_context(trainer) -> BatchContext:
+    """The context of a hook outside a generation batch (no inputs, capture or record)."""
+    return BatchContext.for_trainer(trainer)
+
+
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "use_vllm",
+             "use_transformers_continuous_batching", "pad_to_multiple_of")
+
+
+def _sampling(source, custom_rollout: bool = False) -> SimpleNamespace:
+    """TRL's generation settings, as ``GRPOTrainer.__init__`` copies them from its args onto itself (``source``: the
+    trainer, or the args of a context without one; a setting the source lacks is None)."""
+    values = {name: getattr(source, name, None) for name in _SAMPLING}
+    return SimpleNamespace(**values, custom_rollout=custom_rollout)
