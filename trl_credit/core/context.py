@@ -23,7 +23,6 @@ state that lives across batches (random generators, round counters) stays on the
 from __future__ import annotations
 
 import random
-import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -88,6 +87,7 @@ class BatchContext:
         (``reward_weights``, ``reward_func_names``, ``scale_rewards``, ``multi_objective_aggregation``,
         ``num_generations`` / ``num_generations_eval``), the core's ``_success_index`` (bridge), TRL's ``_metrics``
         buffer of the mode and the core's set of warnings given."""
+        from trl_credit.core.logs import warned_keys
         from trl_credit.core.setup import trainer_mode
         from trl_credit.trl_bridge import privates as bridge
 
@@ -102,7 +102,7 @@ class BatchContext:
             group_size=trainer.num_generations if mode == "train" else trainer.num_generations_eval,
             success_index=bridge.success_index(trainer) if hasattr(trainer, "_success_index") else None,
             sampling=_sampling(trainer, custom_rollout=getattr(trainer, "rollout_func", None) is not None),
-            metrics=bridge.metrics(trainer)[mode], warned=trainer.__dict__.setdefault("_trl_credit_warned", set()),
+            metrics=bridge.metrics(trainer)[mode], warned=warned_keys(trainer),
             owner=type(trainer).__name__, trainer=trainer,
         )
 
@@ -153,11 +153,9 @@ class BatchContext:
     def warn(self, key: str, message: str) -> None:
         """Warn once per trainer and ``key`` (on the main process) that a part could not do its job on some input;
         the caller also logs the matching rate metric every step."""
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        if self.is_main_process:
-            warnings.warn(message, UserWarning, stacklevel=2)
+        from trl_credit.core.logs import warn_once_among
+
+        warn_once_among(self._warned, key, message, self.is_main_process, stacklevel=2)
 
     @property
     def success_reward_name(self) -> str:

@@ -15,6 +15,8 @@ from trl_credit.core.setup import trainer_mode
 __all__ = [
     "log_metric",
     "warn_once",
+    "warned_keys",
+    "warn_once_among",
     "nonfinite_reward_groups",
     "zero_nonfinite_groups",
     "replace_logged_advantages",
@@ -31,12 +33,22 @@ def log_metric(trainer, name: str, value: float) -> None:
 def warn_once(trainer, key: str, message: str) -> None:
     """Warn (on the main process, once per trainer and ``key``) that a method could not do its job on some input.
     The caller also logs the matching rate metric every step, so the warning is never the only trace."""
-    seen = trainer.__dict__.setdefault("_trl_credit_warned", set())
+    warn_once_among(warned_keys(trainer), key, message, trainer.accelerator.is_main_process, stacklevel=3)
+
+
+def warned_keys(trainer) -> set:
+    """The keys ``trainer`` has warned about (shared by :func:`warn_once` and its batches' contexts)."""
+    return trainer.__dict__.setdefault("_trl_credit_warned", set())
+
+
+def warn_once_among(seen: set, key: str, message: str, is_main_process: bool, stacklevel: int) -> None:
+    """The rule of :func:`warn_once` over a set of keys already warned about: the first time ``key`` is seen, a
+    ``UserWarning`` on the main process (``stacklevel`` as ``warnings.warn`` would take it in the caller)."""
     if key in seen:
         return
     seen.add(key)
-    if trainer.accelerator.is_main_process:
-        warnings.warn(message, UserWarning, stacklevel=3)
+    if is_main_process:
+        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
 
 
 def nonfinite_reward_groups(ctx, rewards_per_func: torch.Tensor, group_ids, metric: str, part=None) -> torch.Tensor:
