@@ -76,7 +76,7 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
     tokenizer = make_tokenizer()
     rows: list[dict] = []
 
-    def on_loss(trainer, inputs):
+    def on_rows(inputs):
         mask = inputs["completion_mask"].bool()
         advantages = inputs["advantages"]
         for i in range(mask.size(0)):
@@ -96,11 +96,15 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
             rows.append(dict(reason=reason, first_wrong=wrong,
                              **region_shares(lines[:length], values.tolist(), wrong)))
 
-    def record_loss_inputs(trainer):  # what reaches TRL's loss, batch by batch
+    def record_loss_inputs(trainer):  # what reaches TRL's loss: every training row once (num_iterations 1)
+        if hasattr(trainer, "add_credit_callback"):  # the credit core's trainers: TRL's training batch, per batch
+            trainer.add_credit_callback(lambda step: on_rows(step.output))
+            return
+        # TRL's own GRPOTrainer (the grpo control) has no on_credit: its micro-batches as they reach the loss
         original = trainer._compute_loss
 
         def wrapped(model, inputs):
-            on_loss(trainer, inputs)
+            on_rows(inputs)
             return original(model, inputs)
 
         trainer._compute_loss = wrapped

@@ -192,21 +192,20 @@ def three_way_label(completions, prompt):
 
 
 def _recording(trainer, reference):
-    """Each generation batch's output with ``reference(trainer, inputs, output)`` computed before any update, and
-    every batch reaching TRL's loss."""
+    """Each generation batch's output with ``reference(trainer, inputs, output)`` computed before any update (the
+    public ``on_credit`` callback), and every batch reaching TRL's loss."""
     trainer.records, trainer.loss_inputs = [], []
-    generate, loss = trainer._generate_and_score_completions, trainer._compute_loss
-
-    def recording_generate(inputs):
-        output = generate(inputs)
-        trainer.records.append((inputs, output, reference(trainer, inputs, output)))
-        return output
+    trainer.add_credit_callback(
+        lambda step: trainer.records.append((step.inputs, step.output, reference(trainer, step.inputs, step.output))))
+    # Kept as a wrap: the test checks what TRL's loss receives after its shuffle and split into micro-batches, which
+    # on_credit (one call per generation batch, before the split) does not see.
+    loss = trainer._compute_loss
 
     def recording_loss(model, inputs):
         trainer.loss_inputs.append({k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)})
         return loss(model, inputs)
 
-    trainer._generate_and_score_completions, trainer._compute_loss = recording_generate, recording_loss
+    trainer._compute_loss = recording_loss
     return trainer
 
 

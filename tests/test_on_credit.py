@@ -9,7 +9,8 @@ import torch
 from trl import GRPOConfig
 
 import trl_credit
-from trl_credit.core.trainer import CreditStep, CreditTrainer
+from trl_credit.core.row_count import NUM_ROWS
+from trl_credit.core.trainer import CreditStep, CreditTrainer, GroupRollout, Modifier
 
 
 def _grpo_reference(rewards: list[float], group_size: int) -> list[float]:
@@ -55,6 +56,7 @@ def test_on_credit_sees_each_generation_batch_once_with_the_record_and_its_advan
         assert any(abs(value) > 0 for value in expected), f"rewards {rewards}: no signal, the check would be vacuous"
         assert step.advantages.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)
         assert step.output["advantages"] is step.advantages  # what TRL trains on
+        assert step.trl_advantages.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)  # GRPO's credit is TRL's
         assert step.output["completion_ids"].size(0) == 8
         # What parts read lives in the record: this process's prompts, texts as TRL decoded them, the loss mask.
         assert step.record.prompts == [x["prompt"] for x in step.inputs]
@@ -78,6 +80,52 @@ def test_a_preset_calls_an_added_callback_with_its_modifiers_advantages(tiny_mod
     (step,) = seen
     assert step.record is not None and step.advantages.shape == (8,)
     assert step.output["advantages"] is step.advantages
+
+
+class _Doubled(Modifier):
+    name = "doubled"
+
+    def apply(self, ctx, batch, inputs, output, advantages):
+        return advantages * 2
+
+
+class _OwnRows(GroupRollout):
+    """A rollout that builds its own training rows: TRL's rows again, in a new dict (as DATPO's trees build theirs)."""
+
+    builds_rows = True
+
+    def training_batch(self, ctx, batch, inputs, output, advantages):
+        return {**output, "advantages": advantages, NUM_ROWS: torch.tensor(advantages.size(0))}
+
+
+def _one_step(tiny_model_path, tiny_dataset, tmp_path, **parts):
+    seen, returned = [], []
+
+    def id_sum_reward(completion_ids, **kwargs):
+        returned.append([float(sum(ids) % 3) for ids in completion_ids])
+        return returned[-1]
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=1, report_to="none", use_cpu=True, save_strategy="no")
+    trainer = CreditTrainer(tiny_model_path, id_sum_reward, args=args, train_dataset=tiny_dataset, on_credit=seen.append,
+                            **parts)
+    trainer.train()
+    (step,), (rewards,) = seen, returned
+    return step, rewards
+
+
+def test_trl_advantages_are_trls_before_any_part_acted(tiny_model_path, tiny_dataset, tmp_path):
+    step, rewards = _one_step(tiny_model_path, tiny_dataset, tmp_path, modifiers=[_Doubled()])
+    expected = _grpo_reference(rewards, 4)
+    assert any(abs(value) > 0 for value in expected), f"rewards {rewards}: no signal, the check would be vacuous"
+    assert step.trl_advantages.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)  # not doubled
+    assert step.advantages.tolist() == pytest.approx([2 * a for a in expected], rel=1e-5, abs=1e-5)
+
+
+def test_trl_advantages_are_none_when_the_rollout_builds_its_own_rows(tiny_model_path, tiny_dataset, tmp_path):
+    step, rewards = _one_step(tiny_model_path, tiny_dataset, tmp_path, rollout=_OwnRows())
+    assert step.trl_advantages is None
+    assert step.output["advantages"].tolist() == pytest.approx(_grpo_reference(rewards, 4), rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.parametrize("on_credit", [3, [print, "not a function"]])

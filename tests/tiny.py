@@ -100,21 +100,24 @@ def _save_tiny(save_dir: str, seed: int, config_class, model_class, **architectu
 
 
 def recorded(trainer):
-    """Record each generation batch (row order, with the dataset rows) and each micro-batch reaching TRL's loss:
-    returns the two lists, filled as the trainer runs."""
+    """Record each generation batch (row order, with the dataset rows: the public ``on_credit`` callback) and each
+    micro-batch reaching TRL's loss: returns the two lists, filled as the trainer runs."""
     import torch
 
     batches, losses = [], []
-    score, loss = trainer._generate_and_score_completions, trainer._compute_loss
 
-    def recording_score(inputs):
-        output = score(inputs)
-        batches.append({"inputs": inputs, **{k: v.detach().clone() for k, v in output.items() if torch.is_tensor(v)}})
-        return output
+    def recording_batch(step):
+        tensors = {k: v.detach().clone() for k, v in step.output.items() if torch.is_tensor(v)}
+        batches.append({"inputs": step.inputs, **tensors})
+
+    trainer.add_credit_callback(recording_batch)
+    # Kept as a wrap: the tests check what TRL's loss receives after its shuffle and split into micro-batches,
+    # which on_credit (one call per generation batch, before the split) does not see.
+    loss = trainer._compute_loss
 
     def recording_loss(model, inputs):
         losses.append({k: inputs[k].detach().clone() for k in ("advantages", "completion_ids")})
         return loss(model, inputs)
 
-    trainer._generate_and_score_completions, trainer._compute_loss = recording_score, recording_loss
+    trainer._compute_loss = recording_loss
     return batches, losses

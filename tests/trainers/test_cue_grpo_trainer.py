@@ -5,7 +5,6 @@ import warnings
 
 import pytest
 import torch
-from trl import GRPOTrainer
 
 import trl_credit.cue_grpo.parts as cue_trainer_module
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
@@ -157,17 +156,16 @@ def test_advantages_reaching_the_loss_are_trl_advantages_times_hand_weights(
     monkeypatch.setattr(trainer, "_generate_single_turn", controlled_generation)
 
     trl_advantages = {}
-    original = GRPOTrainer._generate_and_score_completions
 
-    def record_trl(self, inputs):
-        output = original(self, inputs)
-        texts = tiny_tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
-        for text, advantage in zip(texts, output["advantages"].tolist(), strict=True):
+    def record_trl(step):  # TRL's advantages of each row, before the rarity weights
+        texts = tiny_tokenizer.batch_decode(step.output["completion_ids"], skip_special_tokens=True)
+        for text, advantage in zip(texts, step.trl_advantages.tolist(), strict=True):
             trl_advantages.setdefault(text, set()).add(round(advantage, 9))
-        return output
 
-    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", record_trl)
+    trainer.add_credit_callback(record_trl)
 
+    # Kept as a wrap: the test checks that every row reaches TRL's loss once, after its shuffle and split into
+    # micro-batches, which on_credit (one call per generation batch, before the split) does not see.
     seen = []
     compute_loss = trainer._compute_loss
 

@@ -42,6 +42,12 @@ class RolloutCapture:
     process's rows (trl 1.16.0)."""
     rewards_per_func: torch.Tensor | None = None
     """What ``GRPOTrainer._calculate_rewards`` returned: (rows of all processes in process order, reward funcs)."""
+    trl_output: dict | None = None
+    """TRL's batch dict of this process's rows, as ``GRPOTrainer._generate_and_score_completions`` returned it to the
+    rollout (the core's ``_trl_generate_and_score_completions``; the dict itself, which the core later writes)."""
+    trl_advantages: torch.Tensor | None = None
+    """A copy of ``trl_output["advantages"]`` taken when TRL returned it, before any part acted (a copy: the core
+    replaces the dict's entry with the parts' advantages)."""
 
     def rewards(self, trainer_name: str) -> torch.Tensor:
         if self.rewards_per_func is None:

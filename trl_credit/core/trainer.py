@@ -271,6 +271,10 @@ class CreditStep:
     """TRL's training batch as the loss receives it (``completion_ids``, ``completion_mask``, ``advantages``, ...)."""
     context: BatchContext | None = None
     """The :class:`~trl_credit.core.context.BatchContext` the parts got for this batch (args, mode, step, metrics, ...)."""
+    trl_advantages: Any = None
+    """This process's advantages ``(B,)`` as TRL computed them, before any part acted (GRPO's group-normalized outcome
+    over TRL's groups, in ``output``'s row order); None when the training batch is not TRL's (a rollout that builds its
+    own rows: DATPO's trees)."""
 
 
 class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
@@ -362,8 +366,13 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             self._batch_context = outer
 
     def _trl_generate_and_score_completions(self, inputs):
-        """TRL's own generation batch, for rollouts."""
-        return super()._generate_and_score_completions(inputs)
+        """TRL's own generation batch, for rollouts; kept with a copy of its advantages in the batch's capture (what
+        ``CreditStep.trl_advantages`` hands ``on_credit``)."""
+        output = super()._generate_and_score_completions(inputs)
+        if self._rollout_capture is not None:
+            self._rollout_capture.trl_output = output
+            self._rollout_capture.trl_advantages = output["advantages"].detach().clone()
+        return output
 
     def _generate_and_score_completions(self, inputs):
         # One vLLM weight push for the whole phase (base rollouts and every extra call the parts make:
@@ -378,8 +387,10 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
                     replace_logged_advantages(self, batch.table_advantages)
                 self._log_credit(output, block_ids=batch.block_ids)
             if self._credit_callbacks:
+                # TRL's advantages belong to its rows: only when the rows trained are TRL's batch itself
+                trl_advantages = capture.trl_advantages if output is capture.trl_output else None
                 step = CreditStep(trainer=self, inputs=inputs, record=batch, advantages=advantages, output=output,
-                                  context=ctx)
+                                  context=ctx, trl_advantages=trl_advantages)
                 for callback in self._credit_callbacks:
                     callback(step)
         return output
