@@ -68,7 +68,7 @@ def test_the_core_fills_this_processes_prompts_texts_and_loss_mask_from_trls_bat
     # assistant turn's content.
     inputs = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+1?", "answer": "4"}]
     output = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
-              "tool_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])}
+              "tool_mask": torch.tensor([[1, 1, 1], [0, 1, 1]]), **_ids()}
     capture = RolloutCapture()
     capture.generated = (None, None, None, ["four", [{"role": "assistant", "content": "it is 4"}]])
     batch = _record()
@@ -76,13 +76,23 @@ def test_the_core_fills_this_processes_prompts_texts_and_loss_mask_from_trls_bat
     assert batch.prompts == ["2+2?", "3+1?"]
     assert batch.completions == ["four", "it is 4"]
     assert batch.loss_mask.tolist() == [[1, 1, 0], [0, 1, 1]]
+    # the token ids and masks are TRL's tensors themselves (no copy); completion_mask before the prefix masking
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        assert getattr(batch, name) is output[name], name
+    assert batch.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+def _ids() -> dict:
+    """TRL's token ids and prompt mask of two rows (left-padded prompts of width 2, completions of width 3)."""
+    return {"prompt_ids": torch.tensor([[0, 5], [6, 7]]), "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
+            "completion_ids": torch.tensor([[8, 9, 0], [10, 11, 12]])}
 
 
 def test_what_a_rollout_set_itself_is_kept_and_a_missing_capture_leaves_no_texts():
     # SRPO sets the prompts it generated from (its rollout template); without tool_mask the loss mask is TRL's.
     batch = _record(prompts=["<wrapped> 2+2?", "<wrapped> 3+1?"])
-    fill_record(batch, [{"prompt": "2+2?"}, {"prompt": "3+1?"}], {"completion_mask": torch.tensor([[1, 0], [1, 1]])},
-                RolloutCapture())
+    fill_record(batch, [{"prompt": "2+2?"}, {"prompt": "3+1?"}],
+                {"completion_mask": torch.tensor([[1, 0], [1, 1]]), **_ids()}, RolloutCapture())
     assert batch.prompts == ["<wrapped> 2+2?", "<wrapped> 3+1?"]
     assert batch.completions is None
     assert batch.loss_mask.tolist() == [[1, 0], [1, 1]]
@@ -106,7 +116,7 @@ class _ToyRollout(Rollout):
 
     def generate_and_score(self, trainer, inputs, capture):
         self.calls.append("rollout")
-        output = {"completion_mask": torch.ones(2, 3, dtype=torch.long), "advantages": torch.zeros(2)}
+        output = {"completion_mask": torch.ones(2, 3, dtype=torch.long), "advantages": torch.zeros(2), **_ids()}
         return output, _record()
 
     def outcomes(self, trainer, batch):

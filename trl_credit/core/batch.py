@@ -4,7 +4,7 @@ TRL builds a generation batch as rows of every process in process order, the sam
 keeps its own slice. A :class:`RowBatch` describes every row of the *global* batch once: the reward matrix TRL
 computed, which (sub-)group's statistics the row shares, what kind of row it is, whether the verifier calls it
 correct and whether any reward function scored it; for this process's rows, what parts read beside the rewards
-(the prompts, the completion texts, the loss mask). Rollouts build it (:func:`trl_groups` for GRPO's groups of
+(the prompts, the completion texts, the token ids and masks, the loss mask). Rollouts build it (:func:`trl_groups` for GRPO's groups of
 ``num_generations`` consecutive rows; SRPO's resets and DATPO's trees their own), the core fills what the rollout
 left unset from TRL's batch once (``core.fill_record``), credits and modifiers read it, and it alone does the moves
 every method makes around TRL's batch: the cut of a global tensor to this process's rows
@@ -110,6 +110,16 @@ class RowBatch:
     loss_mask: torch.Tensor | None = None
     """(B, T) this process's rows: the tokens TRL's loss trains, TRL's ``completion_mask`` after the rollout's prefix
     masking (``tool_mask``: SRPO's shared prefixes, fallback rows); filled by the core from TRL's batch."""
+    prompt_ids: torch.Tensor | None = None
+    """(B, P) this process's rows: the prompt's token ids, left-padded, as TRL tokenized it (TRL's ``prompt_ids``);
+    filled by the core from TRL's batch, as are ``prompt_mask``, ``completion_ids`` and ``completion_mask``."""
+    prompt_mask: torch.Tensor | None = None
+    """(B, P) this process's rows: 1 on the prompt's tokens, 0 on its left padding (TRL's ``prompt_mask``)."""
+    completion_ids: torch.Tensor | None = None
+    """(B, T) this process's rows: the completion's token ids, right-padded (TRL's ``completion_ids``)."""
+    completion_mask: torch.Tensor | None = None
+    """(B, T) this process's rows: 1 on the completion's tokens up to its EOS (TRL's ``completion_mask``), the whole
+    completion including a shared prefix (``loss_mask`` is what the loss trains)."""
     block_ids: list | None = None
     """Per training row of this process, each token's block (the credit heatmap draws its boundaries: DATPO's forks);
     None: one block per row."""

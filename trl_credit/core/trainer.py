@@ -192,8 +192,13 @@ class GroupOutcome(Credit):
 
 def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
     """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
-    prompts (the dataset's), the completion texts (TRL's ``_generate``, as its reward functions saw them) and the
-    loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's prefix masking)."""
+    prompts (the dataset's), the completion texts (TRL's ``_generate``, as its reward functions saw them), the token
+    ids and masks (TRL's ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``: the tensors
+    themselves, not copies) and the loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's
+    prefix masking)."""
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        if getattr(batch, name) is None:
+            setattr(batch, name, output[name])
     if batch.prompts is None:
         batch.prompts = [x["prompt"] for x in inputs]
     if batch.completions is None and capture.generated is not None:

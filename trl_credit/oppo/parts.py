@@ -261,7 +261,7 @@ class ValueRecursion(Credit):
             )
         return anchor_signs, num_correct, num_scorable
 
-    def _existing_plain_logps(self, ctx: BatchContext, output) -> torch.Tensor | None:
+    def _existing_plain_logps(self, ctx: BatchContext, batch: RowBatch, output) -> torch.Tensor | None:
         """s_t (B, T) from what this step already computed, or None (then the extra pass scores the plain rows). Like
         o_t, s_t must come from a float32 LM head (docs/oppo.md#evidence)."""
         args, sampling = ctx.args, ctx.sampling
@@ -272,7 +272,7 @@ class ValueRecursion(Credit):
         # TRL's own pass: exactly s_t (trl<1.15's cast_lm_head_to_fp32 head still runs under autocast)
         if old_logps is not None and ((args.cast_lm_head_to_fp32 and HAS_FUSED_LM_HEAD) or not reduced):
             return old_logps
-        completion_ids = output["completion_ids"]
+        completion_ids = batch.completion_ids
         recorded = ctx.scratch(self).get("generation_logps")
         if recorded is not None and len(recorded) == completion_ids.size(0):
             table = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
@@ -290,7 +290,7 @@ class ValueRecursion(Credit):
             and not sampling.min_p
             and (sampling.repetition_penalty is None or sampling.repetition_penalty == 1.0)
         )
-        if sampled is not None and plain_sampling and not torch.isnan(sampled[output["completion_mask"].bool()]).any():
+        if sampled is not None and plain_sampling and not torch.isnan(sampled[batch.completion_mask.bool()]).any():
             return sampled  # vLLM's log-probs of the sampled tokens under temperature-only sampling
         return None
 
@@ -310,8 +310,8 @@ class ValueRecursion(Credit):
     def token_advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output) -> tuple[torch.Tensor, torch.Tensor]:
         """OPPO's normalized advantages Ã (B, T) of this process's rows and their anchors sign(A^seq) (B,)."""
         args = ctx.args
-        device = output["completion_ids"].device
-        completion_mask = output["completion_mask"]
+        device = batch.completion_ids.device
+        completion_mask = batch.completion_mask
         answers = self._batch_answers(ctx, inputs)  # fail before any scoring pass
 
         # Each local row's group, and whether it is in one (a row of no group gets advantage 0).
@@ -346,7 +346,7 @@ class ValueRecursion(Credit):
         oracle_prompts = build_oracle_prompts(prompts, answers, args.oracle_template)
         oracle_prompt_ids, _, _ = ctx.tokenize(oracle_prompts)
 
-        student_logps = self._existing_plain_logps(ctx, output)
+        student_logps = self._existing_plain_logps(ctx, batch, output)
         extra_pass_rows = 1.0 if student_logps is not None else 2.0
         if student_logps is None and records_generation_logps(ctx):
             ctx.warn(
@@ -366,9 +366,9 @@ class ValueRecursion(Credit):
                 ctx,
                 scorer,
                 oracle_prompt_ids,
-                output["prompt_ids"],
-                output["prompt_mask"],
-                output["completion_ids"],
+                batch.prompt_ids,
+                batch.prompt_mask,
+                batch.completion_ids,
                 completion_mask,
                 student_logps=student_logps,
                 batch_size=batch_size,

@@ -82,7 +82,7 @@ class ProcessCredit(Credit):
     sets_sequence_anchors = True
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        completion_ids, completion_mask = batch.completion_ids, batch.completion_mask
         num_local, num_tokens = completion_ids.shape
         # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
         grouped = batch.group_ids != NO_GROUP
