@@ -1,5 +1,6 @@
 """The per-batch context (trl_credit/core/context.py): parts read a BatchContext, not the trainer, so a credit and a
-modifier run on a record and its args alone; the context's verbs without a trainer; one context per batch.
+modifier run on a record and its args alone; the context's verbs without a trainer; one context per batch, and one
+per optimizer step and mode for the hooks outside a batch.
 
 The hand-worked example: GRPO's group-normalized outcome (``A = (r - mean_g) / (std_g + 1e-4)``, std unbiased) and
 Cue-GRPO's CR rarity weights (paper Eq. 3 and 8: ``|C_i|^-alpha`` normalized to mean 1 over P, clipped to
@@ -18,8 +19,8 @@ import torch
 
 from trl_credit.config import CreditConfig
 from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
-from trl_credit.core.context import BatchContext
-from trl_credit.core.trainer import GroupOutcome
+from trl_credit.core.context import BatchContext, hook_context
+from trl_credit.core.trainer import CreditTrainer, GroupOutcome, Modifier
 from trl_credit.cue_grpo.parts import RarityWeights
 
 EPS = 1e-4
@@ -104,3 +105,46 @@ def test_without_a_trainer_the_model_verbs_and_several_processes_are_refused_by_
         BatchContext(args=None, num_processes=2).gather_rows([1])
     with pytest.raises(ValueError, match="mode must be 'train' or 'eval'"):
         BatchContext(args=None, mode="test")
+
+
+class _WatchLoss(Modifier):
+    """Keeps the context each micro-batch's loss hook got (a hook outside a generation batch)."""
+
+    name = "watch"
+
+    def __init__(self):
+        self.seen = []
+
+    def apply(self, ctx, batch, inputs, output, advantages):
+        return advantages
+
+    def loss(self, ctx, proceed, model, inputs):
+        self.seen.append(ctx)
+        return proceed(model, inputs)
+
+
+def test_hooks_outside_a_batch_share_one_context_per_optimizer_step_and_mode(tiny_model_path, tiny_dataset, tmp_path):
+    from trl import GRPOConfig
+
+    # 2 micro-batches per optimizer step (gradient accumulation), 2 steps: 4 loss calls, 2 contexts.
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                      num_generations=4, max_completion_length=4, max_steps=2, report_to="none", use_cpu=True,
+                      save_strategy="no")
+    watch = _WatchLoss()
+    trainer = CreditTrainer(tiny_model_path, lambda completion_ids, **kw: [float(len(c) % 2) for c in completion_ids],
+                            args=args, train_dataset=tiny_dataset, modifiers=[watch])
+    trainer.train()
+    first, second, third, fourth = watch.seen
+    assert first is second and third is fourth and first is not third
+    assert (first.step, third.step) == (0, 1) and first.mode == third.mode == "train"
+    assert first.record is None and len(first.inputs) == 0  # no batch's rows in a hook context
+
+    # Directly: two calls at one step and mode give the same context; a new step or mode a new one.
+    now = hook_context(trainer)
+    assert hook_context(trainer) is now and now.step == trainer.state.global_step == 2
+    trainer.state.global_step += 1
+    later = hook_context(trainer)
+    assert later is not now and later.step == 3
+    trainer.model.eval()
+    evaluating = hook_context(trainer)
+    assert evaluating is not later and evaluating.mode == "eval" and hook_context(trainer) is evaluating

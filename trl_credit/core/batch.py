@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from trl_credit.core.collectives import process_rows
 from trl_credit.core.success import unscorable_rows
 
 __all__ = [
@@ -139,9 +140,8 @@ class RowBatch:
 
     @property
     def local(self) -> slice:
-        """This process's rows of the global batch (TRL's ``process_slice``)."""
-        start = self.process_index * self.num_local
-        return slice(start, start + self.num_local)
+        """This process's rows of the global batch (TRL's ``process_slice``: ``collectives.process_rows``)."""
+        return process_rows(self.process_index, self.num_local)
 
     def local_rows(self, values):
         """A global tensor (rows first) or list, cut to this process's rows."""

@@ -1,7 +1,7 @@
 """Collective calls across processes, and the two moves every trainer makes around them.
 
 Each process holds its slice of TRL's global batch: rows of all processes in process order, the same number per
-process (:func:`local_rows` cuts a global tensor or list to this process's slice). A collective call (a gather,
+process (:func:`process_rows` / :func:`local_rows` cut a global tensor or list to a process's slice). A collective call (a gather,
 a vLLM server-mode generation, a forward under ZeRO-3, TRL's ``_calculate_rewards``) needs the same number of
 calls, and often the same row count, on every process: a process with fewer rows fills up with filler rows
 (:func:`fill_rows`) whose results it drops.
@@ -27,6 +27,7 @@ __all__ = [
     "gather_counts",
     "gather_rows",
     "fill_rows",
+    "process_rows",
     "local_rows",
     "decode_completions",
     "rewards_of_extra_rows",
@@ -53,11 +54,18 @@ def fill_rows(rows: Sequence, size: int, filler) -> list:
     return list(rows) + [filler] * (size - len(rows))
 
 
+def process_rows(process_index: int, num_local: int) -> slice:
+    """Process ``process_index``'s rows of a global batch of ``num_local`` rows per process, in process order (TRL's
+    ``process_slice``): the one place the cut is written (``RowBatch.local_rows``, ``BatchContext.cut`` and
+    :func:`local_rows` all use it)."""
+    start = process_index * num_local
+    return slice(start, start + num_local)
+
+
 def local_rows(trainer, num_local: int) -> slice:
     """This process's rows of TRL's global batch (``num_local`` rows per process, in process order: TRL's
     ``process_slice``), to cut a gathered tensor or list back to them."""
-    start = trainer.accelerator.process_index * num_local
-    return slice(start, start + num_local)
+    return process_rows(trainer.accelerator.process_index, num_local)
 
 
 def decode_completions(trainer, prompts: list, prompt_ids: Sequence, completion_ids: Sequence) -> list:

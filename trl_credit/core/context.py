@@ -191,9 +191,10 @@ class BatchContext:
 
     def cut(self, values, num_local: int):
         """A global tensor or list (rows of every process, ``num_local`` each, in process order) cut to this
-        process's rows (TRL's ``process_slice``)."""
-        start = self.process_index * num_local
-        return values[start:start + num_local]
+        process's rows (TRL's ``process_slice``: ``collectives.process_rows``, as ``RowBatch.local_rows``)."""
+        from trl_credit.core.collectives import process_rows
+
+        return values[process_rows(self.process_index, num_local)]
 
     # ------------------------------------------------------------------------------------------------ the models
     @property
@@ -282,8 +283,16 @@ class BatchContext:
 
 
 def hook_context(trainer) -> BatchContext:
-    """The context of a hook outside a generation batch (no inputs, capture or record)."""
-    return BatchContext.for_trainer(trainer)
+    """The context of a hook outside a generation batch (no inputs, capture or record): one per trainer, optimizer
+    step (``state.global_step``) and mode, kept on the trainer, since the loss middlewares run once per micro-batch
+    and a context holds nothing that changes within a step and mode (its ``scratch`` lives as long)."""
+    from trl_credit.core.setup import trainer_mode
+
+    key = (trainer.state.global_step, trainer_mode(trainer))
+    cached = getattr(trainer, "_hook_context", None)
+    if cached is None or cached[0] != key:
+        cached = trainer._hook_context = (key, BatchContext.for_trainer(trainer))
+    return cached[1]
 
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "use_vllm",

@@ -345,6 +345,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
     _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
+    _hook_context: tuple | None = None  # ((step, mode), context) of hooks outside a batch (context.hook_context)
     _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
 
     @contextlib.contextmanager
