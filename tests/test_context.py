@@ -148,3 +148,24 @@ def test_hooks_outside_a_batch_share_one_context_per_optimizer_step_and_mode(tin
     trainer.model.eval()
     evaluating = hook_context(trainer)
     assert evaluating is not later and evaluating.mode == "eval" and hook_context(trainer) is evaluating
+
+
+def test_grpos_outcome_on_trls_groups_is_every_rows_when_the_core_kept_trls_global_advantages():
+    # Process 1 of 2, groups of 2: group 0 = rows 0-1 (process 0), group 1 = rows 2-3 (this process) holds a +inf
+    # reward, so its rows get 0 (TRL's arithmetic: NaN, then 0). The global advantages (made up: only their layout
+    # and the zeroing are under test) come from the capture; without them, TRL's of this process's rows.
+    rewards = torch.tensor([[1.0], [0.0], [math.inf], [1.0]])
+    batch = RowBatch(rewards_per_func=rewards, group_ids=torch.tensor([0, 0, 1, 1]),
+                     row_kinds=torch.full((4,), ROW_BASE), success=None, scorable=torch.ones(4, dtype=torch.bool),
+                     num_local=2, process_index=1, group_size=2)
+    output = {"advantages": torch.tensor([0.5, -0.5])}
+    kept = SimpleNamespace(trl_global_advantages=torch.tensor([0.75, -0.75, 0.5, -0.5]))
+    for capture, expected in [(kept, [0.75, -0.75, 0.0, 0.0]), (None, [0.0, 0.0])]:
+        ctx = BatchContext(args=None, process_index=1, num_processes=2, group_size=2, capture=capture,
+                           reward_func_names=["r"])
+        with pytest.warns(UserWarning, match="inf"):
+            advantages = GroupOutcome().advantages(ctx, batch, [], output)
+        assert advantages.tolist() == expected
+        assert ctx.metrics["credit/nonfinite_reward_rate"] == [0.5]  # 1 group in 2
+    assert batch.is_global(torch.zeros(4))  # the core cuts the global ones once: this process's rows
+    assert batch.local_rows(torch.tensor([0.75, -0.75, 0.0, 0.0])).tolist() == [0, 0]

@@ -18,9 +18,19 @@ def _results(model_path, out_dir, nproc):
     by_partition = {}
     for report in reports:
         assert report["world"] == nproc and report["steps"] == 2
+        # The credit got TRL's advantages of every row without a gather (the core's restatement of TRL's formula,
+        # with this process's slice TRL's own): the restatement agreed with TRL here, and (below) every process holds
+        # the same values, so each process's restated slice of the others' rows is what TRL gave those processes.
+        assert report["restated_as_trl"]
+        for everyone, own in report["trl_rows"]:
+            assert len(everyone) == 4 and everyone[report["rank"] * len(own):][:len(own)] == own
         rows = by_partition.setdefault(report["partition"], {})
         for step, row, text_index, advantage in report["records"]:
             rows[(step, row)] = (text_index, advantage)
+    for partition in {report["partition"] for report in reports}:
+        everyones = [[everyone for everyone, _ in report["trl_rows"]] for report in reports
+                     if report["partition"] == partition]
+        assert all(values == everyones[0] for values in everyones)
     return by_partition
 
 

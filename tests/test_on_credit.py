@@ -107,8 +107,8 @@ def _one_step(tiny_model_path, tiny_dataset, tmp_path, **parts):
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=6, max_steps=1, report_to="none", use_cpu=True, save_strategy="no")
-    trainer = CreditTrainer(tiny_model_path, id_sum_reward, args=args, train_dataset=tiny_dataset, on_credit=seen.append,
-                            **parts)
+    trainer = CreditTrainer(tiny_model_path, id_sum_reward, args=args, train_dataset=tiny_dataset,
+                            on_credit=seen.append, **parts)
     trainer.train()
     (step,), (rewards,) = seen, returned
     return step, rewards

@@ -9,6 +9,7 @@ import os
 import sys
 
 from trl_credit import CueGRPOConfig, CueGRPOTrainer
+from trl_credit.core.logs import warned_keys
 from trl_credit.tasks.data import make_arithmetic_dataset
 
 A = "We substitute x = 2 into the equation.\n\nWe compute the value of the sum now.\n\nTherefore the answer is \\boxed{4}."
@@ -63,9 +64,11 @@ def run(model_dir, out_dir, partition):
         return out, None
 
     trainer._generate_single_turn = deterministic_generation
-    records = []
+    records, trl_rows = [], []
 
     def record(credit):  # the rows TRL trains on, once per generation batch (core.CreditStep)
+        # TRL's advantages of every row as the core handed them to the credit, and TRL's own of this process's rows
+        trl_rows.append([credit.context.capture.trl_global_advantages.tolist(), credit.trl_advantages.tolist()])
         output = credit.output
         texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
         step = trainer.state.global_step
@@ -75,7 +78,8 @@ def run(model_dir, out_dir, partition):
     trainer.add_credit_callback(record)
     trainer.train()
     return {"partition": partition, "rank": rank, "world": trainer.accelerator.num_processes,
-            "steps": trainer.state.global_step, "records": records}
+            "steps": trainer.state.global_step, "records": records, "trl_rows": trl_rows,
+            "restated_as_trl": "trl_advantages_restated" not in warned_keys(trainer)}
 
 
 def main(model_dir, out_dir):

@@ -5,7 +5,8 @@ shared-prefix sub-groups, docs/srpo.md#advantages). Only torch/stdlib.
 Two ways to combine several reward functions, as TRL's ``multi_objective_aggregation``:
 :func:`grouped_advantages` normalizes the weighted total reward ("sum_then_normalize"),
 :func:`normalize_then_sum_advantages` normalizes each reward function within the group first ("normalize_then_sum",
-GDPO).
+GDPO). :func:`trl_advantages` is TRL's own computation over its consecutive groups, restated operation by operation
+so that it gives TRL's float32 values bit for bit: every row's, before TRL cuts them to a process's rows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["grouped_advantages", "normalize_then_sum_advantages"]
+__all__ = ["grouped_advantages", "normalize_then_sum_advantages", "trl_advantages"]
 
 
 def grouped_advantages(
@@ -136,3 +137,61 @@ def normalize_then_sum_advantages(
         return advantages.to(torch.float32)
     advantages[usable] = (batch - batch.mean()) / (batch.std(unbiased=True) + eps)
     return advantages.to(torch.float32)
+
+
+def trl_advantages(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, num_generations: int,
+                   scale_rewards: str = "group", multi_objective_aggregation: str = "sum_then_normalize",
+                   eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's advantages of every row (N,) as ``GRPOTrainer._generate_and_score_completions`` computes them from the
+    global reward matrix (N, K) before it keeps its process's slice: groups of ``num_generations`` consecutive rows,
+    the same float32 operations in the same order as trl 1.14.2, 1.15 and 1.16 (whose code is the same), so the values
+    are TRL's bit for bit (tests/test_trl_contract.py checks it against the installed TRL). Unlike
+    :func:`grouped_advantages` (float64, any groups) it must not be "improved": its one job is to equal TRL's.
+
+    Rows every reward function returned None for (NaN) stay out of the means and stds and get 0, as TRL's."""
+    device = rewards_per_func.device
+    weights = reward_weights.to(device).unsqueeze(0)
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    size = num_generations
+    if multi_objective_aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        mean = torch.nanmean(rewards.view(-1, size), dim=1).repeat_interleave(size, dim=0)
+        if scale_rewards in ("group", "none"):  # "none": TRL computes the std only for its logs
+            std = (_trl_nanstd(rewards.view(-1, size), dim=1).repeat_interleave(size, dim=0) if size > 1
+                   else torch.zeros_like(rewards))
+        elif scale_rewards == "batch":
+            std = _trl_nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        else:
+            raise ValueError(f"scale_rewards must be 'batch', 'group' or 'none', got {scale_rewards!r}.")
+        advantages = rewards - mean
+        if scale_rewards != "none":
+            advantages = advantages / (std + eps)
+    elif multi_objective_aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, size, rewards_per_func.size(1))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = _trl_nanstd(grouped, dim=1, keepdim=True) if size > 1 else torch.zeros_like(mean_k)
+        reward_k = ((grouped - mean_k) / (std_k + eps)).view(-1, rewards_per_func.size(1))
+        rewards = (reward_k * weights).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        std = _trl_nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std + eps)
+    else:
+        raise ValueError("multi_objective_aggregation must be 'sum_then_normalize' or 'normalize_then_sum', got "
+                         f"{multi_objective_aggregation!r}.")
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def _trl_nanstd(tensor: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """``trl.trainer.utils.nanstd`` (trl 1.14.2-1.16), restated: the unbiased std ignoring NaNs (NaN below two
+    values)."""
+    mean = torch.nanmean(tensor, dim=dim, keepdim=True)
+    variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
+    count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)
+    correction = count / (count - 1)
+    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
+    variance *= correction
+    std = torch.sqrt(variance)
+    if keepdim:
+        return std
+    return std.squeeze() if dim is None else std.squeeze(dim)

@@ -82,15 +82,17 @@ def nonfinite_reward_groups(ctx, rewards_per_func: torch.Tensor, group_ids, metr
 
 
 def zero_nonfinite_groups(ctx, advantages: torch.Tensor, rewards_per_func: torch.Tensor, metric: str, part=None):
-    """TRL's advantages of this process's rows (TRL's layout: groups of ``num_generations`` consecutive global rows),
-    0 on every row of a group with a ±inf reward under ``sum_then_normalize`` (:func:`nonfinite_reward_groups`): what
-    TRL gives them with its default scaling, also with ``scale_rewards="none"``, where TRL's own are ±3.4e38."""
+    """TRL's advantages of every row or of this process's rows (TRL's layout: groups of ``num_generations``
+    consecutive global rows), 0 on every row of a group with a ±inf reward under ``sum_then_normalize``
+    (:func:`nonfinite_reward_groups`): what TRL gives them with its default scaling, also with
+    ``scale_rewards="none"``, where TRL's own are ±3.4e38."""
     group_ids = torch.arange(rewards_per_func.size(0)) // ctx.group_size
     bad = nonfinite_reward_groups(ctx, rewards_per_func, group_ids, metric, part)
     if ctx.multi_objective_aggregation == "normalize_then_sum":
         return advantages  # TRL's are finite: the function only drops out of the group
-    local = ctx.cut(bad, advantages.size(0)).to(advantages.device)
-    return advantages.masked_fill(local.view(-1, *([1] * (advantages.dim() - 1))), 0.0)
+    rows = bad if advantages.size(0) == bad.numel() else ctx.cut(bad, advantages.size(0))
+    rows = rows.to(advantages.device)
+    return advantages.masked_fill(rows.view(-1, *([1] * (advantages.dim() - 1))), 0.0)
 
 
 def replace_logged_advantages(trainer, values: Sequence[float]) -> None:

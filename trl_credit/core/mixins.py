@@ -48,6 +48,9 @@ class RolloutCapture:
     trl_advantages: torch.Tensor | None = None
     """A copy of ``trl_output["advantages"]`` taken when TRL returned it, before any part acted (a copy: the core
     replaces the dict's entry with the parts' advantages)."""
+    trl_global_advantages: torch.Tensor | None = None
+    """TRL's advantages of every row (all processes, in process order), before TRL cut them to this process's rows
+    (the core's ``trl_global_advantages``: TRL's values bit for bit); None when the rewards were not captured."""
 
     def rewards(self, trainer_name: str) -> torch.Tensor:
         if self.rewards_per_func is None:

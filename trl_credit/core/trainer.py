@@ -33,16 +33,19 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
+import torch
+
+from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages, trl_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
+from trl_credit.core.collectives import local_rows
 from trl_credit.core.context import BatchContext, hook_context
 from trl_credit.core.generation import one_weight_push
-from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
+from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, warn_once, zero_nonfinite_groups
 from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.core.registry import register_part
 from trl_credit.core.row_count import NUM_ROWS, micro_batch, renormalized_loss
-from trl_credit.core.setup import bind_success, speaker
+from trl_credit.core.setup import bind_success, speaker, trainer_mode
 from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.tasks.rewards import completion_text
@@ -157,8 +160,9 @@ class GroupOutcome(Credit):
     """GRPO's group-normalized outcome over the record's groups (``nonfinite_metric`` logs the share of groups holding
     a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
 
-    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed (this process's rows), with
-    0 for every row of a group holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups
+    Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, of every row (the core's
+    :func:`trl_global_advantages`; this process's rows when the core kept none), with 0 for every row of a group
+    holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups
     (SRPO's sub-groups) they are every row of the record, which the core cuts to this process's rows once, after the
     modifiers; they are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.core.advantages`, with TRL's
     ``multi_objective_aggregation``, ``scale_rewards`` and reward weights); rows of :data:`NO_GROUP` get 0 and stay
@@ -172,7 +176,10 @@ class GroupOutcome(Credit):
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         if batch.group_size is not None:
-            return zero_nonfinite_groups(ctx, output["advantages"], batch.rewards_per_func, self.nonfinite_metric,
+            # TRL's advantages of every row when the core kept them (global: the core cuts them once), else TRL's own
+            everyone = getattr(ctx.capture, "trl_global_advantages", None)
+            trl = everyone if everyone is not None and len(everyone) == batch.num_rows else output["advantages"]
+            return zero_nonfinite_groups(ctx, trl, batch.rewards_per_func, self.nonfinite_metric,
                                          part=self.speaks_as or self)
         rewards_per_func, group_ids = batch.rewards_per_func, batch.group_ids
         grouped = group_ids != NO_GROUP
@@ -188,6 +195,26 @@ class GroupOutcome(Credit):
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
         return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
+
+
+def trl_global_advantages(trainer, rewards_per_func, local):
+    """TRL's advantages of every row of the generation batch, computed again from the global rewards as TRL computes
+    them before it keeps its process's slice (``core.advantages.trl_advantages``: TRL's values bit for bit,
+    tests/test_trl_contract_advantages.py), so no credit gathers what TRL already cut to each process. This process's
+    rows are TRL's own values (``local``) whatever happens; a restatement that disagrees with them (a TRL outside the
+    supported range) is warned about."""
+    mode = trainer_mode(trainer)
+    size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+    values = trl_advantages(rewards_per_func, trainer.reward_weights, size, trainer.scale_rewards,
+                            trainer.multi_objective_aggregation).to(local.dtype)
+    rows = local_rows(trainer, local.size(0))
+    if not torch.equal(values[rows], local):
+        warn_once(trainer, "trl_advantages_restated",
+                  f"{speaker(trainer)}: TRL's advantages differ from the core's restatement of TRL's formula "
+                  "(trl_credit.core.advantages.trl_advantages), so this TRL computes them in another way than the "
+                  "supported versions; other processes' rows may be off by round-off in what the parts read.")
+    values[rows] = local
+    return values
 
 
 def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
@@ -372,12 +399,16 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             self._batch_context = outer
 
     def _trl_generate_and_score_completions(self, inputs):
-        """TRL's own generation batch, for rollouts; kept with a copy of its advantages in the batch's capture (what
-        ``CreditStep.trl_advantages`` hands ``on_credit``)."""
+        """TRL's own generation batch, for rollouts; kept in the batch's capture with a copy of its advantages (what
+        ``CreditStep.trl_advantages`` hands ``on_credit``) and TRL's advantages of every row (``GroupOutcome``'s)."""
         output = super()._generate_and_score_completions(inputs)
-        if self._rollout_capture is not None:
-            self._rollout_capture.trl_output = output
-            self._rollout_capture.trl_advantages = output["advantages"].detach().clone()
+        capture = self._rollout_capture
+        if capture is not None:
+            capture.trl_output = output
+            capture.trl_advantages = output["advantages"].detach().clone()
+            if capture.rewards_per_func is not None:
+                capture.trl_global_advantages = trl_global_advantages(self, capture.rewards_per_func,
+                                                                      output["advantages"])
         return output
 
     def _generate_and_score_completions(self, inputs):

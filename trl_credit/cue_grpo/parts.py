@@ -2,10 +2,11 @@
 advantages of each group by rarity weights (docs/cue_grpo.md#positive-set).
 
 Glue only; the math lives in :mod:`.cues`, :mod:`.partition`, :mod:`.weights` and :mod:`.judge`. After the credit
-computed the advantages (GRPO's: TRL's group advantages), it gathers them (and the texts of the positive
-completions, from the batch record) across processes, computes each group's partition and
-weights over the batch record's groups (:class:`~trl_credit.core.batch.RowBatch`), multiplies the positive advantages and
-returns this process's slice. The loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
+computed the advantages (GRPO's: TRL's group advantages of every row; a credit's of this process's rows are
+gathered), it gathers the texts of the positive completions (from the batch record), computes each group's
+partition and weights over the batch record's groups (:class:`~trl_credit.core.batch.RowBatch`), multiplies the
+positive advantages and returns them in the layout it got (the core cuts global ones to this process's rows). The
+loss, KL, clipping, importance sampling, ... are GRPO's, untouched.
 
 With DATPO's trees (rollout ``trees``, credit ``blocks``) P and the weights come from the trees' leaf outcomes
 (:meth:`RarityWeights.leaf_outcomes`, the outcome stage the core runs before the credit); ``cue_tree_credit`` decides
@@ -146,7 +147,8 @@ class RarityWeights(Modifier):
                                "_generate was not captured: did a subclass bypass it?)")
         # Rows whose loss TRL masks entirely (mask_truncated_completions): no gradient, so no strategy to credit.
         in_loss = ctx.gather((batch.loss_mask.sum(dim=1) > 0).long()).bool().cpu()
-        whole = batch.is_global(advantages)  # every row already (a credit over sub-groups): nothing to gather
+        # Every row already (GroupOutcome's, on TRL's groups or sub-groups): nothing to gather
+        whole = batch.is_global(advantages)
         if advantages.dim() == 1:
             sequence = (advantages if whole else ctx.gather(advantages)).detach().double().cpu()
         elif batch.sequence_signs is not None:

@@ -1,0 +1,55 @@
+"""The core's restatement of TRL's advantages (trl_credit/core/advantages.py: ``trl_advantages``) equals what the
+installed TRL computes, bit for bit, for every ``scale_rewards`` and ``multi_objective_aggregation``, with
+zero-variance groups, rows one reward function skipped and unscorable rows. The core hands the credit TRL's
+advantages of every row from it (no gather of what TRL already cut to each process), so this must hold on every
+supported TRL: CI runs it on each (``bash .ci/trl_version <version>`` runs the ``trl_smoke`` tests)."""
+
+import pytest
+import torch
+from trl import GRPOConfig
+
+from trl_credit.core.advantages import trl_advantages
+from trl_credit.core.logs import warned_keys
+from trl_credit.core.trainer import CreditTrainer
+
+pytestmark = pytest.mark.trl_smoke
+
+# Rewards by row position (the tiny model's completions do not matter): 4 groups of 4 rows. Group 0: equal totals
+# (zero std); group 1: the second function skips one row; group 2: three unscorable rows (both functions None);
+# group 3: uneven values. None is a skipped row.
+FIRST = [1.0, 1.0, 1.0, 1.0, 0.3, 2.9, 0.7, 1.1, None, None, 0.25, None, 3.7, -1.3, 0.01, 2.2]
+SECOND = [0.5, 0.5, 0.5, 0.5, 1.0, None, 0.0, 1.7, None, None, 0.9, None, 0.33, 4.1, -0.6, 1.9]
+
+
+def first(completions, **kwargs):
+    return FIRST[: len(completions)]
+
+
+def second(completions, **kwargs):
+    return SECOND[: len(completions)]
+
+
+@pytest.mark.parametrize("aggregation, scale", [("sum_then_normalize", "group"), ("sum_then_normalize", "batch"),
+                                                ("sum_then_normalize", "none"), ("normalize_then_sum", "group")])
+def test_the_restated_advantages_are_trls_bit_for_bit(aggregation, scale, tiny_model_path, tiny_dataset, tmp_path):
+    seen = []
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=4,
+                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+                      reward_weights=[0.7, 1.3], scale_rewards=scale, multi_objective_aggregation=aggregation)
+    trainer = CreditTrainer(tiny_model_path, [first, second], args=args, train_dataset=tiny_dataset,
+                            on_credit=seen.append)
+    # One generation batch as TRL's sampler hands it (each prompt num_generations times), without training: TRL's
+    # loss needs Triton on trl 1.15 without it, its generation batch does not (no old log-probs at these settings).
+    trainer.model.train()
+    trainer._generate_and_score_completions([tiny_dataset[row // 4] for row in range(16)])
+    (step,) = seen
+    trl = step.trl_advantages  # one process: TRL's slice is every row
+    rewards = step.record.rewards_per_func
+    assert torch.isnan(rewards).all(dim=1).tolist() == [False] * 8 + [True, True, False, True] + [False] * 4
+    restated = trl_advantages(rewards, trainer.reward_weights, 4, scale, aggregation)
+    assert restated.dtype == trl.dtype == torch.float32
+    assert torch.equal(restated, trl), (restated - trl).abs().max()
+    assert trl[8:12].tolist()[:2] == [0.0, 0.0] and trl[12:].abs().min() > 0  # unscorable rows 0, signal elsewhere
+    # What the core handed the credit: the same values, of every row (GroupOutcome's over TRL's groups)
+    assert torch.equal(step.context.capture.trl_global_advantages, trl)
+    assert "trl_advantages_restated" not in warned_keys(trainer)  # the core's own check agreed
