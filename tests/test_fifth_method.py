@@ -259,17 +259,16 @@ def test_the_token_credit_is_one_registration_and_trains_by_name(tiny_model_path
 
     expected_sign = {}
 
-    def signs_of_the_batch(inputs):
-        output = generate_and_score(inputs)
+    def signs_of_the_batch(step):  # each generation batch, before its loss (on_credit)
+        output = step.output
         # the step's signs by (1)'s reference loops, from the rewards the reward function returned, by completion
         ids = [tuple(i[m.bool()].tolist()) for i, m in zip(output["completion_ids"], output["completion_mask"])]
         rewards = [float("nan") if seen_rewards[c] is None else seen_rewards[c] for c in ids]
         assert len(set(ids)) == len(ids), "two rows with one completion: the check could not tell them apart"
         expected_sign.update(zip(ids, _reference(rewards, 4, 1.0), strict=True))
-        return output
 
-    generate_and_score = trainer._generate_and_score_completions
-    monkeypatch.setattr(trainer, "_generate_and_score_completions", signs_of_the_batch)
+    trainer.add_credit_callback(signs_of_the_batch)
+    # Kept as a wrap: the check is on what each micro-batch hands TRL's loss, which on_credit does not see.
     monkeypatch.setattr(trainer, "_compute_loss", check)
     trainer.train()
 
