@@ -1,6 +1,6 @@
 """The core's restatement of TRL's advantages (trl_credit/core/advantages.py: ``trl_advantages``) equals what the
 installed TRL computes, bit for bit, for every ``scale_rewards`` and ``multi_objective_aggregation``, with
-zero-variance groups, rows one reward function skipped and unscorable rows. The core hands the credit TRL's
+zero-variance groups, rows one reward function skipped and unscorable rows, in training and evaluation. The core hands the credit TRL's
 advantages of every row from it (no gather of what TRL already cut to each process), so this must hold on every
 supported TRL: CI runs it on each (``bash .ci/trl_version <version>`` runs the ``trl_smoke`` tests)."""
 
@@ -29,24 +29,31 @@ def second(completions, **kwargs):
     return SECOND[: len(completions)]
 
 
-@pytest.mark.parametrize("aggregation, scale", [("sum_then_normalize", "group"), ("sum_then_normalize", "batch"),
-                                                ("sum_then_normalize", "none"), ("normalize_then_sum", "group")])
-def test_the_restated_advantages_are_trls_bit_for_bit(aggregation, scale, tiny_model_path, tiny_dataset, tmp_path):
+@pytest.mark.parametrize("aggregation, scale, mode", [
+    ("sum_then_normalize", "group", "train"), ("sum_then_normalize", "batch", "train"),
+    ("sum_then_normalize", "none", "train"), ("normalize_then_sum", "group", "train"),
+    ("sum_then_normalize", "group", "eval"),  # evaluation: groups of num_generations_eval (2 here)
+])
+def test_the_restated_advantages_are_trls_bit_for_bit(aggregation, scale, mode, tiny_model_path, tiny_dataset,
+                                                      tmp_path):
     seen = []
+    size = 4 if mode == "train" else 2
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=4,
-                      max_completion_length=4, max_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-                      reward_weights=[0.7, 1.3], scale_rewards=scale, multi_objective_aggregation=aggregation)
+                      per_device_eval_batch_size=16, num_generations_eval=2, max_completion_length=4, max_steps=1,
+                      report_to="none", use_cpu=True, save_strategy="no", reward_weights=[0.7, 1.3],
+                      scale_rewards=scale, multi_objective_aggregation=aggregation)
     trainer = CreditTrainer(tiny_model_path, [first, second], args=args, train_dataset=tiny_dataset,
                             on_credit=seen.append)
-    # One generation batch as TRL's sampler hands it (each prompt num_generations times), without training: TRL's
-    # loss needs Triton on trl 1.15 without it, its generation batch does not (no old log-probs at these settings).
-    trainer.model.train()
-    trainer._generate_and_score_completions([tiny_dataset[row // 4] for row in range(16)])
+    # One generation batch as TRL's sampler hands it (each prompt `size` times), without training: TRL's loss needs
+    # Triton on trl 1.15 without it, its generation batch does not (no old log-probs at these settings).
+    trainer.model.train(mode == "train")
+    trainer._generate_and_score_completions([tiny_dataset[row // size] for row in range(16)])
     (step,) = seen
+    assert step.context.mode == mode
     trl = step.trl_advantages  # one process: TRL's slice is every row
     rewards = step.record.rewards_per_func
     assert torch.isnan(rewards).all(dim=1).tolist() == [False] * 8 + [True, True, False, True] + [False] * 4
-    restated = trl_advantages(rewards, trainer.reward_weights, 4, scale, aggregation)
+    restated = trl_advantages(rewards, trainer.reward_weights, size, scale, aggregation)
     assert restated.dtype == trl.dtype == torch.float32
     assert torch.equal(restated, trl), (restated - trl).abs().max()
     assert trl[8:12].tolist()[:2] == [0.0, 0.0] and trl[12:].abs().min() > 0  # unscorable rows 0, signal elsewhere
