@@ -136,23 +136,27 @@ def reference_advantages(scorer, tokenizer, inputs, output, G, C=3.0, alpha=1.0,
 
 
 class CapturingOPPOTrainer(OPPOTrainer):
-    """Records each generation batch (with the reference computed before any optimizer step) and each loss input."""
+    """Records each generation batch (on_credit, with the reference computed before any optimizer step) and each loss
+    input (a wrap: what each micro-batch hands TRL's loss, after its shuffle and split, which on_credit does not see)."""
 
     reference_scorer = None
     compute_reference = True
     reward_row = staticmethod(parity_row)
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_credit_callback(self._record_generation)
+
+    def _record_generation(self, step):
         if not self.compute_reference:
-            return output
+            return
+        output = step.output
         scorer = self.reference_scorer or self.accelerator.unwrap_model(self.model)
         expected = reference_advantages(
-            scorer, self._tokenizer, inputs, output, self.num_generations, reward_row=self.reward_row,
+            scorer, self._tokenizer, step.inputs, output, self.num_generations, reward_row=self.reward_row,
             aggregation=self.args.multi_objective_aggregation,
         )
         self.generations = getattr(self, "generations", []) + [(output, expected)]
-        return output
 
     def _compute_loss(self, model, inputs):
         self.loss_inputs = getattr(self, "loss_inputs", []) + [{k: v.clone() for k, v in inputs.items() if torch.is_tensor(v)}]
