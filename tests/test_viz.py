@@ -165,21 +165,17 @@ def test_each_trainer_output_renders_with_the_hook(method, tiny_model_path, tiny
     trainer_name, config_name, settings, _ = CASES[method]
     base = getattr(trl_credit, trainer_name)
 
-    class Recorded(base):  # keeps the output; the page itself comes from the trainer's own hook
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            self.seen = output
-            return output
-
     args = getattr(trl_credit, config_name)(
         output_dir=str(tmp_path), per_device_train_batch_size=8, max_completion_length=8, max_steps=1,
         logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0, log_credit_rows=8,
         **settings)
-    trainer = Recorded(model=tiny_model_path, reward_funcs=[parity_reward, short_reward], args=args,
-                     train_dataset=tiny_dataset)
+    trainer = base(model=tiny_model_path, reward_funcs=[parity_reward, short_reward], args=args,
+                   train_dataset=tiny_dataset)
+    seen = []  # the batch TRL trains on (on_credit); the page itself comes from the trainer's own hook
+    trainer.add_credit_callback(lambda step: seen.append(step.output))
     trainer.train()
     page = open(tmp_path / "credit" / "step_00001.html", encoding="utf-8").read()
-    output = trainer.seen
+    output = seen[-1]
     rows = parse_rows(page)
     assert len(rows) == min(8, len(output["completion_ids"]))
     advantages = output["advantages"].double()
