@@ -4,13 +4,16 @@ zero-variance groups, rows one reward function skipped and unscorable rows, in t
 advantages of every row from it (no gather of what TRL already cut to each process), so this must hold on every
 supported TRL: CI runs it on each (``bash .ci/trl_version <version>`` runs the ``trl_smoke`` tests)."""
 
+import warnings
+from types import SimpleNamespace
+
 import pytest
 import torch
 from trl import GRPOConfig
 
 from trl_credit.core.advantages import trl_advantages
 from trl_credit.core.logs import warned_keys
-from trl_credit.core.trainer import CreditTrainer
+from trl_credit.core.trainer import CreditTrainer, trl_global_advantages
 
 pytestmark = pytest.mark.trl_smoke
 
@@ -60,3 +63,22 @@ def test_the_restated_advantages_are_trls_bit_for_bit(aggregation, scale, mode, 
     # What the core handed the credit: the same values, of every row (GroupOutcome's over TRL's groups)
     assert torch.equal(step.context.capture.trl_global_advantages, trl)
     assert "trl_advantages_restated" not in warned_keys(trainer)  # the core's own check agreed
+
+
+def test_this_processs_rows_stay_trls_own_and_a_disagreeing_restatement_is_warned_about():
+    # Process 1 of 2, 2 rows each, one group of 4: rewards 1, 0, 1, 1 -> mean 3/4, unbiased std 1/2, so TRL's
+    # advantages are (0.25, -0.75, 0.25, 0.25) / (0.5 + 1e-4). This process's rows (2-3) are handed in as TRL gave
+    # them: first exactly those values (no warning), then made-up ones (a TRL that computed them otherwise).
+    trainer = SimpleNamespace(model=SimpleNamespace(training=True), num_generations=4, num_generations_eval=4,
+                              reward_weights=torch.ones(1), scale_rewards="group",
+                              multi_objective_aggregation="sum_then_normalize",
+                              accelerator=SimpleNamespace(process_index=1, is_main_process=True))
+    rewards = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
+    by_hand = [a / (0.5 + 1e-4) for a in (0.25, -0.75, 0.25, 0.25)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        agreed = trl_global_advantages(trainer, rewards, trl_advantages(rewards, torch.ones(1), 4)[2:])
+    assert agreed.tolist() == pytest.approx(by_hand, rel=1e-6)
+    with pytest.warns(UserWarning, match="differ from the core's restatement"):
+        kept = trl_global_advantages(trainer, rewards, torch.tensor([0.5, 0.5]))
+    assert kept[2:].tolist() == [0.5, 0.5] and kept[:2].tolist() == pytest.approx(by_hand[:2], rel=1e-6)

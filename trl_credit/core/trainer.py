@@ -53,7 +53,7 @@ from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
-    "credit_step", "fill_record", "outcome_stage", "training_batch",
+    "credit_step", "fill_record", "outcome_stage", "training_batch", "trl_global_advantages",
 ]
 
 
