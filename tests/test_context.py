@@ -104,3 +104,20 @@ def test_without_a_trainer_the_model_verbs_and_several_processes_are_refused_by_
         BatchContext(args=None, num_processes=2).gather_rows([1])
     with pytest.raises(ValueError, match="mode must be 'train' or 'eval'"):
         BatchContext(args=None, mode="test")
+
+
+def test_the_rollout_verbs_without_a_trainer():
+    # The verbs of a rollout inside TRL's rollout_func: those that need the model refuse by name; the forward is not a
+    # collective call on one process; 0-token rows are refused speaking as the part, from the first empty row.
+    ctx = BatchContext(args=None, owner="SRPOTrainer")
+    for verb, call in [("generate_groups", lambda: ctx.generate_groups([[1]])), ("autocast", ctx.autocast),
+                       ("unwrapped_policy", lambda: ctx.unwrapped_policy),
+                       ("eos_token_ids", lambda: ctx.eos_token_ids), ("pad_token_id", lambda: ctx.pad_token_id)]:
+        with pytest.raises(RuntimeError, match=f"BatchContext.{verb} needs the trainer"):
+            call()
+    assert ctx.collective_forward is False
+    ctx.refuse_empty_completions([[1], [2, 3]], "the generation of suffixes")  # none empty: no error
+    part = SimpleNamespace(name="resets")
+    with pytest.raises(ValueError, match=r"^SRPOTrainer \(resets\): the generation of suffixes returned an empty "
+                                         r"completion \(0 tokens\) for 2 of 3 rows \(first: row 1\)"):
+        ctx.refuse_empty_completions([[1], [], []], "the generation of suffixes", part=part)

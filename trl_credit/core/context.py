@@ -276,6 +276,61 @@ class BatchContext:
         """The reference model (``trainer.ref_model``; None when TRL keeps none)."""
         return getattr(self._needs_trainer("reference"), "ref_model", None)
 
+    # ---- rollouts inside TRL's rollout_func
+    # What a rollout that builds its rows (``Rollout.rollout_rows``: SRPO's resets) needs beyond the verbs above.
+    def generate_groups(self, prompt_ids, num_generations: int | None = None):
+        """TRL's generation of ``num_generations`` completions per prompt row (default: the mode's ``group_size``)
+        for rows already duplicated as TRL's sampler lays them out, no images:
+        ``trainer._generate_single_turn(prompt_ids, None, {}, num_generations)`` (bridge: the core's override, so
+        every part's ``generate_single_turn`` hook runs, then TRL's). Returns ``(completion_ids, sampling
+        log-probs or None)``. A collective call."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        size = self.group_size if num_generations is None else num_generations
+        return bridge.generate_single_turn(self._needs_trainer("generate_groups"), prompt_ids, None, {}, size)
+
+    def autocast(self):
+        """``trainer.accelerator.autocast()``: the mixed precision TRL's own forward passes run under, for a part's
+        forward of the policy outside TRL's log-prob pass (SRPO's shared-prefix scoring)."""
+        return self._needs_trainer("autocast").accelerator.autocast()
+
+    @property
+    def unwrapped_policy(self):
+        """``accelerator.unwrap_model(trainer.model)``: the policy without DDP / DeepSpeed wrappers, PEFT wrapper
+        kept (to read its config, its adapters and its forward's parameters)."""
+        trainer = self._needs_trainer("unwrapped_policy")
+        return trainer.accelerator.unwrap_model(trainer.model)
+
+    @property
+    def collective_forward(self) -> bool:
+        """Whether a forward of the policy is a collective call: several processes and sharded parameters (FSDP:
+        ``trainer.is_fsdp_enabled``; DeepSpeed ZeRO-3: ``accelerator.state.deepspeed_plugin.zero_stage``), so every
+        process must run the same forwards. False without a trainer (one process)."""
+        trainer = self._trainer
+        if trainer is None or self.num_processes == 1:
+            return False
+        plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+        return bool(getattr(trainer, "is_fsdp_enabled", False)) or getattr(plugin, "zero_stage", 0) == 3
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """``trainer.eos_token_ids`` (TRL's): the token ids that end a completion."""
+        return self._needs_trainer("eos_token_ids").eos_token_ids
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's padding id as TRL pads with it (``bridge.pad_token_id``)."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return bridge.pad_token_id(self._needs_trainer("pad_token_id"))
+
+    def refuse_empty_completions(self, completion_ids, source: str, part=None) -> None:
+        """Raise a clear error, speaking as ``part`` (:meth:`speaker`), for completions of 0 tokens among rows a part
+        hands TRL to train on (``mixins.refuse_empty_rows``: TRL 1.16 reads each completion's last token)."""
+        from trl_credit.core.mixins import refuse_empty_rows
+
+        refuse_empty_rows(self.speaker(part), completion_ids, source)
+
     def __repr__(self) -> str:
         return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
                 f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
