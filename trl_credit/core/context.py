@@ -1,8 +1,8 @@
 """What a part reads and does in one generation batch, instead of the trainer (docs/design.md#the-batch-context).
 
 The credit core builds one :class:`BatchContext` per generation batch (training and evaluation) and hands it to every
-batch-time hook of every part: ``Rollout.generate_and_score`` / ``training_batch``, ``Credit.advantages``,
-``Modifier.apply``. Hooks outside a generation batch (the middlewares around TRL's ``_generate_single_turn``,
+batch-time hook of every part: ``Rollout.generate_and_score`` / ``rollout_rows`` (inside TRL's ``rollout_func``) /
+``training_batch``, ``Credit.advantages``, ``Modifier.apply``. Hooks outside a generation batch (the middlewares around TRL's ``_generate_single_turn``,
 ``_prepare_inputs``, ``compute_loss``, ``_compute_loss``) get a context of the same class without a batch
 (``inputs`` empty, no capture, no record). Only ``Part.setup(trainer)``, at construction, keeps the trainer.
 
@@ -11,8 +11,9 @@ use) and a few verbs. Over a trainer (:meth:`BatchContext.for_trainer`) each ver
 through the shared modules (:mod:`trl_credit.core.collectives`, :mod:`trl_credit.core.generation`,
 :mod:`trl_credit.core.logs`) and :mod:`trl_credit.trl_bridge.privates` for TRL's privates; each docstring says what of the
 trainer it reads. Without a trainer (``BatchContext(args=..., ...)``, one process) the plain values and the verbs
-``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng`` and ``scratch`` work, so a credit or a modifier runs on a
-record and its args alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
+``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng``, ``scratch``,
+``collective_forward`` and ``refuse_empty_completions`` work, so a credit or a modifier runs on a record and its args
+alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
 ``tokenize``, ``policy``, ...) raise a clear error there.
 
 Part state that lives for one batch lives in :meth:`BatchContext.scratch` (a dict per part, gone with the batch);

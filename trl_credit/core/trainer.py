@@ -4,7 +4,8 @@ method is made of (docs/design.md#the-credit-core).
 Every generation batch runs in one fixed order:
 
 1. **rollout** (:class:`Rollout`): which rows exist and how they are generated (GRPO's groups, SRPO's resets,
-   DATPO's trees); it returns TRL's batch and its :class:`~trl_credit.core.batch.RowBatch` record;
+   DATPO's trees); it returns TRL's batch and its :class:`~trl_credit.core.batch.RowBatch` record (a rollout that
+   builds the rows itself does so inside TRL's ``rollout_func``, which the core installs: :meth:`Rollout.rollout_rows`);
 2. **credit** (:class:`Credit`): the advantages over the record's groups (GRPO's group-normalized outcome, OPPO's
    value recursion, DATPO's block Monte Carlo);
 3. **modifiers** (:class:`Modifier`, in order): transforms of those advantages (Cue-GRPO's rarity weights);
