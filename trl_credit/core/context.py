@@ -277,6 +277,10 @@ class BatchContext:
         """The reference model (``trainer.ref_model``; None when TRL keeps none)."""
         return getattr(self._needs_trainer("reference"), "ref_model", None)
 
+    def __repr__(self) -> str:
+        return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
+                f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
+
     # ---- rollouts inside TRL's rollout_func
     # What a rollout that builds its rows (``Rollout.rollout_rows``: SRPO's resets) needs beyond the verbs above.
     def generate_groups(self, prompt_ids, num_generations: int | None = None):
@@ -331,10 +335,6 @@ class BatchContext:
         from trl_credit.core.mixins import refuse_empty_rows
 
         refuse_empty_rows(self.speaker(part), completion_ids, source)
-
-    def __repr__(self) -> str:
-        return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
-                f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
 
 
 def hook_context(trainer) -> BatchContext:
