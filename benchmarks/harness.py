@@ -206,12 +206,12 @@ def instrument(trainer, method: str, profiler: Profiler) -> None:
         profiler.wrap_method(trainer.rollout, "generate_branches", "datpo: branch generation", count_tokens=True)
     elif method in ("srpo", "rrpo"):
         import trl_credit.srpo.localize as srpo_localize
-        import trl_credit.srpo.parts as srpo_module
+        from trl_credit.core.context import BatchContext
 
-        # the decoded localization call (localization="generate") is made from srpo/localize.py
-        for module in (srpo_module, srpo_localize):
-            profiler.wrap_module_function(module, "generate_from_prefixes", "srpo: generate_from_prefixes",
-                                          count_tokens=True)
+        # Every SRPO generation call (seeds, suffixes, the decoded localization) is the batch context's public verb
+        # `generate` (generate_from_prefixes); in an SRPO/RRPO run no other part calls it. Restored by unpatch.
+        profiler.replace(BatchContext, "generate", profiler.timed("srpo: generate_from_prefixes",
+                                                                  BatchContext.generate, count_tokens=True))
         profiler.wrap_module_function(srpo_localize, "answer_scores", "srpo: scored localization (forward)")
         profiler.wrap_method(trainer.rollout, "_collect_seeds", "srpo: seed verdicts (rewards)")
 

@@ -276,9 +276,9 @@ def record_resets(trainer) -> list[dict]:
         pending.append(resets)
         return resets
 
-    def log_and_record(trainer_, batch):
+    def log_and_record(ctx, batch):  # the batch's context (trl_credit/core/context.py)
         resets = pending.pop(0)
-        per_reset = trainer_.args.suffixes_per_reset
+        per_reset = ctx.args.suffixes_per_reset
         suffix_rows = (batch.row_kinds == ROW_SUFFIX).nonzero().flatten().tolist()
         if len(suffix_rows) != per_reset * len(resets):
             raise RuntimeError(f"record_resets: {len(suffix_rows)} suffix rows for {len(resets)} resets x {per_reset}"
@@ -286,10 +286,10 @@ def record_resets(trainer) -> list[dict]:
         for index, reset in enumerate(resets):
             rows = suffix_rows[index * per_reset:(index + 1) * per_reset]
             scorable = [row for row in rows if bool(batch.scorable[row])]
-            records.append(dict(step=trainer_.state.global_step, h=int(reset.step), h_o=reset.oracle,
+            records.append(dict(step=ctx.step, h=int(reset.step), h_o=reset.oracle,
                                 H=len(reset.ends), source=reset.source, suffixes=len(scorable),
                                 suffixes_correct=sum(bool(batch.success[row]) for row in scorable)))
-        return log_pass_rates(trainer_, batch)
+        return log_pass_rates(ctx, batch)
 
     rollout._choose_resets, rollout._log_pass_rates = choose_and_record, log_and_record
     return records

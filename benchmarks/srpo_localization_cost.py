@@ -53,16 +53,16 @@ class Comparison:
         self.shared_tokens = self.per_row_tokens = 0
         self.max_diff, self.picks, self.same_picks = 0.0, 0, 0
 
-    def __call__(self, trainer, prefixes, answers, stats):
+    def __call__(self, ctx, prefixes, answers, stats):  # ctx: the generation batch's BatchContext
         start = time.perf_counter()
         before = stats.localization_forward_tokens
-        scores = self.shared(trainer, prefixes, answers, stats)
+        scores = self.shared(ctx, prefixes, answers, stats)
         self.shared_seconds += time.perf_counter() - start
         self.shared_tokens += stats.localization_forward_tokens - before
         start = time.perf_counter()
         side = StepStats()
         rows = sum(len(a) for a in answers)
-        per_row = localize._per_row_logps(trainer, prefixes, answers, side, rows, [0])
+        per_row = localize._per_row_logps(ctx, prefixes, answers, side, rows, [0])
         self.per_row_seconds += time.perf_counter() - start
         self.per_row_tokens += side.localization_forward_tokens
         if scores is not None:

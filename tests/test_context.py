@@ -169,3 +169,20 @@ def test_grpos_outcome_on_trls_groups_is_every_rows_when_the_core_kept_trls_glob
         assert ctx.metrics["credit/nonfinite_reward_rate"] == [0.5]  # 1 group in 2
     assert batch.is_global(torch.zeros(4))  # the core cuts the global ones once: this process's rows
     assert batch.local_rows(torch.tensor([0.75, -0.75, 0.0, 0.0])).tolist() == [0, 0]
+
+
+def test_the_rollout_verbs_without_a_trainer():
+    # The verbs of a rollout inside TRL's rollout_func: those that need the model refuse by name; the forward is not a
+    # collective call on one process; 0-token rows are refused speaking as the part, from the first empty row.
+    ctx = BatchContext(args=None, owner="SRPOTrainer")
+    for verb, call in [("generate_groups", lambda: ctx.generate_groups([[1]])), ("autocast", ctx.autocast),
+                       ("unwrapped_policy", lambda: ctx.unwrapped_policy),
+                       ("eos_token_ids", lambda: ctx.eos_token_ids), ("pad_token_id", lambda: ctx.pad_token_id)]:
+        with pytest.raises(RuntimeError, match=f"BatchContext.{verb} needs the trainer"):
+            call()
+    assert ctx.collective_forward is False
+    ctx.refuse_empty_completions([[1], [2, 3]], "the generation of suffixes")  # none empty: no error
+    part = SimpleNamespace(name="resets")
+    with pytest.raises(ValueError, match=r"^SRPOTrainer \(resets\): the generation of suffixes returned an empty "
+                                         r"completion \(0 tokens\) for 2 of 3 rows \(first: row 1\)"):
+        ctx.refuse_empty_completions([[1], [], []], "the generation of suffixes", part=part)

@@ -3,10 +3,12 @@ last bit; the parts' TRL hooks run in the documented order around TRL's method; 
 
 import pytest
 import torch
+from trl import GRPOConfig
 
 from tests.golden.record import SCENARIOS, compare, load, ONE_PROCESS_FILE, run_scenario
 from trl_credit.core.batch import NO_GROUP, ROW_BASE, RowBatch
-from trl_credit.core.trainer import CreditTrainer, Part
+from trl_credit.core.setup import user_rollout_func
+from trl_credit.core.trainer import CreditTrainer, Part, Rollout
 
 
 @pytest.mark.parametrize("name", ["grpo/grpo", "grpo/dapo-lora"])
@@ -57,6 +59,36 @@ def test_parts_wrap_trls_hook_rollout_outermost():
     assert calls == ["rollout in", "credit in", "modifier in", ("trl", ("rollout", "credit", "modifier")),
                      "modifier out", "credit out", "rollout out"]
     assert all(part.contexts == [Stub._batch_context] for part in Stub.parts)
+
+
+class _OwnRows(Rollout):
+    """A rollout that builds its rows itself (Rollout.rollout_rows), as SRPO's resets do."""
+
+    name = "own_rows"
+
+    def rollout_rows(self, ctx, prompts):
+        self.seen = (ctx, list(prompts))
+        return {"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": None}
+
+
+def test_a_rollout_that_builds_its_rows_is_trls_rollout_func_and_gets_the_batch_context(tiny_model_path, tiny_dataset,
+                                                                                         tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to="none", use_cpu=True, save_strategy="no")
+
+    def build(**kwargs):
+        return CreditTrainer(model=tiny_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                             args=args, train_dataset=tiny_dataset, **kwargs)
+
+    trainer = build(rollout=_OwnRows())
+    assert trainer.rollout_func is not None and user_rollout_func(trainer) is None  # the core's, not a user's
+    batch_context = object()
+    trainer._batch_context = batch_context  # inside a generation batch
+    output = trainer.rollout_func(["p", "p"], trainer)  # as TRL's _generate calls it: rollout_func(prompts, self)
+    assert trainer.rollout.seen == (batch_context, ["p", "p"]) and output["completion_ids"] == [[2]]
+    assert build().rollout_func is None  # GRPO's rollout: TRL generates
+    with pytest.raises(ValueError, match=r"CreditTrainer \(own_rows rollout\) does not support a custom `rollout_func`"):
+        build(rollout=_OwnRows(), rollout_func=lambda prompts, trainer: {})
 
 
 def test_each_parts_random_state_is_saved_and_restored():

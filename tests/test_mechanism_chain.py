@@ -172,14 +172,14 @@ def test_record_resets_pairs_each_reset_with_its_suffix_rows():
     calls = []
 
     class Rollout:
-        def _choose_resets(self, trainer, seeds, prompts, stats):
+        def _choose_resets(self, ctx, seeds, prompts, stats):
             return [first, second]
 
-        def _log_pass_rates(self, trainer, batch):
+        def _log_pass_rates(self, ctx, batch):
             calls.append(batch)
 
-    trainer = SimpleNamespace(rollout=Rollout(), args=SimpleNamespace(suffixes_per_reset=2),
-                              state=SimpleNamespace(global_step=7))
+    trainer = SimpleNamespace(rollout=Rollout())
+    ctx = SimpleNamespace(args=SimpleNamespace(suffixes_per_reset=2), step=7)  # the batch's context, as parts get it
     records = mechanism_common.record_resets(trainer)
     # prompt 0: 2 base + reset `first`; prompt 1: 2 base + fallback (no seed); prompt 2: 2 base + reset `second`
     kinds = [ROW_BASE] * 2 + [ROW_SUFFIX] * 2 + [ROW_BASE] * 2 + [ROW_FALLBACK] * 2 + [ROW_BASE] * 2 + [ROW_SUFFIX] * 2
@@ -187,14 +187,14 @@ def test_record_resets_pairs_each_reset_with_its_suffix_rows():
     scorable = [True] * 11 + [False]
     batch = SimpleNamespace(row_kinds=torch.tensor(kinds), success=torch.tensor(success, dtype=torch.bool),
                             scorable=torch.tensor(scorable))
-    trainer.rollout._choose_resets(trainer, None, None, None)
-    trainer.rollout._log_pass_rates(trainer, batch)
+    trainer.rollout._choose_resets(ctx, None, None, None)
+    trainer.rollout._log_pass_rates(ctx, batch)
     assert calls == [batch]  # the trainer's own metrics still run
     assert records == [dict(step=7, h=2, h_o=3, H=3, source="random", suffixes=2, suffixes_correct=1),
                        dict(step=7, h=1, h_o=None, H=2, source="random", suffixes=1, suffixes_correct=1)]
-    trainer.rollout._choose_resets(trainer, None, None, None)
+    trainer.rollout._choose_resets(ctx, None, None, None)
     with pytest.raises(RuntimeError, match="suffix rows"):
-        trainer.rollout._log_pass_rates(trainer, SimpleNamespace(row_kinds=torch.tensor(kinds[:6]),
+        trainer.rollout._log_pass_rates(ctx, SimpleNamespace(row_kinds=torch.tensor(kinds[:6]),
                                                                   success=batch.success, scorable=batch.scorable))
 
 

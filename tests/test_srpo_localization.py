@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trl_credit import SRPOConfig, SRPOTrainer
+from trl_credit.core.context import BatchContext
 from trl_credit.tasks.rewards import completion_text
 from trl_credit.srpo.localization import (
     LocalizationQuality,
@@ -28,6 +29,11 @@ from trl_credit.srpo.step_metrics import StepStats
 TEMPLATE = "P: {question}\n{steps}\nFirst wrong step (1 to {num_steps})?"
 QUESTION = "What is 3 + 4?"
 THOUGHTS = ["we add", "the numbers", "then check", "the result", "so 7"]
+
+
+def context(trainer) -> BatchContext:
+    """What the localization functions get inside a generation batch: the trainer's context (here outside one)."""
+    return BatchContext.for_trainer(trainer)
 
 
 def parity_reward(completions, **kwargs):
@@ -144,7 +150,7 @@ def reference_scores(trainer, question, thoughts):
 def test_answer_scores_match_an_independent_forward(tiny_model_path, tiny_dataset, tmp_path):
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization_scoring="plain")
     stats = StepStats()
-    [scores] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], stats)
+    [scores] = answer_scores(context(trainer), [(QUESTION, THOUGHTS, False)], stats)
     reference = reference_scores(trainer, QUESTION, THOUGHTS)
     # Batched (padded) vs one row at a time: float32 attention sums differ in the last digits.
     assert scores == pytest.approx(reference, abs=5e-3)
@@ -161,7 +167,7 @@ def test_scored_choice_follows_a_model_that_favours_an_index(localization, tiny_
     try:
         resets = [Reset(0, [1], None, [1, 2, 3, 4, 5], texts=list(THOUGHTS))]
         stats = StepStats()
-        localize(trainer, resets, [[{"role": "user", "content": QUESTION}]], stats)
+        localize(context(trainer), resets, [[{"role": "user", "content": QUESTION}]], stats, rng=trainer.rollout.rng)
     finally:
         handle()
     # "generate": the model now writes "333..." (no \boxed{N}), which falls back to the scored choice, not a draw.
@@ -178,7 +184,8 @@ def test_calibrated_scores_cancel_a_bias_that_ignores_the_steps(tiny_model_path,
 
     def pick() -> int:
         resets = [Reset(0, [1], None, [1, 2, 3, 4, 5], texts=list(THOUGHTS))]
-        localize(trainer, resets, [[{"role": "user", "content": QUESTION}]], StepStats())
+        localize(context(trainer), resets, [[{"role": "user", "content": QUESTION}]], StepStats(),
+                 rng=trainer.rollout.rng)
         return resets[0].step
 
     unbiased = pick()
@@ -198,7 +205,7 @@ def test_generate_with_random_fallback_draws_uniformly(tiny_model_path, tiny_dat
     try:
         resets = [Reset(0, [1], None, [1, 2, 3, 4, 5], texts=list(THOUGHTS)) for _ in range(4)]
         stats = StepStats()
-        localize(trainer, resets, [[{"role": "user", "content": QUESTION}]], stats)
+        localize(context(trainer), resets, [[{"role": "user", "content": QUESTION}]], stats, rng=trainer.rollout.rng)
     finally:
         handle()
     assert [r.source for r in resets] == ["random"] * 4 and stats.localization_forward_tokens == 0
@@ -219,7 +226,7 @@ def test_oracle_resets_land_at_the_checkers_index(tiny_model_path, tiny_dataset,
     prompt = [{"role": "user", "content": QUESTION}]
     stats = StepStats()
     seeds = seeds_of(trainer, ["we add the numbers then", "we add"])
-    resets = trainer.rollout._choose_resets(trainer, seeds, [prompt], stats)
+    resets = trainer.rollout._choose_resets(context(trainer), seeds, [prompt], stats)
     assert asked[0][0] == QUESTION  # the unwrapped question
     assert asked[0][1] == resets[0].texts and len(resets[0].texts) == len(resets[0].ends) >= 3
     assert (resets[0].step, resets[0].source) == (3, "oracle")
@@ -238,7 +245,7 @@ def test_quality_metrics_for_random_resets(tiny_model_path, tiny_dataset, tmp_pa
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, step_checker=lambda q, t: len(t), reset="random")
     stats = StepStats()
     texts = ["a b c d", "a b", "a b c d e f", "a"]
-    resets = trainer.rollout._choose_resets(trainer, seeds_of(trainer, texts), [[{"role": "user", "content": QUESTION}]],
+    resets = trainer.rollout._choose_resets(context(trainer), seeds_of(trainer, texts), [[{"role": "user", "content": QUESTION}]],
                                             stats)
     steps = [r.step for r in resets]
     sizes = [len(r.ends) for r in resets]
@@ -310,14 +317,14 @@ def per_row_and_shared(trainer, chains):
 
     tokenizer = trainer.processing_class
     opening = tokenizer.encode("\\boxed{", add_special_tokens=False)
-    prefixes = [p + opening for p in _localization_prompt_ids(trainer, chains)]
+    prefixes = [p + opening for p in _localization_prompt_ids(context(trainer), chains)]
     answers = [[tokenizer.encode(f"{n}}}", add_special_tokens=False) for n in range(1, len(t) + 1)]
                for _, t, _ in chains]
-    assert _prefix_can_be_shared(trainer)
+    assert _prefix_can_be_shared(context(trainer))
     rows = sum(len(a) for a in answers)
     old_stats, new_stats = StepStats(), StepStats()
-    old = _per_row_logps(trainer, prefixes, answers, old_stats, rows, opening)
-    new = _shared_prefix_logps(trainer, prefixes, answers, new_stats)
+    old = _per_row_logps(context(trainer), prefixes, answers, old_stats, rows, opening)
+    new = _shared_prefix_logps(context(trainer), prefixes, answers, new_stats)
     assert new is not None
     # Tokens run, counted by hand from the rows: each candidate row whole before; each distinct prefix once (all
     # but its last token) and [last prefix token + answer] per candidate of a distinct chain now.
@@ -378,13 +385,13 @@ def test_answer_scores_stand_aside_where_the_cache_cannot_be_shared(tiny_model_p
 
     trainer = make_trainer(tiny_model_path, tiny_dataset, tmp_path, localization_scoring="plain")
     stats = StepStats()
-    [shared] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], stats)
+    [shared] = answer_scores(context(trainer), [(QUESTION, THOUGHTS, False)], stats)
     config = trainer.model.config
     config.layer_types, config.sliding_window = ["sliding_attention"] * config.num_hidden_layers, 4096
     try:
-        assert not _prefix_can_be_shared(trainer)
+        assert not _prefix_can_be_shared(context(trainer))
         per_row_stats = StepStats()
-        [per_row] = answer_scores(trainer, [(QUESTION, THOUGHTS, False)], per_row_stats)
+        [per_row] = answer_scores(context(trainer), [(QUESTION, THOUGHTS, False)], per_row_stats)
     finally:
         del config.layer_types, config.sliding_window
     assert per_row == pytest.approx(shared, abs=1e-4)

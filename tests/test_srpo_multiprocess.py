@@ -53,18 +53,20 @@ def localization_trainer(model_dir, out_dir):
 
 @pytest.mark.multiprocess
 def test_scored_localization_two_processes_equal_one_process(tiny_model_path, tmp_path):
+    from trl_credit.core.context import BatchContext
     from trl_credit.srpo.localize import _prefix_can_be_shared, answer_scores
     from trl_credit.srpo.step_metrics import StepStats
 
     run_torchrun("tests/mp_scripts/srpo_localization_scores.py", tiny_model_path, str(tmp_path), timeout=300)
     reports = [json.loads((tmp_path / f"scores_rank{rank}.json").read_text()) for rank in (0, 1)]
     trainer = localization_trainer(tiny_model_path, str(tmp_path / "one"))
-    assert _prefix_can_be_shared(trainer)
+    ctx = BatchContext.for_trainer(trainer)  # what the localization gets inside a generation batch
+    assert _prefix_can_be_shared(ctx)
     for report in reports:
         assert report["world"] == 2 and report["shared"]  # the one-pass path ran in both processes
         for call, got in zip(LOCALIZATION_CALLS, report["calls"]):
             stats = StepStats()
-            expected = answer_scores(trainer, call[report["rank"]], stats)
+            expected = answer_scores(ctx, call[report["rank"]], stats)
             assert len(got["scores"]) == len(expected)
             for a, b in zip(got["scores"], expected):
                 assert a == pytest.approx(b, abs=1e-5)

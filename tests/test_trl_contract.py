@@ -147,6 +147,13 @@ def test_attributes_we_read_are_set_by_trl(tiny_model_path, tiny_dataset, tmp_pa
     assert not absent, f"a constructed GRPOTrainer lacks {absent}"
 
 
+def test_trl_calls_rollout_func_as_the_cores_adapter_takes_it():
+    # The core installs a rollout's rollout_rows as TRL's rollout_func behind an adapter of TRL's (prompts, trainer).
+    method, call = trl_compat.ROLLOUT_FUNC_CALL
+    source = inspect.getsource(getattr(GRPOTrainer, method))
+    assert source.count("self.rollout_func(") == 1 and call in source, f"GRPOTrainer.{method} calls rollout_func anew"
+
+
 def test_config_fields_we_read_exist():
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     assert not sorted(set(CONFIG_FIELDS) - fields), "GRPOConfig lost fields trl_credit reads"

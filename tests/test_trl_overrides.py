@@ -233,9 +233,8 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # The method packages (or modules of one) whose parts take a BatchContext at batch time (trl_credit/core/context.py).
 # Only ``setup(trainer)`` (construction) and the construction-time helpers named below may hold the trainer; a TRL
 # private is read behind the context, never on it (``ctx._trainer``). What is not listed here is not ported yet and
-# still reads the trainer through the context's transitional ``ctx.trainer`` (srpo/parts.py, srpo/localize.py,
-# datpo/).
-CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo/step_metrics.py"]
+# still reads the trainer through the context's transitional ``ctx.trainer`` (datpo/).
+CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
     "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device

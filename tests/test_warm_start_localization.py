@@ -7,9 +7,8 @@ import re
 
 import pytest
 
-import trl_credit.srpo.localize as srpo_localize_module
-import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import models
+from trl_credit.core.context import BatchContext
 from trl_credit.srpo.prompts import localization_prompt, question_of
 from trl_credit.tasks.chain import check_steps, make_chain_dataset, make_chain_problems, parse_question, solution_text
 from trl_credit.testbed.warm_start import WarmStartConfig, sft_dataset
@@ -128,15 +127,15 @@ def test_prompt_is_token_for_token_what_srpo_trainer_sends(tiny_model_path, tmp_
     chain = inject_error(problem, "term", 2, "arithmetic", random.Random(0))
     greedy_rows = []
 
-    def fake_generate(trainer, prefix_ids, **kwargs):
-        tokenizer = trainer.processing_class
+    def fake_generate(ctx, prefix_ids, **kwargs):
+        tokenizer = ctx.processing_class
         if kwargs.get("greedy"):
             greedy_rows.extend(list(r) for r in prefix_ids)
             return [tokenizer.encode("\\boxed{2}", add_special_tokens=False) for _ in prefix_ids], None
         return [tokenizer.encode(chain, add_special_tokens=False) + [tokenizer.eos_token_id] for _ in prefix_ids], None
 
-    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", fake_generate)
-    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", fake_generate)  # the decoded localization
+    # every generation SRPO makes (seeds, suffixes, the decoded localization) goes through the batch's context
+    monkeypatch.setattr(BatchContext, "generate", fake_generate)
     dataset = make_chain_dataset(num_train=1, num_test=1, seed=0)["train"].select([0, 0])
     args = SRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, reset_groups=1,
                       suffixes_per_reset=2, seed_candidates_per_round=2, max_completion_length=64, max_steps=1,

@@ -14,16 +14,17 @@ from tests.test_srpo_multiprocess import LOCALIZATION_CALLS, localization_traine
 
 
 def main(model_dir: str, out_dir: str):
+    from trl_credit.core.context import BatchContext
     from trl_credit.srpo.localize import _prefix_can_be_shared, answer_scores
     from trl_credit.srpo.step_metrics import StepStats
 
     trainer = localization_trainer(model_dir, out_dir)
-    rank = trainer.accelerator.process_index
-    report = {"rank": rank, "world": trainer.accelerator.num_processes,
-              "shared": _prefix_can_be_shared(trainer), "calls": []}
+    ctx = BatchContext.for_trainer(trainer)  # what the localization gets inside a generation batch
+    rank = ctx.process_index
+    report = {"rank": rank, "world": ctx.num_processes, "shared": _prefix_can_be_shared(ctx), "calls": []}
     for call in LOCALIZATION_CALLS:
         stats = StepStats()
-        scores = answer_scores(trainer, call[rank], stats)
+        scores = answer_scores(ctx, call[rank], stats)
         report["calls"].append({"scores": scores, "tokens": stats.localization_forward_tokens})
     with open(os.path.join(out_dir, f"scores_rank{rank}.json"), "w") as f:
         json.dump(report, f)

@@ -7,9 +7,8 @@ import statistics
 import pytest
 import torch
 
-import trl_credit.srpo.localize as srpo_localize_module
-import trl_credit.srpo.parts as srpo_parts_module
 from trl_credit import SRPOConfig, SRPOTrainer
+from trl_credit.core.context import BatchContext
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
 from trl_credit.tasks.rewards import completion_text
 
@@ -49,20 +48,20 @@ class RecordingSRPOTrainer(SRPOTrainer):
 @pytest.fixture
 def generation_log(monkeypatch):
     calls = []
-    real = srpo_parts_module.generate_from_prefixes
+    real = BatchContext.generate
     state = {"localization_answer": None}
 
-    def recording(trainer, prefix_ids, **kwargs):
+    def recording(ctx, prefix_ids, **kwargs):
         if kwargs.get("greedy") and state["localization_answer"] is not None:
-            answer = trainer.processing_class.encode(state["localization_answer"], add_special_tokens=False)
+            answer = ctx.processing_class.encode(state["localization_answer"], add_special_tokens=False)
             completions, logprobs = [list(answer) for _ in prefix_ids], None
         else:
-            completions, logprobs = real(trainer, prefix_ids, **kwargs)
+            completions, logprobs = real(ctx, prefix_ids, **kwargs)
         calls.append({"rows": [list(r) for r in prefix_ids], "kwargs": kwargs, "completions": [list(c) for c in completions]})
         return completions, logprobs
 
-    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", recording)
-    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", recording)  # the localization call
+    # every generation SRPO makes (seeds, suffixes, the localization call) goes through the batch's context
+    monkeypatch.setattr(BatchContext, "generate", recording)
     return calls, state
 
 
@@ -942,12 +941,11 @@ def two_line_generations(monkeypatch):
     """Every sampled completion is the same two lines, so a seed's thoughts are known: 2 with '\\n', 1 with
     '</thought>' (which the completion does not contain)."""
 
-    def two_lines(trainer, prefix_ids, **kwargs):
-        ids = trainer.processing_class.encode(TWO_LINE_COMPLETION, add_special_tokens=False)
+    def two_lines(ctx, prefix_ids, **kwargs):
+        ids = ctx.processing_class.encode(TWO_LINE_COMPLETION, add_special_tokens=False)
         return [list(ids) for _ in prefix_ids], None
 
-    monkeypatch.setattr(srpo_parts_module, "generate_from_prefixes", two_lines)
-    monkeypatch.setattr(srpo_localize_module, "generate_from_prefixes", two_lines)
+    monkeypatch.setattr(BatchContext, "generate", two_lines)  # SRPO's generations (the batch's context)
 
 
 def test_lines_template_splits_thoughts_at_newlines_in_the_preset_and_the_composed_trainer(

@@ -1,8 +1,8 @@
 """What a part reads and does in one generation batch, instead of the trainer (docs/design.md#the-batch-context).
 
 The credit core builds one :class:`BatchContext` per generation batch (training and evaluation) and hands it to every
-batch-time hook of every part: ``Rollout.generate_and_score`` / ``training_batch``, ``Credit.advantages``,
-``Modifier.apply``. Hooks outside a generation batch (the middlewares around TRL's ``_generate_single_turn``,
+batch-time hook of every part: ``Rollout.generate_and_score`` / ``rollout_rows`` (inside TRL's ``rollout_func``) /
+``training_batch``, ``Credit.advantages``, ``Modifier.apply``. Hooks outside a generation batch (the middlewares around TRL's ``_generate_single_turn``,
 ``_prepare_inputs``, ``compute_loss``, ``_compute_loss``) get a context of the same class without a batch
 (``inputs`` empty, no capture, no record). Only ``Part.setup(trainer)``, at construction, keeps the trainer.
 
@@ -11,8 +11,9 @@ use) and a few verbs. Over a trainer (:meth:`BatchContext.for_trainer`) each ver
 through the shared modules (:mod:`trl_credit.core.collectives`, :mod:`trl_credit.core.generation`,
 :mod:`trl_credit.core.logs`) and :mod:`trl_credit.trl_bridge.privates` for TRL's privates; each docstring says what of the
 trainer it reads. Without a trainer (``BatchContext(args=..., ...)``, one process) the plain values and the verbs
-``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng`` and ``scratch`` work, so a credit or a modifier runs on a
-record and its args alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
+``metric``, ``warn``, ``gather``, ``gather_rows``, ``gather_counts``, ``cut``, ``rng``, ``scratch``,
+``collective_forward`` and ``refuse_empty_completions`` work, so a credit or a modifier runs on a record and its args
+alone (tests/test_context.py); the verbs that need a model (``generate``, ``score``,
 ``tokenize``, ``policy``, ...) raise a clear error there.
 
 Part state that lives for one batch lives in :meth:`BatchContext.scratch` (a dict per part, gone with the batch);
@@ -280,6 +281,61 @@ class BatchContext:
     def __repr__(self) -> str:
         return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
                 f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
+
+    # ---- rollouts inside TRL's rollout_func
+    # What a rollout that builds its rows (``Rollout.rollout_rows``: SRPO's resets) needs beyond the verbs above.
+    def generate_groups(self, prompt_ids, num_generations: int | None = None):
+        """TRL's generation of ``num_generations`` completions per prompt row (default: the mode's ``group_size``)
+        for rows already duplicated as TRL's sampler lays them out, no images:
+        ``trainer._generate_single_turn(prompt_ids, None, {}, num_generations)`` (bridge: the core's override, so
+        every part's ``generate_single_turn`` hook runs, then TRL's). Returns ``(completion_ids, sampling
+        log-probs or None)``. A collective call."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        size = self.group_size if num_generations is None else num_generations
+        return bridge.generate_single_turn(self._needs_trainer("generate_groups"), prompt_ids, None, {}, size)
+
+    def autocast(self):
+        """``trainer.accelerator.autocast()``: the mixed precision TRL's own forward passes run under, for a part's
+        forward of the policy outside TRL's log-prob pass (SRPO's shared-prefix scoring)."""
+        return self._needs_trainer("autocast").accelerator.autocast()
+
+    @property
+    def unwrapped_policy(self):
+        """``accelerator.unwrap_model(trainer.model)``: the policy without DDP / DeepSpeed wrappers, PEFT wrapper
+        kept (to read its config, its adapters and its forward's parameters)."""
+        trainer = self._needs_trainer("unwrapped_policy")
+        return trainer.accelerator.unwrap_model(trainer.model)
+
+    @property
+    def collective_forward(self) -> bool:
+        """Whether a forward of the policy is a collective call: several processes and sharded parameters (FSDP:
+        ``trainer.is_fsdp_enabled``; DeepSpeed ZeRO-3: ``accelerator.state.deepspeed_plugin.zero_stage``), so every
+        process must run the same forwards. False without a trainer (one process)."""
+        trainer = self._trainer
+        if trainer is None or self.num_processes == 1:
+            return False
+        plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+        return bool(getattr(trainer, "is_fsdp_enabled", False)) or getattr(plugin, "zero_stage", 0) == 3
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """``trainer.eos_token_ids`` (TRL's): the token ids that end a completion."""
+        return self._needs_trainer("eos_token_ids").eos_token_ids
+
+    @property
+    def pad_token_id(self) -> int:
+        """The tokenizer's padding id as TRL pads with it (``bridge.pad_token_id``)."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return bridge.pad_token_id(self._needs_trainer("pad_token_id"))
+
+    def refuse_empty_completions(self, completion_ids, source: str, part=None) -> None:
+        """Raise a clear error, speaking as ``part`` (:meth:`speaker`), for completions of 0 tokens among rows a part
+        hands TRL to train on (``mixins.refuse_empty_rows``: TRL 1.16 reads each completion's last token)."""
+        from trl_credit.core.mixins import refuse_empty_rows
+
+        refuse_empty_rows(self.speaker(part), completion_ids, source)
 
 
 def hook_context(trainer) -> BatchContext:

@@ -28,6 +28,7 @@ __all__ = [
     "MethodRNGStateMixin",
     "checking_empty_completions",
     "refuse_empty_completions",
+    "refuse_empty_rows",
     "CPUMemoryMixin",
     "return_freed_buffers",
 ]
@@ -108,10 +109,15 @@ def refuse_empty_completions(trainer, completion_ids: Sequence[Sequence[int]], s
     """Raise a clear error for completions of 0 tokens, which TRL 1.16's GRPOTrainer cannot train on: its
     ``_generate`` reads the last token of every completion (an IndexError on an empty one). ``part``: the part whose
     generation it was, named in a composed trainer (``trainer_setup.speaker``)."""
+    refuse_empty_rows(speaker(trainer, part), completion_ids, source)
+
+
+def refuse_empty_rows(who: str, completion_ids: Sequence[Sequence[int]], source: str) -> None:
+    """:func:`refuse_empty_completions`' check and error, speaking as ``who`` (``BatchContext.speaker``)."""
     empty = [row for row, ids in enumerate(completion_ids) if len(ids) == 0]
     if empty:
         raise ValueError(
-            f"{speaker(trainer, part)}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
+            f"{who}: {source} returned an empty completion (0 tokens) for {len(empty)} of "
             f"{len(completion_ids)} rows (first: row {empty[0]}). GRPOTrainer cannot train on one either (TRL reads "
             "each completion's last token). HF generate, continuous batching and vLLM return the EOS token when the "
             "model stops at once; a custom generation or rollout_func must return it too."

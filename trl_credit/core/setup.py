@@ -21,6 +21,7 @@ __all__ = [
     "resolve_method_args",
     "grpo_arguments",
     "check_single_turn",
+    "user_rollout_func",
     "bind_success",
     "rollout_success",
     "outside_zero3_init",
@@ -88,8 +89,18 @@ def check_single_turn(trainer, method: str) -> None:
         raise ValueError(f"{method} does not support `environment_factory`.")
     if getattr(trainer, "tools", None):
         raise ValueError(f"{method} does not support `tools` (multi-turn tool calling); pass tools=None.")
-    if getattr(trainer, "rollout_func", None) is not None:
+    if user_rollout_func(trainer) is not None:
         raise ValueError(f"{method} does not support a custom `rollout_func`: it generates its own rollouts.")
+
+
+def user_rollout_func(trainer):
+    """The ``rollout_func`` the user passed to the trainer, or None: none, or the core's own (a rollout's
+    ``Rollout.rollout_rows``, installed by ``CreditTrainer``: a method of the trainer itself, which no user can
+    have passed since the trainer did not exist yet)."""
+    rollout_func = getattr(trainer, "rollout_func", None)
+    if rollout_func is None or getattr(rollout_func, "__self__", None) is trainer:
+        return None
+    return rollout_func
 
 
 def bind_success(trainer) -> int:

@@ -172,11 +172,9 @@ class ValueRecursion(Credit):
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
-        # TRL's rollout_func installed by the rollout part (SRPO's resets, whose setup checked the user's settings
-        # first) is a rollout OPPO credits like any other; one the user passed is refused.
-        rollout_func = getattr(trainer, "rollout_func", None)
-        if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
-            check_single_turn(trainer, speaker(trainer, self))
+        # A rollout part's rows through the core's rollout_func (SRPO's resets) are a rollout OPPO credits like any
+        # other; a rollout_func the user passed is refused (check_single_turn).
+        check_single_turn(trainer, speaker(trainer, self))
         bind_success(trainer)
         # OPPOTrainer checks the answer column before loading any model; a composed trainer checks it here.
         who, config = speaker(trainer, self), type(trainer.args).__name__

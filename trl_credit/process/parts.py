@@ -53,11 +53,9 @@ class ProcessCredit(Credit):
         self.step_reward = None
 
     def setup(self, trainer) -> None:
-        # A rollout part's own rollout function (SRPO's resets) is a rollout like any other; a user's is refused, as
-        # are tool loops (the steps would hold tool output).
-        rollout_func = getattr(trainer, "rollout_func", None)
-        if rollout_func is None or getattr(rollout_func, "__self__", None) is not getattr(trainer, "rollout", None):
-            check_single_turn(trainer, "credit='process'")
+        # A user's rollout function is refused, as are tool loops (the steps would hold tool output); a rollout
+        # part's own (SRPO's resets, through the core's rollout_func) is a rollout like any other.
+        check_single_turn(trainer, "credit='process'")
         source = self._step_reward_arg
         args = trainer.args
         self.step_reward = resolve_step_reward(source if source is not None else _arg(args, "process_step_reward"))

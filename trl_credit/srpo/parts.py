@@ -3,13 +3,14 @@
 How it hooks into TRL 1.16.0's GRPOTrainer (everything else - tokenizing, reward calls, log-prob passes, loss,
 vLLM / DeepSpeed / PEFT handling - is TRL's):
 
-- Rollouts: :meth:`Resets.setup` installs the part's rollout function on TRL's ``rollout_func`` hook (users cannot
-  pass one). TRL's ``_generate`` calls it with this process's prompt rows; it returns, for every prompt
-  (``num_generations`` consecutive rows, all on this process), the base rows then the shared-prefix rows, and an
-  ``env_mask`` (TRL's ``tool_mask``) that is 0 on each shared-prefix row's prefix and on fallback rows. TRL then
-  decodes, scores, computes log-probs and masks the loss with it. Every generation goes through
-  ``generate_from_prefixes`` (``_generate_single_turn``), so HF generate and vLLM both work; every call is
-  collective and made the same number of times on every process.
+- Rollouts: :meth:`Resets.rollout_rows` builds the rows; the credit core installs it as TRL's ``rollout_func``
+  (``Rollout.rollout_rows``; users cannot pass one). TRL's ``_generate`` calls it with this process's prompt rows
+  and the core hands it the batch's context; it returns, for every prompt (``num_generations`` consecutive rows, all
+  on this process), the base rows then the shared-prefix rows, and an ``env_mask`` (TRL's ``tool_mask``) that is 0
+  on each shared-prefix row's prefix and on fallback rows. TRL then decodes, scores, computes log-probs and masks
+  the loss with it. Every generation goes through ``ctx.generate`` (``generate_from_prefixes``, through
+  ``_generate_single_turn``), so HF generate and vLLM both work; every call is collective and made the same number
+  of times on every process.
 - Rewards: the batch's global rewards are the core's capture of TRL's ``_calculate_rewards``; seed candidates are
   scored through TRL's ``_calculate_rewards`` too (padded to the same row count on every process, because it ends
   with a ``gather``), with reward-function side logs discarded.
@@ -30,13 +31,10 @@ from typing import Any
 import torch
 
 from trl_credit.core.batch import NO_GROUP, ROW_BASE, ROW_FALLBACK, ROW_SUFFIX, RowBatch, trl_groups
-from trl_credit.core.collectives import gather_counts, rewards_of_extra_rows
-from trl_credit.core.generation import generate_from_prefixes
-from trl_credit.core.logs import log_metric
-from trl_credit.core.mixins import RolloutCapture, refuse_empty_completions
+from trl_credit.core.mixins import RolloutCapture
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import bind_success, check_single_turn, is_composed, rollout_success, speaker
-from trl_credit.core.success import unscorable_rows
+from trl_credit.core.setup import bind_success, is_composed, speaker
+from trl_credit.core.success import success_rows, unscorable_rows
 from trl_credit.core.trainer import Rollout
 from trl_credit.srpo.advantages import srpo_group_ids
 from trl_credit.srpo.config import SRPOFields
@@ -46,7 +44,6 @@ from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_ro
 from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
-from trl_credit.trl_bridge import privates as bridge
 
 __all__ = ["Resets", "ResetRows"]
 
@@ -83,17 +80,15 @@ class Resets(Rollout):
         self.step_checker = None
         self.rollout_template: str | None = None
         self.rng: random.Random | None = None
-        # State of the generation batch being built (set by generate_and_score and the rollout function it triggers).
-        self._inputs: list[dict] | None = None
-        self._row_kinds: list[int] | None = None
-        self._row_clean: list[int] | None = None
-        self._prefix_lengths: list[int] | None = None
-        self._dummy = None  # a real row for padding collective reward calls
+        # State of the generation batch being built lives in ctx.scratch(self): "rows" (each row's kind, reset-prefix
+        # flag and prefix length, set by rollout_rows in training) and "dummy" (a real row that pads the collective
+        # reward calls).
 
     def setup(self, trainer) -> None:
         args = trainer.args
         who = speaker(trainer, self)
-        check_single_turn(trainer, who)
+        # tools, environments and a user's rollout_func: refused by the core, which installs rollout_rows as TRL's
+        # rollout_func (CreditTrainer, Rollout.rollout_rows)
         bind_success(trainer)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
         if per_process % trainer.num_generations != 0:
@@ -116,8 +111,6 @@ class Resets(Rollout):
         seed = args.seed if args.reset_seed is None else args.reset_seed
         # One generator per process (different streams), deterministic in the seed.
         self.rng = random.Random(1_000_003 * int(seed) + trainer.accelerator.process_index)
-        # TRL's custom-rollout hook: GRPOTrainer._generate calls it and handles everything downstream.
-        trainer.rollout_func = self._rollout
 
     # ------------------------------------------------------------------ checkpoints (MethodRNGStateMixin)
 
@@ -132,29 +125,24 @@ class Resets(Rollout):
     # ------------------------------------------------------------------ the generation batch and its record
 
     def generate_and_score(self, ctx, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:
-        trainer = ctx.trainer  # transitional: not yet ported to the context
-        self._inputs, self._row_kinds = inputs, None
-        try:
-            output = bridge.trl_generate_and_score(trainer, inputs)
-        finally:
-            self._inputs = None
-        rewards_per_func = capture.rewards(speaker(trainer, self))
+        output = ctx.trl_batch(inputs)  # TRL's _generate calls rollout_rows (training) with this context
+        rewards_per_func = capture.rewards(ctx.speaker(self))
         # The prompts this process's rows were generated from (the rollout template's), for credits that score
         # the completions under their own prompts (OPPO's oracle prompts).
         prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
-        if self._row_kinds is None:  # evaluation: TRL's iid groups
+        rows = ctx.scratch(self).get("rows")
+        if rows is None:  # evaluation: TRL's iid groups
             batch = trl_groups(ctx, rewards_per_func, output["completion_ids"].size(0))
             batch.prompts = prompts
             return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
-        local = torch.tensor(list(zip(self._row_kinds, self._row_clean, self._prefix_lengths)), dtype=torch.long,
-                             device=trainer.accelerator.device).view(-1, 3)
-        kinds, clean, prefix_lengths = trainer.accelerator.gather(local).cpu().unbind(dim=1)
+        local = torch.tensor(list(zip(*rows)), dtype=torch.long, device=ctx.device).view(-1, 3)
+        kinds, clean, prefix_lengths = ctx.gather(local).cpu().unbind(dim=1)
         if kinds.numel() != rewards_per_func.size(0):
-            raise RuntimeError(f"{speaker(trainer, self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} "
+            raise RuntimeError(f"{ctx.speaker(self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} "
                                "rewards.")
-        args = trainer.args
-        num_prompts = kinds.numel() // trainer.num_generations
+        args = ctx.args
+        num_prompts = kinds.numel() // ctx.group_size
         group_ids = torch.tensor(
             srpo_group_ids(num_prompts, args.num_base_generations, args.reset_groups, args.suffixes_per_reset)
         )
@@ -162,115 +150,114 @@ class Resets(Rollout):
             rewards_per_func=rewards_per_func,
             group_ids=group_ids.masked_fill(kinds == ROW_FALLBACK, NO_GROUP),  # fallback rows: in no group
             row_kinds=kinds,
-            success=rollout_success(trainer, rewards_per_func).cpu(),
+            success=success_rows(rewards_per_func, ctx.success_index, args.success_threshold).cpu(),
             scorable=(~unscorable_rows(rewards_per_func)).cpu(),
-            num_local=len(self._row_kinds),
-            process_index=trainer.accelerator.process_index,
+            num_local=len(rows[0]),
+            process_index=ctx.process_index,
             prefix_lengths=prefix_lengths,
             prompts=prompts,
         )
         batch.attach(ResetRows(prefix_clean=clean))
-        self._log_pass_rates(trainer, batch)
+        self._log_pass_rates(ctx, batch)
         return output, batch
 
-    def _log_pass_rates(self, trainer, batch: RowBatch) -> None:
+    def _log_pass_rates(self, ctx, batch: RowBatch) -> None:
         """What the verifier says (``success_reward``) over the scorable rows of each kind: the suffix rows'
         correction rate (with a step checker also split by a clean / erroneous reset prefix), the base pass rate."""
         suffix_rows = (batch.row_kinds == ROW_SUFFIX) & batch.scorable
         if suffix_rows.any():
-            log_metric(trainer, "srpo/correction_rate", batch.success[suffix_rows].float().mean().item())
+            ctx.metric("srpo/correction_rate", batch.success[suffix_rows].float().mean().item())
         if self.step_checker is not None:
             for flag, name in ((1, "clean"), (0, "erroneous")):
                 rows = suffix_rows & (batch.payload(ResetRows).prefix_clean == flag)
                 if rows.any():
-                    log_metric(trainer, f"srpo/correction_rate_{name}_prefix", batch.success[rows].float().mean().item())
+                    ctx.metric(f"srpo/correction_rate_{name}_prefix", batch.success[rows].float().mean().item())
         base_rows = (batch.row_kinds == ROW_BASE) & batch.scorable
         if base_rows.any():
-            log_metric(trainer, "srpo/base_pass_rate", batch.success[base_rows].float().mean().item())
+            ctx.metric("srpo/base_pass_rate", batch.success[base_rows].float().mean().item())
 
     # ------------------------------------------------------------------ rollouts
 
-    def _rollout(self, prompts: list, trainer) -> dict[str, Any]:
-        """TRL's ``rollout_func``: this process's rows of the generation batch."""
+    def rollout_rows(self, ctx, prompts: list) -> dict[str, Any]:
+        """TRL's ``rollout_func`` (installed by the core): this process's rows of the generation batch."""
         wrapped = [wrap_prompt(prompt, self.rollout_template) for prompt in prompts]
-        if not trainer.model.training:
+        if ctx.mode == "eval":
             # Evaluation: iid rollouts from the thought-MDP prompt, as GRPO would sample them.
-            prompt_ids = [list(ids) for ids in bridge.tokenize_prompts(trainer, wrapped)[0]]
-            completion_ids, logprobs = bridge.generate_single_turn(
-                trainer, prompt_ids, None, {}, trainer.num_generations_eval)
+            prompt_ids = [list(ids) for ids in ctx.tokenize(wrapped)[0]]
+            completion_ids, logprobs = ctx.generate_groups(prompt_ids)  # num_generations_eval per prompt
             return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
-        return self._reset_and_resample(trainer, prompts, wrapped)
+        return self._reset_and_resample(ctx, prompts, wrapped)
 
-    def _reset_and_resample(self, trainer, prompts: list, wrapped: list) -> dict[str, Any]:
+    def _reset_and_resample(self, ctx, prompts: list, wrapped: list) -> dict[str, Any]:
         """One training step's rollouts (paper Algorithm 2): seeds, a reset per seed, suffixes, the rows TRL trains
         on. Collective: every process makes the same generation, reward and scoring calls."""
-        group_prompts, group_inputs, prompt_ids = self._prompt_groups(trainer, prompts, wrapped)
-        stats = StepStats(prompts=len(prompt_ids), reset_groups=len(prompt_ids) * trainer.args.reset_groups)
-        base, candidates, seeds, rounds = self._sample_seeds(trainer, group_prompts, group_inputs, prompt_ids, stats)
-        resets = self._choose_resets(trainer, seeds, group_prompts, stats)
-        suffixes, suffix_logprobs = self._resample(trainer, resets, prompt_ids, stats)
-        output = self._training_rows(trainer, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids)
-        args = trainer.args
+        group_prompts, group_inputs, prompt_ids = self._prompt_groups(ctx, prompts, wrapped)
+        stats = StepStats(prompts=len(prompt_ids), reset_groups=len(prompt_ids) * ctx.args.reset_groups)
+        base, candidates, seeds, rounds = self._sample_seeds(ctx, group_prompts, group_inputs, prompt_ids, stats)
+        resets = self._choose_resets(ctx, seeds, group_prompts, stats)
+        suffixes, suffix_logprobs = self._resample(ctx, resets, prompt_ids, stats)
+        output = self._training_rows(ctx, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids)
+        args = ctx.args
         paper_mode = args.localization == "generate" and args.localization_fallback == "random"
         log_sources = args.reset == "self" and not paper_mode  # paper's mode: the parse rate is the split
-        # transitional: TRL calls the rollout function with the trainer; the batch's context is the core's
-        log_step_stats(bridge.batch_context(trainer), stats, rounds, log_sources, self.step_checker is not None)
+        log_step_stats(ctx, stats, rounds, log_sources, self.step_checker is not None)
         return output
 
-    def _prompt_groups(self, trainer, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:
-        """Per prompt group (``num_generations`` consecutive rows): the prompt, its input row and its token ids."""
-        size = trainer.num_generations
+    def _prompt_groups(self, ctx, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:
+        """Per prompt group (``num_generations`` consecutive rows): the prompt, its input row (``ctx.inputs``, the
+        rows TRL's ``_generate`` got ``prompts`` from) and its token ids."""
+        size = ctx.group_size
         if len(prompts) % size != 0:
-            raise RuntimeError(f"{speaker(trainer, self)} got {len(prompts)} prompt rows, not a multiple of "
+            raise RuntimeError(f"{ctx.speaker(self)} got {len(prompts)} prompt rows, not a multiple of "
                                f"num_generations={size}.")
         num_groups = len(prompts) // size
         for group in range(num_groups):
             if any(prompt != prompts[group * size] for prompt in prompts[group * size : (group + 1) * size]):
                 raise RuntimeError(
-                    f"{speaker(trainer, self)} needs the num_generations rows of a prompt consecutive on one process "
+                    f"{ctx.speaker(self)} needs the num_generations rows of a prompt consecutive on one process "
                     "(TRL's "
                     "RepeatSampler layout); this batch mixes prompts inside a group."
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
-        group_inputs = [self._inputs[g * size] for g in range(num_groups)]
-        tokenized = bridge.tokenize_prompts(trainer, [wrapped[g * size] for g in range(num_groups)])[0]
+        group_inputs = [ctx.inputs[g * size] for g in range(num_groups)]
+        tokenized = ctx.tokenize([wrapped[g * size] for g in range(num_groups)])[0]
         return group_prompts, group_inputs, [list(map(int, ids)) for ids in tokenized]
 
-    def _sample_seeds(self, trainer, group_prompts, group_inputs, prompt_ids, stats: StepStats):
+    def _sample_seeds(self, ctx, group_prompts, group_inputs, prompt_ids, stats: StepStats):
         """The base groups, the seed candidates and the seeds: the first ``reset_groups`` incorrect rollouts per
         prompt in sampling order (paper §4.2): fresh candidates in rounds, or (seed_source="base", Appendix D) the
         base group's own rollouts. Returns ``(base, candidates, seeds, rounds)``, each a list per prompt."""
-        args = trainer.args
+        args = ctx.args
         num_groups, base_size, num_resets = len(prompt_ids), args.num_base_generations, args.reset_groups
         from_base = args.seed_source == "base"
         per_round = 0 if from_base else args.seed_candidates_per_round
         # Round 1: the base group and the first seed candidates, in one generation call.
-        completions, logprobs = generate_from_prefixes(
-            trainer, [prompt_ids[g] for g in range(num_groups) for _ in range(base_size + per_round)]
+        completions, logprobs = ctx.generate(
+            [prompt_ids[g] for g in range(num_groups) for _ in range(base_size + per_round)]
         )
         rollouts = [(ids, logprobs[i] if logprobs is not None else None) for i, ids in enumerate(completions)]
         width = base_size + per_round
         base = [rollouts[g * width : g * width + base_size] for g in range(num_groups)]
         candidates = [rollouts[g * width + base_size : (g + 1) * width] for g in range(num_groups)]
-        self._dummy = (0, (base[0] if from_base else candidates[0])[0][0])
+        ctx.scratch(self)["dummy"] = (0, (base[0] if from_base else candidates[0])[0][0])
         seeds: list[list] = [[] for _ in range(num_groups)]
         batch = (group_prompts, group_inputs, prompt_ids, seeds, num_resets)
         first_round = [(g, c) for g in range(num_groups) for c in (base[g] if from_base else candidates[g])]
-        stats.empty_candidates += self._collect_seeds(trainer, first_round, *batch)
+        stats.empty_candidates += self._collect_seeds(ctx, first_round, *batch)
         stats.scored_candidates += len(first_round)
         rounds = 0 if from_base else 1
         while not from_base and rounds < args.max_seed_rounds:
             needy = [g for g in range(num_groups) if len(seeds[g]) < num_resets]
-            if sum(gather_counts(trainer, len(needy))) == 0:
+            if sum(ctx.gather_counts(len(needy))) == 0:
                 break  # every process is done: all stop together
             owners = [g for g in needy for _ in range(per_round)]
-            new_completions, new_logprobs = generate_from_prefixes(trainer, [prompt_ids[g] for g in owners])
+            new_completions, new_logprobs = ctx.generate([prompt_ids[g] for g in owners])
             new_rollouts = []
             for i, g in enumerate(owners):
                 rollout = (new_completions[i], new_logprobs[i] if new_logprobs is not None else None)
                 candidates[g].append(rollout)
                 new_rollouts.append((g, rollout))
-            stats.empty_candidates += self._collect_seeds(trainer, new_rollouts, *batch)
+            stats.empty_candidates += self._collect_seeds(ctx, new_rollouts, *batch)
             stats.scored_candidates += len(new_rollouts)
             rounds += 1
         stats.seeds = sum(len(s) for s in seeds)
@@ -279,11 +266,11 @@ class Resets(Rollout):
         stats.iid_rollouts = sum(len(base[g]) + len(candidates[g]) for g in range(num_groups))
         return base, candidates, seeds, rounds
 
-    def _choose_resets(self, trainer, seeds, group_prompts, stats: StepStats) -> list[Reset]:
+    def _choose_resets(self, ctx, seeds, group_prompts, stats: StepStats) -> list[Reset]:
         """h* for every seed (paper §4.2): SRPO asks the policy (``localize``), RRPO draws uniformly, the oracle
         asks the step checker. A one-thought seed resets at the question (h* = 1). Logs quality with a checker."""
-        args = trainer.args
-        tokenizer, delimiter = bridge.tokenizer(trainer), args.thought_delimiter
+        args = ctx.args
+        tokenizer, delimiter = ctx.tokenizer, args.thought_delimiter
         resets = []
         for g, group_seeds in enumerate(seeds):
             for ids, logprobs in group_seeds:
@@ -299,7 +286,7 @@ class Resets(Rollout):
             for reset in resets:
                 if len(reset.ends) == 1:
                     reset.step = 1  # one thought: the only reset state is the question
-            localize(trainer, [r for r in resets if r.step is None], group_prompts, stats, rng=self.rng)
+            localize(ctx, [r for r in resets if r.step is None], group_prompts, stats, rng=self.rng)
         elif args.reset == "oracle":
             for reset in resets:
                 stats.oracle_attempts += 1
@@ -322,29 +309,27 @@ class Resets(Rollout):
         stats.add_quality(quality)
         return resets
 
-    def _resample(self, trainer, resets: list[Reset], prompt_ids, stats: StepStats):
+    def _resample(self, ctx, resets: list[Reset], prompt_ids, stats: StepStats):
         """``suffixes_per_reset`` iid continuations of every reset state x* = question + thoughts 1..h*-1, each
         with the budget ``max_completion_length`` minus its prefix, so prefix + suffix fits the row."""
-        num_suffixes, max_length = trainer.args.suffixes_per_reset, trainer.args.max_completion_length
+        num_suffixes, max_length = ctx.args.suffixes_per_reset, ctx.args.max_completion_length
         rows, budgets = [], []
         for reset in resets:
             keep = reset_prefix_length(reset.ends, reset.step)
             rows += [prompt_ids[reset.group] + reset.ids[:keep]] * num_suffixes
             budgets += [max(1, max_length - keep) if max_length is not None else None] * num_suffixes
-        suffixes, logprobs = generate_from_prefixes(
-            trainer, rows, max_new_tokens=budgets if max_length is not None else None
-        )
+        suffixes, logprobs = ctx.generate(rows, max_new_tokens=budgets if max_length is not None else None)
         # training rows, as TRL's own
-        refuse_empty_completions(trainer, suffixes, "the generation of suffixes", part=self)
+        ctx.refuse_empty_completions(suffixes, "the generation of suffixes", part=self)
         stats.suffix_tokens = sum(len(ids) for ids in suffixes)
         return suffixes, logprobs
 
-    def _training_rows(self, trainer, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids) -> dict:
+    def _training_rows(self, ctx, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids) -> dict:
         """The rows TRL trains on: per prompt, base rows then each reset group's rows (``prompt_rows``), with the
         loss mask as ``env_mask``. Records each row's kind, its masked shared prefix (suffix rows) and, with a step
         checker, whether a suffix row's reset prefix is clean (1), erroneous (0) or unknown (-1) for the split
-        correction rates."""
-        args = trainer.args
+        correction rates (kept in ``ctx.scratch(self)["rows"]`` for the record)."""
+        args = ctx.args
         num_suffixes, max_length = args.suffixes_per_reset, args.max_completion_length
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
         kinds, clean, prefix_lengths, cursor = [], [], [], 0
@@ -374,17 +359,17 @@ class Resets(Rollout):
                 kinds.append(kind)
                 clean.append(next(suffix_flags) if kind == ROW_SUFFIX else -1)
                 prefix_lengths.append(mask.count(0) if kind == ROW_SUFFIX else 0)  # a suffix row masks its prefix
-        self._row_kinds, self._row_clean, self._prefix_lengths = kinds, clean, prefix_lengths
+        ctx.scratch(self)["rows"] = (kinds, clean, prefix_lengths)
         if all(lps is None for lps in out["logprobs"]):  # HF generate: no sampling log-probs
             out["logprobs"] = None
         return out
 
-    def _collect_seeds(self, trainer, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> int:
+    def _collect_seeds(self, ctx, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> int:
         """Score ``rollouts`` (``[(group, (ids, logprobs))]``, in sampling order) and append each group's incorrect
         ones to ``seeds[group]`` until it holds ``num_resets``. An empty rollout (0 tokens) has no thought to reset
         from: never a seed. Returns the number of empty rollouts. Collective (reward call)."""
         verifier = self._verifier_rewards(
-            trainer, [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
+            ctx, [g for g, _ in rollouts], [r[0] for _, r in rollouts], group_prompts, group_inputs, prompt_ids
         )
         empty = [index for index, (_, (ids, _)) in enumerate(rollouts) if len(ids) == 0]
         for index in empty:
@@ -396,22 +381,21 @@ class Resets(Rollout):
             room = num_resets - len(seeds[g])
             if room <= 0:
                 continue
-            for position in incorrect_indices([verifier[i] for i in indices], trainer.args.success_threshold, room):
+            for position in incorrect_indices([verifier[i] for i in indices], ctx.args.success_threshold, room):
                 seeds[g].append(rollouts[indices[position]][1])
         return len(empty)
 
-    def _verifier_rewards(self, trainer, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids):
+    def _verifier_rewards(self, ctx, row_groups, completion_ids, group_prompts, group_inputs, prompt_ids):
         """Raw reward of the ``success_reward`` function (NaN when it returned None) for this process's seed
         candidates, through TRL's reward path (``rewards_of_extra_rows``, a collective call padded with a real
         rollout), so every reward function runs with its kwargs as for the batch."""
-        dummy_group, dummy_ids = self._dummy
-        per_process = rewards_of_extra_rows(
-            trainer,
+        dummy_group, dummy_ids = ctx.scratch(self)["dummy"]
+        per_process = ctx.score(
             [group_inputs[g] for g in row_groups],
             [group_prompts[g] for g in row_groups],
             [prompt_ids[g] for g in row_groups],
             completion_ids,
             filler=(group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids),
         )
-        mine = per_process[trainer.accelerator.process_index]
-        return mine[:, bridge.success_index(trainer)].tolist()
+        mine = per_process[ctx.process_index]
+        return mine[:, ctx.success_index].tolist()

@@ -247,6 +247,10 @@ CALLED: dict[str, Hook] = {
     ),
 }
 
+# How GRPOTrainer calls ``rollout_func`` (trl 1.14.2 to 1.16): the method and the call, which the core's adapter
+# (CreditTrainer._rollout_func_of_parts, behind a rollout's Rollout.rollout_rows: SRPO's resets) takes as it is.
+ROLLOUT_FUNC_CALL: tuple[str, str] = ("_generate", "self.rollout_func(prompts, self)")
+
 # Instance attributes GRPOTrainer sets (in __init__ or on the way) that trl_credit reads or sets.
 ATTRIBUTES: tuple[str, ...] = (
     # private

@@ -21,7 +21,6 @@ __all__ = [
     "metrics",
     "optimizer_step",
     "pad_token_id",
-    "reset_rng",
     "rollout_capture",
     "set_buffered_inputs",
     "success_index",
@@ -121,8 +120,3 @@ def success_index(trainer) -> int:
 def success_reward_name(trainer) -> str:
     """The verifier's name, ``trainer.reward_func_names[success_index(trainer)]``, for messages."""
     return trainer.reward_func_names[trainer._success_index]
-
-
-def reset_rng(trainer):
-    """``SRPOTrainer._reset_rng`` (trl_credit.srpo.trainer): the random generator of SRPO's reset rollout."""
-    return trainer._reset_rng
