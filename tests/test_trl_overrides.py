@@ -235,11 +235,12 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # private is read behind the context, never on it (``ctx._trainer``). What is not listed here is not ported yet and
 # still reads the trainer through the context's transitional ``ctx.trainer`` (srpo/parts.py, srpo/localize.py,
 # datpo/).
-CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo/step_metrics.py"]
+CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "datpo", "srpo/step_metrics.py"]
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
     "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
     "oppo/parts.py": {"causal_lm", "load_teacher"},  # the float32 head / the teacher, prepared at setup
+    "datpo/parts.py": {"_load_embedder"},  # loads the sentence embedder onto the trainer's device
 }
 
 
