@@ -3,7 +3,7 @@ and :class:`BlockCredit`, the credit. The pure math stays in budget.py, forks.py
 
 Each training generation batch:
 
-1. phase 1 (:meth:`Trees.generate_and_score`): ``bridge.trl_generate_and_score`` = TRL generates the N
+1. phase 1 (:meth:`Trees.generate_and_score`): ``ctx.trl_batch`` = TRL generates the N
    base rollouts per prompt, scores them with the reward functions, computes old/ref log-probs and vLLM importance
    ratios, logs its metrics; the core's rollout capture keeps TRL's token ids and global rewards of that call, and
    :meth:`Trees.generate_single_turn` records the sampled tokens' entropies on the way (HF generate).
