@@ -37,24 +37,24 @@ def capture_texts(steps: int, seed: int) -> tuple[list[list[str]], object, int]:
     captured: list[list[str]] = []
     original = credit.embedded_sibling_diversity
 
-    def recording(trainer, trees, embedder):
+    def recording(ctx, trees, embedder, groups=None):  # ctx: the batch context
         forest = trees.forest
         texts = []
         keys = [None if block.unscorable else block.sibling_key for block in forest.blocks]
         sizes: dict = {}
         for key in keys:
-            if key is not None and (trainer.args.diversity_root_siblings or key[1] != 0):
+            if key is not None and (ctx.args.diversity_root_siblings or key[1] != 0):
                 sizes[key] = sizes.get(key, 0) + 1
         for b, key in enumerate(keys):
             if key is None or sizes.get(key, 0) < 2:
                 continue
             kind, row, start, end = forest.blocks[b].source
             ids = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
-            text = trainer._tokenizer.decode(ids, skip_special_tokens=True)
+            text = ctx.tokenizer.decode(ids, skip_special_tokens=True)
             if text.strip():
                 texts.append(text)
         captured.append(texts)
-        return original(trainer, trees, embedder)
+        return original(ctx, trees, embedder, groups)
 
     holder = {}
     credit.embedded_sibling_diversity = recording

@@ -235,13 +235,14 @@ def main(argv=None):
     json_path, png_path = common.output_paths(args, "datpo")
     start = time.perf_counter()
 
-    import trl_credit.datpo.branches as datpo_branches
+    import trl_credit.core.collectives as collectives
     import trl_credit.datpo.parts as datpo_parts
 
     recorder = common.Recorder()
     for name in ("adaptive_budget", "select_forks"):
         recorder.wrap(datpo_parts, name)
-    recorder.wrap(datpo_branches, "rewards_of_extra_rows")  # branch rewards: datpo/branches.py branch_rewards
+    # branch rewards: datpo/branches.py branch_rewards -> ctx.score, which looks the function up in the module per call
+    recorder.wrap(collectives, "rewards_of_extra_rows")
     trainer = common.build_trainer("datpo", args)
     recorder.wrap(trainer.rollout, "generate_branches")  # the Trees rollout: one collective call per generation batch
     prompts = []

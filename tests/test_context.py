@@ -96,9 +96,10 @@ def test_rng_is_seeded_by_the_run_seed_the_step_and_the_key():
 
 def test_without_a_trainer_the_model_verbs_and_several_processes_are_refused_by_name():
     ctx = BatchContext(args=None)
+    assert not hasattr(ctx, "trainer")  # no way back to the trainer (the transitional hatch is gone)
     for verb, call in [("generate", lambda: ctx.generate([[1]])), ("tokenize", lambda: ctx.tokenize(["p"])),
                        ("policy", lambda: ctx.policy), ("trl_batch", lambda: ctx.trl_batch([])),
-                       ("logprobs", lambda: ctx.logprobs(None, None, None, None)), ("trainer", lambda: ctx.trainer)]:
+                       ("logprobs", lambda: ctx.logprobs(None, None, None, None))]:
         with pytest.raises(RuntimeError, match=f"BatchContext.{verb} needs the trainer"):
             call()
     with pytest.raises(RuntimeError, match="BatchContext.gather_rows: 2 processes need a trainer"):

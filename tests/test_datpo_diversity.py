@@ -131,12 +131,12 @@ def test_each_distinct_block_text_is_embedded_once():
                       rewards_per_func=torch.zeros(2, 1), first_row=0)
     trees.branch_ids = [ids(t) for t in branch_texts]
     trees.forest = build_forest(skeletons, [(1, 3)], [0.0, 0.0], [1.0, 1.0, 0.0], num_generations=2)
-    trainer = SimpleNamespace(
-        args=SimpleNamespace(diversity_root_siblings=False, embedding_batch_size=8),
-        accelerator=SimpleNamespace(process_index=0, num_processes=1), _tokenizer=_Chars(),
+    ctx = SimpleNamespace(  # the batch context of one process: what embedded_sibling_diversity reads of it
+        args=SimpleNamespace(diversity_root_siblings=False, embedding_batch_size=8), process_index=0,
+        tokenizer=_Chars(), gather_rows=list,
     )
     embedder = _CountingEmbedder()
-    diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder)
+    diversity, has_siblings = embedded_sibling_diversity(ctx, trees, embedder)
     # the fork's siblings: the base rollout's tail "ab" and the branches "ab", "ab", "bb": three distinct texts
     assert embedder.batches == [["ab", "bb"]]
     # blocks: 0 root->fork "aa", 1 fork->leaf "ab" (the base tail), 2 "bbbb" (root->leaf; the root is no fork by

@@ -14,6 +14,7 @@ import torch
 from datasets import Dataset
 
 from trl_credit import DATPOConfig, DATPOTrainer
+from trl_credit.core.context import hook_context
 from trl_credit.datpo import split_rows
 from trl_credit.tasks.data import make_arithmetic_dataset
 
@@ -35,8 +36,8 @@ class RecordingDATPOTrainer(DATPOTrainer):
         super().__init__(*args, **kwargs)
         generate_branches = self.rollout.generate_branches
 
-        def recording(trainer, fork_requests):  # the Trees rollout's phase-2 call
-            completions, logprobs = generate_branches(trainer, fork_requests)
+        def recording(ctx, fork_requests):  # the Trees rollout's phase-2 call
+            completions, logprobs = generate_branches(ctx, fork_requests)
             self.records[-1]["branches"].extend(list(map(list, completions)))
             return completions, logprobs
 
@@ -296,33 +297,6 @@ def test_old_and_ref_logps_cover_branch_rows(tiny_model_path, tmp_path):
     torch.testing.assert_close(output["ref_per_token_logps"][mask], reference[mask], atol=5e-3, rtol=1e-3)  # batching/padding float noise; a misaligned row is off by ~1
 
 
-def test_branch_importance_sampling_ratio_follows_trl_modes():
-    from types import SimpleNamespace
-
-    from trl_credit.datpo.rows import importance_sampling_ratio
-
-    old = torch.tensor([[-1.0, -2.0, 0.0]])
-    sampling = torch.tensor([[-1.5, -1.0, 5.0]])
-    mask = torch.tensor([[1, 1, 0]])
-    # log ratio per token = (old − sampling)·mask = [0.5, −1.0, 0]
-
-    def ratio(mode, low, high, sampled=sampling):
-        fake = SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=low,
-                               vllm_importance_sampling_clip_max=high)
-        return importance_sampling_ratio(fake, old, sampled, mask)
-
-    # sequence: exp(0.5 − 1.0) = exp(−0.5) = 0.6065 <= 3 (TRL's default mode and cap), kept
-    assert ratio("sequence_mask", None, 3.0)[0].tolist() == pytest.approx([math.exp(-0.5)])
-    assert ratio("sequence_mask", 0.7, 3.0).tolist() == [[0.0]]  # below the floor: masked
-    # token truncate to [0.5, 1.5]: exp(0.5) = 1.65 -> 1.5, exp(−1) = 0.37 -> 0.5, exp(0) = 1
-    assert ratio("token_truncate", 0.5, 1.5)[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
-    # token mask above 1.5: exp(0.5) masked to 0, exp(−1) kept
-    assert ratio("token_mask", None, 1.5)[0].tolist() == pytest.approx([0.0, math.exp(-1.0), 1.0])
-    # a token vLLM could not score (NaN) gets ratio 1
-    nan_sampled = torch.tensor([[float("nan"), -2.0, 0.0]])
-    assert ratio("token_truncate", None, 3.0, nan_sampled)[0].tolist() == pytest.approx([1.0, 1.0, 1.0])
-
-
 SENTENCES = "First, we add 3 and 4. Then we check 7 - 4 = 3. So the answer is \\boxed{7}."
 
 
@@ -408,7 +382,7 @@ def test_branches_of_a_fork_are_one_run_of_one_call(tiny_model_path, tmp_path):
         return [[p[-1], len(calls), k] for k, p in enumerate(prompt_ids)], None
 
     trainer._generate_single_turn = fake_generate
-    ids, logprobs = trainer.rollout.generate_branches(trainer, [([5, 6, 7], 2, 2), ([5, 8], 3, 10), ([9], 2, 3)])
+    ids, logprobs = trainer.rollout.generate_branches(hook_context(trainer), [([5, 6, 7], 2, 2), ([5, 8], 3, 10), ([9], 2, 3)])
     assert calls == [([[9], [9], [5, 6, 7], [5, 6, 7]], 2, 3), ([[5, 8]] * 3, 3, 10)]
     assert ids == [[7, 1], [7, 1], [8, 2, 0], [8, 2, 1], [8, 2, 2], [9, 1, 0], [9, 1, 1]]
     assert logprobs is None
@@ -430,7 +404,7 @@ def test_branch_calls_split_where_the_budget_halves(tiny_model_path, tmp_path):
 
     trainer._generate_single_turn = fake_generate
     trainer.model.train()  # metrics of a training step
-    ids, _ = trainer.rollout.generate_branches(trainer, [([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
+    ids, _ = trainer.rollout.generate_branches(hook_context(trainer), [([4], 1, 4), ([10], 1, 10), ([6], 1, 6)])
     assert calls == [([[10], [6]], 10), ([[4]], 4)]
     assert ids == [[4] * 4, [10] * 10, [6] * 6]
     # the sampler really generated 4 tokens past the 6-token fork's budget (as vLLM does): 4 of 10 + 10 + 4
@@ -448,7 +422,7 @@ def test_hf_padding_is_not_counted_as_tokens_past_budget(tiny_model_path, tiny_t
                            train_dataset=two_prompt_dataset())
     prefix = tiny_tokenizer("What is 3 + 4?", add_special_tokens=False)["input_ids"]
     trainer.model.train()  # metrics of a training step
-    ids, _ = trainer.rollout.generate_branches(trainer, [(prefix, 2, 8), (prefix[:-1], 2, 5)])
+    ids, _ = trainer.rollout.generate_branches(hook_context(trainer), [(prefix, 2, 8), (prefix[:-1], 2, 5)])
     assert [len(row) for row in ids] == [8, 8, 5, 5]  # every row cut to (and reaching) its own budget
     assert trainer._metrics["train"]["datpo/branch_tokens_past_budget"] == [0.0]
 
@@ -498,7 +472,7 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
         super().__init__(*args, **kwargs)
         grow = self.rollout.grow
 
-        def spying(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
+        def spying(ctx, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
             from trl_credit.core.scoring import pad_rows, score_completions
 
             sampled = self.rollout.sampled_entropies
@@ -509,7 +483,7 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
             self.entropy_pairs.append(
                 (sampled, [forward[i, : len(c)].tolist() for i, c in enumerate(completion_ids_list)])
             )
-            return grow(trainer, inputs, prompt_ids_list, completion_ids_list, rewards_per_func)
+            return grow(ctx, inputs, prompt_ids_list, completion_ids_list, rewards_per_func)
 
         self.rollout.grow = spying
 
@@ -557,7 +531,7 @@ def test_fork_entropies_fall_back_to_the_forward_when_the_record_does_not_line_u
         passes.append(kwargs.get("compute_entropy", False))
         return original(trainer, *args, **kwargs)
 
-    monkeypatch.setattr("trl_credit.datpo.parts.score_completions", counting)
+    monkeypatch.setattr("trl_credit.core.scoring.score_completions", counting)  # the pass behind ctx.logprobs
     trainer = _entropy_run(tmp_path, tiny_model_path)
     assert True in passes  # the trainer's own entropy pass ran
     log = next(log for log in trainer.state.log_history if "datpo/entropy_from_sampler" in log)

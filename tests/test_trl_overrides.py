@@ -232,19 +232,26 @@ def test_the_private_read_scan_finds_each_kind_of_read(tmp_path):
 # ------------------------------------------------------------------------------ parts get a context, not the trainer
 # The method packages (or modules of one) whose parts take a BatchContext at batch time (trl_credit/core/context.py).
 # Only ``setup(trainer)`` (construction) and the construction-time helpers named below may hold the trainer; a TRL
-# private is read behind the context, never on it (``ctx._trainer``). What is not listed here is not ported yet and
-# still reads the trainer through the context's transitional ``ctx.trainer`` (datpo/).
-CONTEXT_PACKAGES = ["process", "cue_grpo", "oppo", "srpo"]
+# private is read behind the context, never on it (``ctx._trainer``). Every method package (layer 2 of
+# tests/test_import_graph.py) is scanned: a new one is covered without being listed.
+def _method_packages() -> list[str]:
+    from tests.test_import_graph import LAYERS
+
+    return sorted(name for name, layer in LAYERS.items() if layer == 2)
+
+
+CONTEXT_PACKAGES = _method_packages()
 CONSTRUCTION_TIME = {"setup", "__init__"}
 CONSTRUCTION_HELPERS = {  # "package/module.py" -> helpers called from setup only
     "cue_grpo/parts.py": {"_load_judge"},  # loads the judge model onto the trainer's device
     "oppo/parts.py": {"causal_lm", "load_teacher"},  # the float32 head / the teacher, prepared at setup
+    "datpo/parts.py": {"_load_embedder"},  # loads the sentence embedder onto the trainer's device
 }
 
 
 def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] | None = None) -> list[str]:
     """``"path:line what"`` for each use, in a function other than ``setup`` / ``__init__`` / a named construction
-    helper, of the trainer (the name ``trainer``, an attribute ``.trainer``: the context's transitional hatch), of
+    helper, of the trainer (the name ``trainer``, an attribute ``.trainer``: a way back to it), of
     :mod:`trl_credit.trl_bridge.privates` (whose every function takes the trainer), or of a private attribute of the context
     (``ctx._x``)."""
     helpers = helpers or {}
@@ -278,7 +285,7 @@ def trainer_uses_at_batch_time(root: pathlib.Path, helpers: dict[str, set[str]] 
 
 
 @pytest.mark.parametrize("package", CONTEXT_PACKAGES)
-def test_ported_method_packages_use_the_context_not_the_trainer_at_batch_time(package):
+def test_method_packages_use_the_context_not_the_trainer_at_batch_time(package):
     assert trainer_uses_at_batch_time(REPO / "trl_credit" / package, CONSTRUCTION_HELPERS) == []
 
 
@@ -289,7 +296,7 @@ def test_the_batch_time_scan_finds_each_kind_of_use(tmp_path):
               "        def nested():\n"
               "            return trainer.args\n"
               "    def advantages(self, ctx, batch, inputs, output):\n"
-              "        trainer = ctx.trainer\n"                       # the transitional hatch
+              "        trainer = ctx.trainer\n"                       # a way back to the trainer
               "        ids = bridge.pad_token_id(ctx.trainer)\n"
               "        return ctx._trainer.model, ctx.args, ctx.metric('x/y', 1.0)\n"
               "def _helper(trainer, values):\n"                      # a helper taking the trainer

@@ -85,9 +85,13 @@ class TRLOnly(GRPOTrainer):
 class ExtraCallsRollout(GroupRollout):
     """GRPO's rollouts, then the extra calls a method's part makes in the same generation phase."""
 
+    def setup(self, trainer):
+        super().setup(trainer)
+        self.trainer = trainer  # the trainer-level helpers under test (generate_from_prefixes) take it
+
     def generate_and_score(self, ctx, inputs, capture):
         output, batch = super().generate_and_score(ctx, inputs, capture)
-        _extra_calls(ctx.trainer, output)  # the trainer-level helpers under test (generate_from_prefixes)
+        _extra_calls(self.trainer, output)
         return output, batch
 
 

@@ -118,12 +118,6 @@ class BatchContext:
                                "(BatchContext.for_trainer builds one that has it).")
         return self._trainer
 
-    @property
-    def trainer(self):
-        """TRANSITIONAL: the trainer itself, for parts not yet ported to the context (``tests/test_trl_overrides.py``
-        forbids it in the ported method packages)."""
-        return self._needs_trainer("trainer")
-
     # ------------------------------------------------------------------------------------------------ one-batch state
     def scratch(self, part) -> dict:
         """A dict for ``part``'s state of this batch (one per part object; a new batch starts empty)."""
@@ -278,6 +272,109 @@ class BatchContext:
         """The reference model (``trainer.ref_model``; None when TRL keeps none)."""
         return getattr(self._needs_trainer("reference"), "ref_model", None)
 
+    # ---- rows a rollout builds / training loop verbs
+    # What a rollout that builds its own training rows (``Rollout.builds_rows``: DATPO's trees) needs of TRL's row
+    # settings, scoring and loss, beyond the verbs above (trl_credit/core/built_rows.py holds the generic moves).
+    @property
+    def max_steps(self) -> int:
+        """The run's optimizer steps (``trainer.state.max_steps``: the Trainer's, from ``max_steps`` or the epochs);
+        without a trainer ``args.max_steps``. Schedules over the run read it (DATPO's α_t)."""
+        if self._trainer is None:
+            return int(getattr(self.args, "max_steps", 0) or 0)
+        return int(self._trainer.state.max_steps or 0)
+
+    @property
+    def rows(self) -> SimpleNamespace:
+        """TRL's settings of the rows it trains on, as ``GRPOTrainer.__init__`` copies them onto itself:
+        ``mask_truncated_completions``, ``eos_token_ids``, ``max_completion_length``, ``pad_to_multiple_of`` (also in
+        ``sampling``), ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``, and ``pad_token_id`` (the
+        tokenizer's, ``GRPOTrainer._tokenizer`` through the bridge). Without a trainer the args' values, and None
+        for the tokenizer's ids."""
+        source = self.args if self._trainer is None else self._trainer
+        values = {name: getattr(source, name, None) for name in _ROWS}
+        if self._trainer is None:
+            values["eos_token_ids"] = values["pad_token_id"] = None
+        else:
+            from trl_credit.trl_bridge import privates as bridge
+
+            values["pad_token_id"] = bridge.pad_token_id(self._trainer)
+        return SimpleNamespace(**values)
+
+    def pad_built_rows(self, prompt_rows, completion_rows):
+        """This process's built rows in TRL's layout with filler rows up to the largest row count of any process
+        (``built_rows.pad_built_rows``; reads ``rows``). A collective call."""
+        from trl_credit.core.built_rows import pad_built_rows
+
+        return pad_built_rows(self, prompt_rows, completion_rows)
+
+    def score_rows(self, model_kind: str, prompt_rows, completion_rows):
+        """No-grad log-probs of built rows, as TRL's old (``model_kind="policy"``: ``trainer.model``) or ref
+        (``"reference"``: ``trainer.ref_model``, or without one the policy with its PEFT ``"ref"`` adapter when it
+        has one, else with the adapters off, as TRL's ref pass) log-probs, with the same number of forwards on every
+        process (``built_rows.score_collectively``); None when no process has rows. A collective call."""
+        if model_kind not in ("policy", "reference"):
+            raise ValueError(f"BatchContext.score_rows: model_kind must be 'policy' or 'reference', got {model_kind!r}")
+        from trl_credit.core.built_rows import score_collectively
+
+        trainer = self._needs_trainer("score_rows")
+        if model_kind == "policy" or trainer.ref_model is not None:
+            model = trainer.model if model_kind == "policy" else trainer.ref_model
+            return score_collectively(self, model, prompt_rows, completion_rows)
+        from trl_credit.trl_bridge.compat import use_adapter
+
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+            return score_collectively(self, trainer.model, prompt_rows, completion_rows)
+
+    def importance_sampling_ratio(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """TRL's vLLM importance-sampling ratio of rows TRL did not score (``built_rows.importance_sampling_ratio``
+        with the mode and bounds of ``rows``)."""
+        from trl_credit.core.built_rows import importance_sampling_ratio
+
+        return importance_sampling_ratio(self.rows, old, sampling, mask)
+
+    def decode_completions(self, prompts, prompt_ids, completion_ids) -> list:
+        """Completions decoded as TRL decodes them for the reward functions (``collectives.decode_completions``:
+        the processing class, and the tokenizer's response parsing)."""
+        from trl_credit.core.collectives import decode_completions
+
+        return decode_completions(self._needs_trainer("decode_completions"), prompts, prompt_ids, completion_ids)
+
+    def generate_call(self, prompt_rows, num_generations: int, *, max_new_tokens: int, row_budgets=None,
+                      compact_rows: bool = False):
+        """One call of TRL's generation (``GRPOTrainer._generate_single_turn``, bridge, through every part's
+        ``generate_single_turn`` hook) of ``num_generations`` consecutive rows per prompt of ``prompt_rows`` (token
+        ids, already repeated), with ``max_new_tokens`` for the call (``generation.sampling_overrides``) and, with HF
+        ``generate``, each row stopped at its ``row_budgets`` entry, shared prefills and, with ``compact_rows``,
+        finished rows dropped from the call (``generation.hooks.hf_generate_hooks``). Returns ``(completion_ids,
+        sampling log-probs or None)``. A collective call: the caller makes the same calls with the same row count
+        on every process (``generate`` does that for one row per prefix)."""
+        from trl_credit.core.generation import sampling_overrides
+        from trl_credit.generation.hooks import hf_generate_hooks
+        from trl_credit.trl_bridge import privates as bridge
+
+        trainer = self._needs_trainer("generate_call")
+        with (
+            sampling_overrides(trainer, max_new_tokens=max_new_tokens),
+            hf_generate_hooks(trainer, row_budgets, compact_rows=compact_rows),
+        ):
+            return bridge.generate_single_turn(trainer, prompt_rows, None, {}, num_generations)
+
+    @property
+    def deepspeed(self) -> bool:
+        """Whether DeepSpeed runs the model (``trainer.is_deepspeed_enabled``); its engine counts the backward calls
+        of its own gradient accumulation. False without a trainer."""
+        return self._trainer is not None and bool(self._trainer.is_deepspeed_enabled)
+
+    def no_sync(self, model):
+        """``accelerator.no_sync(model)``: the backward passes inside do not synchronize gradients across processes
+        (a micro-batch back-propagated in pieces syncs once, with its last piece)."""
+        return self._needs_trainer("no_sync").accelerator.no_sync(model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``accelerator.backward(loss)`` (mixed-precision scaling and the process layout's backward)."""
+        self._needs_trainer("backward").accelerator.backward(loss)
+
     def __repr__(self) -> str:
         return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
                 f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
@@ -353,6 +450,10 @@ def hook_context(trainer) -> BatchContext:
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "use_vllm",
              "use_transformers_continuous_batching", "pad_to_multiple_of")
+
+
+_ROWS = ("mask_truncated_completions", "eos_token_ids", "pad_token_id", "max_completion_length", "pad_to_multiple_of",
+         "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
 def _sampling(source, custom_rollout: bool = False) -> SimpleNamespace:

@@ -7,17 +7,13 @@ import math
 
 import torch
 
-from trl_credit.core.collectives import fill_rows, gather_counts, gather_rows, rewards_of_extra_rows
-from trl_credit.core.generation import sampling_overrides
-from trl_credit.core.logs import log_metric
-from trl_credit.generation.hooks import hf_generate_hooks
-from trl_credit.trl_bridge import privates as bridge
+from trl_credit.core.collectives import fill_rows
 from .forest import TreeBatch, sampled_length
 
 __all__ = ["generate_branches", "budget_bands", "branch_rewards"]
 
 
-def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
+def generate_branches(ctx, fork_requests: list[tuple[list[int], int, int]]):
     """B̂ continuations of every local fork ``(prompt + prefix ids, B̂, new-token budget)``, in fork order; returns
     ``(completion ids, sampling log-probs or None)`` with B̂ consecutive rows per fork, each at most its fork's
     budget long.
@@ -40,14 +36,14 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
     prefix cache reads it, and a call's tail does not compute rows that ended long before, as vLLM's scheduler
     does not.
     """
-    num_processes, process = trainer.accelerator.num_processes, trainer.accelerator.process_index
-    counts = gather_counts(trainer, len(fork_requests))
+    num_processes, process = ctx.num_processes, ctx.process_index
+    counts = ctx.gather_counts(len(fork_requests))
     if sum(counts) == 0:
         return [], None
-    all_forks = gather_rows(
-        trainer, [(list(map(int, prefix)), int(b_hat), int(budget)) for prefix, b_hat, budget in fork_requests]
+    all_forks = ctx.gather_rows(
+        [(list(map(int, prefix)), int(b_hat), int(budget)) for prefix, b_hat, budget in fork_requests]
     )
-    chunk = trainer.args.branch_chunk_size
+    chunk = ctx.args.branch_chunk_size
     done: list[tuple[int, list[int], list | None]] = []  # (global fork index, B̂ completions, log-probs)
     any_logprobs = True
     generated = kept = 0  # tokens this process generated for real forks, and kept after the cut to their budget
@@ -55,8 +51,8 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
     dealt = 0  # forks dealt so far: each group's deal starts at the next process, so the odd ones even out
     # HF generate pads the rows that stopped at their own budget to the call's length (TRL cuts only after an
     # EOS): that padding was never generated. vLLM and continuous batching return only sampled tokens.
-    pads_rows = not (trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False))
-    pad_id = bridge.pad_token_id(trainer)
+    pads_rows = not (ctx.sampling.use_vllm or ctx.sampling.use_transformers_continuous_batching)
+    pad_id = ctx.rows.pad_token_id
     for b_hat, forks in groups:
         mine = forks[(process - dealt) % num_processes :: num_processes]
         dealt += len(forks)
@@ -74,11 +70,8 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
             # copies of a fork share one prefill, and once fewer than half of the rows are running the call goes
             # on with those alone (branches end with EOS anywhere in their budget)
             row_budgets = fill_rows([all_forks[k][2] for k in call_forks for _ in range(b_hat)], len(rows), 1)
-            with (
-                sampling_overrides(trainer, max_new_tokens=call_budget),
-                hf_generate_hooks(trainer, row_budgets, compact_rows=True),
-            ):
-                completion_ids, logprobs = bridge.generate_single_turn(trainer, rows, None, {}, b_hat)
+            completion_ids, logprobs = ctx.generate_call(rows, b_hat, max_new_tokens=call_budget,
+                                                         row_budgets=row_budgets, compact_rows=True)
             any_logprobs = any_logprobs and logprobs is not None
             for n, k in enumerate(call_forks):
                 piece = slice(n * b_hat, (n + 1) * b_hat)
@@ -92,8 +85,8 @@ def generate_branches(trainer, fork_requests: list[tuple[list[int], int, int]]):
                     [list(lp)[:budget] for lp in logprobs[piece]] if logprobs is not None else None,
                 ))
     # generated past a fork's budget because a call runs with the largest budget of its forks (waste)
-    log_metric(trainer, "datpo/branch_tokens_past_budget", (generated - kept) / max(generated, 1))
-    results = {k: (ids, lps) for k, ids, lps in gather_rows(trainer, done)}
+    ctx.metric("datpo/branch_tokens_past_budget", (generated - kept) / max(generated, 1))
+    results = {k: (ids, lps) for k, ids, lps in ctx.gather_rows(done)}
     first = sum(counts[:process])
     branch_ids: list[list[int]] = []
     branch_logprobs: list[list[float]] | None = [] if any_logprobs else None
@@ -126,18 +119,17 @@ def budget_bands(all_forks: list[tuple[list[int], int, int]]) -> list[tuple[int,
     return groups
 
 
-def branch_rewards(trainer, trees: TreeBatch) -> torch.Tensor:
+def branch_rewards(ctx, trees: TreeBatch) -> torch.Tensor:
     """``rewards_per_func`` of every branch of every process (process order), scored on prompt + prefix + branch
-    (the whole response: docs/datpo.md#branches) by TRL's reward path (``rewards_of_extra_rows``; a process without
+    (the whole response: docs/datpo.md#branches) by TRL's reward path (``ctx.score``: ``rewards_of_extra_rows``; a process without
     branches pads with its first base row)."""
     if max(trees.branch_counts) == 0:
-        return torch.zeros(0, len(trainer.reward_funcs), device=trainer.accelerator.device)
+        return torch.zeros(0, len(ctx.reward_func_names), device=ctx.device)
     rows = [i for i, _ in trees.branch_meta]
     responses = [
         trees.completion_ids[i][: trees.forks[i][j]] + ids for (i, j), ids in zip(trees.branch_meta, trees.branch_ids)
     ]
-    per_process = rewards_of_extra_rows(
-        trainer,
+    per_process = ctx.score(
         [trees.inputs[i] for i in rows],
         [trees.prompts[i] for i in rows],
         [trees.prompt_ids[i] for i in rows],

@@ -8,9 +8,7 @@ import math
 
 import torch
 
-from trl_credit.core.collectives import decode_completions, gather_rows
 from trl_credit.tasks.rewards import completion_text
-from trl_credit.trl_bridge import privates as bridge
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
 from .embedding import BlockEmbedder
 from .forest import ForestCredit, LeafOutcomes, TreeBatch, is_truncated
@@ -19,13 +17,13 @@ from .tree import ROOT
 __all__ = ["block_credit", "embedded_sibling_diversity", "grounded_forks", "tree_leaves"]
 
 
-def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards=None) -> ForestCredit:
+def block_credit(ctx, trees: TreeBatch, alpha: float, embedder=None, rewards=None) -> ForestCredit:
     """A_base and the gated bonus of every block (``embedder`` embeds the blocks' texts with ``use_diversity``). The
     bonus is kept apart from A_base: α is applied per optimizer step in the loss (``parts.BlockCredit.loss``: the
     schedule runs over optimizer steps, also when a generation batch serves several of them: num_iterations > 1 or
     steps_per_generation > gradient_accumulation_steps). ``rewards`` (one per block, as ``Forest.rewards``; default
     the leaf rewards) are the leaf outcomes A_base aggregates, e.g. re-weighted by a modifier."""
-    args = trainer.args
+    args = ctx.args
     forest = trees.forest
     rewards = forest.rewards() if rewards is None else rewards
     base = forest.block_advantages(args.value_estimate, rewards)
@@ -43,18 +41,18 @@ def block_credit(trainer, trees: TreeBatch, alpha: float, embedder=None, rewards
         groups = None
         if args.diversity_embedding == "gated":
             groups = {forest.blocks[b].sibling_key for b in gate.nonzero().flatten().tolist()}
-        diversity, has_siblings = embedded_sibling_diversity(trainer, trees, embedder, groups)
-    grounded = grounded_forks(trainer, trees) if trainer.mask_truncated_completions else None
+        diversity, has_siblings = embedded_sibling_diversity(ctx, trees, embedder, groups)
+    grounded = grounded_forks(ctx, trees) if ctx.rows.mask_truncated_completions else None
     return ForestCredit(base, gate * diversity, alpha, diversity, has_siblings, grounded)
 
 
-def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set | None = None
+def embedded_sibling_diversity(ctx, trees: TreeBatch, embedder, groups: set | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Embed this process's blocks that have structural siblings (``embedder``: a :class:`~.embedding.BlockEmbedder`,
     or a model with ``encode`` that one wraps for this call), gather the embeddings, compute Div; returns
     (Div, has siblings) per block. Unscorable blocks are no one's siblings (they are left out of every statistic).
     ``groups``: the sibling keys to embed (None: all); a block of another group gets Div 0 and no siblings."""
-    args = trainer.args
+    args = ctx.args
     forest = trees.forest
     keys = [None if block.unscorable else block.sibling_key for block in forest.blocks]
     if groups is not None:
@@ -65,13 +63,13 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set 
     for key in keys:
         if key is not None:
             sizes[key] = sizes.get(key, 0) + 1
-    process = trainer.accelerator.process_index
-    local = [b for b in forest.by_process[process] if keys[b] is not None and sizes[keys[b]] > 1]
+    local = [b for b in forest.by_process[ctx.process_index] if keys[b] is not None and sizes[keys[b]] > 1]
     texts = []
+    tokenizer = ctx.tokenizer if local else None
     for b in local:
         kind, row, start, end = forest.blocks[b].source
         tokens = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
-        texts.append(bridge.tokenizer(trainer).decode(tokens, skip_special_tokens=True))
+        texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
     keep = [b for b, text in zip(local, texts) if text.strip()]
     keep_texts = [text for text in texts if text.strip()]
     local_embeddings = []
@@ -81,7 +79,7 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set 
             embedder = BlockEmbedder(embedder, args.embedding_batch_size)
         encoded = embedder.embed(keep_texts)
         local_embeddings = [(b, vector.tolist()) for b, vector in zip(keep, encoded)]
-    gathered = gather_rows(trainer, local_embeddings)
+    gathered = ctx.gather_rows(local_embeddings)
     if not gathered:
         return torch.zeros(len(keys), dtype=torch.float64), torch.zeros(len(keys), dtype=torch.bool)
     dim = len(gathered[0][1])
@@ -101,11 +99,11 @@ def embedded_sibling_diversity(trainer, trees: TreeBatch, embedder, groups: set 
     return diversity, has_siblings
 
 
-def grounded_forks(trainer, trees: TreeBatch) -> set:
+def grounded_forks(ctx, trees: TreeBatch) -> set:
     """With ``mask_truncated_completions``: the forks whose value V (``value_estimate``) averages over at least one
     finished (not truncated) scorable leaf. A block ending at any other fork would learn only from truncated
     leaves. A collective call (the truncation flags of every process's leaves are gathered)."""
-    base_truncated, branch_truncated = _truncated_leaves(trainer, trees)
+    base_truncated, branch_truncated = _truncated_leaves(ctx, trees)
     offsets = _branch_offsets(trees)
     # V of these leaf values is the share of finished leaves among those V averages over (unscorable leaves stay
     # NaN: they count in no value), so a fork is grounded when it is > 0
@@ -120,15 +118,16 @@ def grounded_forks(trainer, trees: TreeBatch) -> set:
         else:
             truncated = branch_truncated[offsets[rollout[1]] + rollout[2]]
         finished.append(0.0 if truncated else 1.0)
-    return trees.forest.grounded_forks(finished, trainer.args.value_estimate)
+    return trees.forest.grounded_forks(finished, ctx.args.value_estimate)
 
 
-def _truncated_leaves(trainer, trees: TreeBatch) -> tuple[list[bool], list[bool]]:
+def _truncated_leaves(ctx, trees: TreeBatch) -> tuple[list[bool], list[bool]]:
     """Whether each base rollout and each branch (global, process order) ends without EOS (TRL's truncation test).
     A collective call."""
-    eos_and_pad = [*trainer.eos_token_ids, bridge.pad_token_id(trainer)]
-    base_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
-    branch_truncated = gather_rows(trainer, [is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
+    settings = ctx.rows
+    eos_and_pad = [*settings.eos_token_ids, settings.pad_token_id]
+    base_truncated = ctx.gather_rows([is_truncated(ids, eos_and_pad) for ids in trees.completion_ids])
+    branch_truncated = ctx.gather_rows([is_truncated(ids, eos_and_pad) for ids in trees.branch_ids])
     return base_truncated, branch_truncated
 
 
@@ -138,15 +137,15 @@ def _branch_offsets(trees: TreeBatch) -> list[int]:
     return [sum(counts[:q]) for q in range(len(counts))]
 
 
-def tree_leaves(trainer, trees: TreeBatch) -> LeafOutcomes:
+def tree_leaves(ctx, trees: TreeBatch) -> LeafOutcomes:
     """Every leaf of the forest with its reward, the verifier's verdict, whether its last block reaches the loss
     (``mask_truncated_completions`` masks a truncated leaf's) and, for this process's leaves, the full completion
     (a branch: prefix + branch) decoded as TRL decodes completions for the reward functions, with its prompt. A
     collective call with ``mask_truncated_completions`` (the truncation flags are gathered)."""
     forest = trees.forest
     offsets = _branch_offsets(trees)
-    masked = trainer.mask_truncated_completions
-    base_truncated, branch_truncated = _truncated_leaves(trainer, trees) if masked else (None, None)
+    masked = ctx.rows.mask_truncated_completions
+    base_truncated, branch_truncated = _truncated_leaves(ctx, trees) if masked else (None, None)
     blocks, groups, rewards, correct, in_loss = [], {}, [], [], []
     for b, block in enumerate(forest.blocks):
         if block.end is not None:
@@ -164,7 +163,7 @@ def tree_leaves(trainer, trees: TreeBatch) -> LeafOutcomes:
         in_loss.append(not truncated)
     leaf_of = {b: leaf for leaf, b in enumerate(blocks)}
     local, responses, rows = [], [], []
-    for b in forest.by_process[trainer.accelerator.process_index]:
+    for b in forest.by_process[ctx.process_index]:
         if b not in leaf_of:
             continue
         kind, index, _, _ = forest.blocks[b].source
@@ -179,7 +178,7 @@ def tree_leaves(trainer, trees: TreeBatch) -> LeafOutcomes:
     texts = []
     if local:
         prompts = [trees.prompts[row] for row in rows]
-        completions = decode_completions(trainer, prompts, [trees.prompt_ids[row] for row in rows], responses)
+        completions = ctx.decode_completions(prompts, [trees.prompt_ids[row] for row in rows], responses)
         texts = [completion_text(c) for c in completions]
     return LeafOutcomes(
         blocks=blocks,

@@ -3,7 +3,7 @@ and :class:`BlockCredit`, the credit. The pure math stays in budget.py, forks.py
 
 Each training generation batch:
 
-1. phase 1 (:meth:`Trees.generate_and_score`): ``bridge.trl_generate_and_score`` = TRL generates the N
+1. phase 1 (:meth:`Trees.generate_and_score`): ``ctx.trl_batch`` = TRL generates the N
    base rollouts per prompt, scores them with the reward functions, computes old/ref log-probs and vLLM importance
    ratios, logs its metrics; the core's rollout capture keeps TRL's token ids and global rewards of that call, and
    :meth:`Trees.generate_single_turn` records the sampled tokens' entropies on the way (HF generate).
@@ -46,13 +46,12 @@ import torch
 from trl_credit.trl_bridge import privates as bridge
 
 from trl_credit.core.batch import RowBatch, trl_groups
-from trl_credit.core.collectives import gather_counts, gather_rows, local_rows
-from trl_credit.core.logs import log_metric, nonfinite_reward_groups, warn_once
+from trl_credit.core.logs import nonfinite_reward_groups, warn_once
 from trl_credit.core.registry import only, register_part
 from trl_credit.core.row_count import NUM_ROWS, split_rows
-from trl_credit.core.scoring import pad_rows, score_completions
-from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, rollout_success, speaker
-from trl_credit.core.success import unscorable_rows
+from trl_credit.core.scoring import pad_rows
+from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, speaker
+from trl_credit.core.success import success_rows, unscorable_rows
 from trl_credit.core.trainer import Credit, Rollout
 from trl_credit.generation.hooks import GenerationRecorder
 from .batching import sort_rows_by_length
@@ -72,26 +71,27 @@ __all__ = ["Trees", "BlockCredit", "diversity_alpha"]
 
 
 
-def diversity_alpha(trainer) -> float:
-    """α_t at the current optimizer step (0-based ``global_step`` of a ``max_steps`` run; paper §4.4)."""
-    args: DATPOConfig = trainer.args
+def diversity_alpha(ctx) -> float:
+    """α_t at the current optimizer step (``ctx.step``: 0-based ``global_step`` of a ``ctx.max_steps`` run; paper
+    §4.4)."""
+    args: DATPOConfig = ctx.args
     return annealed_alpha(
-        trainer.state.global_step,
-        max(int(trainer.state.max_steps or 1), 1),
+        ctx.step,
+        max(int(ctx.max_steps or 1), 1),
         args.diversity_alpha,
         args.diversity_alpha_final,
         args.diversity_alpha_schedule,
     )
 
 
-def _leaf_rewards(trainer, base_rewards_per_func, branch_rewards_per_func, branch_groups):
+def _leaf_rewards(ctx, base_rewards_per_func, branch_rewards_per_func, branch_groups):
     """Leaf rewards r (NaN: unscorable) of the global base rollouts and branches, per ``tree.leaf_rewards``."""
-    N = trainer.num_generations
+    N = ctx.group_size
     trees = [row // N for row in range(base_rewards_per_func.size(0))] + list(branch_groups)
     matrix = torch.cat([base_rewards_per_func, branch_rewards_per_func.to(base_rewards_per_func.device)])
     # block_advantages gives them 0; the trees rollout assembles the leaves
-    nonfinite_reward_groups(bridge.batch_context(trainer), matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
-    rewards = leaf_rewards(matrix.cpu(), trees, trainer.reward_weights.cpu(), trainer.args.multi_objective_aggregation)
+    nonfinite_reward_groups(ctx, matrix, trees, "datpo/nonfinite_reward_rate", part="trees")
+    rewards = leaf_rewards(matrix.cpu(), trees, ctx.reward_weights.cpu(), ctx.args.multi_objective_aggregation)
     rewards = rewards.tolist()
     return rewards[: base_rewards_per_func.size(0)], rewards[base_rewards_per_func.size(0) :]
 
@@ -147,30 +147,29 @@ class Trees(Rollout):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
-        trainer = ctx.trainer  # transitional: not yet ported to the context
-        if not self.phase1 or not GenerationRecorder.available(trainer):
+        hf_generate = not (ctx.sampling.use_vllm or ctx.sampling.use_transformers_continuous_batching)
+        if not self.phase1 or not hf_generate:  # only HF generate's forward is seen step by step
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        recorder = GenerationRecorder(trainer.temperature, logps=False, entropies=True)
-        with recorder.attached(trainer):
+        recorder = GenerationRecorder(ctx.sampling.temperature, logps=False, entropies=True)
+        with recorder.attached_to(ctx.causal_lm):
             completion_ids, logprobs = proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         self.sampled_entropies = recorder.entropies(completion_ids)
         return completion_ids, logprobs
 
     def generate_and_score(self, ctx, inputs, capture) -> tuple[dict, RowBatch | None]:
-        trainer = ctx.trainer  # transitional: not yet ported to the context
-        if not trainer.model.training:
-            return bridge.trl_generate_and_score(trainer, inputs), None
+        if ctx.mode != "train":
+            return ctx.trl_batch(inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
-            raise ValueError(f"{speaker(trainer, self)} does not support image inputs.")
+            raise ValueError(f"{ctx.speaker(self)} does not support image inputs.")
         self.sampled_entropies = None
         self.phase1 = True
         try:
-            base = bridge.trl_generate_and_score(trainer, inputs)
+            base = ctx.trl_batch(inputs)
         finally:
             self.phase1 = False
-        rewards_per_func = capture.rewards(speaker(trainer, self))  # global: every process's base rollouts
+        rewards_per_func = capture.rewards(ctx.speaker(self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
-        trees = self.grow(trainer, inputs, prompt_ids, completion_ids, rewards_per_func)
+        trees = self.grow(ctx, inputs, prompt_ids, completion_ids, rewards_per_func)
         batch = trl_groups(ctx, rewards_per_func, len(completion_ids))
         batch.attach(trees)
         return base, batch
@@ -178,45 +177,44 @@ class Trees(Rollout):
     def outcomes(self, ctx, batch: RowBatch) -> LeafOutcomes:
         """The trees' leaves as outcomes (:func:`.credit.tree_leaves`), for the core's outcome stage: the modifiers that
         act on outcomes re-weight them before :class:`BlockCredit` aggregates them."""
-        return tree_leaves(ctx.trainer, batch.payload(TreeBatch))  # transitional: not yet ported to the context
+        return tree_leaves(ctx, batch.payload(TreeBatch))
 
     def training_batch(self, ctx, batch: RowBatch, inputs, output: dict, advantages: ForestCredit) -> dict:
         """The training rows (:func:`.rows.training_rows`) of the trees with the blocks' credit (``advantages``: the
         :class:`~.forest.ForestCredit` of :class:`BlockCredit`); ``output`` is TRL's batch of the base rows."""
-        trainer = ctx.trainer  # transitional: not yet ported to the context
         trees = batch.payload(TreeBatch)
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
         batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
-        rows = training_rows(trainer, output, trees, advantages)
-        log_tree_metrics(trainer, trees, advantages)
+        rows = training_rows(ctx, output, trees, advantages)
+        log_tree_metrics(ctx, trees, advantages)
         # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
         # one block.
         width = rows["completion_ids"].size(1)
         batch.block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
         return rows
 
-    def grow(self, trainer, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
+    def grow(self, ctx, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
         """Phase 1's rollouts (this process's ids, the global rewards) → budgets → forks → branches → the forest."""
         trees = TreeBatch(
             inputs, [x["prompt"] for x in inputs], prompt_ids, completion_ids, rewards_per_func,
-            first_row=local_rows(trainer, len(prompt_ids)).start,  # TRL's process slice: equal base rows per process
+            first_row=ctx.process_index * len(prompt_ids),  # TRL's process slice: equal base rows per process
         )
-        self.set_budgets(trainer, trees)
-        self.fork_base_rollouts(trainer, trees, self.fork_entropies(trainer, trees))
-        self.grow_branches(trainer, trees)
-        self.assemble_forest(trainer, trees)
+        self.set_budgets(ctx, trees)
+        self.fork_base_rollouts(ctx, trees, self.fork_entropies(ctx, trees))
+        self.grow_branches(ctx, trees)
+        self.assemble_forest(ctx, trees)
         return trees
 
-    def set_budgets(self, trainer, trees: TreeBatch) -> None:
+    def set_budgets(self, ctx, trees: TreeBatch) -> None:
         """The verifier's verdicts on the base rollouts and (K̂, B̂) per prompt (Eq. 1-2), from the global verdicts, so
         every process agrees. Leaf values use TRL's weighted total reward (NaN: unscorable); correct/wrong (pass
         rate, V_root) is the verifier's verdict (``success_reward`` >= ``success_threshold``). A prompt none of whose
         base rollouts could be scored has no V_root and does not branch (nothing under it could be scored)."""
-        args: DATPOConfig = trainer.args
-        N = trainer.num_generations
+        args: DATPOConfig = ctx.args
+        N = ctx.group_size
         trees.unscorable = unscorable_rows(trees.rewards_per_func).tolist()
-        trees.success = rollout_success(trainer, trees.rewards_per_func).tolist()
+        trees.success = success_rows(trees.rewards_per_func, ctx.success_index, args.success_threshold).tolist()
         trees.v_root = [
             root_success_rate(trees.success[g * N : (g + 1) * N], trees.unscorable[g * N : (g + 1) * N])
             for g in range(len(trees.unscorable) // N)
@@ -227,44 +225,42 @@ class Trees(Rollout):
         else:
             trees.budgets = [(0, 0) if math.isnan(v) else (args.max_forks, args.max_branches) for v in trees.v_root]
 
-    def fork_entropies(self, trainer, trees: TreeBatch) -> torch.Tensor | None:
+    def fork_entropies(self, ctx, trees: TreeBatch) -> torch.Tensor | None:
         """Token entropies of the base rollouts (only for the entropy fork methods, when some prompt branches):
         recorded by the sampler (HF generate), else one no-grad forward pass. The pass is collective (ZeRO-3 gathers
         parameters in it), so all processes take the same path."""
         sampled, self.sampled_entropies = self.sampled_entropies, None
-        if trainer.args.fork_method not in ("sent_entropy", "tok_entropy") or not any(k > 0 for k, _ in trees.budgets):
+        if ctx.args.fork_method not in ("sent_entropy", "tok_entropy") or not any(k > 0 for k, _ in trees.budgets):
             return None
         lines_up = sampled is not None and [len(e) for e in sampled] == [len(c) for c in trees.completion_ids]
-        from_sampler = all(gather_rows(trainer, [lines_up]))
-        log_metric(trainer, "datpo/entropy_from_sampler", float(from_sampler))
+        from_sampler = all(ctx.gather_rows([lines_up]))
+        ctx.metric("datpo/entropy_from_sampler", float(from_sampler))
         if from_sampler:
             entropies = torch.zeros(trees.num_local, max([1] + [len(e) for e in sampled]))
             for i, row in enumerate(sampled):
                 entropies[i, : len(row)] = torch.tensor(row)
             return entropies
-        p_ids, p_mask, c_ids, c_mask = pad_rows(
-            trees.prompt_ids, trees.completion_ids, bridge.pad_token_id(trainer), trainer.accelerator.device
-        )
-        _, entropies = score_completions(trainer, trainer.model, p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
+        p_ids, p_mask, c_ids, c_mask = pad_rows(trees.prompt_ids, trees.completion_ids, ctx.rows.pad_token_id, ctx.device)
+        _, entropies = ctx.logprobs(p_ids, p_mask, c_ids, c_mask, compute_entropy=True)
         return entropies.float().cpu()
 
-    def fork_base_rollouts(self, trainer, trees: TreeBatch, entropies: torch.Tensor | None) -> None:
+    def fork_base_rollouts(self, ctx, trees: TreeBatch, entropies: torch.Tensor | None) -> None:
         """Forks per local base rollout (``forks.select_forks``). An unscorable rollout does not fork: its tokens
         keep advantage 0."""
-        args: DATPOConfig = trainer.args
+        args: DATPOConfig = ctx.args
         coverage = []  # (scorable with K̂ > 0: the method wants to branch from it, got a fork, by the fallback)
         trees.forks = []
         for i, ids in enumerate(trees.completion_ids):
             g_row = trees.first_row + i
-            k_hat, _ = trees.budgets[g_row // trainer.num_generations]
+            k_hat, _ = trees.budgets[g_row // ctx.group_size]
             length = len(ids)
             should_fork = k_hat > 0 and not trees.unscorable[g_row]
             forks, fallback = [], False
             if should_fork and length >= 2:
                 spans = None
                 if args.fork_method == "sent_entropy":
-                    spans = sentence_spans(*token_char_offsets(bridge.tokenizer(trainer), ids))
-                rng = random.Random(f"{args.seed}-{trainer.state.global_step}-{g_row}")
+                    spans = sentence_spans(*token_char_offsets(ctx.tokenizer, ids))
+                rng = random.Random(f"{args.seed}-{ctx.step}-{g_row}")
                 row_entropies = entropies[i, :length] if entropies is not None else None
                 forks = select_forks(
                     row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap,
@@ -278,49 +274,51 @@ class Trees(Rollout):
                     fallback = bool(forks)
             trees.forks.append(forks)
             coverage.append((should_fork, bool(forks), fallback))
-        log_fork_coverage(trainer, gather_rows(trainer, coverage))
+        log_fork_coverage(ctx, ctx.gather_rows(coverage))
 
-    def grow_branches(self, trainer, trees: TreeBatch) -> None:
+    def grow_branches(self, ctx, trees: TreeBatch) -> None:
         """Phase 2: B̂ branches from every fork (:meth:`generate_branches`: the forks of all processes, shared out
         evenly), their rewards through TRL's reward path, and the verifier's verdicts on them."""
-        max_length = trainer.max_completion_length
+        max_length = ctx.rows.max_completion_length
         fork_requests: list[tuple[list[int], int, int]] = []  # (prompt + prefix, B̂, new-token budget) per fork
         for i, forks in enumerate(trees.forks):
-            _, b_hat = trees.budgets[(trees.first_row + i) // trainer.num_generations]
+            _, b_hat = trees.budgets[(trees.first_row + i) // ctx.group_size]
             for j, fork in enumerate(forks):
                 prefix = trees.prompt_ids[i] + trees.completion_ids[i][:fork]
                 # "remaining": the leaf (prefix + branch) is a response of at most max_completion_length tokens
-                new_tokens = max(1, max_length - fork) if trainer.args.branch_budget == "remaining" else max_length
+                new_tokens = max(1, max_length - fork) if ctx.args.branch_budget == "remaining" else max_length
                 fork_requests.append((prefix, b_hat, new_tokens))
                 trees.branch_meta += [(i, j)] * b_hat
                 trees.branch_prefixes += [prefix] * b_hat
         self.branching = True
         try:
-            branch_ids, trees.branch_logprobs = self.generate_branches(trainer, fork_requests)
+            branch_ids, trees.branch_logprobs = self.generate_branches(ctx, fork_requests)
         finally:
             self.branching = False
         trees.branch_ids = [list(ids) for ids in branch_ids]
-        trees.branch_counts = gather_counts(trainer, len(trees.branch_ids))
-        trees.branch_rewards_per_func = branch_rewards(trainer, trees)
+        trees.branch_counts = ctx.gather_counts(len(trees.branch_ids))
+        trees.branch_rewards_per_func = branch_rewards(ctx, trees)
 
-    def generate_branches(self, trainer, fork_requests: list[tuple[list[int], int, int]]):
+    def generate_branches(self, ctx, fork_requests: list[tuple[list[int], int, int]]):
         """B̂ continuations of every local fork ``(prompt + prefix ids, B̂, new-token budget)``:
         :func:`trl_credit.datpo.branches.generate_branches` (a collective call)."""
-        return generate_branches(trainer, fork_requests)
+        return generate_branches(ctx, fork_requests)
 
-    def assemble_forest(self, trainer, trees: TreeBatch) -> None:
+    def assemble_forest(self, ctx, trees: TreeBatch) -> None:
         """Leaf rewards of every tree, and the tree skeletons (small: forks and lengths per row) gathered so every
         process builds every tree."""
-        N = trainer.num_generations
-        branch_groups = gather_rows(trainer, [(trees.first_row + i) // N for i, _ in trees.branch_meta])
+        N = ctx.group_size
+        branch_groups = ctx.gather_rows([(trees.first_row + i) // N for i, _ in trees.branch_meta])
         trees.base_rewards, trees.branch_rewards = _leaf_rewards(
-            trainer, trees.rewards_per_func, trees.branch_rewards_per_func, branch_groups
+            ctx, trees.rewards_per_func, trees.branch_rewards_per_func, branch_groups
         )
-        trees.branch_success = rollout_success(trainer, trees.branch_rewards_per_func).tolist()
+        trees.branch_success = success_rows(
+            trees.branch_rewards_per_func, ctx.success_index, ctx.args.success_threshold
+        ).tolist()
         records = [(trees.first_row + i, trees.forks[i], len(ids)) for i, ids in enumerate(trees.completion_ids)]
         trees.skeletons = Skeletons(
-            gather_rows(trainer, records), trees.branch_counts,
-            gather_rows(trainer, [len(ids) for ids in trees.branch_ids]),
+            ctx.gather_rows(records), trees.branch_counts,
+            ctx.gather_rows([len(ids) for ids in trees.branch_ids]),
         )
         trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
 
@@ -334,31 +332,30 @@ class Trees(Rollout):
         is normalized against the whole generation batch (the core's ``row_count.renormalized_loss``), so the pieces add up to exactly the loss of
         the micro-batch in one forward. Each piece goes through the rest of the chain (TRL's ``compute_loss`` ->
         the trainer's ``_compute_loss`` with every part's ``loss`` hook)."""
-        trainer = ctx.trainer  # transitional: not yet ported to the context
-        if return_outputs or not trainer.model.training or NUM_ROWS not in inputs:
+        if return_outputs or ctx.mode != "train" or NUM_ROWS not in inputs:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         num_rows = inputs["completion_ids"].size(0)
-        cap = trainer.args.rows_per_forward or trainer.args.per_device_train_batch_size
+        cap = ctx.args.rows_per_forward or ctx.args.per_device_train_batch_size
         if num_rows <= cap:
             return proceed(model, inputs, return_outputs, num_items_in_batch)
-        if trainer.is_deepspeed_enabled:
+        if ctx.deepspeed:
             # DeepSpeed's engine counts backward calls for its own gradient accumulation: one backward per
             # micro-batch only.
-            warn_once(
-                trainer, "datpo_rows_per_forward_deepspeed",
-                f"{speaker(trainer, self)}: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed "
+            ctx.warn(
+                "datpo_rows_per_forward_deepspeed",
+                f"{ctx.speaker(self)}: a micro-batch of {num_rows} rows runs in one forward under DeepSpeed "
                 "(rows_per_forward="
                 f"{cap} applies only without DeepSpeed); lower per_device_train_batch_size or raise "
                 "steps_per_generation if it does not fit in memory.",
             )
             return proceed(model, inputs, return_outputs, num_items_in_batch)
         # rows of similar length share a forward (less padding); the loss does not depend on the order of rows
-        pieces = split_rows(sort_rows_by_length(inputs), math.ceil(num_rows / cap), trainer.pad_to_multiple_of)
+        pieces = split_rows(sort_rows_by_length(inputs), math.ceil(num_rows / cap), ctx.rows.pad_to_multiple_of)
         earlier = 0.0
         for piece in pieces[:-1]:
-            with trainer.accelerator.no_sync(model):
+            with ctx.no_sync(model):
                 loss = proceed(model, piece, return_outputs, num_items_in_batch)
-                trainer.accelerator.backward(loss)
+                ctx.backward(loss)
             earlier = earlier + loss.detach()
         return proceed(model, pieces[-1], return_outputs, num_items_in_batch) + earlier
 
@@ -416,17 +413,15 @@ class BlockCredit(Credit):
 
     def advantages(self, ctx, batch: RowBatch, inputs, output: dict) -> ForestCredit:
         trees = batch.payload(TreeBatch)  # MissingPayload names it: this credit needs the `Trees` rollout
-        trainer = ctx.trainer  # transitional: not yet ported to the context
         rewards = None if batch.outcomes is None else self.outcome_rewards(trees, batch.outcomes)
-        return block_credit(trainer, trees, diversity_alpha(trainer), self.block_embedder(trainer), rewards)
+        return block_credit(ctx, trees, diversity_alpha(ctx), self.block_embedder(ctx.args), rewards)
 
-    def block_embedder(self, trainer) -> BlockEmbedder | None:
+    def block_embedder(self, args: DATPOConfig) -> BlockEmbedder | None:
         """``self.embedder`` behind a :class:`~.embedding.BlockEmbedder` (``embedding_batch_size``,
         ``embedding_cache_size``), made once per embedder so its cache of block texts serves every step."""
         if self.embedder is None:
             return None
         if self._block_embedder is None or self._block_embedder.embedder is not self.embedder:
-            args: DATPOConfig = trainer.args
             self._block_embedder = BlockEmbedder(self.embedder, args.embedding_batch_size, args.embedding_cache_size)
         return self._block_embedder
 
@@ -440,11 +435,10 @@ class BlockCredit(Credit):
         return rewards
 
     def loss(self, ctx, proceed, model, inputs):
-        trainer = ctx.trainer  # transitional: not yet ported to the context
-        if not trainer.model.training or "datpo_base_advantages" not in inputs:
+        if ctx.mode != "train" or "datpo_base_advantages" not in inputs:
             return proceed(model, inputs)
-        alpha = diversity_alpha(trainer)  # α of the optimizer step being trained (paper §4.4)
+        alpha = diversity_alpha(ctx)  # α of the optimizer step being trained (paper §4.4)
         inputs = dict(inputs)
         inputs["advantages"] = inputs["datpo_base_advantages"] + alpha * inputs["datpo_diversity_bonus"]
-        log_metric(trainer, "datpo/alpha", alpha)
+        ctx.metric("datpo/alpha", alpha)
         return proceed(model, inputs)

@@ -1,63 +1,54 @@
-"""DATPO's training batch: one row per base rollout and per branch, every token with its block's advantage, and
-the old/ref/sampling log-probs TRL's loss reads, scored here for the rows TRL did not see (docs/datpo.md#training-rows).
-Collective calls: every process runs the same scoring passes and ends with the same row count."""
+"""DATPO's training batch: one row per base rollout and per branch, every token with its block's advantage
+(docs/datpo.md#training-rows). What any rollout that builds rows needs (filler rows, padding, the old/ref log-probs and
+vLLM importance ratios of rows TRL did not score) is the core's, through the batch context
+(trl_credit/core/built_rows.py); this module keeps DATPO's decisions: block advantages per token, and which blocks of a
+truncated leaf keep their loss. Collective calls: every process runs the same scoring passes and ends with the same
+row count."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import torch
 
-from trl_credit.core.collectives import fill_rows, gather_counts
+from trl_credit.core.built_rows import sampling_logprobs_rows
 from trl_credit.core.row_count import NUM_ROWS
-from trl_credit.core.scoring import pad_rows, score_completions
-from trl_credit.trl_bridge import privates as bridge
-from trl_credit.trl_bridge.compat import use_adapter
 from .forest import ForestCredit, TreeBatch, is_truncated
 
-__all__ = ["training_rows", "score_collectively", "importance_sampling_ratio"]
+__all__ = ["training_rows"]
 
 
-def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -> dict:
+def training_rows(ctx, base: dict, trees: TreeBatch, credit: ForestCredit) -> dict:
     """This process's rows of the training batch: its base rollouts (TRL's rows, TRL's old/ref/sampling values)
     then its branches (prompt + prefix, branch), every token with its block's advantage (docs/datpo.md#training-rows),
     then empty rows up to the largest row count of any process."""
     prompt_ids_list, completion_ids_list = trees.prompt_ids, trees.completion_ids
     branch_prefixes, branch_ids, branch_logprobs = trees.branch_prefixes, trees.branch_ids, trees.branch_logprobs
-    device = trainer.accelerator.device
+    device = ctx.device
     n_base, n_branch = len(completion_ids_list), len(branch_ids)
     # TRL's _compute_loss gathers per-row tensors (clip-ratio metrics), so every process needs the same row
-    # count: processes with fewer rows append empty rows (a one-token prompt, so attention stays finite, and
-    # one completion token outside the loss mask). They add nothing to the loss (see `parts.Trees.loss` for the
-    # loss types that average over rows) or to num_items_in_batch.
-    row_counts = gather_counts(trainer, n_base + n_branch)
-    n_rows = max(row_counts)
-    n_empty = n_rows - n_base - n_branch
-    pad_id = bridge.pad_token_id(trainer)
-    prompt_rows = fill_rows(prompt_ids_list + branch_prefixes, n_rows, [pad_id])
-    completion_rows = fill_rows(completion_ids_list + branch_ids, n_rows, [pad_id])
-    p_ids, p_mask, c_ids, c_mask = pad_rows(prompt_rows, completion_rows, pad_id, device, trainer.pad_to_multiple_of)
-    if n_empty:
-        c_mask[n_base + n_branch :] = 0
+    # count: the core appends filler rows outside the loss mask (`ctx.pad_built_rows`). They add nothing to the loss
+    # (see `parts.Trees.loss` for the loss types that average over rows) or to num_items_in_batch.
+    completion_rows = completion_ids_list + branch_ids
+    p_ids, p_mask, c_ids, c_mask, row_counts = ctx.pad_built_rows(prompt_ids_list + branch_prefixes, completion_rows)
+    n_rows = c_ids.size(0)
     width = c_ids.size(1)
     # every generated token gets the advantage of the one block it belongs to (docs/datpo.md#block-advantages, docs/datpo.md#training-rows)
     token_base = torch.zeros(n_rows, width, dtype=torch.float32)
     token_bonus = torch.zeros(n_rows, width, dtype=torch.float32)
-    for b in trees.forest.by_process[trainer.accelerator.process_index]:
+    for b in trees.forest.by_process[ctx.process_index]:
         kind, row, start, end = trees.forest.blocks[b].source
         r = row if kind == "base" else n_base + row
         token_base[r, start:end] = float(credit.base[b])
         token_bonus[r, start:end] = float(credit.bonus[b])
     restored = []  # (base row, tokens): leading blocks of a truncated base rollout that keep their loss
-    if trainer.mask_truncated_completions:
+    settings = ctx.rows
+    if settings.mask_truncated_completions:
         # A truncated leaf has no final answer of its own: its last block is masked, and a branch (one block)
         # whole. The earlier blocks of a truncated base rollout are valued by the leaves under their end fork;
         # they keep their loss while those values rest on a finished leaf (`grounded`), as a run from the start
         # of the row (a masked block in the middle would also hide its tokens from the attention of the later
         # ones). With every leaf truncated nothing is trained, as in GRPO.
-        eos_and_pad = [*trainer.eos_token_ids, bridge.pad_token_id(trainer)]
-        for r, ids in enumerate(completion_rows[: n_base + n_branch]):
+        eos_and_pad = [*settings.eos_token_ids, settings.pad_token_id]
+        for r, ids in enumerate(completion_rows):
             if not is_truncated(ids, eos_and_pad):
                 continue
             keep = 0
@@ -109,86 +100,32 @@ def training_rows(trainer, base: dict, trees: TreeBatch, credit: ForestCredit) -
     branch_mask = c_mask[n_base : n_base + n_branch]
     need_old = "old_per_token_logps" in base
     if need_old:
-        old = score_collectively(trainer, trainer.model, scored_prompts, scored_completions)
+        old = ctx.score_rows("policy", scored_prompts, scored_completions)
         output["old_per_token_logps"] = merge_scored(base["old_per_token_logps"], old)
     if "ref_per_token_logps" in base:
-        if trainer.ref_model is not None:
-            ref = score_collectively(trainer, trainer.ref_model, scored_prompts, scored_completions)
-        else:
-            unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                ref = score_collectively(trainer, trainer.model, scored_prompts, scored_completions)
+        ref = ctx.score_rows("reference", scored_prompts, scored_completions)
         output["ref_per_token_logps"] = merge_scored(base["ref_per_token_logps"], ref)
     sampling = None
     if "sampling_per_token_logps" in base:
         if branch_logprobs is not None and n_branch:
             # vLLM's sampling log-probs of the branch tokens; None (unscorable) -> NaN, as TRL does
-            sampling = torch.zeros(n_branch, width, device=device)
-            for r, lp in enumerate(branch_logprobs):
-                sampling[r, : len(lp)] = torch.tensor(
-                    [float("nan") if x is None else float(x) for x in lp], device=device
-                )
+            sampling = sampling_logprobs_rows(branch_logprobs, width, device)
         output["sampling_per_token_logps"] = merge(base["sampling_per_token_logps"], sampling)
     if "importance_sampling_ratio" in base:
         branch_ratio = None
         if n_branch:
             if sampling is None or not need_old:
                 raise RuntimeError("vLLM importance sampling needs sampling log-probs for the branch rollouts")
-            branch_ratio = importance_sampling_ratio(trainer, 
+            branch_ratio = ctx.importance_sampling_ratio(
                 output["old_per_token_logps"][n_base : n_base + n_branch], sampling, branch_mask
             )
         ratio = merge(base["importance_sampling_ratio"], branch_ratio, fill=1.0)
         if restored:  # TRL's ratio of a masked row is 1; the kept blocks get theirs from the new old log-probs
             rows = torch.tensor([r for r, _ in restored], device=device)
-            ratio[rows] = importance_sampling_ratio(trainer, 
+            ratio[rows] = ctx.importance_sampling_ratio(
                 output["old_per_token_logps"][rows], output["sampling_per_token_logps"][rows], c_mask[rows]
             )[:, : ratio.size(1)].to(ratio.dtype)
         output["importance_sampling_ratio"] = ratio
-    output["num_items_in_batch"] = trainer.accelerator.gather(c_mask.sum()).sum()
+    output["num_items_in_batch"] = ctx.gather(c_mask.sum()).sum()
     return output
 
-
-def importance_sampling_ratio(trainer, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor):
-    # Same formula as GRPOTrainer._generate_and_score_completions (trl 1.16.0) for its base rows.
-    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
-    mode = trainer.vllm_importance_sampling_mode
-    log_ratio = diff.sum(dim=-1, keepdim=True) if mode in ("sequence_mask", "sequence_truncate") else diff
-    ratio = torch.exp(log_ratio)
-    if mode in ("sequence_truncate", "token_truncate"):
-        ratio = torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min, max=trainer.vllm_importance_sampling_clip_max)
-    else:
-        low = trainer.vllm_importance_sampling_clip_min
-        high = trainer.vllm_importance_sampling_clip_max
-        low = -math.inf if low is None else low
-        high = math.inf if high is None else high
-        ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-    return ratio
-
-
-def score_collectively(trainer, model, prompt_rows: Sequence[Sequence[int]], completion_rows: Sequence[Sequence[int]]):
-    """Log-probs of ``completion_rows`` under ``model`` (None when no process has rows).
-
-    Every process runs the same number of forward passes (ZeRO-3 gathers parameters in each): a process with
-    fewer rows scores a one-token filler row instead and drops the result.
-    """
-    counts = gather_counts(trainer, len(completion_rows))
-    most = max(counts)
-    if most == 0:
-        return None
-    batch_size = trainer.args.per_device_train_batch_size
-    device = trainer.accelerator.device
-    pieces = []
-    for start in range(0, most, batch_size):
-        prompts = list(prompt_rows[start : start + batch_size])
-        completions = list(completion_rows[start : start + batch_size])
-        real = len(completions)
-        if real == 0:
-            prompts, completions = [[bridge.pad_token_id(trainer)]], [[bridge.pad_token_id(trainer)]]
-        p_ids, p_mask, c_ids, c_mask = pad_rows(prompts, completions, bridge.pad_token_id(trainer), device)
-        logps, _ = score_completions(trainer, model, p_ids, p_mask, c_ids, c_mask, batch_size=len(completions))
-        if real:
-            pieces.append(logps)
-    if not pieces:
-        return torch.zeros(0, 1, device=device)
-    width = max(p.size(1) for p in pieces)
-    return torch.cat([torch.nn.functional.pad(p, (0, width - p.size(1))) for p in pieces], dim=0)

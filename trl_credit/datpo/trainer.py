@@ -5,6 +5,7 @@ parts.py has what changes relative to GRPOTrainer and how). Evaluation stays GRP
 from __future__ import annotations
 
 from trl_credit.core.setup import resolve_method_args
+from trl_credit.core.context import hook_context
 from trl_credit.core.trainer import CreditTrainer
 from .config import DATPOConfig
 from .parts import BlockCredit, Trees, diversity_alpha
@@ -44,4 +45,4 @@ class DATPOTrainer(CreditTrainer):
 
     def _diversity_alpha(self) -> float:
         """α_t at the current optimizer step."""
-        return diversity_alpha(self)
+        return diversity_alpha(hook_context(self))

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import math
 
-from trl_credit.core.logs import log_metric, warn_once
-from trl_credit.core.setup import speaker
 from .forest import ForestCredit, TreeBatch
 
 __all__ = ["log_tree_metrics", "log_fork_coverage"]
 
 
-def log_tree_metrics(trainer, trees: TreeBatch, credit: ForestCredit) -> None:
+def log_tree_metrics(ctx, trees: TreeBatch, credit: ForestCredit) -> None:
     """Tree metrics. Pass rates are the verifier's verdicts (any correct leaf per prompt), over the prompts with at
     least one scorable leaf; unscorable leaves count in no rate or mean."""
     forest, records = trees.forest, trees.skeletons.records
     budgets, base_unscorable, base_success = trees.budgets, trees.unscorable, trees.success
     num_groups = len(budgets)
-    N = trainer.num_generations
+    N = ctx.group_size
     leaves = [N] * num_groups
     scorable_base = [not all(base_unscorable[g * N : (g + 1) * N]) for g in range(num_groups)]
     base_pass = [any(base_success[g * N : (g + 1) * N]) for g in range(num_groups)]
@@ -38,41 +36,41 @@ def log_tree_metrics(trainer, trees: TreeBatch, credit: ForestCredit) -> None:
     leaf_lengths = [length for _, _, length in records] + forest.branch_response_lengths
     total_leaves = sum(leaves)
     defined_v = [v for v in trees.v_root if not math.isnan(v)]
-    log_metric(trainer, "datpo/leaves_per_prompt", total_leaves / num_groups)
-    log_metric(trainer, "datpo/k_hat", sum(k for k, _ in budgets) / num_groups)
-    log_metric(trainer, "datpo/b_hat", sum(b for _, b in budgets) / num_groups)
+    ctx.metric("datpo/leaves_per_prompt", total_leaves / num_groups)
+    ctx.metric("datpo/k_hat", sum(k for k, _ in budgets) / num_groups)
+    ctx.metric("datpo/b_hat", sum(b for _, b in budgets) / num_groups)
     if defined_v:
-        log_metric(trainer, "datpo/v_root", sum(defined_v) / len(defined_v))
+        ctx.metric("datpo/v_root", sum(defined_v) / len(defined_v))
     if any(scorable_any):
         pass_rate = sum(c for c, s in zip(correct_any, scorable_any) if s) / sum(scorable_any)
-        log_metric(trainer, "datpo/pass_rate", pass_rate)
+        ctx.metric("datpo/pass_rate", pass_rate)
     if any(scorable_base):
         base_pass_rate = sum(p for p, s in zip(base_pass, scorable_base) if s) / sum(scorable_base)
-        log_metric(trainer, "datpo/base_pass_rate", base_pass_rate)
+        ctx.metric("datpo/base_pass_rate", base_pass_rate)
     unscorable_branches = sum(1 for block in forest.blocks if block.kind == "branch" and math.isnan(block.reward))
-    log_metric(trainer, "datpo/unscorable_rate", (sum(base_unscorable) + unscorable_branches) / total_leaves)
-    log_metric(trainer, "datpo/blocks_per_prompt", sum(num_blocks) / num_groups)
-    log_metric(trainer, "datpo/forks_per_rollout", sum(len(forks) for _, forks, _ in records) / len(records))
-    log_metric(trainer, "datpo/tokens_per_leaf", (base_tokens + branch_tokens) / total_leaves)
-    log_metric(trainer, "datpo/leaf_length", sum(leaf_lengths) / total_leaves)
+    ctx.metric("datpo/unscorable_rate", (sum(base_unscorable) + unscorable_branches) / total_leaves)
+    ctx.metric("datpo/blocks_per_prompt", sum(num_blocks) / num_groups)
+    ctx.metric("datpo/forks_per_rollout", sum(len(forks) for _, forks, _ in records) / len(records))
+    ctx.metric("datpo/tokens_per_leaf", (base_tokens + branch_tokens) / total_leaves)
+    ctx.metric("datpo/leaf_length", sum(leaf_lengths) / total_leaves)
     scored_branches = [r for r in trees.branch_rewards if not math.isnan(r)]
     if scored_branches:
-        log_metric(trainer, "datpo/branch_reward", sum(scored_branches) / len(scored_branches))
-    if trainer.args.use_diversity and bool(credit.has_siblings.any()):
-        log_metric(trainer, "datpo/sibling_diversity", float(credit.diversity[credit.has_siblings].mean()))
+        ctx.metric("datpo/branch_reward", sum(scored_branches) / len(scored_branches))
+    if ctx.args.use_diversity and bool(credit.has_siblings.any()):
+        ctx.metric("datpo/sibling_diversity", float(credit.diversity[credit.has_siblings].mean()))
 
 
-def log_fork_coverage(trainer, fork_counts) -> None:
+def log_fork_coverage(ctx, fork_counts) -> None:
     """``datpo/no_fork_rate``: base rollouts the method wants to branch from (scorable, K̂ > 0) that got no
     fork; ``datpo/fork_fallback_rate``: those whose forks came from the token-entropy fallback."""
-    args = trainer.args
+    args = ctx.args
     wanted = [(has, fallback) for should, has, fallback in fork_counts if should]
     if not wanted:
         return
     no_fork = sum(1 for has, _ in wanted if not has) / len(wanted)
     fallback = sum(1 for _, fb in wanted if fb) / len(wanted)
-    log_metric(trainer, "datpo/no_fork_rate", no_fork)
-    log_metric(trainer, "datpo/fork_fallback_rate", fallback)
+    ctx.metric("datpo/no_fork_rate", no_fork)
+    ctx.metric("datpo/fork_fallback_rate", fallback)
     if no_fork > 0:
         one_sentence = args.fork_method == "sent_entropy" and args.fork_position == "before_token"
         if one_sentence and args.fork_fallback == "none":
@@ -81,9 +79,9 @@ def log_fork_coverage(trainer, fork_counts) -> None:
                    "fork_fallback='tok_entropy' (fork them at their highest-entropy tokens)")
         else:
             fix = "rollouts shorter than 2 tokens cannot fork; check max_completion_length and the prompt format"
-        warn_once(
-            trainer, "datpo_no_fork",
-            f"{speaker(trainer, 'trees')}: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, "
+        ctx.warn(
+            "datpo_no_fork",
+            f"{ctx.speaker('trees')}: {no_fork:.0%} of the base rollouts that should branch (unsolved prompt, "
             "scorable) got no "
             f"fork, so their prompt grows no tree from them (logged every step as datpo/no_fork_rate): {fix}.",
         )

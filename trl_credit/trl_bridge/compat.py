@@ -276,7 +276,7 @@ VLLM_ATTRIBUTES: tuple[str, ...] = (
 # GRPOConfig (TrainingArguments) fields trl_credit reads, plus the class attribute its configs extend.
 CONFIG_FIELDS: tuple[str, ...] = (
     "cast_lm_head_to_fp32", "data_seed", "disable_dropout", "gradient_checkpointing_kwargs", "logging_steps",
-    "max_completion_length", "multi_objective_aggregation", "output_dir", "per_device_eval_batch_size",
+    "max_completion_length", "max_steps", "multi_objective_aggregation", "output_dir", "per_device_eval_batch_size",
     "per_device_train_batch_size", "push_to_hub", "report_to", "seed", "steps_per_generation", "temperature",
     "top_p", "trust_remote_code", "use_liger_kernel",
 )

@@ -105,12 +105,6 @@ def rollout_capture(trainer):
     return trainer._rollout_capture
 
 
-def batch_context(trainer):
-    """``CreditTrainer._batch_context`` (trl_credit.core.trainer): the ``BatchContext`` of the generation batch in progress,
-    None outside one. TRANSITIONAL, for helpers of parts not yet ported to the context."""
-    return trainer._batch_context
-
-
 def success_index(trainer) -> int:
     """``trainer._success_index`` (set by ``trainer_setup.bind_success``): the verifier's column in the reward
     matrix."""
