@@ -13,7 +13,8 @@ from trl import GRPOConfig
 
 from trl_credit.core.advantages import trl_advantages
 from trl_credit.core.logs import warned_keys
-from trl_credit.core.trainer import CreditTrainer, trl_global_advantages
+from trl_credit.core.collectives import trl_global_advantages
+from trl_credit.core.trainer import CreditTrainer
 
 pytestmark = pytest.mark.trl_smoke
 

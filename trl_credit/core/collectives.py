@@ -8,6 +8,8 @@ calls, and often the same row count, on every process: a process with fewer rows
 
 - :func:`gather_rows` / :func:`gather_counts`: per-process Python lists and counts, in process order.
 - :func:`rewards_of_extra_rows`: reward matrices of rows outside TRL's batch through TRL's own reward path.
+- :func:`trl_global_advantages`: TRL's advantages of every process's rows restated from the global rewards, so no
+  part gathers what TRL already cut to each process.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from accelerate.utils import gather_object
 from packaging.version import Version
 from trl import GRPOTrainer
 
+from trl_credit.core.advantages import trl_advantages
+from trl_credit.core.logs import warn_once
+from trl_credit.core.setup import speaker, trainer_mode
 from trl_credit.trl_bridge.compat import is_conversational, parse_response
 
 __all__ = [
+    "trl_global_advantages",
     "gather_counts",
     "gather_rows",
     "fill_rows",
@@ -123,3 +129,23 @@ def rewards_of_extra_rows(
     finally:
         trainer._pending_extra_logs, trainer._pending_metrics = saved
     return [rewards_per_func[q * most : q * most + count] for q, count in enumerate(counts)]
+
+
+def trl_global_advantages(trainer, rewards_per_func, local):
+    """TRL's advantages of every row of the generation batch, computed again from the global rewards as TRL computes
+    them before it keeps its process's slice (``core.advantages.trl_advantages``: TRL's values bit for bit,
+    tests/test_trl_contract_advantages.py), so no credit gathers what TRL already cut to each process. This process's
+    rows are TRL's own values (``local``) whatever happens; a restatement that disagrees with them (a TRL outside the
+    supported range) is warned about."""
+    mode = trainer_mode(trainer)
+    size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
+    values = trl_advantages(rewards_per_func, trainer.reward_weights, size, trainer.scale_rewards,
+                            trainer.multi_objective_aggregation).to(local.dtype)
+    rows = local_rows(trainer, local.size(0))
+    if not torch.equal(values[rows], local):
+        warn_once(trainer, "trl_advantages_restated",
+                  f"{speaker(trainer)}: TRL's advantages differ from the core's restatement of TRL's formula "
+                  "(trl_credit.core.advantages.trl_advantages), so this TRL computes them in another way than the "
+                  "supported versions; other processes' rows may be off by round-off in what the parts read.")
+    values[rows] = local
+    return values

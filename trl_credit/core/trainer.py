@@ -34,19 +34,18 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
-import torch
 
-from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages, trl_advantages
+from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
-from trl_credit.core.collectives import local_rows
+from trl_credit.core.collectives import trl_global_advantages
 from trl_credit.core.context import BatchContext, hook_context
 from trl_credit.core.generation import one_weight_push
-from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, warn_once, zero_nonfinite_groups
+from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
 from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
 from trl_credit.core.registry import register_part
 from trl_credit.core.row_count import NUM_ROWS, micro_batch, renormalized_loss
-from trl_credit.core.setup import bind_success, check_single_turn, speaker, trainer_mode
+from trl_credit.core.setup import bind_success, check_single_turn, speaker
 from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.tasks.rewards import completion_text
@@ -54,8 +53,7 @@ from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
-    "credit_step", "fill_record", "outcome_stage", "training_batch", "trl_global_advantages",
-    "builds_rows_in_rollout_func",
+    "credit_step", "fill_record", "outcome_stage", "training_batch", "builds_rows_in_rollout_func",
 ]
 
 
@@ -177,7 +175,7 @@ class GroupOutcome(Credit):
     a ±inf reward, which get 0 as in TRL: ``trainer_logs.nonfinite_reward_groups``).
 
     Over TRL's own groups (``batch.group_size`` set) these are the advantages TRL computed, of every row (the core's
-    :func:`trl_global_advantages`; this process's rows when the core kept none), with 0 for every row of a group
+    :func:`~trl_credit.core.collectives.trl_global_advantages`; this process's rows when the core kept none), with 0 for every row of a group
     holding a ±inf reward (``trainer_logs.zero_nonfinite_groups``). Over other groups
     (SRPO's sub-groups) they are every row of the record, which the core cuts to this process's rows once, after the
     modifiers; they are computed here as TRL would over ``batch.group_ids`` (:mod:`trl_credit.core.advantages`, with TRL's
@@ -211,26 +209,6 @@ class GroupOutcome(Credit):
         batch.log_advantages(advantages.tolist())
         trl_advantages = output["advantages"]
         return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
-
-
-def trl_global_advantages(trainer, rewards_per_func, local):
-    """TRL's advantages of every row of the generation batch, computed again from the global rewards as TRL computes
-    them before it keeps its process's slice (``core.advantages.trl_advantages``: TRL's values bit for bit,
-    tests/test_trl_contract_advantages.py), so no credit gathers what TRL already cut to each process. This process's
-    rows are TRL's own values (``local``) whatever happens; a restatement that disagrees with them (a TRL outside the
-    supported range) is warned about."""
-    mode = trainer_mode(trainer)
-    size = trainer.num_generations if mode == "train" else trainer.num_generations_eval
-    values = trl_advantages(rewards_per_func, trainer.reward_weights, size, trainer.scale_rewards,
-                            trainer.multi_objective_aggregation).to(local.dtype)
-    rows = local_rows(trainer, local.size(0))
-    if not torch.equal(values[rows], local):
-        warn_once(trainer, "trl_advantages_restated",
-                  f"{speaker(trainer)}: TRL's advantages differ from the core's restatement of TRL's formula "
-                  "(trl_credit.core.advantages.trl_advantages), so this TRL computes them in another way than the "
-                  "supported versions; other processes' rows may be off by round-off in what the parts read.")
-    values[rows] = local
-    return values
 
 
 def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
