@@ -295,9 +295,7 @@ class BatchContext:
         if self._trainer is None:
             values["eos_token_ids"] = values["pad_token_id"] = None
         else:
-            from trl_credit.trl_bridge import privates as bridge
-
-            values["pad_token_id"] = bridge.pad_token_id(self._trainer)
+            values["eos_token_ids"], values["pad_token_id"] = self.eos_token_ids, self.pad_token_id
         return SimpleNamespace(**values)
 
     def pad_built_rows(self, prompt_rows, completion_rows):
@@ -375,10 +373,6 @@ class BatchContext:
         """``accelerator.backward(loss)`` (mixed-precision scaling and the process layout's backward)."""
         self._needs_trainer("backward").accelerator.backward(loss)
 
-    def __repr__(self) -> str:
-        return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
-                f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
-
     # ---- rollouts inside TRL's rollout_func
     # What a rollout that builds its rows (``Rollout.rollout_rows``: SRPO's resets) needs beyond the verbs above.
     def generate_groups(self, prompt_ids, num_generations: int | None = None):
@@ -433,6 +427,10 @@ class BatchContext:
         from trl_credit.core.mixins import refuse_empty_rows
 
         refuse_empty_rows(self.speaker(part), completion_ids, source)
+
+    def __repr__(self) -> str:
+        return (f"BatchContext(mode={self.mode!r}, step={self.step}, process={self.process_index}/"
+                f"{self.num_processes}, rows={len(self.inputs)}, trainer={self._trainer is not None})")
 
 
 def hook_context(trainer) -> BatchContext:
