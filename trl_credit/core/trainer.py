@@ -34,7 +34,6 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
-
 from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
 from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
