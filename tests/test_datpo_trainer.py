@@ -475,7 +475,7 @@ class EntropySpyDATPOTrainer(DATPOTrainer):
         def spying(ctx, inputs, prompt_ids_list, completion_ids_list, rewards_per_func):  # after phase 1
             from trl_credit.core.scoring import pad_rows, score_completions
 
-            sampled = self.rollout.sampled_entropies
+            sampled = ctx.scratch(self.rollout).get("sampled_entropies")
             p_ids, p_mask, c_ids, c_mask = pad_rows(
                 prompt_ids_list, completion_ids_list, self._tokenizer.pad_token_id, self.accelerator.device
             )

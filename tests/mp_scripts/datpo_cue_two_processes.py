@@ -62,7 +62,8 @@ class DeterministicTrees(CreditTrainer):
         return [3 + (seed * 31 + k * 17) % (vocab - 3) for k in range(6 + seed % 5)] + [self._tokenizer.eos_token_id]
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not self.rollout.branching:  # base rollouts, seeded by the row's global index
+        ctx = self._batch_context  # the trees' state of this batch: ctx.scratch(rollout)
+        if not (ctx is not None and ctx.scratch(self.rollout).get("branching")):  # base rollouts, seeded by row index
             first = self.accelerator.process_index * len(prompt_ids)
             return [self._fake_completion(hash((tuple(p), first + r)) % 100003) for r, p in enumerate(prompt_ids)], None
         seen, completions = {}, []  # branches, seeded by the prefix and its occurrence (B̂ identical prefixes a fork)

@@ -113,10 +113,9 @@ class Trees(Rollout):
     name = "trees"
     builds_rows = True  # a row per base rollout and per branch (training_batch), more rows than TRL generated
 
-    def __init__(self):
-        self.phase1 = False  # True while TRL generates the base rollouts of a training batch
-        self.branching = False  # True while the branches of phase 2 are generated
-        self.sampled_entropies = None  # entropies recorded while HF generate sampled the base rollouts
+    # State of one training batch lives in ctx.scratch(self): "phase1" (True while TRL generates the base rollouts),
+    # "branching" (True while the branches of phase 2 are generated) and "sampled_entropies" (recorded while HF
+    # generate sampled the base rollouts).
 
     def setup(self, trainer) -> None:
         who = speaker(trainer, self)
@@ -148,12 +147,12 @@ class Trees(Rollout):
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
         hf_generate = not (ctx.sampling.use_vllm or ctx.sampling.use_transformers_continuous_batching)
-        if not self.phase1 or not hf_generate:  # only HF generate's forward is seen step by step
+        if not ctx.scratch(self).get("phase1") or not hf_generate:  # only HF generate's forward is seen step by step
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         recorder = GenerationRecorder(ctx.sampling.temperature, logps=False, entropies=True)
         with recorder.attached_to(ctx.causal_lm):
             completion_ids, logprobs = proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        self.sampled_entropies = recorder.entropies(completion_ids)
+        ctx.scratch(self)["sampled_entropies"] = recorder.entropies(completion_ids)
         return completion_ids, logprobs
 
     def generate_and_score(self, ctx, inputs, capture) -> tuple[dict, RowBatch | None]:
@@ -161,12 +160,12 @@ class Trees(Rollout):
             return ctx.trl_batch(inputs), None
         if "image" in inputs[0] or "images" in inputs[0]:
             raise ValueError(f"{ctx.speaker(self)} does not support image inputs.")
-        self.sampled_entropies = None
-        self.phase1 = True
+        state = ctx.scratch(self)
+        state["phase1"] = True
         try:
             base = ctx.trl_batch(inputs)
         finally:
-            self.phase1 = False
+            state["phase1"] = False
         rewards_per_func = capture.rewards(ctx.speaker(self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
         trees = self.grow(ctx, inputs, prompt_ids, completion_ids, rewards_per_func)
@@ -229,7 +228,7 @@ class Trees(Rollout):
         """Token entropies of the base rollouts (only for the entropy fork methods, when some prompt branches):
         recorded by the sampler (HF generate), else one no-grad forward pass. The pass is collective (ZeRO-3 gathers
         parameters in it), so all processes take the same path."""
-        sampled, self.sampled_entropies = self.sampled_entropies, None
+        sampled = ctx.scratch(self).pop("sampled_entropies", None)
         if ctx.args.fork_method not in ("sent_entropy", "tok_entropy") or not any(k > 0 for k, _ in trees.budgets):
             return None
         lines_up = sampled is not None and [len(e) for e in sampled] == [len(c) for c in trees.completion_ids]
@@ -290,11 +289,12 @@ class Trees(Rollout):
                 fork_requests.append((prefix, b_hat, new_tokens))
                 trees.branch_meta += [(i, j)] * b_hat
                 trees.branch_prefixes += [prefix] * b_hat
-        self.branching = True
+        state = ctx.scratch(self)
+        state["branching"] = True
         try:
             branch_ids, trees.branch_logprobs = self.generate_branches(ctx, fork_requests)
         finally:
-            self.branching = False
+            state["branching"] = False
         trees.branch_ids = [list(ids) for ids in branch_ids]
         trees.branch_counts = ctx.gather_counts(len(trees.branch_ids))
         trees.branch_rewards_per_func = branch_rewards(ctx, trees)

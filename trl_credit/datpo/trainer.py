@@ -41,7 +41,8 @@ class DATPOTrainer(CreditTrainer):
     @property
     def _datpo_branching(self) -> bool:
         """True while the branches of phase 2 are generated (else: the base rollouts, or evaluation)."""
-        return self.rollout.branching
+        ctx = self._batch_context
+        return ctx is not None and ctx.scratch(self.rollout).get("branching", False)
 
     def _diversity_alpha(self) -> float:
         """α_t at the current optimizer step."""
