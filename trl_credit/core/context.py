@@ -403,11 +403,9 @@ class BatchContext:
         """Whether a forward of the policy is a collective call: several processes and sharded parameters (FSDP:
         ``trainer.is_fsdp_enabled``; DeepSpeed ZeRO-3: ``accelerator.state.deepspeed_plugin.zero_stage``), so every
         process must run the same forwards. False without a trainer (one process)."""
-        trainer = self._trainer
-        if trainer is None or self.num_processes == 1:
-            return False
-        plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-        return bool(getattr(trainer, "is_fsdp_enabled", False)) or getattr(plugin, "zero_stage", 0) == 3
+        from trl_credit.generation.hooks import forward_is_collective
+
+        return self._trainer is not None and forward_is_collective(self._trainer)
 
     @property
     def eos_token_ids(self) -> list[int]:

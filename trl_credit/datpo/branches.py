@@ -8,6 +8,7 @@ import math
 import torch
 
 from trl_credit.core.collectives import fill_rows
+from trl_credit.generation.hooks import runs_hf_generate
 from .forest import TreeBatch, sampled_length
 
 __all__ = ["generate_branches", "budget_bands", "branch_rewards"]
@@ -51,7 +52,7 @@ def generate_branches(ctx, fork_requests: list[tuple[list[int], int, int]]):
     dealt = 0  # forks dealt so far: each group's deal starts at the next process, so the odd ones even out
     # HF generate pads the rows that stopped at their own budget to the call's length (TRL cuts only after an
     # EOS): that padding was never generated. vLLM and continuous batching return only sampled tokens.
-    pads_rows = not (ctx.sampling.use_vllm or ctx.sampling.use_transformers_continuous_batching)
+    pads_rows = runs_hf_generate(ctx.sampling)
     pad_id = ctx.rows.pad_token_id
     for b_hat, forks in groups:
         mine = forks[(process - dealt) % num_processes :: num_processes]

@@ -53,7 +53,7 @@ from trl_credit.core.scoring import pad_rows
 from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, speaker
 from trl_credit.core.success import success_rows, unscorable_rows
 from trl_credit.core.trainer import Credit, Rollout
-from trl_credit.generation.hooks import GenerationRecorder
+from trl_credit.generation.hooks import GenerationRecorder, runs_hf_generate
 from .batching import sort_rows_by_length
 from .branches import branch_rewards, generate_branches
 from .budget import adaptive_budget, root_success_rate
@@ -146,8 +146,8 @@ class Trees(Rollout):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
-        hf_generate = not (ctx.sampling.use_vllm or ctx.sampling.use_transformers_continuous_batching)
-        if not ctx.scratch(self).get("phase1") or not hf_generate:  # only HF generate's forward is seen step by step
+        # only HF generate's forward is seen step by step
+        if not ctx.scratch(self).get("phase1") or not runs_hf_generate(ctx.sampling):
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         recorder = GenerationRecorder(ctx.sampling.temperature, logps=False, entropies=True)
         with recorder.attached_to(ctx.causal_lm):

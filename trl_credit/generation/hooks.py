@@ -26,7 +26,24 @@ from collections.abc import Iterator, Sequence
 import torch
 import transformers
 
-__all__ = ["hf_generate_hooks", "kept_length", "GenerationRecorder"]
+__all__ = ["hf_generate_hooks", "kept_length", "GenerationRecorder", "runs_hf_generate", "forward_is_collective"]
+
+
+def runs_hf_generate(settings) -> bool:
+    """Whether generation runs HF ``generate`` (not vLLM, not transformers' continuous batching): the only path whose
+    forward a hook sees step by step and whose rows come back padded to the call's length. ``settings``: the trainer,
+    or a batch context's ``sampling``."""
+    return not getattr(settings, "use_vllm", False) and not getattr(
+        settings, "use_transformers_continuous_batching", False)
+
+
+def forward_is_collective(trainer) -> bool:
+    """Whether a forward of the policy is a collective call: several processes and sharded parameters (FSDP, or
+    DeepSpeed ZeRO-3: parameter all-gathers), so every process must run the same forwards."""
+    return trainer.accelerator.num_processes > 1 and bool(
+        getattr(trainer, "is_fsdp_enabled", False)
+        or getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
+    )
 
 
 def kept_length(tokenizer, ids: list[int], budget: int | None, stops: Sequence[str]) -> int:
@@ -118,7 +135,7 @@ def hf_generate_hooks(
 
     The model's ``generate`` is wrapped on the instance for the duration.
     """
-    if getattr(trainer, "use_vllm", False) or getattr(trainer, "use_transformers_continuous_batching", False):
+    if not runs_hf_generate(trainer):
         yield
         return
     tokenizer = trainer._tokenizer
@@ -132,10 +149,7 @@ def hf_generate_hooks(
     # Under FSDP or ZeRO-3 with several processes a forward can be a collective call (parameter all-gathers), and
     # the prefill forward is made only where rows repeat: not shared there, so every process runs the same forwards
     # (and no process ends a call early by compacting while another still runs its rows).
-    sharded = trainer.accelerator.num_processes > 1 and (
-        getattr(trainer, "is_fsdp_enabled", False)
-        or getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
-    )
+    sharded = forward_is_collective(trainer)
     share_prefill = share_prefill and not sharded
     compact_rows = compact_rows and not sharded
 
@@ -406,13 +420,6 @@ class GenerationRecorder:
         self.entropy_steps: list[torch.Tensor] = []
         self.num_steps = 0
         self.failed = False
-
-    @staticmethod
-    def available(trainer) -> bool:
-        """Whether the trainer's generation runs HF ``generate`` (the only path a forward hook sees step by step)."""
-        return not getattr(trainer, "use_vllm", False) and not getattr(
-            trainer, "use_transformers_continuous_batching", False
-        )
 
     @contextlib.contextmanager
     def attached(self, trainer) -> Iterator["GenerationRecorder"]:

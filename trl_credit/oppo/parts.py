@@ -33,7 +33,7 @@ import torch
 from trl_credit.core.batch import NO_GROUP, RowBatch
 from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import Credit, GroupOutcome
-from trl_credit.generation.hooks import GenerationRecorder
+from trl_credit.generation.hooks import GenerationRecorder, runs_hf_generate
 from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
 from trl_credit.oppo.config import OPPOFields
 from trl_credit.trl_bridge import privates as bridge
@@ -89,8 +89,7 @@ def records_generation_logps(ctx: BatchContext) -> bool:
     return (
         args.oracle == "self"
         and args.plain_logps == "auto"
-        and not sampling.use_vllm
-        and not sampling.use_transformers_continuous_batching
+        and runs_hf_generate(sampling)
         and not sampling.custom_rollout
     )
 
