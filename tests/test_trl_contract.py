@@ -147,6 +147,15 @@ def test_attributes_we_read_are_set_by_trl(tiny_model_path, tiny_dataset, tmp_pa
     assert not absent, f"a constructed GRPOTrainer lacks {absent}"
 
 
+def test_trl_colocate_push_is_what_the_cpu_fix_replaces():
+    # trl_bridge.vllm_push replaces VLLMGeneration.sync_weights on vLLM's CPU platform by the same weights
+    # (_iter_named_params) through vLLM's reload_weights: TRL's push must still load them through load_weights.
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration.sync_weights)
+    assert trl_compat.COLOCATE_PUSH_CALL in source and "self._iter_named_params()" in source
+
+
 def test_trl_calls_rollout_func_as_the_cores_adapter_takes_it():
     # The core installs a rollout's rollout_rows as TRL's rollout_func behind an adapter of TRL's (prompts, trainer).
     method, call = trl_compat.ROLLOUT_FUNC_CALL

@@ -49,6 +49,7 @@ from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
 from trl_credit.tasks.rewards import completion_text
 from trl_credit.trl_bridge.compat import hidden_library_deprecations
+from trl_credit.trl_bridge.vllm_push import fix_colocate_push
 
 __all__ = [
     "Part", "Rollout", "Credit", "Modifier", "GroupRollout", "GroupOutcome", "CreditTrainer", "CreditStep",
@@ -334,6 +335,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             self._tag_names = [*self._tag_names, *(part.name for part in self.parts)]
         with hidden_library_deprecations():  # PEFT's checkpointing calls (trl_compat)
             super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        fix_colocate_push(self)  # where TRL's colocate push cannot load (vLLM's CPU platform): trl_bridge.vllm_push
         if hasattr(self.args, "success_reward"):  # a method config (SuccessArguments): the verifier, checked now
             bind_success(self)
         if builds_rows_in_rollout_func(self.rollout):

@@ -69,6 +69,7 @@ __all__ = [
     "ATTRIBUTES",
     "CLASS_ATTRIBUTES",
     "VLLM_ATTRIBUTES",
+    "COLOCATE_PUSH_CALL",
     "CONFIG_FIELDS",
     "TRL_FUNCTIONS",
     "TRL_LOGPS_NEED_TRITON",
@@ -267,11 +268,15 @@ ATTRIBUTES: tuple[str, ...] = (
 CLASS_ATTRIBUTES: tuple[str, ...] = ("_name", "_paper", "_tag_names")  # read by the model card
 
 # Attributes of ``trainer.vllm_generation`` (trl.generation.vllm_generation.VLLMGeneration) set or read by
-# ``generation.sampling_overrides`` and ``generation.one_weight_push``.
+# ``generation.sampling_overrides``, ``generation.one_weight_push``, ``generation.vllm_hooks`` and
+# ``trl_bridge.vllm_push`` (which streams ``_iter_named_params`` into vLLM's ``reload_weights``).
 VLLM_ATTRIBUTES: tuple[str, ...] = (
-    "_llm_weights_sleeping", "enable_sleep_mode", "generation_kwargs", "llm", "max_completion_length", "mode",
-    "sync_weights", "temperature", "top_p",
+    "_iter_named_params", "_llm_weights_sleeping", "enable_sleep_mode", "generation_kwargs", "llm",
+    "max_completion_length", "mode", "sync_weights", "temperature", "tensor_parallel_size", "top_p",
 )
+# What ``trl_bridge.vllm_push.reload_push`` replaces: TRL's colocate push loads through the engine model's
+# ``load_weights`` (tests/test_trl_contract.py checks the source still does).
+COLOCATE_PUSH_CALL: str = "model_runner.model.load_weights("
 
 # GRPOConfig (TrainingArguments) fields trl_credit reads, plus the class attribute its configs extend.
 CONFIG_FIELDS: tuple[str, ...] = (
