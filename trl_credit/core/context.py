@@ -342,19 +342,22 @@ class BatchContext:
                       compact_rows: bool = False):
         """One call of TRL's generation (``GRPOTrainer._generate_single_turn``, bridge, through every part's
         ``generate_single_turn`` hook) of ``num_generations`` consecutive rows per prompt of ``prompt_rows`` (token
-        ids, already repeated), with ``max_new_tokens`` for the call (``generation.sampling_overrides``) and, with HF
-        ``generate``, each row stopped at its ``row_budgets`` entry, shared prefills and, with ``compact_rows``,
-        finished rows dropped from the call (``generation.hooks.hf_generate_hooks``). Returns ``(completion_ids,
+        ids, already repeated), with ``max_new_tokens`` for the call (``generation.sampling_overrides``), each row
+        stopped at its ``row_budgets`` entry by HF ``generate`` (with shared prefills and, with ``compact_rows``,
+        finished rows dropped from the call: ``generation.hooks.hf_generate_hooks``) and by a colocated vLLM
+        (``generation.vllm_hooks.vllm_row_budgets``). Returns ``(completion_ids,
         sampling log-probs or None)``. A collective call: the caller makes the same calls with the same row count
         on every process (``generate`` does that for one row per prefix)."""
         from trl_credit.core.generation import sampling_overrides
         from trl_credit.generation.hooks import hf_generate_hooks
+        from trl_credit.generation.vllm_hooks import vllm_row_budgets
         from trl_credit.trl_bridge import privates as bridge
 
         trainer = self._needs_trainer("generate_call")
         with (
             sampling_overrides(trainer, max_new_tokens=max_new_tokens),
             hf_generate_hooks(trainer, row_budgets, compact_rows=compact_rows),
+            vllm_row_budgets(trainer, row_budgets),
         ):
             return bridge.generate_single_turn(trainer, prompt_rows, None, {}, num_generations)
 

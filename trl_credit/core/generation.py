@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from trl_credit.core.collectives import fill_rows, gather_counts
 from trl_credit.generation.hooks import hf_generate_hooks, kept_length
+from trl_credit.generation.vllm_hooks import vllm_row_budgets
 
 __all__ = ["sampling_overrides", "generate_from_prefixes", "one_weight_push"]
 
@@ -113,8 +114,9 @@ def generate_from_prefixes(
 
     ``max_new_tokens`` is one budget for every row, or one per row (a list as long as ``prefix_ids``). With per-row
     budgets the call's cap is the largest budget over every process (the same on all, as vLLM server mode needs),
-    HF ``generate`` stops each row at its own budget, and every row is cut to its budget afterwards (vLLM may
-    generate up to the call's cap; what it generates past a row's budget is dropped). ``stop_strings``: a row ends
+    HF ``generate`` and a colocated vLLM stop each row at its own budget (:mod:`trl_credit.generation.vllm_hooks`),
+    and every row is cut to its budget afterwards (vLLM in server mode or with tensor parallelism generates up to the
+    call's cap; what it generates past a row's budget is dropped). ``stop_strings``: a row ends
     right after the first occurrence of any of them (see :func:`sampling_overrides`); the output is cut there on
     every backend, so all backends return the same tokens.
 
@@ -148,6 +150,7 @@ def generate_from_prefixes(
             stop_strings=stops or None,
         ),
         hf_generate_hooks(trainer, row_budgets if budgets is not None else None, stops),
+        vllm_row_budgets(trainer, row_budgets if budgets is not None else None),
     ):
         for call in range(num_calls):
             chunk = rows[call * per_call : (call + 1) * per_call]
