@@ -84,12 +84,11 @@ def _save_tiny(save_dir: str, seed: int, config_class, model_class, **architectu
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        max_position_embeddings=512,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
-        **architecture,
+        **{"max_position_embeddings": 512, **architecture},
     )
     torch.manual_seed(seed)
     model = model_class(config)
@@ -121,3 +120,14 @@ def recorded(trainer):
 
     trainer._compute_loss = recording_loss
     return batches, losses
+
+
+def build_tiny_vllm_model(save_dir: str, seed: int = 0):
+    """The tiny Llama with one attention head of 32 dimensions (hidden size 32): vLLM's CPU attention takes head sizes
+    from 32 up (8 is refused), so this is the smallest model the vLLM engine tests (tests/engines) run."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # 2048 positions: SRPO's localization prompt is ~900 tokens of this small vocabulary, and vLLM refuses a prompt
+    # longer than the model's context
+    return _save_tiny(save_dir, seed, LlamaConfig, LlamaForCausalLM, num_attention_heads=1, num_key_value_heads=1,
+                      head_dim=32, max_position_embeddings=2048)
