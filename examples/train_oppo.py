@@ -12,8 +12,8 @@ Paper recipe on GPUs, any Hub model/dataset with an answer column (`--answer_col
         --config examples/recipes/oppo.yaml --model_name_or_path <hub id> --dataset_name <hub dataset> \
         --reward_funcs accuracy
 
-vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`, after `trl vllm-serve --model
-<model>`; newer TRL: `vllm serve <model>`) works unchanged.
+vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`, CUDA, after `trl vllm-serve --model
+<model>`; docs/platforms.md) works unchanged.
 """
 
 from trl_credit import OPPOConfig, OPPOTrainer

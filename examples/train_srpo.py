@@ -18,7 +18,7 @@ oracle resets and localization quality metrics: `--dataset_name chain --model_na
         --dataset_name <hub dataset> --reward_funcs accuracy [--push_to_hub --hub_model_id <user>/<repo>]
 
 vLLM: seeds, localization and suffixes go through TRL's generation path, so `--use_vllm --vllm_mode colocate` (or
-`server`, after `trl vllm-serve --model <model>`; newer TRL: `vllm serve <model>`) works; the greedy localization
+`server`, CUDA, after `trl vllm-serve --model <model>`; docs/platforms.md) works; the greedy localization
 call and its own token budget reach vLLM too.
 """
 
