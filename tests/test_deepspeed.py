@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.multiprocess]
 
 SCRIPT = "tests/mp_scripts/engine_trainers.py"
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs"
-TRAINERS = ["grpo", "cue_grpo", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate", "resets_oppo",
-            "process"]
+TRAINERS = ["grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
+            "resets_oppo", "process"]
 
 
 def _launch(launch, out_dir, names):

@@ -8,7 +8,9 @@ for generation, and DATPO's branches, SRPO's seeds / suffixes / localization and
 forwards). It writes ``OUT_DIR/NAME.rank<R>.json``: the first generation batch as this process trains it (prompt
 and completion ids, advantages, per token when they are), the logged losses and the number of steps.
 
-The users' scenario: two reward functions (an accuracy-like verifier first, a format reward second). NAME ``lora``
+The users' scenario: two reward functions (an accuracy-like verifier first, a format reward second). The frozen
+helpers are loaded by the user after the config, as the docs show (``cue_judge``: a Cue-GRPO judge model;
+``datpo``: ``load_default_embedder()``): under ZeRO-3 they are born partitioned. NAME ``lora``
 trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_adapter``.
 """
 
