@@ -21,8 +21,8 @@ import sys
 from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under the launchers)
 from trl_credit.tasks.data import make_arithmetic_dataset
 
-NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate", "resets_oppo",
-         "process", "lora")
+NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
+         "resets_oppo", "process", "lora")
 
 
 def accuracy_reward(completions, completion_ids, **kwargs):

@@ -136,7 +136,8 @@ def load_teacher(trainer, teacher, teacher_processing_class):
     teacher_head = teacher.get_output_embeddings()
     # Under ZeRO-3 the teacher is loaded partitioned (as TRL's reference model): each process holds an empty
     # placeholder weight, and DeepSpeed keeps the real shape in `ds_shape`.
-    head_rows = None if teacher_head is None else getattr(teacher_head.weight, "ds_shape", teacher_head.weight.shape)[0]
+    head_rows = None if teacher_head is None else getattr(teacher_head.weight, "ds_shape",
+                                                          teacher_head.weight.shape)[0]
     if head_rows is not None and head_rows <= largest_id:
         raise ValueError(
             f"{who}: the teacher has {head_rows} output rows but the tokenizer has ids up to "
