@@ -1,4 +1,5 @@
-"""GPU check: every trainer in bf16 on CUDA, DeepSpeed ZeRO-2/3 on one GPU, overhead ratios vs GRPO at 256-512 tokens.
+"""GPU check: every trainer in bf16 on CUDA, every trainer under DeepSpeed ZeRO-2/3 on one GPU, overhead ratios vs GRPO
+at 256-512 tokens.
 
 Made for one H200 with no network (torch, transformers, accelerate, peft installed; trl, datasets, deepspeed and
 our other pure-Python dependencies travel as wheels) and a budget of under 8 minutes. The model is
@@ -13,15 +14,27 @@ Parts (results in ``<out>/gpu_check.json``; ``<out>/zero{2,3}.log`` hold the Dee
    trainer, stepped alternately (GRPO, method, GRPO, ...) in bf16 on CUDA; per step: seconds, loss (finite?),
    generated tokens. Reported: median step-time ratio with its range over the paired steps, token ratio. This
    part is also the "each trainer a few bf16 CUDA steps" check.
-2. ``deepspeed``: ``accelerate launch --config_file examples/accelerate_configs/zero{2,3}.yaml --num_processes 1
-   benchmarks/gpu_check.py --worker ...``: each trainer ``train()``s a few short steps under ZeRO-2 and ZeRO-3 and
-   saves its adapter (checked non-empty: ZeRO-3 shards parameters).
+2. ``deepspeed``: ``python -m accelerate.commands.launch --config_file examples/accelerate_configs/zero{2,3}.yaml
+   --num_processes 1 benchmarks/gpu_check.py --worker ...`` (``accelerate launch`` of the same interpreter): every
+   trainer (``DEEPSPEED_TRAINERS``: the GRPO control, Cue-GRPO, OPPO with the self- and the teacher oracle, DATPO
+   with a user-built embedder, SRPO with scored and generated localization, CreditTrainer resets x OPPO, the
+   process credit) ``train()``s a few short steps under ZeRO-2 and ZeRO-3 and saves its adapter (checked
+   non-empty: ZeRO-3 shards parameters); each result records the ZeRO stage the trainer ran under and is written as
+   soon as the trainer is done (a timeout keeps the finished ones; ``not_run`` lists the others). One process per
+   stage: two DeepSpeed ranks cannot share the one GPU (NCCL). The 2-process comparisons with DDP are the CPU
+   tests' (tests/engines/test_deepspeed.py); ``--deepspeed-cpu`` runs this part on a CPU with the ``*_cpu.yaml`` configs
+   (tests/test_gpu_check.py, marker ``deepspeed``).
+
+vLLM is not part of it: vLLM's CUDA wheels (hundreds of MB with their torch) do not fit the 64 MiB that travel to
+the device machine, which has no network; the vLLM tests run on vLLM's CPU build (docs/platforms.md).
 
 Random weights generate until ``max_completion_length`` (no EOS), so every rollout has the full length: the ratios
 are the cost at that length. What a method generates past the base rollouts depends on the text (SRPO's thought
 boundaries, DATPO's fork entropies), which random text does not resemble; the ratios bound cost, not learning.
 DATPO gets a stand-in embedder (hash-seeded unit vectors; the 88 MB MiniLM wheel does not fit the 64 MiB of
-wheels), so its time excludes embedding, which is small next to generation.
+wheels), so its time excludes embedding, which is small next to generation. In the DeepSpeed part its embedder is
+a 2-layer random encoder of the assets' vocabulary built by the user after the config (``model_embedder``), as a
+sentence-transformers model is: under ZeRO-3 it is born partitioned, which DATPO must undo.
 
 Here (any machine with the local SmolLM2 copy), once, in the repository root::
 
@@ -65,6 +78,18 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
 ALL_METHODS = ["cue_grpo", "oppo", "datpo", "srpo"]
+# The DeepSpeed part's trainers: name -> (benchmarks/harness.py method whose settings it takes, config overrides).
+DEEPSPEED_TRAINERS = {
+    "grpo": ("grpo", {}),
+    "cue_grpo": ("cue_grpo", {}),
+    "oppo": ("oppo", {}),
+    "oppo_teacher": ("oppo", {"oracle": "teacher"}),  # the teacher: the policy's random model, loaded again
+    "datpo": ("datpo", {}),
+    "srpo_scored": ("srpo", {"localization": "scored"}),
+    "srpo_generate": ("srpo", {"localization": "generate"}),
+    "resets_oppo": ("srpo_oppo", {}),
+    "process": ("grpo", {"credit": "process"}),  # CreditTrainer with ProcessCredit(step_reward=step_coin_flips)
+}
 ASSET_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "chat_template.jinja", "special_tokens_map.json"]
 
@@ -84,12 +109,17 @@ def parse_args(argv=None):
     parser.add_argument("--prompts", type=int, default=2, help="Prompts per step (rows = prompts x rollouts).")
     parser.add_argument("--steps", type=int, default=2, help="Timed paired steps per method and length.")
     parser.add_argument("--warmup", type=int, default=1, help="Untimed paired steps before them.")
-    parser.add_argument("--budget-s", type=float, default=240.0,
+    parser.add_argument("--budget-s", type=float, default=160.0,
                         help="Seconds for the overhead part; steps not started by then are skipped (and listed).")
     parser.add_argument("--skip-deepspeed", action="store_true")
+    parser.add_argument("--skip-overhead", action="store_true", help="Only the DeepSpeed part.")
+    parser.add_argument("--deepspeed-cpu", action="store_true",
+                        help="Run the DeepSpeed part on the CPU (zero{2,3}_cpu.yaml, one stage after the other).")
+    parser.add_argument("--deepspeed-trainers", default=",".join(DEEPSPEED_TRAINERS),
+                        help="Comma-separated, from " + ",".join(DEEPSPEED_TRAINERS))
     parser.add_argument("--deepspeed-length", type=int, default=64, help="Completion length of the DeepSpeed runs.")
     parser.add_argument("--deepspeed-steps", type=int, default=2)
-    parser.add_argument("--deepspeed-timeout-s", type=int, default=150,
+    parser.add_argument("--deepspeed-timeout-s", type=int, default=210,
                         help="For the two ZeRO runs, which run side by side on the one GPU (after the timed part).")
     parser.add_argument("--dry-run", action="store_true", help="Print the plan as JSON and exit.")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # inside accelerate launch
@@ -100,6 +130,10 @@ def parse_args(argv=None):
     unknown = sorted(set(args.methods) - set(ALL_METHODS))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; choose from {ALL_METHODS}")
+    args.deepspeed_trainers = [m for m in args.deepspeed_trainers.split(",") if m]
+    unknown = sorted(set(args.deepspeed_trainers) - set(DEEPSPEED_TRAINERS))
+    if unknown:
+        parser.error(f"--deepspeed-trainers: unknown {unknown}; choose from {list(DEEPSPEED_TRAINERS)}")
     args.lengths = [int(x) for x in args.lengths.split(",") if x]
     if any(n < 1 for n in args.lengths) or args.steps < 1 or args.warmup < 0 or args.prompts < 1:
         parser.error("--lengths, --steps and --prompts must be >= 1 and --warmup >= 0")
@@ -107,21 +141,28 @@ def parse_args(argv=None):
 
 
 def deepspeed_command(args, stage: int) -> list[str]:
-    return [
-        "accelerate", "launch", "--config_file", os.path.join(ROOT, "examples", "accelerate_configs", f"zero{stage}.yaml"),
+    config = f"zero{stage}_cpu.yaml" if args.device == "cpu" else f"zero{stage}.yaml"
+    return [  # `accelerate launch` of this interpreter (the one whose site has DeepSpeed)
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+        os.path.join(ROOT, "examples", "accelerate_configs", config),
         "--num_processes", "1", "--main_process_port", str(29500 + 10 * stage), os.path.abspath(__file__), "--worker", "--zero", str(stage),
-        "--assets", args.assets, "--out", args.out, "--methods", ",".join(args.methods),
-        "--lengths", str(args.deepspeed_length), "--steps", str(args.deepspeed_steps),
+        "--assets", args.assets, "--out", args.out, "--deepspeed-trainers", ",".join(args.deepspeed_trainers),
+        "--lengths", str(args.deepspeed_length), "--steps", str(args.deepspeed_steps), "--device", args.device,
     ] + (["--tiny"] if args.tiny else [])
+
+
+def runs_deepspeed(args) -> bool:
+    return not args.skip_deepspeed and (args.device == "cuda" or args.deepspeed_cpu)
 
 
 def plan(args) -> dict:
     return {
-        "overhead": [{"method": m, "length": n, "paired_steps": args.warmup + args.steps} for n in args.lengths
-                     for m in args.methods],
+        "overhead": [] if args.skip_overhead else [
+            {"method": m, "length": n, "paired_steps": args.warmup + args.steps} for n in args.lengths
+            for m in args.methods],
         "overhead_budget_s": args.budget_s,
-        "deepspeed": [] if args.skip_deepspeed or args.device != "cuda" else [
-            " ".join(deepspeed_command(args, stage)) for stage in (2, 3)],
+        "deepspeed": [" ".join(deepspeed_command(args, stage)) for stage in (2, 3)] if runs_deepspeed(args) else [],
+        "deepspeed_trainers": args.deepspeed_trainers if runs_deepspeed(args) else [],
         "out": os.path.join(args.out, "gpu_check.json"),
     }
 
@@ -188,6 +229,42 @@ class HashEmbedder:
             rows.append(vector / vector.norm())
         out = torch.stack(rows) if rows else torch.zeros(0, 64)
         return out if convert_to_tensor else out.numpy()
+
+
+def step_coin_flips(prompt, completion, steps, **row):
+    """Stand-in step checker for the process credit: a deterministic coin flip per step text."""
+    return [float(hashlib.sha256(step.encode()).digest()[0] % 2) for step in steps]
+
+
+def model_embedder(assets: str):
+    """Stand-in sentence embedder built from a transformers model, as a sentence-transformers model is (a
+    ``torch.nn.Module`` holding one): a 2-layer random encoder of the assets' vocabulary, mean-pooled and normalized.
+    Built by the user after the training config, so under ZeRO-3 transformers creates it partitioned, and DATPO must
+    make it whole."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    class ModelEmbedder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            config = AutoConfig.from_pretrained(assets)
+            config.update(dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=8))
+            self.encoder = AutoModel.from_config(config)
+            self.tokenizer = AutoTokenizer.from_pretrained(assets)
+            if self.tokenizer.pad_token is None:
+                self.tokenizer.pad_token = self.tokenizer.eos_token
+
+        def encode(self, texts, convert_to_tensor=False, **kwargs):
+            weight = self.encoder.get_input_embeddings().weight
+            batch = self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=64)
+            with torch.no_grad():
+                hidden = self.encoder(**batch.to(weight.device)).last_hidden_state.float()
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1), dim=-1).cpu()
+            return vectors if convert_to_tensor else vectors.numpy()
+
+    return ModelEmbedder()
 
 
 def make_trainer(method_name: str, like: str, model_path: str, out_dir: str, length: int, args, settings=None):
@@ -307,6 +384,40 @@ def summarize_pair(grpo: dict, method: dict, name: str) -> dict:
     }
 
 
+def deepspeed_trainer(name: str, model_path: str, out_dir: str, args):
+    """Trainer ``name`` of ``DEEPSPEED_TRAINERS`` with the worker's settings (rewards [accuracy, format], LoRA)."""
+    import harness
+    import torch
+
+    from trl_credit import CreditConfig, CreditTrainer
+    from trl_credit.process.parts import ProcessCredit
+    from trl_credit.tasks.data import make_arithmetic_dataset
+
+    like, overrides = DEEPSPEED_TRAINERS[name]
+    on_gpu = args.device == "cuda"
+    settings = dict(
+        max_completion_length=args.lengths[0], max_steps=args.steps, learning_rate=1e-6, logging_steps=1,
+        save_strategy="no", report_to="none", seed=0, use_cpu=not on_gpu, bf16=on_gpu,
+        model_init_kwargs={"dtype": torch.bfloat16 if on_gpu else torch.float32}, _prompts=args.prompts,
+    )
+    if overrides.get("oracle") == "teacher":
+        overrides = dict(overrides, teacher_model_name_or_path=model_path,
+                         teacher_model_init_kwargs=settings["model_init_kwargs"])
+    dataset = make_arithmetic_dataset(num_train=64, num_test=4, seed=0)["train"]
+    rewards, kwargs = [accuracy, format_reward], dict(peft_config=harness.lora_config())
+    if name == "process":  # GRPO's settings (8 rollouts per prompt) in a CreditConfig
+        config = CreditConfig(output_dir=out_dir, num_generations=8, temperature=0.7, top_p=0.95,
+                              per_device_train_batch_size=args.prompts * 8,
+                              **{k: v for k, v in settings.items() if k != "_prompts"}, **overrides)
+        return CreditTrainer(model_path, rewards, args=config, train_dataset=dataset,
+                             credit=ProcessCredit(step_reward=step_coin_flips), **kwargs)
+    config = harness.method_config(like, out_dir, settings | overrides)
+    trainer_class, _ = harness.classes(like)
+    if name == "datpo" and getattr(config, "use_diversity", False):
+        kwargs["embedder"] = model_embedder(args.assets)  # after the config, as a user's script does
+    return trainer_class(model=model_path, reward_funcs=rewards, args=config, train_dataset=dataset, **kwargs)
+
+
 def deepspeed_worker(args) -> None:
     """Inside ``accelerate launch`` with a ZeRO config: each trainer trains a few steps and saves its adapter."""
     import torch
@@ -316,16 +427,18 @@ def deepspeed_worker(args) -> None:
     model_path = build_random_model(args.assets, os.path.join(work, "model"), args.tiny,
                                     torch.bfloat16 if args.device == "cuda" else torch.float32)
     results = {}
-    for method in ["grpo", *args.methods]:
-        like = method if method != "grpo" else "srpo"  # GRPO with 8 rollouts per prompt
+    path = os.path.join(args.out, f"zero{args.zero}.json")
+    os.makedirs(args.out, exist_ok=True)
+    for method in args.deepspeed_trainers:
         out_dir = os.path.join(work, method)
         start = time.perf_counter()
         try:
-            trainer = make_trainer(method, like, model_path, out_dir, args.lengths[0], args,
-                                   settings=dict(max_steps=args.steps))
+            trainer = deepspeed_trainer(method, model_path, out_dir, args)
             trainer.train()
             trainer.save_model(out_dir)
+            plugin = trainer.accelerator.state.deepspeed_plugin if trainer.is_deepspeed_enabled else None
             entry = {"seconds": time.perf_counter() - start, "steps": trainer.state.global_step,
+                     "zero_stage": None if plugin is None else plugin.zero_stage,
                      "losses": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
             if trainer.accelerator.is_main_process:
                 with safe_open(os.path.join(out_dir, "adapter_model.safetensors"), "pt") as f:
@@ -338,35 +451,44 @@ def deepspeed_worker(args) -> None:
             results[method] = {"error": f"{type(error).__name__}: {error}",
                                "seconds": time.perf_counter() - start}
         _free_memory(args.device)
-    path = os.path.join(args.out, f"zero{args.zero}.json")
-    os.makedirs(args.out, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+        with open(path, "w") as f:  # after each trainer: a timeout keeps what finished
+            json.dump(results, f, indent=2)
     print(json.dumps({f"zero{args.zero}": results}, indent=2))
 
 
 def deepspeed_part(args) -> dict:
-    """ZeRO-2 and ZeRO-3 side by side (a functional check, not timed against anything: the GPU has room for both)."""
-    procs, logs, start = {}, {}, time.perf_counter()
+    """ZeRO-2 and ZeRO-3 side by side on a GPU (a functional check, not timed against anything: the GPU has room for
+    both), one after the other on a CPU (``--deepspeed-cpu``)."""
+    procs, logs, codes, start = {}, {}, {}, time.perf_counter()
+    side_by_side = args.device == "cuda"
     for stage in (2, 3):
         logs[stage] = open(os.path.join(args.out, f"zero{stage}.log"), "w")
         procs[stage] = subprocess.Popen(deepspeed_command(args, stage), stdout=logs[stage], stderr=subprocess.STDOUT,
                                         cwd=ROOT)
+        if not side_by_side:
+            codes[stage] = _wait(procs[stage], args.deepspeed_timeout_s - (time.perf_counter() - start))
     out = {}
     for stage, proc in procs.items():
-        try:
-            code = proc.wait(timeout=max(1.0, args.deepspeed_timeout_s - (time.perf_counter() - start)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = "timeout"
+        code = codes[stage] if stage in codes else _wait(proc, args.deepspeed_timeout_s - (time.perf_counter() - start))
         logs[stage].close()
         result_file = os.path.join(args.out, f"zero{stage}.json")
         results = json.load(open(result_file)) if os.path.exists(result_file) else None
         if results is not None:
             os.remove(result_file)  # merged into gpu_check.json (at most 8 files come back from $OUT)
-        out[f"zero{stage}"] = {"exit": code, "seconds": time.perf_counter() - start, "results": results}
+        missing = [m for m in args.deepspeed_trainers if m not in (results or {})]
+        out[f"zero{stage}"] = {"exit": code, "seconds": time.perf_counter() - start, "results": results,
+                               "not_run": missing}
     return out
+
+
+def _wait(proc, seconds: float):
+    """``proc``'s exit status, or "timeout" (killed) when it runs past ``seconds``."""
+    try:
+        return proc.wait(timeout=max(1.0, seconds))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "timeout"
 
 
 def _free_memory(device: str) -> None:
@@ -419,8 +541,9 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model_path = build_random_model(args.assets, os.path.join(work, "model"), args.tiny, dtype)
     report = {"environment": environment(args.device), "plan": plan(args)}
-    report["overhead"] = overhead_part(args, model_path, work, deadline=start + args.budget_s)
-    if args.device == "cuda" and not args.skip_deepspeed:
+    if not args.skip_overhead:
+        report["overhead"] = overhead_part(args, model_path, work, deadline=start + args.budget_s)
+    if runs_deepspeed(args):
         report["deepspeed"] = deepspeed_part(args)
     report["elapsed_s"] = time.perf_counter() - start
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:

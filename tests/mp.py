@@ -23,6 +23,24 @@ _PORT_TAKEN = ("EADDRINUSE", "Address already in use", "address already in use")
 
 def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``script`` in ``nproc`` processes; raise with both processes' output when it fails."""
+    return _run_launcher(
+        lambda port: ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                      f"--master_port={port}"],
+        script, args, timeout,
+    )
+
+
+def run_accelerate(config_file: str, script: str, *args: str, nproc: int = 2, timeout: int = 900):
+    """Run ``script`` in ``nproc`` processes through ``accelerate launch --config_file config_file`` (the DeepSpeed
+    tests: accelerate starts DeepSpeed from the config's ``deepspeed_config``); raise with the output when it fails."""
+    return _run_launcher(
+        lambda port: ["-m", "accelerate.commands.launch", "--config_file", config_file, "--num_processes", str(nproc),
+                      "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)],
+        script, args, timeout,
+    )
+
+
+def _run_launcher(launcher, script: str, args, timeout: int) -> subprocess.CompletedProcess:
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = repo_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -30,16 +48,7 @@ def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) ->
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["OMP_NUM_THREADS"] = "1"  # two processes on two cores
     for attempt in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}",
-            script,
-            *args,
-        ]
+        cmd = [sys.executable, *launcher(_free_port()), script, *args]
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo_root)
         # The free port is found, released, then bound by torchrun: another process may take it in between.
         # Only that start-up race is retried, once, with a new port; any other failure is reported as is.
@@ -48,7 +57,7 @@ def run_torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600) ->
             break
     if result.returncode != 0:
         raise AssertionError(
-            f"torchrun failed ({result.returncode}): {' '.join(cmd)}\n--- stdout ---\n{result.stdout[-6000:]}"
+            f"{cmd[2]} failed ({result.returncode}): {' '.join(cmd)}\n--- stdout ---\n{result.stdout[-6000:]}"
             f"\n--- stderr ---\n{result.stderr[-6000:]}"
         )
     return result

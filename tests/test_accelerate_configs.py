@@ -39,3 +39,20 @@ def test_gpu_configs_take_the_process_count_from_the_launch(name):
     assert "num_processes" not in yaml.safe_load(text)
     launch = next(line for line in text.splitlines() if line.lstrip("# ").startswith("accelerate launch"))
     assert "--num_processes <GPUs>" in launch
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_cpu_zero_configs_are_the_gpu_ones_in_full_precision(stage):
+    # On a CPU the examples train in float32 (bf16=False), which transformers refuses against a DeepSpeed bf16
+    # config; everything else is the GPU config's, so the CPU tests (tests/engines/test_deepspeed.py) run what GPU users run.
+    import yaml
+
+    cpu = yaml.safe_load((CONFIGS / f"zero{stage}_cpu.yaml").read_text())
+    gpu = yaml.safe_load((CONFIGS / f"zero{stage}.yaml").read_text())
+    assert cpu.pop("mixed_precision") == "no" and gpu.pop("mixed_precision") == "bf16"
+    assert cpu == gpu
+    config = load_config_from_file(str(CONFIGS / f"zero{stage}_cpu.yaml"))
+    assert str(config.distributed_type).endswith("DEEPSPEED") and config.deepspeed_config["zero_stage"] == stage
+    launch = next(line for line in (CONFIGS / f"zero{stage}_cpu.yaml").read_text().splitlines()
+                  if line.lstrip("# ").startswith("accelerate launch"))
+    assert f"--config_file examples/accelerate_configs/zero{stage}_cpu.yaml --num_processes 2" in launch

@@ -2,7 +2,7 @@
 (:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only
 (:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
 :func:`rollout_success`, :mod:`trl_credit.core.success`), and frozen helper models loaded whole under ZeRO-3
-(:func:`outside_zero3_init`)."""
+(:func:`outside_zero3_init`), or made whole when the user loaded them partitioned (:func:`whole_copy`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ __all__ = [
     "bind_success",
     "rollout_success",
     "outside_zero3_init",
+    "whole_copy",
 ]
 
 
@@ -140,3 +141,30 @@ def outside_zero3_init() -> Iterator[None]:
         yield
     finally:
         hf_deepspeed.set_hf_deepspeed_config(config)
+
+
+def whole_copy(module):
+    """``module`` (a frozen helper the user loaded: DATPO's embedder, Cue-GRPO's judge) with every parameter whole on
+    each process, in place; ``module`` itself when nothing is partitioned (always so outside ZeRO-3).
+
+    A model created while a ZeRO-3 config is registered (``accelerate launch`` with ``zero3_init_flag``, once the
+    training config exists: the usual order of a script) is partitioned by ``zero.Init``: each process holds an empty
+    placeholder per parameter, which runs only inside a DeepSpeed engine (a plain forward fails, e.g. "'weight' must
+    be 2-D"). The parameters are gathered once (a collective: every process constructs the trainer) and replaced by
+    ordinary ones, as :func:`outside_zero3_init` would have loaded them.
+    """
+    if not isinstance(module, torch.nn.Module):
+        return module
+    partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]  # deepspeed's `is_zero_param`
+    if not partitioned:
+        return module
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+        # one new Parameter per gathered one, so weights tied between modules stay tied
+        whole = {id(p): torch.nn.Parameter(p.data.clone(), requires_grad=p.requires_grad) for p in partitioned}
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and id(param) in whole:
+                sub._parameters[name] = whole[id(param)]
+    return module

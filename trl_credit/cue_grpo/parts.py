@@ -24,7 +24,7 @@ import torch
 from trl_credit.core.batch import RowBatch
 from trl_credit.core.context import BatchContext
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import is_composed, outside_zero3_init, speaker
+from trl_credit.core.setup import is_composed, outside_zero3_init, speaker, whole_copy
 from trl_credit.core.trainer import Modifier
 from trl_credit.tasks.rewards import completion_text
 from .config import CueGRPOConfig, CueGRPOFields
@@ -101,8 +101,8 @@ class RarityWeights(Modifier):
             dtype = dtype if dtype == "auto" else getattr(torch, dtype)
             with outside_zero3_init():  # a whole frozen copy per process, not ZeRO-3 shards
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        else:
-            model = source
+        else:  # loaded by the user: partitioned if a ZeRO-3 config was registered then
+            model = whole_copy(source)
         model = model.to(trainer.accelerator.device).eval()
         model.requires_grad_(False)
         if judge_tokenizer is None:
@@ -407,6 +407,9 @@ class RarityWeights(Modifier):
                     do_sample=False,
                     max_new_tokens=args.cue_judge_max_new_tokens,
                     pad_token_id=tokenizer.pad_token_id,
+                    # A whole copy per process: no collective. transformers turns synced_gpus on whenever ZeRO-3
+                    # runs with several processes, and processes judge different numbers of groups: it would hang.
+                    synced_gpus=False,
                 )
             outputs += tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         return outputs

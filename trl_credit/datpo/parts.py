@@ -50,7 +50,7 @@ from trl_credit.core.logs import nonfinite_reward_groups, warn_once
 from trl_credit.core.registry import only, register_part
 from trl_credit.core.row_count import NUM_ROWS, split_rows
 from trl_credit.core.scoring import pad_rows
-from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, speaker
+from trl_credit.core.setup import bind_success, check_single_turn, outside_zero3_init, speaker, whole_copy
 from trl_credit.core.success import success_rows, unscorable_rows
 from trl_credit.core.trainer import Credit, Rollout
 from trl_credit.generation.hooks import GenerationRecorder, runs_hf_generate
@@ -391,6 +391,8 @@ class BlockCredit(Credit):
         if args.use_diversity:
             if self.embedder is None:
                 self.embedder = self._load_embedder(trainer)
+            else:  # loaded by the user: partitioned if a ZeRO-3 config was registered then
+                self.embedder = whole_copy(self.embedder)
             if not hasattr(self.embedder, "encode"):
                 raise TypeError("`embedder` must have an `encode(texts, ...)` method (a sentence-transformers model)")
         elif self.embedder is not None:

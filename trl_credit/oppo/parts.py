@@ -134,9 +134,13 @@ def load_teacher(trainer, teacher, teacher_processing_class):
         )
     largest_id = max(student_vocab.values())
     teacher_head = teacher.get_output_embeddings()
-    if teacher_head is not None and teacher_head.weight.shape[0] <= largest_id:
+    # Under ZeRO-3 the teacher is loaded partitioned (as TRL's reference model): each process holds an empty
+    # placeholder weight, and DeepSpeed keeps the real shape in `ds_shape`.
+    head_rows = None if teacher_head is None else getattr(teacher_head.weight, "ds_shape",
+                                                          teacher_head.weight.shape)[0]
+    if head_rows is not None and head_rows <= largest_id:
         raise ValueError(
-            f"{who}: the teacher has {teacher_head.weight.shape[0]} output rows but the tokenizer has ids up to "
+            f"{who}: the teacher has {head_rows} output rows but the tokenizer has ids up to "
             f"{largest_id}: it cannot score every token of the policy's vocabulary."
         )
     teacher.eval()

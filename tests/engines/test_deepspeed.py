@@ -1,0 +1,97 @@
+"""Every trainer under DeepSpeed ZeRO-2 and ZeRO-3 with 2 CPU processes, launched as users do (``accelerate launch
+--config_file examples/accelerate_configs/zero{2,3}_cpu.yaml``), against the same run under 2-process DDP (torchrun).
+
+Each launch trains the trainers of tests/mp_scripts/engine_trainers.py one after the other (2 steps each, sampled
+generation, rewards [accuracy, format]); the first generation batch (made by the initial policy, the same on every
+launcher) must have the same completions and, within float round-off, the same advantages, and the first step the same
+loss. ZeRO-3 also trains and saves a LoRA adapter. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
+from the default run): ``python -m pytest -m deepspeed tests/engines/test_deepspeed.py``.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from tests.mp import run_accelerate, run_torchrun  # noqa: E402
+
+pytestmark = [pytest.mark.deepspeed, pytest.mark.multiprocess]
+
+SCRIPT = "tests/mp_scripts/engine_trainers.py"
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs"
+TRAINERS = ["grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
+            "resets_oppo", "process"]
+
+
+def _launch(launch, out_dir, names):
+    """Run one launch; a failure is kept (not raised) so each trainer's test reports it, and the ones that ran pass."""
+    try:
+        launch(str(out_dir), ",".join(names))
+        return None
+    except AssertionError as error:
+        return str(error)
+
+
+def _reports(out_dir, failure, name):
+    paths = [Path(out_dir) / f"{name}.rank{rank}.json" for rank in range(2)]
+    if not all(path.exists() for path in paths):
+        pytest.fail(f"{name} did not finish in its launch:\n{failure}")
+    return [json.loads(path.read_text()) for path in paths]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    return out, _launch(lambda o, n: run_torchrun(SCRIPT, tiny_model_path, o, n), out, TRAINERS)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def zero_run(request, tiny_model_path, tmp_path_factory):
+    stage = request.param
+    out = tmp_path_factory.mktemp(f"zero{stage}")
+    names = TRAINERS + (["lora"] if stage == 3 else [])
+    config = str(CONFIGS / f"zero{stage}_cpu.yaml")
+    return stage, out, _launch(lambda o, n: run_accelerate(config, SCRIPT, tiny_model_path, o, n), out, names)
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_trainer_under_zero_matches_ddp_at_step_one(zero_run, ddp_run, name):
+    stage, zero_out, zero_failure = zero_run
+    ddp = _reports(*ddp_run, name)
+    zero = _reports(zero_out, zero_failure, name)
+    for rank, (d, z) in enumerate(zip(ddp, zero)):
+        assert (d["deepspeed"], d["world"]) == (False, 2)
+        assert (z["deepspeed"], z["zero_stage"], z["world"]) == (True, stage, 2)
+        assert d["steps"] == z["steps"] == 2
+        assert len(z["losses"]) == 2 and all(math.isfinite(loss) for loss in z["losses"])
+        assert [r["prompt"] for r in z["rows"]] == [r["prompt"] for r in d["rows"]], f"rank {rank}"
+        assert [r["completion"] for r in z["rows"]] == [r["completion"] for r in d["rows"]], f"rank {rank}"
+        for row_ddp, row_zero in zip(d["rows"], z["rows"]):
+            assert row_zero["advantages"] == pytest.approx(row_ddp["advantages"], abs=1e-5)
+        # The first step trains the same batch from the same weights: the same loss up to float round-off.
+        assert z["losses"][0] == pytest.approx(d["losses"][0], rel=1e-4, abs=1e-7)
+    # a comparison of all-zero advantages would show nothing
+    assert any(abs(a) > 1e-3 for report in ddp for row in report["rows"] for a in row["advantages"])
+
+
+def test_lora_adapter_saved_complete_under_zero3(zero_run):
+    stage, out, failure = zero_run
+    if stage != 3:
+        pytest.skip("LoRA runs under ZeRO-3 only (its sharded save is the one that can write empty tensors)")
+    _reports(out, failure, "lora")
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(out / "lora_adapter" / "adapter_model.safetensors"))
+    # r=4 on q_proj (32 -> 32) and v_proj (32 -> 16, 2 key-value heads of 8) in both layers of the tiny model
+    expected = {}
+    for layer in range(2):
+        for proj, out_features in (("q_proj", 32), ("v_proj", 16)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            expected[f"{prefix}.lora_A.weight"] = (4, 32)
+            expected[f"{prefix}.lora_B.weight"] = (out_features, 4)
+    assert {k: tuple(v.shape) for k, v in adapter.items()} == expected
+    # lora_B starts at zero: non-zero values mean the trained (gathered) weights were written, not empty shards
+    assert all(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)

@@ -1,0 +1,155 @@
+"""Every trainer, one after the other in one pair of processes, for the DeepSpeed tests (tests/engines/test_deepspeed.py).
+
+usage: engine_trainers.py MODEL_DIR OUT_DIR NAME[,NAME...]
+Launched under 2-process DDP (torchrun) or under ZeRO-2 / ZeRO-3 (``accelerate launch --config_file
+examples/accelerate_configs/zero{2,3}_cpu.yaml``), with the same settings, so the runs can be compared row by row.
+Each trainer trains 2 steps with sampled generation (TRL's own path: under ZeRO-3 the policy's weights are gathered
+for generation, and DATPO's branches, SRPO's seeds / suffixes / localization and OPPO's oracle pass run as collective
+forwards). It writes ``OUT_DIR/NAME.rank<R>.json``: the first generation batch as this process trains it (prompt
+and completion ids, advantages, per token when they are), the logged losses and the number of steps.
+
+The users' scenario: two reward functions (an accuracy-like verifier first, a format reward second). The frozen
+helpers are loaded by the user after the config, as the docs show (``cue_judge``: a Cue-GRPO judge model;
+``datpo``: ``load_default_embedder()``): under ZeRO-3 they are born partitioned. NAME ``lora``
+trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_adapter``.
+"""
+
+import json
+import os
+import sys
+
+from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under the launchers)
+from trl_credit.tasks.data import make_arithmetic_dataset
+
+NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
+         "resets_oppo", "process", "lora")
+
+
+def accuracy_reward(completions, completion_ids, **kwargs):
+    # a verifier of the completion's tokens: about half the rows are correct, whatever the (tiny, random) model says
+    return [float(sum(ids) % 2) for ids in completion_ids]
+
+
+def format_reward(completions, **kwargs):
+    return [1.0 if len(c[0]["content"]) % 3 else 0.0 for c in completions]
+
+
+def step_reward(prompt, completion, steps, **row):
+    # a step is right while the token-length parity of the steps so far holds
+    return [float(len(step) % 2) for step in steps]
+
+
+def common_args(out_dir, name):
+    # Identical under DDP and DeepSpeed. use_cpu / bf16=False: what trl_credit.scripts.offline_defaults sets on a
+    # CPU (under DeepSpeed, use_cpu=True also makes accelerate start gloo: without it each process runs alone).
+    return dict(
+        output_dir=os.path.join(out_dir, name), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=12, max_steps=2, learning_rate=1e-3, seed=0, report_to="none", use_cpu=True,
+        bf16=False, save_strategy="no", logging_steps=1, disable_tqdm=True,
+    )
+
+
+def build(name, model_dir, out_dir):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_credit import (CreditConfig, CueGRPOConfig, CueGRPOTrainer, DATPOConfig, DATPOTrainer, OPPOConfig,
+                            OPPOTrainer, SRPOConfig, SRPOTrainer)
+    from trl_credit.core.trainer import CreditTrainer
+    from trl_credit.process.parts import ProcessCredit
+
+    dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
+    rewards = [accuracy_reward, format_reward]
+    args = common_args(out_dir, name)
+    srpo = dict(seed_candidates_per_round=2, max_seed_rounds=2, thought_delimiter=" ",
+                rollout_template="{question}", localization_template="{question}\n{steps}\n1-{num_steps}?",
+                localization_max_tokens=4)
+    if name == "grpo":
+        return GRPOTrainer(model=model_dir, reward_funcs=rewards, args=GRPOConfig(**args), train_dataset=dataset)
+    if name == "cue_grpo":
+        return CueGRPOTrainer(model=model_dir, reward_funcs=rewards, args=CueGRPOConfig(**args), train_dataset=dataset)
+    if name == "cue_judge":
+        from transformers import AutoModelForCausalLM
+
+        config = CueGRPOConfig(cue_partition="judge", cue_judge_max_new_tokens=8, **args)
+        judge = AutoModelForCausalLM.from_pretrained(model_dir)  # loaded by the user, after the config
+        return CueGRPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset,
+                              judge_model=judge)
+    if name == "oppo":
+        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=OPPOConfig(**args), train_dataset=dataset)
+    if name == "oppo_teacher":
+        config = OPPOConfig(oracle="teacher", teacher_model_name_or_path=model_dir, **args)
+        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset)
+    if name == "datpo":
+        from trl_credit.models import load_default_embedder
+
+        config = DATPOConfig(**args)
+        # The documented way: the user loads the embedder (after the config, as a script does) and passes it.
+        embedder = load_default_embedder(device="cpu")
+        return DATPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset,
+                            embedder=embedder)
+    if name in ("srpo_scored", "srpo_generate"):
+        config = SRPOConfig(localization=name.split("_")[1], **srpo, **args)
+        return SRPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset)
+    if name == "resets_oppo":
+        config = CreditConfig(credit="oppo", rollout="resets", reset="random", **{**srpo, **args})
+        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset)
+    if name == "process":
+        config = CreditConfig(credit="process", **args)
+        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset,
+                             credit=ProcessCredit(step_reward=step_reward))
+    if name == "lora":
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=OPPOConfig(**args), train_dataset=dataset,
+                           peft_config=lora)
+    raise ValueError(f"NAME must be among {NAMES}, got {name!r}")
+
+
+def run(name, model_dir, out_dir):
+    trainer = build(name, model_dir, out_dir)
+    first = []
+    generate = trainer._generate_and_score_completions
+
+    def recording(inputs):  # the first generation batch, as this process will train it (made by the initial policy)
+        output = generate(inputs)
+        if not first:
+            for i in range(output["completion_ids"].size(0)):
+                mask = output["completion_mask"][i].bool()
+                advantages = output["advantages"][i]
+                first.append({
+                    "prompt": output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist(),
+                    "completion": output["completion_ids"][i][mask].tolist(),
+                    "advantages": (advantages[mask] if advantages.dim() else advantages.reshape(1)).tolist(),
+                })
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    report = {
+        "rank": rank, "world": trainer.accelerator.num_processes, "steps": trainer.state.global_step,
+        "deepspeed": bool(trainer.is_deepspeed_enabled),
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else 0,
+        "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
+        "rows": first,
+    }
+    if name == "lora":
+        trainer.save_model(os.path.join(out_dir, "lora_adapter"))
+    with open(os.path.join(out_dir, f"{name}.rank{rank}.json"), "w") as handle:
+        json.dump(report, handle)
+    del trainer
+    import gc
+
+    gc.collect()
+
+
+def main(model_dir, out_dir, names):
+    for name in names.split(","):
+        run(name, model_dir, out_dir)
+
+
+if __name__ == "__main__":
+    from tests.mp import run_then_shut_down
+
+    run_then_shut_down(main, *sys.argv[1:])
