@@ -9,6 +9,10 @@ Paper recipe on GPUs (vLLM colocate, LoRA r16, K=64), any Hub model/dataset with
     accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_cue_grpo.py \
         --config examples/recipes/cue_grpo.yaml --dataset_name <hub dataset> --reward_funcs accuracy
 
+DeepSpeed on CPUs, the offline run (2 processes, gloo; tested in CI, docs/platforms.md; zero2_cpu.yaml for ZeRO-2):
+
+    accelerate launch --config_file examples/accelerate_configs/zero3_cpu.yaml --num_processes 2 examples/train_cue_grpo.py
+
 vLLM: `--use_vllm --vllm_mode colocate`; or server mode (CUDA): start `trl vllm-serve --model <model>` on spare GPUs,
 then add `--use_vllm --vllm_mode server` (docs/platforms.md). Every flag of GRPOConfig / CueGRPOConfig / ModelConfig works on the command line.
 """

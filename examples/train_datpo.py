@@ -11,6 +11,10 @@ Paper recipe on GPUs ((N, Kmax, Bmax) = (4, 3, 4), token-level loss), any Hub mo
         --config examples/recipes/datpo.yaml --model_name_or_path Qwen/Qwen2.5-3B --dataset_name <hub dataset> \
         --reward_funcs accuracy
 
+DeepSpeed on CPUs, the offline run (2 processes, gloo; tested in CI, docs/platforms.md; zero2_cpu.yaml for ZeRO-2):
+
+    accelerate launch --config_file examples/accelerate_configs/zero3_cpu.yaml --num_processes 2 examples/train_datpo.py
+
 vLLM: branch generation goes through TRL's generation path, so `--use_vllm --vllm_mode colocate` (each branch with its
 own token budget) or `server` (CUDA, after `trl vllm-serve --model <model>`; docs/platforms.md) works; allow prompt + 2 x max_completion_length tokens in
 `--vllm_max_model_length` (branch prompts contain a prefix of a rollout).

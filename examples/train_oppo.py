@@ -12,6 +12,10 @@ Paper recipe on GPUs, any Hub model/dataset with an answer column (`--answer_col
         --config examples/recipes/oppo.yaml --model_name_or_path <hub id> --dataset_name <hub dataset> \
         --reward_funcs accuracy
 
+DeepSpeed on CPUs, the offline run (2 processes, gloo; tested in CI, docs/platforms.md; zero2_cpu.yaml for ZeRO-2):
+
+    accelerate launch --config_file examples/accelerate_configs/zero3_cpu.yaml --num_processes 2 examples/train_oppo.py
+
 vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`, CUDA, after `trl vllm-serve --model
 <model>`; docs/platforms.md) works unchanged.
 """

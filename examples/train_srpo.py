@@ -17,6 +17,10 @@ oracle resets and localization quality metrics: `--dataset_name chain --model_na
         --config examples/recipes/srpo.yaml --model_name_or_path allenai/Olmo-3-7B-Instruct \
         --dataset_name <hub dataset> --reward_funcs accuracy [--push_to_hub --hub_model_id <user>/<repo>]
 
+DeepSpeed on CPUs, the offline run (2 processes, gloo; tested in CI, docs/platforms.md; zero2_cpu.yaml for ZeRO-2):
+
+    accelerate launch --config_file examples/accelerate_configs/zero3_cpu.yaml --num_processes 2 examples/train_srpo.py
+
 vLLM: seeds, localization and suffixes go through TRL's generation path, so `--use_vllm --vllm_mode colocate` (or
 `server`, CUDA, after `trl vllm-serve --model <model>`; docs/platforms.md) works; the greedy localization
 call and its own token budget reach vLLM too.
