@@ -33,7 +33,7 @@ from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
 
-__all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
+__all__ = ["ProcessCredit", "SIGN_TOLERANCE", "generated_lengths"]
 
 #: |sum of a row's normalized step rewards| at or below this is direction 0 (float sums of opposite terms).
 SIGN_TOLERANCE = 1e-9
@@ -80,8 +80,12 @@ class ProcessCredit(Credit):
     sets_sequence_anchors = True
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
-        completion_ids, completion_mask = batch.completion_ids, batch.completion_mask
+        completion_ids = batch.completion_ids
         num_local, num_tokens = completion_ids.shape
+        # Each row's generated tokens, a truncated row's too: mask_truncated_completions masks its loss (TRL zeroes
+        # its completion_mask), not its reward, so its steps stay in R as GRPO keeps its reward in the group's mean
+        # and std; only the loss ignores its advantages.
+        lengths = generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id)
         # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
         grouped = batch.group_ids != NO_GROUP
         nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
@@ -101,7 +105,7 @@ class ProcessCredit(Credit):
                 local_steps.append(None)
                 local_records.append(None)
                 continue
-            ids = completion_ids[i][completion_mask[i].bool()].tolist()
+            ids = completion_ids[i, :lengths[i]].tolist()
             ends, rewards = self._step_rewards(ctx, inputs[i], ids, i)
             record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
@@ -126,8 +130,8 @@ class ProcessCredit(Credit):
         advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64)
         for i, (ends, values) in enumerate(zip(local_steps, batch.local_rows(normalized))):
             if ends is not None:
-                length = int(completion_mask[i].sum())
-                advantages[i, :length] = torch.tensor(token_advantages(ends, values, length), dtype=torch.float64)
+                advantages[i, :lengths[i]] = torch.tensor(token_advantages(ends, values, lengths[i]),
+                                                          dtype=torch.float64)
         self._log_metrics(ctx, records)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
@@ -173,6 +177,18 @@ class ProcessCredit(Credit):
                      "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
+
+
+def generated_lengths(completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_token_id: int) -> list[int]:
+    """Each row's number of generated tokens (up to and including its EOS), truncated rows included. TRL's
+    ``completion_mask`` covers them, except that ``mask_truncated_completions`` zeroes a truncated row's (one whose
+    last token is neither EOS nor padding): such a row's tokens then run up to its last non-padding token."""
+    lengths = completion_mask.sum(dim=1).tolist()
+    for i, length in enumerate(lengths):
+        if length == 0:
+            real = (completion_ids[i] != pad_token_id).nonzero()
+            lengths[i] = int(real[-1]) + 1 if real.numel() else 0
+    return [int(length) for length in lengths]
 
 
 def _arg(args, name: str):
