@@ -103,6 +103,27 @@ def test_checked_rewards():
         checked_rewards(1.0, 1, "'f'", "row 0")
 
 
+@pytest.mark.parametrize("value", ["1.0", "nan", b"1", True, False])
+def test_a_string_or_a_bool_step_reward_is_an_error(value):
+    # docs/process.md: "a non-number is an error". A string that parses as a number ("1.0" -> 1.0, "nan" -> None) and
+    # a bool (True -> 1.0) were accepted silently before: a step checker returning verdicts as text or True/False
+    # (wrong type, likely a bug in it) must be told so, not read.
+    with pytest.raises(TypeError, match=r"step-reward function 'f' returned .* for a step of row 0; a step reward is a "
+                                        r"float or None"):
+        checked_rewards([1.0, value], 2, "'f'", "row 0")
+
+
+def test_numeric_scalars_of_numpy_and_torch_are_numbers():
+    import numpy as np
+    import torch
+
+    values = [np.float32(0.5), np.int64(1), torch.tensor(0.25), torch.tensor(2), np.float64("nan")]
+    assert checked_rewards(values, 5, "'f'", "row 0") == [0.5, 1.0, 0.25, 2.0, None]
+    for boolean in (np.bool_(True), torch.tensor(True)):
+        with pytest.raises(TypeError, match="a step reward is a float or None"):
+            checked_rewards([boolean], 1, "'f'", "row 0")
+
+
 def test_registry_one_registration_per_function():
     assert resolve_step_reward("chain") is chain_step_rewards  # a "module:function" entry, imported when used
     assert resolve_step_reward(None) is None
