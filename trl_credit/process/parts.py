@@ -71,7 +71,7 @@ class ProcessCredit(Credit):
         if self.step_reward is None:
             raise ValueError(
                 "credit='process' needs a step-reward function: set process_step_reward to a registered name "
-                "('chain', or one added with trl_credit.process.register_step_reward) or pass "
+                "('chain', 'sums', or one added with trl_credit.process.register_step_reward) or pass "
                 "CreditTrainer(..., credit=ProcessCredit(step_reward=callable))."
             )
 
