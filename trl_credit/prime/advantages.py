@@ -32,7 +32,8 @@ import torch
 
 __all__ = [
     "NORM_EPS", "WHITEN_EPS", "token_rewards", "cross_entropy_loss", "classification_accuracy",
-    "pairwise_accuracy", "leave_one_out_means", "outcome_advantages", "process_returns", "largest_return",
+    "pairwise_accuracy", "leave_one_out_means", "outcome_advantages", "process_returns", "prime_advantages",
+    "has_baseline", "largest_return",
     "batch_max_normalized",
     "whitened",
 ]
@@ -120,6 +121,22 @@ def process_returns(rewards: torch.Tensor, mask: torch.Tensor, baselines: torch.
         running = centred[:, t] + gamma * running
         returns[:, t] = running
     return returns * mask
+
+
+def prime_advantages(returns: torch.Tensor, outcome: torch.Tensor, mask: torch.Tensor, has_baseline: torch.Tensor,
+                     process_coef: float = 1.0, outcome_coef: float = 1.0) -> torch.Tensor:
+    """A_t^i (§3.3): ``process_coef * returns + outcome_coef * outcome`` on the tokens of ``mask`` (B, T), with
+    ``returns`` from :func:`process_returns` and ``outcome`` (B,) from :func:`outcome_advantages`; 0 for a row
+    without a leave-one-out baseline (``has_baseline`` (B,) False: invalid, or fewer than two valid rows in its
+    group), as GRPO gives a group it cannot compare."""
+    mask = mask.to(torch.float64)
+    values = process_coef * returns.double() + outcome_coef * outcome.double()[:, None] * mask
+    return values * has_baseline.to(values)[:, None]
+
+
+def has_baseline(group_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: valid rows with at least one other valid row in their group (a leave-one-out baseline)."""
+    return _in_groups_of_two_or_more(group_ids, valid)
 
 
 def batch_max_normalized(rewards: torch.Tensor, largest_return: float) -> torch.Tensor:

@@ -32,10 +32,12 @@ from trl_credit.prime.advantages import (
     batch_max_normalized,
     classification_accuracy,
     cross_entropy_loss,
+    has_baseline,
     largest_return,
     leave_one_out_means,
     outcome_advantages,
     pairwise_accuracy,
+    prime_advantages,
     process_returns,
     token_rewards,
     whitened,
@@ -134,8 +136,9 @@ class ImplicitPRMCredit(Credit):
         returns = process_returns(rewards, mask, baselines, args.prime_gamma)
         totals = total_rewards(batch.rewards_per_func, ctx.reward_weights).double().cpu()
         outcome = batch.local_rows(outcome_advantages(torch.nan_to_num(totals), batch.group_ids, credited))[local]
-        values = (args.prime_process_coef * returns
-                  + args.prime_outcome_coef * outcome.to(device)[:, None] * mask)
+        compared = batch.local_rows(has_baseline(batch.group_ids, credited))[local].to(device)
+        values = prime_advantages(returns, outcome.to(device), mask, compared, args.prime_process_coef,
+                                  args.prime_outcome_coef)
         if args.prime_whiten:
             trained = mask * batch.loss_mask[index].double()  # the whitening's statistics: tokens TRL trains
             moments = sum_across_processes(torch.tensor(
