@@ -1,4 +1,4 @@
-"""credit="implicit_prm": PRIME's math (Cui et al. 2025; docs/process.md#implicit-process-rewards-prime) against the
+"""credit="implicit_prm": PRIME's math (Cui et al. 2025; docs/process.md, "Implicit process rewards") against the
 paper's equations worked by hand (the arithmetic in the comments) and against an independent slow reference (plain
 Python loops over lists), the config fields and the composition's refusals. Trainer tests: tests/test_prime_trainer.py.
 """

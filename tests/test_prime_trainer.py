@@ -1,7 +1,7 @@
-"""credit="implicit_prm" in training (PRIME; docs/process.md#implicit-process-rewards-prime). The advantages reaching
-TRL's loss equal a reference computed here: the implicit PRM's first update redone by hand on a fresh copy of the
-initial policy (the cross-entropy written out, AdamW, clipping at 1.0), then the paper's advantage with plain loops
-(tests/test_prime.py's reference). The PRM's weights (a LoRA adapter on the policy, a model copy otherwise), the
+"""credit="implicit_prm" in training (PRIME; docs/process.md, "Implicit process rewards"). The advantages
+reaching TRL's loss equal a reference computed here: the implicit PRM's first update redone by hand on a fresh copy
+of the initial policy (the cross-entropy written out, AdamW, clipping at 1.0), then the paper's advantage with plain
+loops (tests/test_prime.py's reference). The PRM's weights (a LoRA adapter on the policy, a model copy otherwise), the
 PRM never touching the policy's gradients, gradient accumulation with several iterations per batch, and two processes.
 """
 

@@ -37,7 +37,8 @@ def main(model_dir, out_dir):
     args = CreditConfig(
         output_dir=out_dir, credit="implicit_prm", prime_learning_rate=1e-2,
         per_device_train_batch_size=8 // world, num_generations=8, max_completion_length=64, max_steps=2,
-        learning_rate=0.0, bf16=False, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        learning_rate=0.0, bf16=False, report_to="none", use_cpu=True, save_strategy="no", logging_steps=1,
+        disable_tqdm=True,
     )
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
     trainer = CreditTrainer(model_dir, [boxed_four_reward, format_reward], args=args, train_dataset=dataset)

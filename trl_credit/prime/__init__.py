@@ -1,5 +1,5 @@
-"""PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456; docs/process.md
-#implicit-process-rewards-prime): ``credit="implicit_prm"``.
+"""PRIME (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456; docs/process.md,
+"Implicit process rewards"): ``credit="implicit_prm"``.
 
 Process credit without a step checker: an implicit process reward model, initialized from the policy and updated
 online with a cross-entropy on the outcome labels of the current rollouts, gives every token the reward

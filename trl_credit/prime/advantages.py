@@ -1,5 +1,5 @@
-"""PRIME's math (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456; docs/process.md
-#implicit-process-rewards-prime): pure functions over tensors, no trainer, no model.
+"""PRIME's math (Cui et al. 2025, "Process Reinforcement through Implicit Rewards", arXiv:2502.01456; docs/process.md,
+"Implicit process rewards"): pure functions over tensors, no trainer, no model.
 
 The implicit PRM π_φ is a causal LM. With a reference π_ref (the policy's initial weights) and β > 0 (paper §3.1):
 
@@ -51,8 +51,8 @@ def token_rewards(prm_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.
 
 def cross_entropy_loss(sequence_rewards: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """L_CE (§3.2) summed over the rows: ``-[r_o log σ(r_φ(y)) + (1 - r_o) log(1 - σ(r_φ(y)))]`` per row, with
-    ``sequence_rewards`` r_φ(y) = β Σ_t (log π_φ - log π_ref) (B,) and ``labels`` r_o (B,) in [0, 1]. A sum, so that
-    pieces of one batch (micro-batches, processes) add up; divide by the batch's row count for the mean."""
+    ``sequence_rewards`` r_φ(y) = β Σ_t (log π_φ - log π_ref) (B,) and ``labels`` r_o (B,) in [0, 1]. A sum, so
+    that pieces of one batch (micro-batches, processes) add up; divide by the batch's row count for the mean."""
     return torch.nn.functional.binary_cross_entropy_with_logits(
         sequence_rewards, labels.to(sequence_rewards.dtype), reduction="sum")
 

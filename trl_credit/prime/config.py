@@ -1,7 +1,8 @@
-"""PRIME's fields (docs/process.md#implicit-process-rewards-prime), mixed into :class:`~trl_credit.config.CreditConfig`
-(credit ``implicit_prm``). Defaults: the paper's equations (Cui et al. 2025) with the hyper-parameters of its released
-recipe (verl ``recipe/prime/config/prime_trainer.yaml``: ``beta_train: 0.05``, PRM ``lr: 1e-6``, ``update: before``,
-``prime_norm: batch_norm``, ``grad_clip: 1.0``, advantages whitened)."""
+"""PRIME's fields (docs/process.md, "Implicit process rewards"), mixed into
+:class:`~trl_credit.config.CreditConfig` (credit ``implicit_prm``). Defaults: the paper's equations (Cui et al. 2025)
+with the hyper-parameters of its released recipe (verl ``recipe/prime/config/prime_trainer.yaml``: ``beta_train:
+0.05``, PRM ``lr: 1e-6``, ``update: before``, ``prime_norm: batch_norm``, ``grad_clip: 1.0``, advantages
+whitened)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ class PrimeFields:
     )
     prime_update: str = field(
         default="before",
-        metadata={"help": "When the PRM learns from a generation batch: 'before' (update on the batch's outcome labels, "
-                          "then score it: the paper) or 'after' (score with the PRM of the previous batches, then "
-                          "update)."},
+        metadata={"help": "When the PRM learns from a generation batch: 'before' (update on the batch's outcome "
+                          "labels, then score it: the paper) or 'after' (score with the PRM of the previous "
+                          "batches, then update)."},
     )
     prime_updates_per_batch: int = field(
         default=1,
@@ -57,8 +58,8 @@ class PrimeFields:
     )
     prime_process_coef: float = field(
         default=1.0,
-        metadata={"help": "Weight of the implicit process rewards' RLOO returns in the advantage (the paper sums the two "
-                          "terms; verl's recipe weighs both by 5)."},
+        metadata={"help": "Weight of the implicit process rewards' RLOO returns in the advantage (the paper sums the "
+                          "two terms; verl's recipe weighs both by 5)."},
     )
     prime_outcome_coef: float = field(
         default=1.0,

@@ -1,5 +1,6 @@
-"""PRIME as a credit of the credit core (trl_credit/core/trainer.py): :class:`ImplicitPRMCredit`, ``credit="implicit_prm"``
-(Cui et al. 2025, "Process Reinforcement through Implicit Rewards"; docs/process.md#implicit-process-rewards-prime).
+"""PRIME as a credit of the credit core (trl_credit/core/trainer.py): :class:`ImplicitPRMCredit`,
+``credit="implicit_prm"`` (Cui et al. 2025, "Process Reinforcement through Implicit Rewards"; docs/process.md,
+"Implicit process rewards").
 Per generation batch:
 
 - The credited rows (scorable, in a group, their group free of ±inf rewards; a truncated row too: TRL masks its
