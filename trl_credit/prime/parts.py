@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import only, register_part
@@ -45,9 +45,11 @@ from trl_credit.prime.advantages import (
 )
 from trl_credit.prime.config import PrimeFields
 from trl_credit.prime.prm import ImplicitPRM
-from trl_credit.process.parts import SIGN_TOLERANCE, generated_lengths
 
-__all__ = ["ImplicitPRMCredit"]
+__all__ = ["ImplicitPRMCredit", "SIGN_TOLERANCE"]
+
+#: |first-token advantage| at or below this is direction 0 (as the process credit's rows).
+SIGN_TOLERANCE = 1e-9
 
 
 @register_part(

@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import register_part
@@ -33,7 +33,7 @@ from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts
 
-__all__ = ["ProcessCredit", "SIGN_TOLERANCE", "generated_lengths"]
+__all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
 #: |sum of a row's normalized step rewards| at or below this is direction 0 (float sums of opposite terms).
 SIGN_TOLERANCE = 1e-9
@@ -177,18 +177,6 @@ class ProcessCredit(Credit):
                      "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
-
-
-def generated_lengths(completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_token_id: int) -> list[int]:
-    """Each row's number of generated tokens (up to and including its EOS), truncated rows included. TRL's
-    ``completion_mask`` covers them, except that ``mask_truncated_completions`` zeroes a truncated row's (one whose
-    last token is neither EOS nor padding): such a row's tokens then run up to its last non-padding token."""
-    lengths = completion_mask.sum(dim=1).tolist()
-    for i, length in enumerate(lengths):
-        if length == 0:
-            real = (completion_ids[i] != pad_token_id).nonzero()
-            lengths[i] = int(real[-1]) + 1 if real.numel() else 0
-    return [int(length) for length in lengths]
 
 
 def _arg(args, name: str):
