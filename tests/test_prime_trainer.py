@@ -214,3 +214,32 @@ def test_two_processes_equal_one_process(tiny_model_path, tmp_path):
     assert len(logs_one) == 2
     for log_one, log_two in zip(logs_one, logs_two, strict=True):
         assert log_two == pytest.approx(log_one, rel=1e-4, abs=1e-6)
+
+
+def test_cue_modifier_boosts_the_positive_tokens_of_correct_rows(tiny_model_path, tiny_dataset, tmp_path):
+    """modifiers=["cue"] with uniform_boost: the same run (same seed, same generations, same PRM update) as the credit
+    alone, except that each row of Cue-GRPO's positive set (correct, positive direction: its first token's
+    advantage) has its positive tokens times tau = 1.25; every other value is unchanged."""
+    runs = {}
+    for name, extra in (("alone", {}), ("cue", {"modifiers": ["cue"], "cue_weighting": "uniform_boost",
+                                               "cue_tau": 1.25})):
+        trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward],
+                                args=tiny_args(tmp_path / name, **extra), train_dataset=tiny_dataset)
+        batches, _ = recorded(trainer)
+        trainer.train()
+        runs[name] = batches[0]
+    alone, cue = runs["alone"], runs["cue"]
+    assert torch.equal(alone["completion_ids"], cue["completion_ids"])
+    lengths = cue["completion_mask"].sum(dim=1).tolist()
+    boosted = 0
+    for i in range(alone["advantages"].size(0)):
+        a, b = alone["advantages"][i, :lengths[i]], cue["advantages"][i, :lengths[i]]
+        changed = ~torch.isclose(a, b, rtol=1e-6, atol=1e-7)
+        if changed.any():
+            assert alone["advantages"][i, 0] > 0  # a row of positive direction
+            ids = cue["completion_ids"][i, :lengths[i]]
+            assert len(trainer.processing_class.decode(ids, skip_special_tokens=True)) % 2 == 1  # correct
+            torch.testing.assert_close(b[changed], 1.25 * a[changed])
+            assert (a[changed] > 0).all() and torch.equal(changed, a > 0)
+            boosted += 1
+    assert boosted >= 1
