@@ -243,3 +243,16 @@ def test_cue_modifier_boosts_the_positive_tokens_of_correct_rows(tiny_model_path
             assert (a[changed] > 0).all() and torch.equal(changed, a > 0)
             boosted += 1
     assert boosted >= 1
+
+
+def test_evaluation_batches_are_scored_but_not_learned_from(tiny_model_path, tmp_path):
+    from trl_credit.tasks.data import make_arithmetic_dataset
+
+    data = make_arithmetic_dataset(num_train=8, num_test=4, seed=0)
+    args = tiny_args(tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=data["train"],
+                            eval_dataset=data["test"])
+    trainer.train()
+    evaluation = next(log for log in trainer.state.log_history if "eval_loss" in log)
+    assert "eval_prime/prm_loss" in evaluation and math.isfinite(evaluation["eval_loss"])
+    assert {int(state["step"]) for state in trainer.credit.prm.optimizer.state.values()} == {1}  # the train batch

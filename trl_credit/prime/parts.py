@@ -111,6 +111,8 @@ class ImplicitPRMCredit(Credit):
 
         reference = self.prm.reference_logps(rows, size, ctx.autocast).double()
         beta, updates = args.prime_beta, args.prime_updates_per_batch
+        if ctx.mode != "train":
+            updates = 0  # evaluation batches are scored by the PRM, never learned from
         first = None  # the first update's loss and pre-step sequence rewards: the PRM as it met this batch
 
         def learn():

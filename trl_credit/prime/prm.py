@@ -64,6 +64,12 @@ class ImplicitPRM:
             self.policy_adapter = policy.active_adapter if isinstance(policy.active_adapter, str) else \
                 policy.active_adapter[0]
             config = copy.deepcopy(policy.peft_config[self.policy_adapter])
+            if getattr(config, "modules_to_save", None) and getattr(trainer.args, "use_vllm", False):
+                # TRL's vLLM weight sync strips only the policy adapter's modules_to_save prefix: the PRM's copies
+                # would reach vLLM under names it does not know.
+                raise ValueError("credit='implicit_prm' with a LoRA policy whose modules_to_save is set cannot use "
+                                 "vLLM (use_vllm=True): the PRM adapter's copies of those modules would be sent to "
+                                 "vLLM. Leave modules_to_save unset, or train without vLLM.")
             config.inference_mode = False
             with self._keeping_trainable(policy):
                 policy.add_adapter(ADAPTER, config)
