@@ -187,10 +187,11 @@ def test_a_plain_grpo_config_is_refused(tiny_model_path, tiny_dataset, tmp_path)
 
 # ------------------------------------------------------------------------------------------- two processes
 @pytest.mark.multiprocess
-def test_two_processes_equal_one_process(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("weights", ["full", "lora"])
+def test_two_processes_equal_one_process(tiny_model_path, tmp_path, weights):
     """One group of 8 rows spanning both processes (4 rows each) or all on one: the same rows get the same per-token
     advantages (row means, the largest return, the whitening moments and the PRM's gradients summed across
-    processes), and the PRM's metrics are the same."""
+    processes), and the PRM's metrics are the same; with LoRA the PRM is an adapter of the DDP-wrapped policy."""
     import json
     import os
 
@@ -200,7 +201,8 @@ def test_two_processes_equal_one_process(tiny_model_path, tmp_path):
     for nproc in (2, 1):
         out = str(tmp_path / str(nproc))
         os.makedirs(out)
-        run_torchrun("tests/mp_scripts/prime_two_processes.py", tiny_model_path, out, nproc=nproc, timeout=600)
+        run_torchrun("tests/mp_scripts/prime_two_processes.py", tiny_model_path, out, weights, nproc=nproc,
+                     timeout=600)
         reports = [json.load(open(os.path.join(out, f"result_{rank}.json"))) for rank in range(nproc)]
         assert all(r["logs"] == reports[0]["logs"] for r in reports)
         rows = {(step, row): (text, adv) for r in reports for step, row, text, adv in r["records"]}

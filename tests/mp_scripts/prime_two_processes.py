@@ -32,8 +32,13 @@ def format_reward(completions, **kwargs):
     return [1.0 if "\n" in c[0]["content"] else 0.0 for c in completions]
 
 
-def main(model_dir, out_dir):
+def main(model_dir, out_dir, weights="full"):
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    kwargs = {}
+    if weights == "lora":  # the PRM is a second adapter on the DDP-wrapped policy
+        from peft import LoraConfig
+
+        kwargs["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     args = CreditConfig(
         output_dir=out_dir, credit="implicit_prm", prime_learning_rate=1e-2,
         per_device_train_batch_size=8 // world, num_generations=8, max_completion_length=64, max_steps=2,
@@ -41,7 +46,7 @@ def main(model_dir, out_dir):
         disable_tqdm=True,
     )
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
-    trainer = CreditTrainer(model_dir, [boxed_four_reward, format_reward], args=args, train_dataset=dataset)
+    trainer = CreditTrainer(model_dir, [boxed_four_reward, format_reward], args=args, train_dataset=dataset, **kwargs)
     tokenizer = trainer.processing_class
     rank = trainer.accelerator.process_index
     calls = [0]
@@ -79,4 +84,4 @@ def main(model_dir, out_dir):
 if __name__ == "__main__":
     from tests.mp import run_then_shut_down
 
-    run_then_shut_down(main, sys.argv[1], sys.argv[2])
+    run_then_shut_down(main, *sys.argv[1:])
