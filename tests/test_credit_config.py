@@ -12,6 +12,7 @@ from trl_credit import CreditConfig, CueGRPOConfig, DATPOConfig, OPPOConfig, SRP
 from trl_credit.cue_grpo.config import CueGRPOFields
 from trl_credit.datpo.config import DATPOFields
 from trl_credit.oppo.config import OPPOFields
+from trl_credit.prime.config import PrimeFields
 from trl_credit.process.config import ProcessFields
 from trl_credit.srpo.config import SRPOFields
 
@@ -50,13 +51,13 @@ def test_the_union_holds_every_method_field_with_its_default_and_help():
         for name, f in method.items():
             assert (str(union[name].type), _default(union[name]), union[name].metadata) == (
                 str(f.type), _default(f), f.metadata), name
-    # Parts without a method config of their own (the process credit): the mixin's fields, as declared.
-    expected |= {f.name for f in fields(ProcessFields)}
+    # Parts without a method config of their own (the process credits): the mixin's fields, as declared.
+    expected |= {f.name for f in fields(ProcessFields)} | {f.name for f in fields(PrimeFields)}
     assert set(union) == expected
     assert {name: _default(union[name]) for name in ("rollout", "credit", "modifiers")} == {
         "rollout": "groups", "credit": "outcome", "modifiers": []}
     assert all(issubclass(CreditConfig, mixin)
-               for mixin in (CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, ProcessFields))
+               for mixin in (CueGRPOFields, OPPOFields, DATPOFields, SRPOFields, ProcessFields, PrimeFields))
 
 
 def test_grpo_fields_keep_their_positions_and_defaults():

@@ -103,6 +103,27 @@ def test_checked_rewards():
         checked_rewards(1.0, 1, "'f'", "row 0")
 
 
+@pytest.mark.parametrize("value", ["1.0", "nan", b"1", True, False])
+def test_a_string_or_a_bool_step_reward_is_an_error(value):
+    # docs/process.md: "a non-number is an error". A string that parses as a number ("1.0" -> 1.0, "nan" -> None) and
+    # a bool (True -> 1.0) were accepted silently before: a step checker returning verdicts as text or True/False
+    # (wrong type, likely a bug in it) must be told so, not read.
+    with pytest.raises(TypeError, match=r"step-reward function 'f' returned .* for a step of row 0; a step reward is a "
+                                        r"float or None"):
+        checked_rewards([1.0, value], 2, "'f'", "row 0")
+
+
+def test_numeric_scalars_of_numpy_and_torch_are_numbers():
+    import numpy as np
+    import torch
+
+    values = [np.float32(0.5), np.int64(1), torch.tensor(0.25), torch.tensor(2), np.float64("nan")]
+    assert checked_rewards(values, 5, "'f'", "row 0") == [0.5, 1.0, 0.25, 2.0, None]
+    for boolean in (np.bool_(True), torch.tensor(True)):
+        with pytest.raises(TypeError, match="a step reward is a float or None"):
+            checked_rewards([boolean], 1, "'f'", "row 0")
+
+
 def test_registry_one_registration_per_function():
     assert resolve_step_reward("chain") is chain_step_rewards  # a "module:function" entry, imported when used
     assert resolve_step_reward(None) is None
@@ -223,3 +244,34 @@ def test_the_loss_decides_per_sequence_from_the_rows_sequence_advantages():
             pass
     with batch_sequence_anchors({"advantages": per_token}):  # a credit without anchors (DATPO's): TRL's decision
         assert torch.equal(_sequence_level(per_token), per_token)
+
+
+# ------------------------------------------------------------------------------------------- the docs say what the code does
+def _process_page():
+    import pathlib
+
+    return (pathlib.Path(__file__).resolve().parents[1] / "docs" / "process.md").read_text()
+
+
+def test_every_built_in_step_reward_is_listed_in_the_help_and_the_docs():
+    from trl_credit.process.config import ProcessFields
+
+    built_ins = sorted(name for name, target in STEP_REWARDS.items() if isinstance(target, str))  # "module:function"
+    assert {"chain", "sums"} <= set(built_ins)
+    help_text = ProcessFields.__dataclass_fields__["process_step_reward"].metadata["help"]
+    page = _process_page()
+    for name in built_ins:
+        assert f"'{name}'" in help_text, name
+        assert f"| `{name}` |" in page, name  # a row of the built-ins' table
+
+
+def test_the_worked_example_of_the_docs_uses_the_std_plus_1e_4():
+    # The page's example (test_a_group_of_two_completions_by_hand): s = √0.2 + 1e-4 = 0.4473136; r~ 0.2 / s = 0.4471
+    # and -0.8 / s = -1.7885; completion 1's tokens -0.4 / s = -0.8942, -0.6 / s = -1.3413, -1.7885; completion 2's
+    # 0.8942 and 0.4471. Without the 1e-4 they would read 0.4472, -1.7889, -0.8944, -1.3416.
+    page = _process_page()
+    example = page[page.index("Worked example"):page.index("The advantages are a `(B, T)` tensor")]
+    for value in ("0.4473", "0.4471", "-1.7885", "-0.8942", "-1.3413", "0.8942"):
+        assert value in example, value
+    for stale in ("0.447 ", "-1.789", "-0.894 ", "-1.342"):
+        assert stale not in example, stale

@@ -363,3 +363,68 @@ def test_evaluation_and_off_policy_masking(tiny_model_path, tmp_path):
     trainer.train()
     evaluation = next(log for log in trainer.state.log_history if "eval_loss" in log)
     assert evaluation["eval_process/steps_per_completion"] >= 1 and math.isfinite(evaluation["eval_loss"])
+
+
+# ------------------------------------------------------------------------------------------- truncated rows
+def _scripted(trainer, tokenizer, monkeypatch, texts, eos):
+    """Every generation call returns ``texts`` (one per row, repeated), ending with EOS where ``eos`` says."""
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        ids = [tokenizer(texts[i % len(texts)], add_special_tokens=False)["input_ids"]
+               + ([tokenizer.eos_token_id] if eos[i % len(eos)] else []) for i in range(len(prompt_ids))]
+        return ids, None
+
+    monkeypatch.setattr(trainer, "_generate_single_turn", generate)
+
+
+def good_or_bad(prompt, completion, steps, **row):
+    return [1.0 if step == "good" else 0.0 for step in steps]
+
+
+def ends_good(completions, **kwargs):  # a verifier that scores every row (none unscorable)
+    return [float(completion_text(c).endswith("good")) for c in completions]
+
+
+def always_formatted(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_truncated_rows_keep_their_steps_in_the_group_statistics(tiny_model_path, tiny_tokenizer, tiny_dataset,
+                                                                 tmp_path, monkeypatch, recwarn, masked):
+    """mask_truncated_completions masks a truncated row's loss, as TRL's GRPO does, and changes nothing else: its
+    steps stay in R (TRL's GRPO keeps a truncated row's reward in its group's mean and std; DATPO x Cue a truncated
+    leaf's reward in its tree's values), so the finished rows' advantages are the same with and without the flag.
+    Before the fix, the masked row had no step (its completion_mask is all 0): R lost its two 0s, and the row was
+    reported as "scored no step"."""
+    # One group of 4 (steps "good" 1, "bad" 0, one step per line): A good/good, B good/bad, C bad/bad (truncated: no
+    # EOS), D good/bad. R = {1, 1, 1, 0, 0, 0, 1, 0}: mean 0.5, unbiased variance 8 * 0.25 / 7 = 2 / 7, s = √(2/7)
+    # + 1e-4 = 0.534622; r~ = ±0.5 / s = ±0.935239. Token advantages (sum over this and later steps): A's step 1
+    # 2 * 0.935239 = 1.870478, step 2 0.935239; B's and D's step 1 0, step 2 -0.935239; C's step 1 -1.870478, step 2
+    # -0.935239 (its loss is masked under the flag). Without C's steps (the bug) R = {1, 1, 1, 0, 1, 0}, mean 2/3,
+    # std √(4/15) = 0.516398: A's step 1 would get 2 * (1/3) / 0.516498 = 1.290713.
+    s = math.sqrt(2 / 7) + EPS
+    up = 0.5 / s
+    assert (2 * up, up) == pytest.approx((1.870478, 0.935239), abs=1e-6)
+    texts = ["good\ngood", "good\nbad", "bad\nbad", "good\nbad"]
+    args = tiny_args(tmp_path, process_thought_delimiter="\n", per_device_train_batch_size=4,
+                     mask_truncated_completions=masked, max_completion_length=32)
+    trainer = CreditTrainer(tiny_model_path, [ends_good, always_formatted], args=args, train_dataset=tiny_dataset,
+                            credit=ProcessCredit(step_reward=good_or_bad))
+    _scripted(trainer, tiny_tokenizer, monkeypatch, texts, [True, True, False, True])
+    batches, losses = recorded(trainer)
+    trainer.train()
+    batch = batches[0]
+    masks = batch["completion_mask"].sum(dim=1).tolist()
+    assert (masks[2] == 0) == masked and all(m > 0 for m in masks[:2] + masks[3:])
+    expected = {0: [2 * up, up], 1: [0.0, -up], 2: [-2 * up, -up], 3: [0.0, -up]}
+    for row, values in expected.items():
+        ids = batch["completion_ids"][row].tolist()
+        length = len(tiny_tokenizer(texts[row], add_special_tokens=False)["input_ids"]) + (row != 2)
+        advantages = batch["advantages"][row, :length].tolist()
+        assert runs(advantages) == pytest.approx(values, abs=1e-5), (row, advantages)
+        assert all(a == 0 for a in batch["advantages"][row, length:].tolist())
+        assert ids[:length][-1] == (tiny_tokenizer.eos_token_id if row != 2 else ids[length - 1])
+    log = next(entry for entry in trainer.state.log_history if "process/steps_per_completion" in entry)
+    assert log["process/steps_per_completion"] == 2 and log["process/unscored_row_rate"] == 0
+    assert not [w for w in recwarn if "scored no step" in str(w.message)]

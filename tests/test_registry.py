@@ -40,6 +40,7 @@ def test_the_built_in_parts_are_registered_with_their_classes():
         ("credit", "oppo"): "trl_credit.oppo.parts.ValueRecursion",
         ("credit", "blocks"): "trl_credit.datpo.parts.BlockCredit",
         ("credit", "process"): "trl_credit.process.parts.ProcessCredit",
+        ("credit", "implicit_prm"): "trl_credit.prime.parts.ImplicitPRMCredit",
         ("modifiers", "cue"): "trl_credit.cue_grpo.parts.RarityWeights",
     }
     for (kind, name), where in expected.items():
@@ -57,12 +58,12 @@ def test_no_method_package_imports_the_composition():
     # trl_credit.config; the composition imports them.
     out = _run("""
         import importlib, sys
-        for package in ("srpo", "datpo", "oppo", "cue_grpo", "process"):
+        for package in ("srpo", "datpo", "oppo", "cue_grpo", "process", "prime"):
             for module in ("", ".parts", ".config", ".trainer"):
                 try:
                     importlib.import_module(f"trl_credit.{package}{module}")
-                except ModuleNotFoundError as error:  # the process credit has no preset
-                    assert module == ".trainer" and package == "process", error
+                except ModuleNotFoundError as error:  # the process credits have no preset
+                    assert module == ".trainer" and package in ("process", "prime"), error
         from trl_credit import OPPOTrainer, OPPOConfig, SRPOTrainer, DATPOTrainer, CueGRPOTrainer
         print("trl_credit.config" in sys.modules)
     """)
@@ -223,3 +224,30 @@ def test_removing_the_process_registration_removes_the_process_credit_cleanly():
         print(len(process), config.credit)
     """)
     assert out.split() == ["3", "oppo"]
+
+
+def test_removing_the_prime_registration_removes_the_implicit_prm_credit_cleanly():
+    # PRIME is its folder plus one line outside it, its parts module in BUILT_IN: without that line, no
+    # 'implicit_prm' credit, none of its fields, every other field where it was, nothing else imports its parts.
+    out = _run("""
+        import dataclasses, sys, types
+        import trl_credit, trl_credit.config as full
+        fields_full = [f.name for f in dataclasses.fields(full.CreditConfig)]
+        source = open(full.__file__).read()
+        line = '    "trl_credit.prime.parts",\\n'
+        assert source.count(line) == 1
+        for name in [m for m in sys.modules if m.startswith("trl_credit")]:
+            del sys.modules[name]
+        import trl_credit.core.registry
+        module = types.ModuleType("trl_credit.config")
+        module.__file__ = full.__file__
+        sys.modules["trl_credit.config"] = module
+        exec(compile(source.replace(line, ""), full.__file__, "exec"), module.__dict__)
+        assert "trl_credit.prime.parts" not in sys.modules, "another module imports the PRIME credit"
+        names = [f.name for f in dataclasses.fields(module.CreditConfig)]
+        prime = [name for name in fields_full if name.startswith("prime_")]
+        assert prime and names == [name for name in fields_full if name not in prime]
+        assert "implicit_prm" not in module.accepted_parts("credit") and "process" in module.accepted_parts("credit")
+        print(len(prime))
+    """)
+    assert out.split() == ["9"]

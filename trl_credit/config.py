@@ -35,6 +35,7 @@ BUILT_IN = (
     "trl_credit.oppo.parts",
     "trl_credit.cue_grpo.parts",
     "trl_credit.process.parts",
+    "trl_credit.prime.parts",
 )
 for _module in BUILT_IN:
     importlib.import_module(_module)

@@ -26,7 +26,7 @@ from trl_credit.core.success import unscorable_rows
 
 __all__ = [
     "ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "Outcomes", "MissingPayload",
-    "trl_groups",
+    "trl_groups", "generated_lengths",
 ]
 
 # Row kinds. A base row is an iid rollout of the prompt (GRPO's rows, DATPO's trunks, SRPO's base group); a suffix
@@ -211,3 +211,15 @@ def trl_groups(ctx, rewards_per_func: torch.Tensor, num_local: int) -> RowBatch:
         process_index=ctx.process_index,
         group_size=size,
     )
+
+
+def generated_lengths(completion_ids: torch.Tensor, completion_mask: torch.Tensor, pad_token_id: int) -> list[int]:
+    """Each row's number of generated tokens (up to and including its EOS), truncated rows included. TRL's
+    ``completion_mask`` covers them, except that ``mask_truncated_completions`` zeroes a truncated row's (one whose
+    last token is neither EOS nor padding): such a row's tokens then run up to its last non-padding token."""
+    lengths = completion_mask.sum(dim=1).tolist()
+    for i, length in enumerate(lengths):
+        if length == 0:
+            real = (completion_ids[i] != pad_token_id).nonzero()
+            lengths[i] = int(real[-1]) + 1 if real.numel() else 0
+    return [int(length) for length in lengths]

@@ -24,8 +24,9 @@ class ProcessFields:
     process_step_reward: str | None = field(
         default=None,
         metadata={
-            "help": "The step-reward function, a registered name (built-in: 'chain', the chain task's step checker: "
-            "1 up to the first wrong step, 0 from it on). (prompt, completion, steps, **row) -> one float or None "
+            "help": "The step-reward function, a registered name (built-in: 'chain', the chain task's step checker, "
+            "and 'sums', the tiny testbed's: 1 up to the first wrong step, 0 from it on). (prompt, completion, "
+            "steps, **row) -> one float or None "
             "per step. A callable goes to ProcessCredit(step_reward=...), or register it "
             "(trl_credit.process.register_step_reward) and name it here."
         },

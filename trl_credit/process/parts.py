@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from trl_credit.core.batch import NO_GROUP, RowBatch
+from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import register_part
@@ -71,7 +71,7 @@ class ProcessCredit(Credit):
         if self.step_reward is None:
             raise ValueError(
                 "credit='process' needs a step-reward function: set process_step_reward to a registered name "
-                "('chain', or one added with trl_credit.process.register_step_reward) or pass "
+                "('chain', 'sums', or one added with trl_credit.process.register_step_reward) or pass "
                 "CreditTrainer(..., credit=ProcessCredit(step_reward=callable))."
             )
 
@@ -80,8 +80,12 @@ class ProcessCredit(Credit):
     sets_sequence_anchors = True
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
-        completion_ids, completion_mask = batch.completion_ids, batch.completion_mask
+        completion_ids = batch.completion_ids
         num_local, num_tokens = completion_ids.shape
+        # Each row's generated tokens, a truncated row's too: mask_truncated_completions masks its loss (TRL zeroes
+        # its completion_mask), not its reward, so its steps stay in R as GRPO keeps its reward in the group's mean
+        # and std; only the loss ignores its advantages.
+        lengths = generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id)
         # Rows that get process credit: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
         grouped = batch.group_ids != NO_GROUP
         nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
@@ -101,7 +105,7 @@ class ProcessCredit(Credit):
                 local_steps.append(None)
                 local_records.append(None)
                 continue
-            ids = completion_ids[i][completion_mask[i].bool()].tolist()
+            ids = completion_ids[i, :lengths[i]].tolist()
             ends, rewards = self._step_rewards(ctx, inputs[i], ids, i)
             record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
@@ -126,8 +130,8 @@ class ProcessCredit(Credit):
         advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64)
         for i, (ends, values) in enumerate(zip(local_steps, batch.local_rows(normalized))):
             if ends is not None:
-                length = int(completion_mask[i].sum())
-                advantages[i, :length] = torch.tensor(token_advantages(ends, values, length), dtype=torch.float64)
+                advantages[i, :lengths[i]] = torch.tensor(token_advantages(ends, values, lengths[i]),
+                                                          dtype=torch.float64)
         self._log_metrics(ctx, records)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 __all__ = ["STEP_REWARDS", "register_step_reward", "resolve_step_reward", "chain_step_rewards", "checked_rewards"]
@@ -79,13 +80,12 @@ def checked_rewards(rewards, num_steps: int, name: str, where: str) -> list[floa
         if reward is None:
             checked.append(None)
             continue
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            try:
-                reward = float(reward)  # a 0-d tensor or numpy scalar
-            except (TypeError, ValueError):
-                raise TypeError(f"step-reward function {name} returned {reward!r} for a step of {where}; a step "
-                                "reward is a float or None.") from None
-        reward = float(reward)
+        original = reward
+        reward = _number(reward)
+        if reward is None:
+            raise TypeError(f"step-reward function {name} returned {original!r} ({type(original).__name__}) for a "
+                            f"step of {where}; a step reward is a float or None (a string or a bool is not read as "
+                            "a number).")
         if math.isnan(reward):
             checked.append(None)
         elif math.isinf(reward):
@@ -94,6 +94,19 @@ def checked_rewards(rewards, num_steps: int, name: str, where: str) -> list[floa
         else:
             checked.append(reward)
     return checked
+
+
+def _number(value) -> float | None:
+    """``value`` as a float when it is a real number (a Python int or float, a numpy or 0-d torch scalar of a numeric
+    dtype); None for anything else: a string (even "1.0"), a bool (of Python, numpy or torch), a container."""
+    if hasattr(value, "item") and not isinstance(value, numbers.Real):
+        try:
+            value = value.item()  # a 0-d tensor or array: its Python scalar (a bool stays a bool)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or type(value).__name__ == "bool_":
+        return None
+    return float(value)
 
 
 def chain_step_rewards(prompt, completion, steps, **row) -> list[float]:

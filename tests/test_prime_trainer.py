@@ -1,0 +1,260 @@
+"""credit="implicit_prm" in training (PRIME; docs/process.md, "Implicit process rewards"). The advantages
+reaching TRL's loss equal a reference computed here: the implicit PRM's first update redone by hand on a fresh copy
+of the initial policy (the cross-entropy written out, AdamW, clipping at 1.0), then the paper's advantage with plain
+loops (tests/test_prime.py's reference). The PRM's weights (a LoRA adapter on the policy, a model copy otherwise), the
+PRM never touching the policy's gradients, gradient accumulation with several iterations per batch, and two processes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trl_credit import CreditConfig
+from trl_credit.core.trainer import CreditTrainer
+from trl_credit.prime.parts import ImplicitPRMCredit
+from trl_credit.prime.prm import ADAPTER
+from trl_credit.tasks.rewards import completion_text
+from tests.test_prime import reference_advantages
+from tests.tiny import recorded
+
+
+def accuracy_reward(completions, **kwargs):
+    # The verifier (first reward function): correct when the text length is odd; a multiple of 7: unscorable.
+    return [None if len(completion_text(c)) % 7 == 0 else float(len(completion_text(c)) % 2) for c in completions]
+
+
+def format_reward(completions, **kwargs):
+    return [None if len(completion_text(c)) % 7 == 0 else float("the" in completion_text(c)) for c in completions]
+
+
+def tiny_args(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path), credit="implicit_prm", per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=10, max_steps=1, learning_rate=1e-2, prime_learning_rate=1e-2,
+                  report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
+    values.update(overrides)
+    return CreditConfig(**values)
+
+
+def logps_of(model, batch):
+    """log pi(y_t | x, y_<t) of every completion token, one plain forward over the batch."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, batch["prompt_ids"].size(1) - 1:-1]
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["completion_ids"][..., None])[..., 0]
+
+
+def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_model_path, tiny_dataset, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    beta, lr = 0.05, 1e-2
+    # float32 (TRL turns bf16 on by default, on the CPU too): the reference below runs without autocast, and Adam's
+    # first step, lr * g / (|g| + eps), turns bf16's rounding of small gradients into whole steps.
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=tiny_args(tmp_path, bf16=False),
+                            train_dataset=tiny_dataset)
+    assert isinstance(trainer.credit, ImplicitPRMCredit) and trainer._name == "groups x implicit_prm"
+    policy_grads = []
+    trainer.add_credit_callback(lambda step: policy_grads.append(
+        [p.grad is None or not p.grad.any() for p in trainer.model.parameters()]))
+    batches, losses = recorded(trainer)
+    trainer.train()
+    assert policy_grads and all(all(flags) for flags in policy_grads)  # the PRM's update left the policy's alone
+    batch = batches[0]
+    mask = batch["completion_mask"].double()
+    lengths = [int(n) for n in batch["completion_mask"].sum(dim=1)]
+    texts = trainer.processing_class.batch_decode(
+        [ids[:n] for ids, n in zip(batch["completion_ids"].tolist(), lengths)], skip_special_tokens=True)
+    valid = [len(t) % 7 != 0 for t in texts]
+    labels = torch.tensor([float(len(t) % 2) for t in texts], dtype=torch.float64)  # the verifier's verdicts
+    outcomes = [float(len(t) % 2) + float("the" in t) for t in texts]  # TRL's total reward
+    assert 0 < sum(labels[valid]) < sum(valid), "both verdicts among the rows, else the check would be weak"
+
+    # The PRM's update by hand: pi_phi and pi_ref both start as the policy; L_CE = mean over the credited rows of
+    # -[y log sigma(s) + (1 - y) log(1 - sigma(s))], s = beta * sum_t (log pi_phi - log pi_ref); AdamW, clip 1.0.
+    prm = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    keep = torch.tensor(valid)
+    rows = {k: v[keep] for k, v in batch.items() if torch.is_tensor(v) and v.dim() == 2 and k != "advantages"}
+    with torch.no_grad():
+        ref_logps = logps_of(ref, rows).double()
+    s = beta * ((logps_of(prm, rows).double() - ref_logps) * rows["completion_mask"]).sum(dim=1)
+    y = labels[keep]
+    sig = torch.sigmoid(s)
+    loss = -(y * torch.log(sig) + (1 - y) * torch.log(1 - sig)).mean()
+    assert float(loss.detach()) == pytest.approx(math.log(2))  # s = 0 before the first step: ln 2
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(prm.parameters()), 1.0)
+    torch.optim.AdamW(prm.parameters(), lr=lr, weight_decay=0.0).step()
+    with torch.no_grad():
+        prm_logps = logps_of(prm, batch).double()
+        ref_all = logps_of(ref, batch).double()
+    scores = (beta * (prm_logps - ref_all) * mask).sum(dim=1)
+
+    expected = reference_advantages(
+        prm_logps.tolist(), ref_all.tolist(), lengths, [i // 4 for i in range(8)], valid, outcomes, beta, 1.0,
+        norm=True, whiten=True, process_coef=1.0, outcome_coef=1.0)
+    got = batch["advantages"]
+    for i in range(8):
+        assert got[i, :lengths[i]].tolist() == pytest.approx(expected[i], abs=2e-4), i
+        assert got[i, lengths[i]:].abs().sum() == 0
+    assert max(abs(a) for row in expected for a in row) > 0.5
+    # the process part is not flat: tokens of one row differ (a pure outcome advantage would be constant per row)
+    assert any(max(row) - min(row) > 1e-3 for row, v in zip(expected, valid) if v and len(row) > 1)
+    # TRL's loss gets these advantages (its micro-batches: the same rows)
+    seen = {tuple(ids.tolist()): adv for micro in losses for ids, adv in zip(micro["completion_ids"],
+                                                                               micro["advantages"])}
+    for ids, adv in zip(batch["completion_ids"], got):
+        torch.testing.assert_close(seen[tuple(ids.tolist())], adv)
+
+    log = next(entry for entry in trainer.state.log_history if "prime/prm_loss" in entry)
+    assert log["prime/prm_loss"] == pytest.approx(math.log(2))  # the PRM as it met the batch: r_phi = 0
+    assert log["prime/prm_accuracy"] == 0.5  # every r_phi(y) = 0: sigma = 1/2 predicts neither
+    correct = [float(scores[i]) for i in range(8) if valid[i] and labels[i] == 1]
+    wrong = [float(scores[i]) for i in range(8) if valid[i] and labels[i] == 0]
+    assert log["prime/sequence_reward_correct"] == pytest.approx(sum(correct) / len(correct), abs=1e-5)
+    assert log["prime/sequence_reward_wrong"] == pytest.approx(sum(wrong) / len(wrong), abs=1e-5)
+    assert log["prime/sequence_reward_correct"] > log["prime/sequence_reward_wrong"]  # one step of CE separates them
+    assert log["prime/credited_rate"] == pytest.approx(sum(valid) / 8)
+    # TRL's per-sequence value (completions table, off-policy masking): each row's first token's advantage
+    torch.testing.assert_close(batch["sequence_anchors"].double(), got[:, 0].double().cpu(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_lora_policy_gets_a_second_adapter_not_a_copy(tiny_model_path, tiny_dataset, tmp_path, loss_type):
+    from peft import LoraConfig
+
+    args = tiny_args(tmp_path, max_steps=2, loss_type=loss_type)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset,
+                            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    prm = trainer.credit.prm
+    assert prm.peft and prm.model is None and prm.reference is None  # no second model: an adapter on the policy
+    policy = trainer.model
+    assert set(policy.peft_config) == {"default", ADAPTER}
+    named = dict(policy.named_parameters())
+    base = {n: p.detach().clone() for n, p in named.items() if "lora_" not in n}
+    start = {n: p.detach().clone() for n, p in named.items() if "lora_" in n}
+    # The PRM adapter starts as the policy's (lora_B = 0: identity), and is not trained by the policy's optimizer.
+    for name, value in start.items():
+        if f".{ADAPTER}." in name:
+            torch.testing.assert_close(value, start[name.replace(f".{ADAPTER}.", ".default.")])
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable and all(".default." in n for n in trainable)
+    trainer.train()
+    named = dict(trainer.accelerator.unwrap_model(trainer.model).named_parameters())
+    assert all(torch.equal(named[n], value) for n, value in base.items())  # base weights frozen
+    moved = {n for n, value in start.items() if not torch.equal(named[n], value)}
+    assert any(f"lora_B.{ADAPTER}." in n for n in moved)  # the PRM learned
+    assert any("lora_B.default." in n for n in moved)  # the policy learned
+    assert {n for n, p in named.items() if p.requires_grad} == trainable  # requires_grad restored after each update
+    assert policy.active_adapters == ["default"]
+    logs = [entry for entry in trainer.state.log_history if "prime/prm_loss" in entry]
+    assert len(logs) == 2 and logs[1]["prime/prm_loss"] != pytest.approx(math.log(2))
+    assert all(math.isfinite(entry["loss"]) for entry in logs)
+
+
+def test_gradient_accumulation_and_several_iterations(tiny_model_path, tiny_dataset, tmp_path):
+    # 8-row generation batches split into 2 micro-batches of 4, each trained twice (num_iterations=2): a new batch
+    # every 4 micro-steps, so 4 optimizer steps of the policy see 2 generation batches and 2 PRM updates.
+    args = tiny_args(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_iterations=2,
+                     max_steps=4, prime_update="after")
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    assert len(batches) == 2
+    steps = {int(state["step"]) for state in trainer.credit.prm.optimizer.state.values()}
+    assert steps == {2}
+    logs = [entry for entry in trainer.state.log_history if "prime/prm_loss" in entry]
+    assert logs and all(math.isfinite(entry["prime/prm_loss"]) for entry in logs)
+    # "after": the first batch is scored by the initial PRM (= the reference): no process signal, only the outcome,
+    # so each row's advantage is constant over its tokens.
+    first = batches[0]
+    for advantages, mask in zip(first["advantages"], first["completion_mask"]):
+        values = advantages[mask.bool()]
+        assert torch.allclose(values, values[0].expand_as(values))
+
+
+def test_a_plain_grpo_config_is_refused(tiny_model_path, tiny_dataset, tmp_path):
+    from trl import GRPOConfig
+
+    plain = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8,
+                       num_generations=4, max_completion_length=8)
+    with pytest.raises(ValueError, match="CreditConfig"):
+        CreditTrainer(tiny_model_path, [accuracy_reward], args=plain, train_dataset=tiny_dataset,
+                      credit=ImplicitPRMCredit())
+
+
+# ------------------------------------------------------------------------------------------- two processes
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("weights", ["full", "lora"])
+def test_two_processes_equal_one_process(tiny_model_path, tmp_path, weights):
+    """One group of 8 rows spanning both processes (4 rows each) or all on one: the same rows get the same per-token
+    advantages (row means, the largest return, the whitening moments and the PRM's gradients summed across
+    processes), and the PRM's metrics are the same; with LoRA the PRM is an adapter of the DDP-wrapped policy."""
+    import json
+    import os
+
+    from tests.mp import run_torchrun
+
+    results = {}
+    for nproc in (2, 1):
+        out = str(tmp_path / str(nproc))
+        os.makedirs(out)
+        run_torchrun("tests/mp_scripts/prime_two_processes.py", tiny_model_path, out, weights, nproc=nproc,
+                     timeout=600)
+        reports = [json.load(open(os.path.join(out, f"result_{rank}.json"))) for rank in range(nproc)]
+        assert all(r["logs"] == reports[0]["logs"] for r in reports)
+        rows = {(step, row): (text, adv) for r in reports for step, row, text, adv in r["records"]}
+        results[nproc] = rows, reports[0]["logs"]
+    (rows_two, logs_two), (rows_one, logs_one) = results[2], results[1]
+    assert len(rows_one) == 16 and rows_two.keys() == rows_one.keys()
+    for key, (text, advantages) in rows_one.items():
+        assert rows_two[key][0] == text
+        assert rows_two[key][1] == pytest.approx(advantages, rel=1e-4, abs=1e-4), key
+    assert any(max(a) - min(a) > 1e-3 for (step, _), (_, a) in rows_one.items() if step == 1)  # process signal
+    assert len(logs_one) == 2
+    for log_one, log_two in zip(logs_one, logs_two, strict=True):
+        assert log_two == pytest.approx(log_one, rel=1e-4, abs=1e-6)
+
+
+def test_cue_modifier_boosts_the_positive_tokens_of_correct_rows(tiny_model_path, tiny_dataset, tmp_path):
+    """modifiers=["cue"] with uniform_boost: the same run (same seed, same generations, same PRM update) as the credit
+    alone, except that each row of Cue-GRPO's positive set (correct, positive direction: its first token's
+    advantage) has its positive tokens times tau = 1.25; every other value is unchanged."""
+    runs = {}
+    for name, extra in (("alone", {}), ("cue", {"modifiers": ["cue"], "cue_weighting": "uniform_boost",
+                                               "cue_tau": 1.25})):
+        trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward],
+                                args=tiny_args(tmp_path / name, **extra), train_dataset=tiny_dataset)
+        batches, _ = recorded(trainer)
+        trainer.train()
+        runs[name] = batches[0]
+    alone, cue = runs["alone"], runs["cue"]
+    assert torch.equal(alone["completion_ids"], cue["completion_ids"])
+    lengths = cue["completion_mask"].sum(dim=1).tolist()
+    boosted = 0
+    for i in range(alone["advantages"].size(0)):
+        a, b = alone["advantages"][i, :lengths[i]], cue["advantages"][i, :lengths[i]]
+        changed = ~torch.isclose(a, b, rtol=1e-6, atol=1e-7)
+        if changed.any():
+            assert alone["advantages"][i, 0] > 0  # a row of positive direction
+            ids = cue["completion_ids"][i, :lengths[i]]
+            assert len(trainer.processing_class.decode(ids, skip_special_tokens=True)) % 2 == 1  # correct
+            torch.testing.assert_close(b[changed], 1.25 * a[changed])
+            assert (a[changed] > 0).all() and torch.equal(changed, a > 0)
+            boosted += 1
+    assert boosted >= 1
+
+
+def test_evaluation_batches_are_scored_but_not_learned_from(tiny_model_path, tmp_path):
+    from trl_credit.tasks.data import make_arithmetic_dataset
+
+    data = make_arithmetic_dataset(num_train=8, num_test=4, seed=0)
+    args = tiny_args(tmp_path, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=data["train"],
+                            eval_dataset=data["test"])
+    trainer.train()
+    evaluation = next(log for log in trainer.state.log_history if "eval_loss" in log)
+    assert "eval_prime/prm_loss" in evaluation and math.isfinite(evaluation["eval_loss"])
+    assert {int(state["step"]) for state in trainer.credit.prm.optimizer.state.values()} == {1}  # the train batch

@@ -1,0 +1,187 @@
+"""PRIME as a credit of the credit core (trl_credit/core/trainer.py): :class:`ImplicitPRMCredit`,
+``credit="implicit_prm"`` (Cui et al. 2025, "Process Reinforcement through Implicit Rewards"; docs/process.md,
+"Implicit process rewards").
+Per generation batch:
+
+- The credited rows (scorable, in a group, their group free of ±inf rewards; a truncated row too: TRL masks its
+  loss, not its reward) are scored by the reference π_ref; the implicit PRM π_φ takes ``prime_updates_per_batch``
+  AdamW steps of L_CE on their outcome labels (the verifier's verdicts, ``success_reward``) before
+  (``prime_update="before"``, the paper) or after scoring them.
+- Token rewards r_t = β log π_φ / π_ref (:func:`~.advantages.token_rewards`), optionally scaled by the batch's
+  largest |return|; the leave-one-out baseline of each row from the other rows' mean token rewards; the process
+  returns plus the RLOO outcome advantage of TRL's weighted total reward (:mod:`.advantages`), optionally whitened
+  over the batch's trained tokens: per-token advantages (B, T).
+- Each row's sequence-level direction is its first token's advantage (``RowBatch.sequence_signs`` for Cue-GRPO's
+  positive set, ``sequence_anchors`` for TRL's per-sequence decisions), as for the process credit.
+
+Collective calls: every process runs the same gathers (row means, the largest return, the whitening moments, the
+PRM's gradients), whatever its rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
+from trl_credit.core.context import BatchContext
+from trl_credit.core.logs import nonfinite_reward_groups
+from trl_credit.core.registry import only, register_part
+from trl_credit.core.setup import check_single_turn
+from trl_credit.core.success import total_rewards
+from trl_credit.core.trainer import Credit
+from trl_credit.prime.advantages import (
+    batch_max_normalized,
+    classification_accuracy,
+    cross_entropy_loss,
+    has_baseline,
+    largest_return,
+    leave_one_out_means,
+    outcome_advantages,
+    pairwise_accuracy,
+    prime_advantages,
+    process_returns,
+    token_rewards,
+    whitened,
+)
+from trl_credit.prime.config import PrimeFields
+from trl_credit.prime.prm import ImplicitPRM
+
+__all__ = ["ImplicitPRMCredit", "SIGN_TOLERANCE"]
+
+#: |first-token advantage| at or below this is direction 0 (as the process credit's rows).
+SIGN_TOLERANCE = 1e-9
+
+
+@register_part(
+    "credit", "implicit_prm", help="PRIME: token rewards of an implicit PRM learned online from outcome labels",
+    fields=PrimeFields, check="_check_prime_fields",
+    accepts={"rollout": only("groups", why="the leave-one-out baselines and the PRM's labels are defined on GRPO's "
+                                            "groups of iid completions of one prompt")},
+)
+class ImplicitPRMCredit(Credit):
+    """PRIME's per-token advantages (module docstring)."""
+
+    name = "implicit_prm"
+    sets_sequence_anchors = True  # (B, T) advantages: TRL's per-sequence decisions read batch.sequence_anchors
+
+    def __init__(self):
+        self.prm = None
+
+    def setup(self, trainer) -> None:
+        check_single_turn(trainer, "credit='implicit_prm'")
+        for flag, what in (("is_deepspeed_enabled", "DeepSpeed"), ("is_fsdp_enabled", "FSDP")):
+            if getattr(trainer, flag, False):
+                raise ValueError(f"credit='implicit_prm' does not run under {what}: its implicit PRM is updated "
+                                 "outside the policy's engine (a LoRA adapter or a model copy with its own optimizer). "
+                                 "Use DDP (accelerate launch without a DeepSpeed/FSDP config).")
+        if not hasattr(trainer.args, "success_reward"):
+            raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
+                             "success_reward names the verifier), not a plain GRPOConfig.")
+        self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate)
+
+    def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
+        args = ctx.args
+        completion_ids = batch.completion_ids
+        num_local, num_tokens = completion_ids.shape
+        device = completion_ids.device
+        # Credited rows: scorable, in a group, no ±inf reward in the group (GRPO gives those 0).
+        grouped = batch.group_ids != NO_GROUP
+        nonfinite = torch.zeros(batch.num_rows, dtype=torch.bool)
+        nonfinite[grouped] = nonfinite_reward_groups(
+            ctx, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
+            "prime/nonfinite_reward_rate").cpu()
+        credited = (batch.scorable.cpu() & grouped & ~nonfinite)
+        local = batch.local_rows(credited)
+        rows_here = local.nonzero().flatten().tolist()
+        index = torch.tensor(rows_here, dtype=torch.long, device=device)
+        # A truncated row's tokens too (mask_truncated_completions zeroes its completion_mask, not its reward).
+        lengths = torch.tensor(generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id),
+                               device=device)
+        full_mask = (torch.arange(num_tokens, device=device)[None] < lengths[:, None]).long()
+        rows = (batch.prompt_ids[index], batch.prompt_mask[index], completion_ids[index], full_mask[index])
+        mask = full_mask[index].double()
+        if batch.success is None:
+            raise ValueError("credit='implicit_prm': the batch has no verifier verdicts (success_reward).")
+        labels = batch.local_rows(batch.success.cpu())[local].double().to(device)
+        num_credited = int(credited.sum())
+        size = args.per_device_train_batch_size
+
+        def sum_across_processes(tensor):
+            return ctx.gather(tensor[None]).sum(dim=0)
+
+        reference = self.prm.reference_logps(rows, size, ctx.autocast).double()
+        beta, updates = args.prime_beta, args.prime_updates_per_batch
+        if ctx.mode != "train":
+            updates = 0  # evaluation batches are scored by the PRM, never learned from
+        first = None  # the first update's loss and pre-step sequence rewards: the PRM as it met this batch
+
+        def learn():
+            nonlocal first
+            for _ in range(updates if num_credited else 0):
+                step = self.prm.update(rows, mask, reference, labels, beta, num_credited, size, ctx.autocast,
+                                       sum_across_processes)
+                first = first or step
+
+        if args.prime_update == "before":
+            learn()
+        prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
+        rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
+        if args.prime_update == "after":
+            learn()
+        self._log_prm(ctx, batch, rows_here, labels, rewards, first)
+
+        if args.prime_process_norm == "batch_max":
+            largest = float(ctx.gather(torch.tensor([largest_return(rewards)], device=device)).max())
+            rewards = batch_max_normalized(rewards, largest)
+        row_means = torch.zeros(num_local, dtype=torch.float64, device=device)
+        if rows_here:
+            row_means[index] = rewards.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        every_mean = ctx.gather(row_means).cpu()
+        baselines = batch.local_rows(leave_one_out_means(every_mean, batch.group_ids, credited))[local].to(device)
+        returns = process_returns(rewards, mask, baselines, args.prime_gamma)
+        totals = total_rewards(batch.rewards_per_func, ctx.reward_weights).double().cpu()
+        outcome = batch.local_rows(outcome_advantages(torch.nan_to_num(totals), batch.group_ids, credited))[local]
+        compared = batch.local_rows(has_baseline(batch.group_ids, credited))[local].to(device)
+        values = prime_advantages(returns, outcome.to(device), mask, compared, args.prime_process_coef,
+                                  args.prime_outcome_coef)
+        if args.prime_whiten:
+            trained = mask * batch.loss_mask[index].double()  # the whitening's statistics: tokens TRL trains
+            moments = sum_across_processes(torch.tensor(
+                [float((values * trained).sum()), float((values * values * trained).sum()), float(trained.sum())],
+                dtype=torch.float64, device=device))
+            values = whitened(values, mask, *moments.tolist())
+
+        advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64, device=device)
+        if rows_here:
+            advantages[index] = values
+        sequence = ctx.gather_rows(advantages[:, 0].tolist())  # a row's first token's advantage, every row
+        batch.log_advantages(sequence)
+        batch.sequence_signs = torch.tensor(
+            [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
+        batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
+        return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
+
+    @staticmethod
+    def _log_prm(ctx, batch, rows_here, labels, rewards, first) -> None:
+        """Global metrics of the PRM on this batch (every process gathers every credited row's values)."""
+        offset = batch.local.start
+        scored = rewards.sum(dim=1)  # r_φ(y) after this batch's update under "before"
+        met = scored if first is None else first["sequence_rewards"].double()  # the PRM as the batch found it
+        records = ctx.gather_rows([
+            (offset + row, float(met[k]), float(scored[k]), float(labels[k])) for k, row in enumerate(rows_here)])
+        if not records:
+            return
+        met_all = torch.tensor([r[1] for r in records], dtype=torch.float64)
+        label_all = torch.tensor([r[3] for r in records], dtype=torch.float64)
+        groups = [int(batch.group_ids[r[0]]) for r in records]
+        loss = float(cross_entropy_loss(met_all, label_all)) / len(records)
+        ctx.metric("prime/prm_loss", loss)
+        ctx.metric("prime/prm_accuracy", float(classification_accuracy(met_all, label_all).mean()))
+        pairwise = pairwise_accuracy(met_all, label_all, groups)
+        if pairwise is not None:
+            ctx.metric("prime/prm_pairwise_accuracy", pairwise)
+        for name, wanted in (("correct", 1.0), ("wrong", 0.0)):
+            chosen = [r[2] for r in records if r[3] == wanted]
+            if chosen:
+                ctx.metric(f"prime/sequence_reward_{name}", sum(chosen) / len(chosen))
+        ctx.metric("prime/credited_rate", len(records) / batch.num_rows)

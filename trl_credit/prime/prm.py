@@ -1,0 +1,193 @@
+"""The implicit PRM's weights and its online update (docs/process.md#the-prms-weights).
+
+- The policy is a PEFT model: the PRM is a second adapter (``implicit_prm``) on the policy's base model, a copy of
+  the policy's adapter when training starts (the paper initializes π_φ from the policy); no second copy of the base
+  weights. Its reference is the base model with the adapters disabled (what TRL's own reference is under PEFT), the
+  policy's initial weights when its adapter starts at LoRA's identity (B = 0); a trained adapter is warned about.
+- Otherwise the PRM is a full copy of the policy, and its reference TRL's reference model (``beta > 0``) or a frozen
+  copy of the policy's initial weights.
+
+The PRM has its own AdamW (no weight decay, gradient norm clipped at 1.0, as the released recipe) over its own
+parameters only; they are frozen (``requires_grad=False``) outside its update, so the policy's optimizer, DDP and
+TRL's gradient accumulation never see them. With several processes each computes the loss of its rows and the
+gradients are summed across processes (one gather) before the step, so every process takes the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+
+import torch
+
+from trl_credit.prime.advantages import cross_entropy_loss
+
+__all__ = ["ADAPTER", "GRAD_CLIP", "ImplicitPRM", "completion_logps"]
+
+#: The PRM adapter's name on a PEFT policy.
+ADAPTER = "implicit_prm"
+#: The PRM's gradient clipping (verl recipe/prime: ``grad_clip: 1.0``).
+GRAD_CLIP = 1.0
+
+
+def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """log π(y_t | x, y_<t) of each completion token under ``model`` (B, T), float32, gradients kept when enabled.
+    The model's own distribution (no sampling temperature: the implicit reward is log π_φ / π_ref)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, prompt_ids.size(1) - 1:-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _detached_copy(model):
+    """A deep copy of ``model`` that computes with its own weights. Accelerate and TRL patch a model's ``forward``
+    onto the instance (mixed-precision wrappers bound to the original module); a deep copy would keep those bound
+    methods and run, and back-propagate into, the policy's weights. The copy gets its class's ``forward`` back (its
+    passes run under the batch's autocast)."""
+    duplicate = copy.deepcopy(model)
+    for module in duplicate.modules():
+        if "forward" in vars(module):
+            del module.forward
+    return duplicate
+
+
+class ImplicitPRM:
+    """π_φ and π_ref for one trainer (module docstring). Built in the credit's ``setup(trainer)``."""
+
+    def __init__(self, trainer, learning_rate: float):
+        policy = trainer.model  # not wrapped yet: DDP / DeepSpeed wrap it when training starts
+        self.peft = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")  # a PeftModel
+        if self.peft:
+            self.policy = policy
+            self.policy_adapter = policy.active_adapter if isinstance(policy.active_adapter, str) else \
+                policy.active_adapter[0]
+            config = copy.deepcopy(policy.peft_config[self.policy_adapter])
+            if getattr(config, "modules_to_save", None) and getattr(trainer.args, "use_vllm", False):
+                # TRL's vLLM weight sync strips only the policy adapter's modules_to_save prefix: the PRM's copies
+                # would reach vLLM under names it does not know.
+                raise ValueError("credit='implicit_prm' with a LoRA policy whose modules_to_save is set cannot use "
+                                 "vLLM (use_vllm=True): the PRM adapter's copies of those modules would be sent to "
+                                 "vLLM. Leave modules_to_save unset, or train without vLLM.")
+            config.inference_mode = False
+            with self._keeping_trainable(policy):
+                policy.add_adapter(ADAPTER, config)
+            suffix, prm_suffix = f".{self.policy_adapter}.", f".{ADAPTER}."
+            own = dict(policy.named_parameters())
+            self.parameters = []
+            with torch.no_grad():
+                for name, parameter in own.items():
+                    if prm_suffix in name:
+                        source = own.get(name.replace(prm_suffix, suffix))
+                        if source is not None:
+                            parameter.copy_(source)
+                        parameter.requires_grad_(False)
+                        self.parameters.append(parameter)
+            if any(p.abs().max() > 0 for n, p in own.items() if "lora_B" in n and suffix in n):
+                warnings.warn(
+                    "credit='implicit_prm': the policy's LoRA adapter is not at its identity initialization (lora_B "
+                    "is not 0), so the PRM's reference, the base model with adapters disabled (as TRL's reference "
+                    "under PEFT), is not the policy's initial weights: the implicit rewards start from log "
+                    "pi_adapter / pi_base instead of 0.", UserWarning, stacklevel=3)
+            self.model = None
+            self.reference = None
+        else:
+            self.policy = None
+            self.model = _detached_copy(policy)
+            self.model.requires_grad_(False)
+            self.parameters = [p for p in self.model.parameters() if p.is_floating_point()]
+            reference = getattr(trainer, "ref_model", None)
+            if reference is None:
+                reference = _detached_copy(policy).eval()
+                reference.requires_grad_(False)
+            self.reference = reference
+        self.optimizer = torch.optim.AdamW(self.parameters, lr=learning_rate, weight_decay=0.0)
+
+    # ---- the two distributions
+    @staticmethod
+    @contextlib.contextmanager
+    def _keeping_trainable(model):
+        """PEFT's ``add_adapter`` / ``set_adapter`` change which parameters require gradients: restore them."""
+        flags = {name: p.requires_grad for name, p in model.named_parameters()}
+        try:
+            yield
+        finally:
+            for name, p in model.named_parameters():
+                p.requires_grad_(flags.get(name, False))
+
+    @contextlib.contextmanager
+    def _prm(self):
+        """The PRM as a module: the policy with the PRM adapter active, or the PRM copy."""
+        if not self.peft:
+            yield self.model
+            return
+        with self._keeping_trainable(self.policy):
+            self.policy.set_adapter(ADAPTER)
+            try:
+                yield self.policy
+            finally:
+                self.policy.set_adapter(self.policy_adapter)
+
+    def prm_logps(self, rows, batch_size: int, autocast) -> torch.Tensor:
+        """No-grad log π_φ over ``rows`` (prompt_ids, prompt_mask, completion_ids, completion_mask)."""
+        with torch.no_grad(), self._prm() as model:
+            return self._chunked(model, rows, batch_size, autocast)
+
+    def reference_logps(self, rows, batch_size: int, autocast) -> torch.Tensor:
+        """No-grad log π_ref over ``rows``."""
+        with torch.no_grad():
+            if self.peft:
+                with self.policy.disable_adapter():
+                    return self._chunked(self.policy, rows, batch_size, autocast)
+            return self._chunked(self.reference, rows, batch_size, autocast)
+
+    @staticmethod
+    def _chunked(model, rows, batch_size: int, autocast) -> torch.Tensor:
+        was_training = model.training
+        model.eval()  # no dropout in a scoring pass (TRL's log-prob passes run the same way)
+        try:
+            pieces = []
+            for start in range(0, rows[0].size(0), batch_size):
+                with autocast():
+                    pieces.append(completion_logps(model, *(x[start:start + batch_size] for x in rows)))
+            return torch.cat(pieces) if pieces else rows[2].new_zeros(rows[2].shape, dtype=torch.float32)
+        finally:
+            model.train(was_training)
+
+    # ---- the update
+    def update(self, rows, mask, ref_logps, labels, beta: float, num_rows: int, batch_size: int, autocast,
+               sum_across_processes) -> dict:
+        """One AdamW step of L_CE (§3.2) over this process's ``rows`` (``labels`` r_o, the credited rows only;
+        ``mask`` the tokens of each completion) for a batch of ``num_rows`` credited rows on all processes. Returns
+        this process's summed loss and the sequence rewards r_φ(y) it was computed from (before the step)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, sequence_rewards = 0.0, []
+        # TRL scores a generation batch under torch.no_grad(): the PRM's update needs its gradients back.
+        with torch.enable_grad(), self._prm() as model:
+            for p in self.parameters:
+                p.requires_grad_(True)
+            try:
+                for start in range(0, rows[0].size(0), batch_size):
+                    piece = slice(start, start + batch_size)
+                    with autocast():
+                        logps = completion_logps(model, *(x[piece] for x in rows))
+                    rewards = (beta * (logps - ref_logps[piece]) * mask[piece]).sum(dim=1)
+                    loss = cross_entropy_loss(rewards, labels[piece])
+                    (loss / max(num_rows, 1)).backward()
+                    loss_sum += float(loss.detach())
+                    sequence_rewards.append(rewards.detach())
+            finally:
+                for p in self.parameters:
+                    p.requires_grad_(False)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        flat = sum_across_processes(torch.cat([g.reshape(-1).float() for g in grads]))
+        offset = 0
+        for p in self.parameters:
+            p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        torch.nn.utils.clip_grad_norm_(self.parameters, GRAD_CLIP)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        rewards = torch.cat(sequence_rewards) if sequence_rewards else ref_logps.new_zeros(0)
+        return {"loss_sum": loss_sum, "sequence_rewards": rewards}
