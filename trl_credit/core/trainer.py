@@ -111,6 +111,10 @@ class Rollout(Part):
         at the outcome stage; None (the default): the credit values the rows themselves."""
         return None
 
+    def trained_prompt(self, prompt):
+        """A dataset prompt as this rollout trains on it (the model card's quick start uses it); default: unchanged."""
+        return prompt
+
     def rollout_rows(self, ctx: BatchContext, prompts: list) -> dict:
         """Not overridden (the default): TRL generates the rows. Overridden (SRPO's resets): the rows of this
         process's ``prompts`` (one per prompt row, as TRL duplicated them), built by the rollout itself. The core then
@@ -313,7 +317,9 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
                  credit: Credit | None = None, modifiers=None,
                  on_credit: Callable[[CreditStep], None] | list[Callable[[CreditStep], None]] | None = None, **kwargs):
-        # The composition (parts by name, refusals) sits above the method packages, which import this module.
+        # The library's one upward import, on purpose and at construction (tests/test_import_graph.py's UPWARD): a bare
+        # CreditTrainer builds its parts by name and defaults to CreditConfig, the union of every part's fields, so the
+        # composition must know every method (config.py imports them) while the methods subclass this class.
         from trl_credit.config import CreditConfig, refusal, selected_parts
 
         self._credit_callbacks = []
