@@ -179,11 +179,15 @@ def test_benchmark_commands_use_real_options():
             if not script.startswith("benchmarks/"):
                 continue
             source = (ROOT / script).read_text()
-            # options a script takes from a sibling module (the mechanism scripts' mechanism_common.py)
-            for module in re.findall(r"^import (\w+)|^from (\w+) import", source, flags=re.M):
-                sibling = ROOT / "benchmarks" / f"{''.join(module)}.py"
-                if sibling.exists():
-                    source += sibling.read_text()
+            # options a script takes from a module beside it or from the shared harness package (the mechanism
+            # scripts' benchmarks/harness/mechanisms.py)
+            for imported, package, name in re.findall(r"^import ([\w.]+)|^from ([\w.]+) import (\w+)", source,
+                                                      flags=re.M):
+                module = (imported or package).replace(".", "/")
+                for sibling in ((ROOT / script).parent / f"{module}.py", ROOT / "benchmarks" / f"{module}.py",
+                                ROOT / "benchmarks" / module / "__init__.py", ROOT / "benchmarks" / module / f"{name}.py"):
+                    if sibling.exists():
+                        source += sibling.read_text()
             for option in options:
                 assert re.search(rf"""["']{re.escape(option)}["']""", source), (
                     f"{where}: `{command}` passes {option}, which {script} does not define")
@@ -197,7 +201,7 @@ def test_learning_refuses_abbreviated_seed(capsys):
     # abbreviation is now refused, so a typo cannot silently select another option.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("learning_cli", ROOT / "benchmarks" / "learning.py")
+    spec = importlib.util.spec_from_file_location("learning_cli", ROOT / "benchmarks" / "learning" / "learning.py")
     learning = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(learning)
     with pytest.raises(SystemExit) as exit_info:  # --methods bogus: the old parser stopped there, after parsing

@@ -180,7 +180,7 @@ def return_freed_buffers(threshold: int | None = None) -> bool:
     forward/backward (tens of MB each, freed and reallocated in different sizes around the tensors autograd keeps)
     come from the heap, which fragments and never shrinks: in the README's SRPO job the process held ~2.9 GB after a
     forward that kept 0.3 GB. Not free: each such buffer is then a fresh, page-faulted mapping (the README's job took
-    ~1.1x the time, ``benchmarks/cpu_memory.py``). A process-wide setting, made once: the first call's threshold is
+    ~1.1x the time, ``benchmarks/cost/cpu_memory.py``). A process-wide setting, made once: the first call's threshold is
     kept (a benchmark may choose its own before building trainers); left alone when the user set
     ``MALLOC_MMAP_THRESHOLD_`` (any value: glibc applies it at start-up) or the C library is not glibc.
     """

@@ -14,7 +14,7 @@ correct samples, AUC@K over the budgets {1,4,8,16,32,64,128,256} ∩ [1, K]. avg
 n samples too (the expectation over random k-subsets): avg@k = c/n for every k, maj@k exact with random tie-breaking.
 
 Sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the setting of the README's base-accuracy table
-(``benchmarks/base_accuracy.py``, :mod:`trl_credit.tasks.data`), so a default evaluation of a model trained on the
+(``benchmarks/learning/base_accuracy.py``, :mod:`trl_credit.tasks.data`), so a default evaluation of a model trained on the
 built-in task is comparable with that table. Long-form tasks need a larger ``max_new_tokens``.
 """
 
@@ -405,7 +405,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="trl-credit-eval",
         description="Repeated-sampling evaluation (pass@k, AUC@K, avg@k, maj@k) of a causal LM; writes "
         "report.json and pass_at_k.png. The sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the "
-        "setting of the README's base-accuracy table (benchmarks/base_accuracy.py); raise --max_new_tokens for "
+        "setting of the README's base-accuracy table (benchmarks/learning/base_accuracy.py); raise --max_new_tokens for "
         "long-form tasks.",
     )
     parser.add_argument("--model", default=None,
