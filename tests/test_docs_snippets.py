@@ -26,7 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MARKDOWN = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Shell commands are also checked in these (they hold reproduction commands).
-SHELL_MARKDOWN = [*MARKDOWN, ROOT / "BENCHMARKS.md", ROOT / "examples" / "accelerate_configs" / "MULTI_NODE.md"]
+SHELL_MARKDOWN = [*MARKDOWN, ROOT / "BENCHMARKS.md", ROOT / "benchmarks" / "results" / "HISTORY.md",
+                  ROOT / "examples" / "accelerate_configs" / "MULTI_NODE.md"]
 
 HUB_MODELS = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 HUB_DATASETS = ('load_dataset("my/math-dataset", split="train")',)
@@ -248,3 +249,11 @@ def test_relative_links_point_to_existing_files():
             if "://" in target or target.startswith("mailto:"):
                 continue
             assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+def test_benchmarks_md_is_the_current_state_and_links_its_history():
+    # BENCHMARKS.md holds the latest numbers per question (a newcomer reads it in minutes); earlier runs move to
+    # benchmarks/results/HISTORY.md, which it links, so nothing measured is lost.
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert len(text.splitlines()) <= 450
+    assert "(benchmarks/results/HISTORY.md" in text and (ROOT / "benchmarks" / "results" / "HISTORY.md").exists()

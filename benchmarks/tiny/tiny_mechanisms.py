@@ -1,6 +1,6 @@
 """Question: Where do the token credit and DATPO's forks land on the tiny testbed, against the step checker?
 
-Where the token credit lands on the tiny testbed, against the step checker (BENCHMARKS.md section 6).
+Where the token credit lands on the tiny testbed, against the step checker (BENCHMARKS.md section 4).
 
 For OPPO (self-oracle), the process credit (the checker's own step rewards) and GRPO (uniform, the reference), a
 few generation batches of the testbed model (learning rate 0: the rollouts of the starting model, the same for every
