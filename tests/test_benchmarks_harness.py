@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
 
 import harness  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_overhead_spread_gives_median_range_and_geometric_mean_interval():
 
 
 def test_learning_on_chain_trains_and_evaluates_every_method_on_the_dataset_prompt(tmp_path, capsys):
-    """benchmarks/learning.py --task chain: the prompt each trainer generates from is the held-out prompt, for every
+    """benchmarks/learning/learning.py --task chain: the prompt each trainer generates from is the held-out prompt, for every
     method (SRPO/RRPO without a rollout template), under the same rollout budget; on arithmetic SRPO keeps its
     `lines` template and is evaluated on it."""
     import argparse
@@ -286,7 +286,7 @@ def test_learning_chain_grid_runs_cue_grpo_with_the_structure_partition(tiny_mod
 def test_pooled_gain_averages_seeds_per_problem_then_pairs_with_the_base():
     """Two problems, two seeds, 4 samples each (hand-worked): per problem the seeds' mean accuracy minus the base's,
     q1: (2/4 + 4/4)/2 - 1/4 = 0.5, q2: (2/4 + 1/4)/2 - 2/4 = -0.125; mean 0.1875, SE = |0.5 + 0.125|/sqrt(2)/sqrt(2)."""
-    import plots
+    from harness import plots
 
     def report(counts):
         return {"problems": [dict(question=q, num_correct=k, num_samples=4) for q, k in counts.items()]}

@@ -42,7 +42,10 @@ def test_paired_difference_refuses_other_problems_or_sample_counts():
         paired_difference(report([1, 2]), report([1, 2], prompts=["q0", "other"]))
 
 
-def test_compare_base_evaluates_the_adapters_base_with_the_same_settings(tiny_model_path, tmp_path, capsys):
+def test_compare_base_evaluates_the_adapters_base_with_the_same_settings(tiny_model_path, tmp_path, capsys,
+                                                                       monkeypatch):
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -50,6 +53,20 @@ def test_compare_base_evaluates_the_adapters_base_with_the_same_settings(tiny_mo
                            LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     model.save_pretrained(str(tmp_path / "adapter"))
     out = tmp_path / "adapter-eval"
+    figures, curves = [], []  # (png, {label: y values}) of every figure saved, read where matplotlib draws and saves
+    real_plot, real_savefig = Axes.plot, Figure.savefig
+
+    def plot(self, x, y, *args, **kwargs):
+        curves.append((kwargs.get("label"), list(y)))
+        return real_plot(self, x, y, *args, **kwargs)
+
+    def savefig(self, path, *args, **kwargs):
+        figures.append((str(path), dict(curves)))
+        curves.clear()
+        return real_savefig(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", plot)
+    monkeypatch.setattr(Figure, "savefig", savefig)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         code = main(["--adapter", str(tmp_path / "adapter"), "--num_problems", "3", "-n", "2", "--max_new_tokens",
@@ -67,5 +84,11 @@ def test_compare_base_evaluates_the_adapters_base_with_the_same_settings(tiny_mo
     assert base["settings"]["rollout_template"] == "lines"
     assert f"trained {100 * trained['accuracy']:.1f}% vs base {100 * base['accuracy']:.1f}%" in printed
     assert not math.isnan(trained["accuracy"])
+    # the adapter's plot, drawn last, holds the base's pass@k beside its own (values from the two reports)
+    png, drawn = figures[-1]
+    assert png == str(out / "pass_at_k.png") and f"both in plot {png}" in printed
+    assert drawn["pass@k"] == pytest.approx([100 * trained["pass_at_k"][k] for k in ("1", "2")])
+    assert drawn["pass@k (base)"] == pytest.approx([100 * base["pass_at_k"][k] for k in ("1", "2")])
+    assert "pass@k (base)" not in figures[0][1]  # the adapter's first plot, before the base ran
     with pytest.raises(SystemExit, match="--adapter"):
         main(["--model", tiny_model_path, "--compare_base"])

@@ -489,3 +489,28 @@ def test_a_composed_oppo_credit_checks_the_answer_column_at_construction(tiny_mo
     args = tiny_args(tmp_path, credit="oppo")
     with pytest.raises(ValueError, match="answer"):
         CreditTrainer(tiny_model_path, parity_reward, args=args, train_dataset=tiny_dataset.remove_columns("answer"))
+
+
+def always_correct(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("split", [dict(num_generations=3, per_device_train_batch_size=3),
+                                   dict(num_generations=8, reset_groups=1, suffixes_per_reset=8,
+                                        per_device_train_batch_size=8)], ids=["G3", "1x8"])
+def test_resets_x_oppo_with_every_reset_group_falling_back_and_no_base_group(tiny_model_path, tiny_dataset, tmp_path,
+                                                                             split):
+    # No base group (G = 3: one reset group of 3; the paper's 1x8) and no incorrect seed (every row correct): every
+    # row of the batch is a fallback row, in no group, so OPPO has statistics of zero groups. Its credit is 0 for
+    # rows of no group (as for every fallback row of a batch with groups), and the step trains finitely.
+    args = tiny_args(tmp_path, rollout="resets", credit="oppo", max_completion_length=4, max_seed_rounds=1,
+                     rollout_template=TEMPLATE, thought_delimiter=" ", **split)
+    trainer = CreditTrainer(tiny_model_path, always_correct, args=args, train_dataset=tiny_dataset)
+    outputs = []
+    trainer.add_credit_callback(lambda step: outputs.append(step.output))
+    trainer.train()
+    assert trainer.state.global_step == 1 and math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    (output,) = outputs
+    assert output["advantages"].abs().sum().item() == 0.0  # fallback rows: advantage 0
+    log = next(log for log in trainer.state.log_history if "srpo/fallback_rate" in log)
+    assert log["srpo/fallback_rate"] == 1.0

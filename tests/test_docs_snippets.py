@@ -26,7 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MARKDOWN = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Shell commands are also checked in these (they hold reproduction commands).
-SHELL_MARKDOWN = [*MARKDOWN, ROOT / "BENCHMARKS.md", ROOT / "examples" / "accelerate_configs" / "MULTI_NODE.md"]
+SHELL_MARKDOWN = [*MARKDOWN, ROOT / "BENCHMARKS.md", ROOT / "benchmarks" / "results" / "HISTORY.md",
+                  ROOT / "examples" / "accelerate_configs" / "MULTI_NODE.md"]
 
 HUB_MODELS = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 HUB_DATASETS = ('load_dataset("my/math-dataset", split="train")',)
@@ -179,11 +180,15 @@ def test_benchmark_commands_use_real_options():
             if not script.startswith("benchmarks/"):
                 continue
             source = (ROOT / script).read_text()
-            # options a script takes from a sibling module (the mechanism scripts' mechanism_common.py)
-            for module in re.findall(r"^import (\w+)|^from (\w+) import", source, flags=re.M):
-                sibling = ROOT / "benchmarks" / f"{''.join(module)}.py"
-                if sibling.exists():
-                    source += sibling.read_text()
+            # options a script takes from a module beside it or from the shared harness package (the mechanism
+            # scripts' benchmarks/harness/mechanisms.py)
+            for imported, package, name in re.findall(r"^import ([\w.]+)|^from ([\w.]+) import (\w+)", source,
+                                                      flags=re.M):
+                module = (imported or package).replace(".", "/")
+                for sibling in ((ROOT / script).parent / f"{module}.py", ROOT / "benchmarks" / f"{module}.py",
+                                ROOT / "benchmarks" / module / "__init__.py", ROOT / "benchmarks" / module / f"{name}.py"):
+                    if sibling.exists():
+                        source += sibling.read_text()
             for option in options:
                 assert re.search(rf"""["']{re.escape(option)}["']""", source), (
                     f"{where}: `{command}` passes {option}, which {script} does not define")
@@ -197,7 +202,7 @@ def test_learning_refuses_abbreviated_seed(capsys):
     # abbreviation is now refused, so a typo cannot silently select another option.
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("learning_cli", ROOT / "benchmarks" / "learning.py")
+    spec = importlib.util.spec_from_file_location("learning_cli", ROOT / "benchmarks" / "learning" / "learning.py")
     learning = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(learning)
     with pytest.raises(SystemExit) as exit_info:  # --methods bogus: the old parser stopped there, after parsing
@@ -244,3 +249,11 @@ def test_relative_links_point_to_existing_files():
             if "://" in target or target.startswith("mailto:"):
                 continue
             assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to {target}, which does not exist"
+
+
+def test_benchmarks_md_is_the_current_state_and_links_its_history():
+    # BENCHMARKS.md holds the latest numbers per question (a newcomer reads it in minutes); earlier runs move to
+    # benchmarks/results/HISTORY.md, which it links, so nothing measured is lost.
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert len(text.splitlines()) <= 450
+    assert "(benchmarks/results/HISTORY.md" in text and (ROOT / "benchmarks" / "results" / "HISTORY.md").exists()

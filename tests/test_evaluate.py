@@ -250,9 +250,9 @@ def test_cli_defaults_are_the_base_accuracy_setting():
 
     args = _parse_args([])
     # README "Built-in task and base accuracy" / trl_credit.tasks.data: temperature 0.7, top-p 1 (sampling default),
-    # 64 new tokens; the table is benchmarks/base_accuracy.py with its defaults
+    # 64 new tokens; the table is benchmarks/learning/base_accuracy.py with its defaults
     assert (args.temperature, args.top_p, args.max_new_tokens) == (0.7, 1.0, 64)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
     import base_accuracy
 
     table = base_accuracy.build_parser().parse_args([])
@@ -313,7 +313,7 @@ def test_lora_adapter_is_loaded_and_merged(tiny_model_path, tmp_path):
 
 @pytest.mark.slow
 def test_default_model_on_default_task_scores_above_zero(tmp_path):
-    # SmolLM2-135M-Instruct gets ~47% of the default task right (benchmarks/base_accuracy.py); with 4 problems x
+    # SmolLM2-135M-Instruct gets ~47% of the default task right (benchmarks/learning/base_accuracy.py); with 4 problems x
     # 4 samples, all 16 wrong would have probability ~0.53**16 < 1e-4 (and the run is seeded).
     report = evaluate(num_problems=4, num_samples=4, temperature=0.7, max_new_tokens=48, output_dir=str(tmp_path),
                       progress=False, device="cpu")

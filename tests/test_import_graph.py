@@ -151,12 +151,10 @@ LAYERS = {
     "cue_grpo": 2, "oppo": 2, "datpo": 2, "srpo": 2, "process": 2, "prime": 2,
     "config": 3, "evaluation": 3, "scripts": 3, "testbed": 3, "": 3,
 }
-# Upward imports kept, each inside a function (never at import time), with the reason.
+# Upward imports kept, each inside a function (never at import time), with the reason written at the import.
 UPWARD = {
     # a bare CreditTrainer(args=CreditConfig(...)) builds its parts by name: the composition sits above the methods
     ("trl_credit.core.trainer", "trl_credit.config"),
-    # the model card's quick start wraps the prompt in SRPO's rollout template when the run used one
-    ("trl_credit.model_card", "trl_credit.srpo.prompts"),
 }
 
 

@@ -1,13 +1,13 @@
-"""Pure helpers of the mechanism scripts' ``--task chain`` analyses (benchmarks/mechanism_*.py), hand-worked."""
+"""Pure helpers of the mechanism scripts' ``--task chain`` analyses (benchmarks/mechanisms/mechanism_*.py), hand-worked."""
 
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
 
-import mechanism_common  # noqa: E402
+from harness import mechanisms as mechanism_common  # noqa: E402
 
 
 def test_line_of_token_follows_the_checkers_line_numbering():
@@ -216,7 +216,7 @@ def test_record_resets_agrees_with_the_trainers_own_metrics(tiny_model_path, tin
 
 
 def test_chain_resets_pools_each_methods_resets_over_seeds(tmp_path, capsys):
-    """benchmarks/chain_resets.py: the resets SRPO-like learning runs recorded, pooled per method over seeds; runs
+    """benchmarks/mechanisms/chain_resets.py: the resets SRPO-like learning runs recorded, pooled per method over seeds; runs
     without resets (GRPO) are skipped; a folder with none is refused."""
     import json
 

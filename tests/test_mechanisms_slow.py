@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
 
 pytestmark = pytest.mark.slow
 

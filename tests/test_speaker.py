@@ -92,3 +92,26 @@ def test_a_config_refusal_names_the_config_and_its_part():
         SRPOConfig(**settings)
     with pytest.raises(ValueError, match=r"callable to CreditTrainer\(rollout=Resets\(step_checker=\.\.\.\)\)"):
         CreditConfig(rollout="resets", **settings)
+
+
+def test_process_refusals_and_warnings_name_the_trainer_and_its_credit(tiny_model_path, tiny_dataset, tmp_path):
+    settings = common(tmp_path, credit="process")
+    with pytest.raises(ValueError, match=r"^CreditTrainer \(process credit\): credit='process' needs a step-reward "):
+        CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
+                      args=CreditConfig(**settings))
+    settings.update(process_step_reward="chain")
+    with pytest.raises(ValueError, match=r"^CreditTrainer \(process credit\) does not support a custom `rollout_func`"):
+        CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
+                      args=CreditConfig(**settings), rollout_func=lambda prompts, trainer: {})
+
+    class MyTrainer(CreditTrainer):  # a user's subclass of the composed trainer speaks as itself
+        pass
+
+    # the tiny model writes no "@@@": every completion is one step, which is warned once
+    trainer = MyTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
+                        args=CreditConfig(**{**settings, "process_thought_delimiter": "@@@"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    one_step = [str(w.message) for w in caught if "no step delimiter" in str(w.message)]
+    assert len(one_step) == 1 and one_step[0].startswith("MyTrainer (process credit): "), one_step

@@ -1,4 +1,4 @@
-"""benchmarks/srpo_token_ratio.py's pure helpers: the token shares read off the logged metrics, the modelled shares,
+"""benchmarks/cost/srpo_token_ratio.py's pure helpers: the token shares read off the logged metrics, the modelled shares,
 and the summary of logged runs (hand-worked numbers)."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
 
 import srpo_token_ratio as ratio  # noqa: E402
 

@@ -80,7 +80,14 @@ def test_every_trl_override_is_written_once_in_the_core():
     core = _core_classes()
     outside = {name: places for name, places in overrides.items() if not set(places) <= core}
     assert outside == {}, f"TRL methods overridden outside CreditTrainer and its mixins ({sorted(core)}): {outside}"
-    assert rewrites == [], f"TRL methods swapped in by assignment instead of one override: {rewrites}"
+    # One swap is allowed, for the length of TRL's `_generate` only: the empty-completion check wraps whatever
+    # `_generate_single_turn` is on the instance (the core's override, a user's subclass override, or a function the
+    # user set on the instance) and restores it, so a 0-token completion emptied above the core meets the named error
+    # instead of TRL's IndexError. A class-body override would run below a user's subclass and miss it.
+    allowed = {("trl_credit/core/mixins.py", "_generate_single_turn")}
+    swapped = [r for r in rewrites if (r.split(":")[0], r.split(" ")[-1]) not in allowed]
+    assert swapped == [], f"TRL methods swapped in by assignment instead of one override: {swapped}"
+    assert len(rewrites) - len(swapped) <= 2  # the swap and its restore, nowhere else in that module
     # the two that were written twice before (a mixin's and the core's), now the core's alone
     assert overrides["_generate"] == ["trl_credit/core/trainer.py:CreditTrainer"]
     assert overrides["_generate_and_score_completions"] == ["trl_credit/core/trainer.py:CreditTrainer"]

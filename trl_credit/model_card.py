@@ -142,9 +142,7 @@ class MethodModelCardMixin(CreditLoggingMixin, MethodRNGStateMixin, CPUMemoryMix
         question = training_question(self.train_dataset) or "What is 3 + 4? Put the final answer in \\boxed{}."
         template = trained_rollout_template(self)
         if template is not None:  # prompt the adapter as it was trained: the question inside its rollout template
-            from .srpo.prompts import resolve_rollout_template, wrap_prompt
-
-            question = wrap_prompt(question, resolve_rollout_template(template))
+            question = self.rollout.trained_prompt(question)
         card = ModelCard.from_template(
             card_data,
             template_str=_TEMPLATE,

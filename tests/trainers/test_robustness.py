@@ -214,6 +214,54 @@ def test_an_empty_training_completion_is_refused_by_name(method, tiny_model_path
         trainer.train()
 
 
+def _emptied(completion_ids, logprobs, row):
+    completion_ids = [list(ids) for ids in completion_ids]
+    completion_ids[row] = []
+    if logprobs is not None:
+        logprobs = [list(lp) for lp in logprobs]
+        logprobs[row] = []
+    return completion_ids, logprobs
+
+
+@pytest.mark.parametrize("method", ["cue_grpo", "oppo"])
+def test_an_empty_completion_from_a_subclass_override_is_refused_by_name(method, tiny_model_path, tiny_dataset,
+                                                                         tmp_path):
+    # What a user writes: a subclass whose _generate_single_turn post-processes the trainer's own (the check must
+    # see what TRL's _generate receives, not what the core's override returned below it)
+    trainer_class = getattr(trl_credit, CASES[method][0])
+
+    class EmptyingTrainer(trainer_class):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                     num_generations, has_tool_images)
+            return _emptied(completion_ids, logprobs, 1)
+
+    _, config_name, settings, _ = CASES[method]
+    args = getattr(trl_credit, config_name)(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_completion_length=8, max_steps=1,
+        report_to="none", save_strategy="no", use_cpu=True, **settings)
+    trainer = EmptyingTrainer(model=tiny_model_path, reward_funcs=[parity_reward], args=args,
+                              train_dataset=tiny_dataset)
+    with pytest.raises(ValueError, match=rf"{type(trainer).__name__}: the generation \(_generate_single_turn\) "
+                                         r"returned an empty completion \(0 tokens\) for 1 of 8 rows \(first: row 1\)"):
+        trainer.train()
+
+
+@pytest.mark.parametrize("method", ["cue_grpo", "oppo"])
+def test_an_empty_completion_from_a_generation_set_on_the_instance_is_refused_by_name(method, tiny_model_path,
+                                                                                      tiny_dataset, tmp_path):
+    trainer, _ = _trainer(method, tiny_model_path, [parity_reward], tiny_dataset, tmp_path)
+    own = trainer._generate_single_turn
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        return _emptied(*own(prompt_ids, images, multimodal_fields, num_generations, has_tool_images), 2)
+
+    trainer._generate_single_turn = generate
+    with pytest.raises(ValueError, match=r"empty completion \(0 tokens\) for 1 of 8 rows \(first: row 2\)"):
+        trainer.train()
+    assert trainer._generate_single_turn is generate  # the user's function is left in place
+
+
 def test_cue_grpo_refuses_an_empty_completion_from_a_rollout_func(tiny_model_path, tiny_dataset, tmp_path):
     def rollout_func(prompts, trainer):
         eos = trainer.processing_class.eos_token_id

@@ -127,26 +127,38 @@ def refuse_empty_rows(who: str, completion_ids: Sequence[Sequence[int]], source:
 @contextlib.contextmanager
 def checking_empty_completions(trainer) -> Iterator[None]:
     """While TRL's ``_generate`` runs (the core's override enters this around it): the completions it receives are
-    checked by :func:`refuse_empty_completions` before TRL reads them, those of ``_generate_single_turn`` by the core's
-    override of it (``trainer._checking_completions``), those of a ``rollout_func`` here. Generation calls made
-    through :func:`~trl_credit.core.generation.generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes)
-    are not: a method handles those itself."""
-    had_own = "rollout_func" in trainer.__dict__
-    rollout_func, outer = trainer.rollout_func, trainer._checking_completions
+    checked by :func:`refuse_empty_completions` before TRL reads them, those of a ``rollout_func`` and of
+    ``_generate_single_turn`` alike. The generation is wrapped where TRL calls it, on the instance, around whatever
+    ``trainer._generate_single_turn`` is (the core's override, a subclass's override of it, or a function the user set
+    on the instance), so a completion emptied above the core is refused too. Generation calls made through
+    :func:`~trl_credit.core.generation.generate_from_prefixes` inside it (SRPO's seeds, localization, suffixes) are
+    not: a method handles those itself."""
+    had_own_rollout = "rollout_func" in trainer.__dict__
+    had_own_generate = "_generate_single_turn" in trainer.__dict__
+    rollout_func, generate = trainer.rollout_func, trainer._generate_single_turn
 
     def checked_rollout_func(prompts, trainer_):
         output = rollout_func(prompts, trainer_)
         refuse_empty_completions(trainer, output["completion_ids"], "the rollout_func")
         return output
 
+    def checked_generate(*args, **kwargs):
+        completion_ids, logprobs = generate(*args, **kwargs)
+        if not getattr(trainer, "_in_extra_generation", False):  # TRL's own rollout call, not a part's extra one
+            refuse_empty_completions(trainer, completion_ids, "the generation (_generate_single_turn)")
+        return completion_ids, logprobs
+
     if rollout_func is not None:
         trainer.rollout_func = checked_rollout_func
-    trainer._checking_completions = True
+    trainer._generate_single_turn = checked_generate
     try:
         yield
     finally:
-        trainer._checking_completions = outer
-        if had_own:
+        if had_own_generate:
+            trainer._generate_single_turn = generate
+        else:
+            del trainer._generate_single_turn
+        if had_own_rollout:
             trainer.rollout_func = rollout_func
         else:
             trainer.__dict__.pop("rollout_func", None)
@@ -168,7 +180,7 @@ def return_freed_buffers(threshold: int | None = None) -> bool:
     forward/backward (tens of MB each, freed and reallocated in different sizes around the tensors autograd keeps)
     come from the heap, which fragments and never shrinks: in the README's SRPO job the process held ~2.9 GB after a
     forward that kept 0.3 GB. Not free: each such buffer is then a fresh, page-faulted mapping (the README's job took
-    ~1.1x the time, ``benchmarks/cpu_memory.py``). A process-wide setting, made once: the first call's threshold is
+    ~1.1x the time, ``benchmarks/cost/cpu_memory.py``). A process-wide setting, made once: the first call's threshold is
     kept (a benchmark may choose its own before building trainers); left alone when the user set
     ``MALLOC_MMAP_THRESHOLD_`` (any value: glibc applies it at start-up) or the C library is not glibc.
     """

@@ -41,7 +41,7 @@ from trl_credit.core.collectives import trl_global_advantages
 from trl_credit.core.context import BatchContext, hook_context
 from trl_credit.core.generation import one_weight_push
 from trl_credit.core.logs import nonfinite_reward_groups, replace_logged_advantages, zero_nonfinite_groups
-from trl_credit.core.mixins import RolloutCapture, checking_empty_completions, refuse_empty_completions
+from trl_credit.core.mixins import RolloutCapture, checking_empty_completions
 from trl_credit.core.registry import register_part
 from trl_credit.core.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.core.setup import bind_success, check_single_turn, speaker
@@ -111,6 +111,10 @@ class Rollout(Part):
         """The outcomes this rollout's credit aggregates (DATPO's leaves), asked by the core only when a modifier acts
         at the outcome stage; None (the default): the credit values the rows themselves."""
         return None
+
+    def trained_prompt(self, prompt):
+        """A dataset prompt as this rollout trains on it (the model card's quick start uses it); default: unchanged."""
+        return prompt
 
     def rollout_rows(self, ctx: BatchContext, prompts: list) -> dict:
         """Not overridden (the default): TRL generates the rows. Overridden (SRPO's resets): the rows of this
@@ -314,7 +318,9 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *pargs, rollout: Rollout | None = None,
                  credit: Credit | None = None, modifiers=None,
                  on_credit: Callable[[CreditStep], None] | list[Callable[[CreditStep], None]] | None = None, **kwargs):
-        # The composition (parts by name, refusals) sits above the method packages, which import this module.
+        # The library's one upward import, on purpose and at construction (tests/test_import_graph.py's UPWARD): a bare
+        # CreditTrainer builds its parts by name and defaults to CreditConfig, the union of every part's fields, so the
+        # composition must know every method (config.py imports them) while the methods subclass this class.
         from trl_credit.config import CreditConfig, refusal, selected_parts
 
         self._credit_callbacks = []
@@ -373,7 +379,6 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     _rollout_capture: RolloutCapture | None = None
     _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _hook_context: tuple | None = None  # ((step, mode), context) of hooks outside a batch (context.hook_context)
-    _checking_completions = False  # inside TRL's `_generate` (checking_empty_completions)
 
     @contextlib.contextmanager
     def _capturing_rollouts(self) -> Iterator[RolloutCapture]:
@@ -441,7 +446,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
 
     def _generate(self, prompts):
         # TRL 1.16 reads each completion's last token in here: empty completions are refused by name first
-        # (mixins.checking_empty_completions; _generate_single_turn below checks the backend's rows).
+        # (mixins.checking_empty_completions, around the rollout_func or whatever _generate_single_turn is).
         with checking_empty_completions(self):
             result = super()._generate(prompts)
         if self._rollout_capture is not None:
@@ -457,11 +462,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL hooks, handed to the parts
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         generate = self._through_parts("generate_single_turn", super()._generate_single_turn)
-        completion_ids, logprobs = generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        if self._checking_completions and not getattr(self, "_in_extra_generation", False):
-            # TRL's own rollout call (not one a part makes through generate_from_prefixes: it handles its rows)
-            refuse_empty_completions(self, completion_ids, "the generation (_generate_single_turn)")
-        return completion_ids, logprobs
+        # empty completions: checked above this override, where TRL's _generate receives them (checking_empty_completions)
+        return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
     def _prepare_inputs(self, generation_batch):
         # Rows a rollout built (a count TRL's floor-dividing split would cut) are split here without dropping any;

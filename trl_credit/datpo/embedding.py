@@ -8,7 +8,8 @@
   dropped first): the embedder is frozen, so a text's embedding does not change between steps;
 - with a sentence-transformers model on the CPU (a ``tokenizer`` and ``max_seq_length``), texts are batched by
   token length: ``encode`` pads each batch to its longest text, and on short block texts of mixed lengths that
-  padding was 1.3-1.6x the real tokens (BENCHMARKS.md section 1), computed and then dropped by the attention mask.
+  padding was 1.3-1.6x the real tokens (benchmarks/results/HISTORY.md section 1), computed and then dropped by the
+  attention mask.
   Each ``encode`` call also has a fixed cost (all-MiniLM-L6-v2 on one CPU thread: ~7 ms, the compute of ~40
   tokens), so the batches are the contiguous runs of the length-sorted texts that minimize (calls x
   ``call_cost_tokens`` + padded tokens) (:func:`length_batches`). On an accelerator a batch's pads run in
@@ -30,8 +31,8 @@ import torch
 __all__ = ["BlockEmbedder", "length_batches"]
 
 # The fixed cost of one ``encode`` call in tokens' worth of compute: all-MiniLM-L6-v2 on one CPU thread spends ~7 ms
-# per call and ~0.17 ms per token (BENCHMARKS.md section 1). Larger embedders cost more per token, so for them this
-# errs toward fewer, more padded batches, i.e. toward ``encode``'s own batching.
+# per call and ~0.17 ms per token (benchmarks/results/HISTORY.md section 1). Larger embedders cost more per token,
+# so for them this errs toward fewer, more padded batches, i.e. toward ``encode``'s own batching.
 CALL_COST_TOKENS = 40.0
 
 

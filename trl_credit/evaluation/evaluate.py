@@ -14,7 +14,7 @@ correct samples, AUC@K over the budgets {1,4,8,16,32,64,128,256} ∩ [1, K]. avg
 n samples too (the expectation over random k-subsets): avg@k = c/n for every k, maj@k exact with random tie-breaking.
 
 Sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the setting of the README's base-accuracy table
-(``benchmarks/base_accuracy.py``, :mod:`trl_credit.tasks.data`), so a default evaluation of a model trained on the
+(``benchmarks/learning/base_accuracy.py``, :mod:`trl_credit.tasks.data`), so a default evaluation of a model trained on the
 built-in task is comparable with that table. Long-form tasks need a larger ``max_new_tokens``.
 """
 
@@ -188,8 +188,9 @@ def write_report(report: dict, path: str) -> str:
     return path
 
 
-def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
-    """Save the pass@k curve of ``report`` (and avg@k/maj@k for reference) as a PNG; returns the path.
+def plot_pass_at_k(report: dict, path: str, title: str | None = None, base: dict | None = None) -> str:
+    """Save the pass@k curve of ``report`` (and avg@k/maj@k for reference) as a PNG; returns the path. ``base``: the
+    base model's report on the same problems (``--compare_base``), whose pass@k and avg@k are drawn beside them.
 
     The k axis is log2-scaled for readability; AUC@K itself is computed on the linear k axis (Eq. 9).
     """
@@ -204,6 +205,15 @@ def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
     if "maj_at_k" in report:
         ax.plot(ks, [100 * report["maj_at_k"][str(k)] for k in ks], marker="s", linestyle="--", label="maj@k")
     ax.plot(ks, [100 * report["avg_at_k"][str(k)] for k in ks], marker="^", linestyle=":", label="avg@k")
+    auc = dict(report.get("auc_at_k", {}))
+    if base is not None:
+        base_ks = [k for k in ks if str(k) in base["pass_at_k"]]  # the same n: the same budgets
+        ax.plot(base_ks, [100 * base["pass_at_k"][str(k)] for k in base_ks], marker="o", color="grey",
+                label="pass@k (base)")
+        ax.plot(base_ks, [100 * base["avg_at_k"][str(k)] for k in base_ks], marker="^", linestyle=":",
+                color="grey", label="avg@k (base)")
+        auc = {**{f"{K}": v for K, v in auc.items()},
+               **{f"{K} base": v for K, v in base.get("auc_at_k", {}).items()}}
     if len(ks) > 1:
         ax.set_xscale("log", base=2)
     ax.set_xticks(ks)
@@ -211,7 +221,7 @@ def plot_pass_at_k(report: dict, path: str, title: str | None = None) -> str:
     ax.set_ylim(0, 100)
     ax.set_xlabel("k (samples)")
     ax.set_ylabel("%")
-    auc_text = ", ".join(f"AUC@{K}={100 * v:.2f}" for K, v in report.get("auc_at_k", {}).items())
+    auc_text = ", ".join(f"AUC@{K}={100 * v:.2f}" for K, v in auc.items())
     heading = title or f"{report['num_problems']} problems, n={report['num_samples']}"
     ax.set_title(heading + (f"\n{auc_text}" if auc_text else ""), fontsize=9)
     ax.grid(True, alpha=0.3)
@@ -395,7 +405,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="trl-credit-eval",
         description="Repeated-sampling evaluation (pass@k, AUC@K, avg@k, maj@k) of a causal LM; writes "
         "report.json and pass_at_k.png. The sampling defaults (temperature 0.7, top-p 1.0, 64 new tokens) are the "
-        "setting of the README's base-accuracy table (benchmarks/base_accuracy.py); raise --max_new_tokens for "
+        "setting of the README's base-accuracy table (benchmarks/learning/base_accuracy.py); raise --max_new_tokens for "
         "long-form tasks.",
     )
     parser.add_argument("--model", default=None,
@@ -436,8 +446,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--save_completions", action="store_true", help="Also write completions.jsonl.")
     parser.add_argument("--compare_base", action="store_true",
                         help="With --adapter: also evaluate its base model with the same settings (into "
-                        "<output_dir>-base) and print the accuracy difference with its 95%% interval "
-                        "(trl_credit.evaluation.compare).")
+                        "<output_dir>-base), print the accuracy difference with its 95%% interval "
+                        "(trl_credit.evaluation.compare) and draw the base's pass@k beside the adapter's in "
+                        "<output_dir>/pass_at_k.png.")
     parser.add_argument("--no_progress", action="store_true", help="Hide the progress bar.")
     return parser.parse_args(argv)
 
@@ -477,7 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         base_model = args.model or adapter_base_model(args.adapter)
         base = evaluate(**{**settings, "model": base_model, "adapter": None,
                            "output_dir": os.path.normpath(args.output_dir) + "-base"})
-        print(f"\nbase model {base_model}: report {base['files']['report']}")
+        # the adapter's plot redrawn with the base's curves beside its own
+        plot_pass_at_k(report, report["files"]["plot"], base=base)
+        print(f"\nbase model {base_model}: report {base['files']['report']}; both in plot {report['files']['plot']}")
         print(format_difference(paired_difference(report, base)))
     return 0
 

@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["EVAL_TEMPERATURE", "EVAL_MAX_NEW_TOKENS", "load_model_and_tokenizer", "render_prompt",
            "sample_completions"]
 
-#: Default sampling of an evaluation: the setting of the README's base-accuracy table (``benchmarks/base_accuracy.py``,
+#: Default sampling of an evaluation: the setting of the README's base-accuracy table (``benchmarks/learning/base_accuracy.py``,
 #: :mod:`trl_credit.tasks.data`: temperature 0.7, top-p 1.0, 64 new tokens), so default numbers are comparable with it.
 EVAL_TEMPERATURE = 0.7
 EVAL_MAX_NEW_TOKENS = 64

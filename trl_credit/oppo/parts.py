@@ -331,6 +331,11 @@ class ValueRecursion(Credit):
         # Only sign(A^seq) enters Eq. 21, and it is taken from the rewards rather than from TRL's float32 advantage:
         # a row tying its group's mean (or in a zero-variance group, or unscorable) gets exactly 0, not ±1e-7.
         seq_advantages = batch.local_rows(anchor_signs).masked_fill(~row_in_group, 0.0).to(output["advantages"].dtype)
+        if num_correct.numel() == 0:
+            # No row of the whole batch (every process: the statistics are global) is in a group, e.g. SRPO's resets
+            # with no base group when every reset group falls back (no incorrect seed; the rollout warns and logs
+            # srpo/fallback_rate). Nothing to credit: every row gets 0 like any row of no group, and no extra pass.
+            return torch.zeros(completion_mask.shape, dtype=output["advantages"].dtype, device=device), seq_advantages
         # Tokens that carry OPPO credit: the completion's tokens of scorable rows in a group. Other rows keep TRL's
         # loss mask but get advantage 0 and stay out of the group's token moments. The recursion runs over the whole
         # completion (the oracle scores all of it), but TRL trains only the tokens of the record's loss mask (SRPO: not

@@ -25,7 +25,7 @@ from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import check_single_turn
+from trl_credit.core.setup import check_single_turn, speaker
 from trl_credit.core.success import total_rewards
 from trl_credit.core.trainer import Credit
 from trl_credit.process.advantages import normalized_step_rewards, token_advantages
@@ -55,7 +55,7 @@ class ProcessCredit(Credit):
     def setup(self, trainer) -> None:
         # A user's rollout function is refused, as are tool loops (the steps would hold tool output); a rollout
         # part's own (SRPO's resets, through the core's rollout_func) is a rollout like any other.
-        check_single_turn(trainer, "credit='process'")
+        check_single_turn(trainer, speaker(trainer, self))
         source = self._step_reward_arg
         args = trainer.args
         self.step_reward = resolve_step_reward(source if source is not None else _arg(args, "process_step_reward"))
@@ -63,15 +63,16 @@ class ProcessCredit(Credit):
         if getattr(trainer.rollout, "name", None) == "resets" and srpo_delimiter != _arg(args,
                                                                                            "process_thought_delimiter"):
             warnings.warn(
-                f"credit='process' with rollout='resets': SRPO resets at thoughts ending with thought_delimiter="
-                f"{srpo_delimiter!r} but the process steps end with process_thought_delimiter="
+                f"{speaker(trainer, self)}: credit='process' with rollout='resets': SRPO resets at thoughts ending "
+                f"with thought_delimiter={srpo_delimiter!r} but the process steps end with process_thought_delimiter="
                 f"{_arg(args, 'process_thought_delimiter')!r}, so a reset point may fall inside a step (which is "
                 "then scored and trained as one step across the prefix and the suffix). Set both to the same text.",
                 UserWarning, stacklevel=2)
         if self.step_reward is None:
             raise ValueError(
-                "credit='process' needs a step-reward function: set process_step_reward to a registered name "
-                "('chain', 'sums', or one added with trl_credit.process.register_step_reward) or pass "
+                f"{speaker(trainer, self)}: credit='process' needs a step-reward function: set process_step_reward "
+                "to a registered name ('chain', 'sums', or one added with trl_credit.process.register_step_reward) "
+                "or pass "
                 "CreditTrainer(..., credit=ProcessCredit(step_reward=callable))."
             )
 
@@ -118,7 +119,7 @@ class ProcessCredit(Credit):
 
         records = ctx.gather_rows(local_records)  # every row of the batch, in TRL's global order
         if len(records) != batch.num_rows:
-            raise RuntimeError(f"credit='process': {len(records)} rows of step rewards for {batch.num_rows} rows.")
+            raise RuntimeError(f"{ctx.speaker(self)}: {len(records)} rows of step rewards for {batch.num_rows} rows.")
         normalized = normalized_step_rewards(
             [None if r is None else r["rewards"] for r in records], batch.group_ids.tolist(),
             scale=ctx.scale_rewards)
@@ -132,7 +133,7 @@ class ProcessCredit(Credit):
             if ends is not None:
                 advantages[i, :lengths[i]] = torch.tensor(token_advantages(ends, values, lengths[i]),
                                                           dtype=torch.float64)
-        self._log_metrics(ctx, records)
+        self._log_metrics(ctx, records, ctx.speaker(self))
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
@@ -151,7 +152,7 @@ class ProcessCredit(Credit):
         return ends, checked_rewards(rewards, len(ends), repr(name), where)
 
     @staticmethod
-    def _log_metrics(ctx: BatchContext, records: list) -> None:
+    def _log_metrics(ctx: BatchContext, records: list, who: str) -> None:
         """Global metrics (every process holds every row's record): each over the credited rows."""
         rows = [r for r in records if r is not None]
         if not rows:
@@ -169,12 +170,12 @@ class ProcessCredit(Credit):
             ctx.metric("process/first_zero_step_mean", sum(first_zero) / len(first_zero))
         if unscored_rows:
             ctx.warn("process_unscored",
-                     "credit='process': the step-reward function scored no step of some completions (every step "
+                     f"{who}: the step-reward function scored no step of some completions (every step "
                      "None, or an empty completion), so they get no process credit (advantage 0 unless "
                      "process_outcome='final_step'). `process/unscored_row_rate` logs their share.")
         if one_step:
             ctx.warn("process_one_step",
-                     "credit='process': some completions hold no step delimiter (process_thought_delimiter) and are "
+                     f"{who}: some completions hold no step delimiter (process_thought_delimiter) and are "
                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
 

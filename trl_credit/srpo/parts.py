@@ -122,6 +122,10 @@ class Resets(Rollout):
         version, internal, gauss_next = state["reset_rng"]
         self.rng.setstate((version, tuple(internal), gauss_next))
 
+    def trained_prompt(self, prompt):
+        # the question inside the rollout template the base group and the suffixes were generated from
+        return wrap_prompt(prompt, self.rollout_template)
+
     # ------------------------------------------------------------------ the generation batch and its record
 
     def generate_and_score(self, ctx, inputs, capture: RolloutCapture) -> tuple[dict, RowBatch | None]:

@@ -4,7 +4,7 @@ Each row has ``prompt`` (chat format: one user message), ``answer`` (the exact r
 ``question`` (the bare expression). Difficulty is set by ``digits`` (operand size) and ``num_operands``;
 ``operators`` picks from ``+``/``-``/``*``. Train and test problems never overlap.
 
-Base accuracy of SmolLM2-135M-Instruct (offline default), measured by ``benchmarks/base_accuracy.py``
+Base accuracy of SmolLM2-135M-Instruct (offline default), measured by ``benchmarks/learning/base_accuracy.py``
 (16 problems x 4 samples, temperature 0.7, 64 new tokens, which are ``trl-credit-eval``'s sampling defaults; lenient
 ``final_number_reward``; the default setting measured again with 32 problems x 8 samples: 44.5%, pass@8 87.5%):
 

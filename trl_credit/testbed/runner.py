@@ -5,7 +5,7 @@
 evaluates it on held-out problems every ``eval_every`` steps with the training prompt: sampled accuracy (pass@1),
 pass@k, solution structures, generated tokens so far. Evaluation draws from its own random state and restores the
 training one, so a run with evaluation trains exactly as one without. :data:`METHODS` holds the settings of every
-method of the grid (benchmarks/tiny_grid.py); a user's own credit method runs the same way::
+method of the grid (benchmarks/tiny/tiny_grid.py); a user's own credit method runs the same way::
 
     from trl_credit.testbed.runner import run
     result = run(MyTrainer, MyConfig, seed=0, learning_rate=1e-4, steps=40, **my_fields)
@@ -196,7 +196,7 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
                             train_dataset=data["train"], processing_class=tokenizer, callbacks=[EvalCallback()],
                             **(trainer_kwargs or {}))
     trainer.remove_callback(PrinterCallback)  # disable_tqdm's replacement prints every log line
-    if on_trainer is not None:  # e.g. a hook that records what reaches the loss (benchmarks/tiny_mechanisms.py)
+    if on_trainer is not None:  # e.g. a hook that records what reaches the loss (benchmarks/tiny/tiny_mechanisms.py)
         on_trainer(trainer)
     if evaluate_at_start:
         record(0)

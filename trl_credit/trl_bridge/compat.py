@@ -203,7 +203,7 @@ OVERRIDDEN: dict[str, Hook] = {
     "_generate_single_turn": Hook(
         params=("prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
         returns=2,  # completion_ids, logprobs
-        users="CreditTrainer -> parts' generate_single_turn: OPPO (float32 head + generation record), DATPO (entropy record); empty completions refused",
+        users="CreditTrainer -> parts' generate_single_turn: OPPO (float32 head + generation record), DATPO (entropy record) (its empty completions refused by _generate's check, around whatever the instance calls)",
     ),
     "_calculate_rewards": Hook(
         params=("inputs", "prompts", "completions", "completion_ids_list"), users="CreditTrainer (the global rewards of the batch captured for the parts)"

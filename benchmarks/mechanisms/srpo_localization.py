@@ -1,4 +1,6 @@
-"""How well does the policy localize its first wrong thought? SRPO's localization modes against the chain task's
+"""Question: How well does the policy localize its first wrong thought, against a step checker?
+
+How well does the policy localize its first wrong thought? SRPO's localization modes against the chain task's
 step checker (docs/srpo.md#reset-index, paper §4.2 and §5.3).
 
 Samples rollouts of held-out ``chain`` problems (docs/testbed.md), keeps the failed ones in which the step checker
@@ -16,8 +18,8 @@ wrong thought), mean deviation h* - h_o, each with a 95% interval (Wilson for ra
 mean probability the plain scores put on step 1. Cost per localized seed: decoded tokens (generate) and forward
 tokens (scored: H_s rows of prompt + answer; calibrated: twice that).
 
-    OMP_NUM_THREADS=1 python benchmarks/srpo_localization.py                      # smollm2-135m-chain, ~64-128 seeds
-    python benchmarks/srpo_localization.py --model smollm2-135m --out benchmarks/results/srpo_localization_base.json
+    OMP_NUM_THREADS=1 python benchmarks/mechanisms/srpo_localization.py                      # smollm2-135m-chain, ~64-128 seeds
+    python benchmarks/mechanisms/srpo_localization.py --model smollm2-135m --out benchmarks/results/srpo_localization_base.json
 
 Scores use the same prompt, template and answer tokens as the trainer (``trl_credit.srpo.localization``); the
 forward pass here is a plain one (logits / ``--temperature``, as TRL's log-prob pass at the sampling temperature).
@@ -32,7 +34,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from trl_credit.evaluation.metrics import wilson_interval  # noqa: E402
 from trl_credit.models import load_model  # noqa: E402
@@ -50,7 +52,7 @@ from trl_credit.srpo.localization import (  # noqa: E402
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, localization_prompt, parse_reset_step  # noqa: E402
 from trl_credit.srpo.thoughts import split_thoughts, thought_texts  # noqa: E402
 
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "srpo_localization.json")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "srpo_localization.json")
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> list[float] | None:

@@ -1,4 +1,6 @@
-"""Cost of each method over GRPOTrainer: step time and generated tokens, measured side by side in one run.
+"""Question: What does each method cost over GRPO: step time, generated tokens, extra scoring rows?
+
+Cost of each method over GRPOTrainer: step time and generated tokens, measured side by side in one run.
 
 For every method, a GRPOTrainer baseline gets the same model (offline SmolLM2-135M-Instruct + LoRA), data, seed
 and shared settings (rollouts per prompt, temperature, loss type, lengths: harness.METHODS, i.e. the offline
@@ -9,8 +11,8 @@ per-step ratios and the generated tokens are reported, with a per-component prof
 passes, rewards, and the method's own work: cue processing, OPPO oracle pass, DATPO tree/branches, SRPO seeds +
 localization + suffixes).
 
-    python benchmarks/overhead.py                           # all methods; writes benchmarks/results/overhead.json
-    python benchmarks/overhead.py --methods oppo,srpo --steps 8
+    python benchmarks/cost/overhead.py                           # all methods; writes benchmarks/results/overhead.json
+    python benchmarks/cost/overhead.py --methods oppo,srpo --steps 8
 
 Every ratio is given as the median and range of >= 5 paired steps (2 prompts per step by default).
 
@@ -19,7 +21,7 @@ Every ratio is given as the median and range of >= 5 paired steps (2 prompts per
 from ``trl_credit.testbed.runner``, 8 prompts per step, GRPO with G = 8): a model so small that what a method costs
 per fork, per generation call and per Python loop shows, where on SmolLM2 the model's own compute hides it.
 
-    python benchmarks/overhead.py --model tiny --methods datpo,cue_grpo,oppo,srpo,rrpo --steps 6
+    python benchmarks/cost/overhead.py --model tiny --methods datpo,cue_grpo,oppo,srpo,rrpo --steps 6
 
 For DATPO both models report its step time per leaf over GRPO's per rollout (``step_time_per_leaf_over_rollout``).
 """
@@ -36,6 +38,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
 import torch  # noqa: E402
@@ -45,7 +48,7 @@ from trl_credit.models import default_model_path  # noqa: E402
 from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 # What each method should cost over GRPO (issue 12; the papers: Cue-GRPO 1.06x, OPPO 1.35x step time, SRPO 1.08x and
 # RRPO 1.23x tokens, DATPO's tree shares prefixes): (result key, limit).
 TARGETS = {

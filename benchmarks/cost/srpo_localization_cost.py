@@ -1,4 +1,6 @@
-"""SRPO's scored localization, one prefix pass per chain: its forward tokens and SRPO's step time against RRPO's,
+"""Question: What does SRPO's scored localization cost in forward tokens and in step time against RRPO?
+
+SRPO's scored localization, one prefix pass per chain: its forward tokens and SRPO's step time against RRPO's,
 side by side in one run (issue 43).
 
 SRPO (calibrated scored localization, the default) and RRPO (the same rollout, resets drawn uniformly: no
@@ -12,7 +14,7 @@ Every localization call of SRPO is also scored the way it was before (every cand
 calls: the forward tokens of both ways (``srpo/localization_forward_tokens_vs_grpo`` now and what the per-row pass
 would log), their seconds, the largest score difference and whether every pick agrees.
 
-    OMP_NUM_THREADS=1 python benchmarks/srpo_localization_cost.py --steps 4
+    OMP_NUM_THREADS=1 python benchmarks/cost/srpo_localization_cost.py --steps 4
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
 import torch  # noqa: E402
@@ -38,7 +41,7 @@ from trl_credit.srpo.step_metrics import StepStats  # noqa: E402
 from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.tasks.rewards import final_number_reward  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
 
 class Comparison:

@@ -1,10 +1,12 @@
-"""Short real DATPO run: SmolLM2-135M-Instruct (offline) on the built-in arithmetic task, CPU or GPU.
+"""Question: Does DATPO train end to end on SmolLM2, and what do its trees cost against GRPO?
+
+Short real DATPO run: SmolLM2-135M-Instruct (offline) on the built-in arithmetic task, CPU or GPU.
 
 Runs DATPO and plain GRPO for the same number of steps on the same prompts, side by side, and prints DATPO's tree
 metrics (leaves per prompt, K̂/B̂, PassRate vs base pass rate, sibling diversity, tokens per leaf) and the
 wall-clock ratio DATPO/GRPO per optimizer step.
 
-    python benchmarks/datpo_smollm2.py --steps 3 --prompts-per-step 2 --max-completion-length 96
+    python benchmarks/learning/datpo_smollm2.py --steps 3 --prompts-per-step 2 --max-completion-length 96
 
 Tree cost (issue target: generated tokens per leaf <= 0.6 of a GRPO rollout on answers of >= 128 tokens): RESULT
 reports DATPO's tokens per leaf, the mean length of its base rollouts and of GRPO's rollouts, and their ratios.

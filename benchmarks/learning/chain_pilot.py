@@ -1,7 +1,9 @@
-"""Summary of the GRPO pilot on the chain task (docs/testbed.md, "Learning comparison"): base vs trained held-out
+"""Question: At which setting does GRPO learn on the chain task, and what would the grid cost?
+
+Summary of the GRPO pilot on the chain task (docs/testbed.md, "Learning comparison"): base vs trained held-out
 accuracy with standard errors, and the core-hours the full grid would take at each pilot setting.
 
-The runs are ``benchmarks/learning.py --task chain --methods grpo --seeds 0 --samples 8 --steps S
+The runs are ``benchmarks/learning/learning.py --task chain --methods grpo --seeds 0 --samples 8 --steps S
 --learning-rate LR --results-dir benchmarks/results/learning_chain_pilot/lr<LR>_steps<S>`` (``--threads 1``,
 ``OMP_NUM_THREADS=1``; base.json copied between the folders: same evaluation settings). Standard errors are over the
 64 held-out problems (per-problem accuracy c/n; the gain paired over problems, ``plots.paired_problem_se``): they
@@ -17,7 +19,7 @@ Grid projection: per seed, every method's training costs GRPO's CPU seconds per 
 srpo_oracle taken as RRPO: no localization call; srpo_oppo, the composed method, as SRPO's ratio times OPPO's, an
 estimate: OPPO's extra pass over SRPO's rows), plus one held-out evaluation at GRPO's measured CPU cost.
 
-    python benchmarks/chain_pilot.py   # writes benchmarks/results/chain_pilot.json
+    python benchmarks/learning/chain_pilot.py   # writes benchmarks/results/chain_pilot.json
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 from learning import DEFAULT_METHODS  # noqa: E402
-from plots import paired_problem_se  # noqa: E402
+from harness.plots import paired_problem_se  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 PILOT = os.path.join(RESULTS, "learning_chain_pilot")
 METHODS = DEFAULT_METHODS["chain"]  # the chain grid's methods (Cue-GRPO with its structure partition there)
 

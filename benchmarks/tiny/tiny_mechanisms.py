@@ -1,4 +1,6 @@
-"""Where the token credit lands on the tiny testbed, against the step checker (BENCHMARKS.md section 6).
+"""Question: Where do the token credit and DATPO's forks land on the tiny testbed, against the step checker?
+
+Where the token credit lands on the tiny testbed, against the step checker (BENCHMARKS.md section 4).
 
 For OPPO (self-oracle), the process credit (the checker's own step rewards) and GRPO (uniform, the reference), a
 few generation batches of the testbed model (learning rate 0: the rollouts of the starting model, the same for every
@@ -15,7 +17,7 @@ avoid the error; one from a line after it inherits it. DATPO's claim (§3.2, App
 sentence starts are where a rollout's outcome is decided, so its forks should not land after h_o more often than
 a uniform choice.
 
-    python benchmarks/tiny_mechanisms.py [--steps 3] [--seeds 0,1] [--forks]
+    python benchmarks/tiny/tiny_mechanisms.py [--steps 3] [--seeds 0,1] [--forks]
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 REGIONS = ("before", "on", "after")
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny", "mechanisms.json")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny", "mechanisms.json")
 
 
 def line_of_each_token(text: str) -> list[int]:

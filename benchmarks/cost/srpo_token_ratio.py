@@ -1,4 +1,6 @@
-"""What SRPO's token ratio depends on: ``srpo/tokens_vs_grpo`` and ``srpo/paper_tokens_vs_grpo`` over seeds and reset
+"""Question: What does SRPO's generated-token ratio over GRPO depend on?
+
+What SRPO's token ratio depends on: ``srpo/tokens_vs_grpo`` and ``srpo/paper_tokens_vs_grpo`` over seeds and reset
 positions (self = SRPO, random = RRPO, oracle = the step checker's), docs/srpo.md#token-cost.
 
 Both metrics divide by the tokens of a GRPO step of the same budget: ``num_generations`` iid rollouts of the step's
@@ -26,7 +28,7 @@ batch, the same base rollouts and seeds, so the resets differ only in where they
 (``--task arithmetic``: SmolLM2-135M-Instruct, 2 prompts x 8, 64 tokens, ``rollout_template="lines"``) or on the chain
 task (``--task chain``: the warm-started ``smollm2-135m-chain`` with the chain step checker, so ``oracle`` too).
 
-    python benchmarks/srpo_token_ratio.py --logs benchmarks/results/learning_chain --logs benchmarks/results/learning \\
+    python benchmarks/cost/srpo_token_ratio.py --logs benchmarks/results/learning_chain --logs benchmarks/results/learning \\
         --measure --seeds 0 1 2 --resets self random --batches 2 --output benchmarks/results/srpo_token_ratio.json
 
 ``--measured-json PATH`` summarizes the batches an earlier ``--measure`` run wrote instead of running again.
@@ -44,8 +46,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 METHODS = ("srpo", "rrpo", "srpo_oracle", "srpo_oppo")
 RATIO, PAPER, BASE = "srpo/tokens_vs_grpo", "srpo/paper_tokens_vs_grpo", "srpo/tokens_vs_base"
 # What the ratio could depend on (logged every step); "accuracy" is the base group's pass rate.
@@ -208,7 +211,7 @@ def summarize_logs(directories: list[str], split: dict) -> dict:
 
 def measure(cli) -> list[dict]:
     """Generation batches of SRPO's rollout per seed and reset (module docstring); each batch's srpo/ metrics."""
-    import mechanism_common as common
+    from harness import mechanisms as common
     import torch
 
     rows = []

@@ -1,4 +1,6 @@
-"""OPPO's mechanism on SmolLM2 rollouts (paper Fig. 1a and §3.3): where the Bayesian value recursion puts credit.
+"""Question: Does OPPO's value recursion put the credit where the paper says (Fig. 1a)?
+
+OPPO's mechanism on SmolLM2 rollouts (paper Fig. 1a and §3.3): where the Bayesian value recursion puts credit.
 
 One or more generation batches of OPPOTrainer (self-oracle, no training) on the built-in arithmetic task. For every
 completion the script records what the trainer's recursion computed (``bayesian_value_recursion``, paper Eq. 10/20:
@@ -14,12 +16,12 @@ reports:
   recursion's |Â_t| and the normalized advantages the loss uses;
 - the evidence clip rate (share of tokens with |o_t − s_t| > C).
 
-    python benchmarks/mechanism_oppo.py                 # 4 prompts x 8 rollouts, 64 tokens, 1 batch (~2 min CPU)
-    python benchmarks/mechanism_oppo.py --steps 2 --prompts 8
+    python benchmarks/mechanisms/mechanism_oppo.py                 # 4 prompts x 8 rollouts, 64 tokens, 1 batch (~2 min CPU)
+    python benchmarks/mechanisms/mechanism_oppo.py --steps 2 --prompts 8
 
 With ``--task chain`` (``smollm2-135m-chain``) it also asks whether the recursion finds the error: in every
 incorrect completion with a signal, the chain step checker's first wrong step h_o splits the tokens (mapped to their
-lines, ``mechanism_common.line_of_token``) into before / on / after h_o, and the script reports the share of the
+lines, ``harness.mechanisms.line_of_token``) into before / on / after h_o, and the script reports the share of the
 negative advantage mass (loss advantages and the recursion's anchored Â_t) in each region against the share of
 tokens in it (what uniform credit, GRPO, would give). ``--process`` adds, on the same rollouts, the credit of
 ``credit="process"`` with the chain step checker (docs/process.md: step rewards 1 before the first wrong line, 0 from
@@ -36,8 +38,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-import mechanism_common as common  # noqa: E402
+from harness import mechanisms as common  # noqa: E402
 import torch  # noqa: E402
 
 GRID = 21

@@ -1,11 +1,13 @@
-"""Base accuracy of SmolLM2-135M-Instruct (offline default) on the built-in arithmetic task, per difficulty.
+"""Question: How accurate is the base SmolLM2 on the built-in arithmetic task, per difficulty?
+
+Base accuracy of SmolLM2-135M-Instruct (offline default) on the built-in arithmetic task, per difficulty.
 
 For each difficulty setting, samples ``--samples`` completions for each of ``--problems`` test problems (one
 sampling pass) and scores the same completions with the lenient ``final_number_reward`` and the strict docs/design.md#answer-checking
 ``accuracy_reward``. Prints a markdown table (accuracies in %, pass@k from the final_number counts).
 
-    python benchmarks/base_accuracy.py --num_threads 1      # 16 problems x 4 samples, T=0.7, 64 new tokens
-    python benchmarks/base_accuracy.py --problems 32 --samples 8 --settings 1,2,+
+    python benchmarks/learning/base_accuracy.py --num_threads 1      # 16 problems x 4 samples, T=0.7, 64 new tokens
+    python benchmarks/learning/base_accuracy.py --problems 32 --samples 8 --settings 1,2,+
 
 On 2 shared CPU cores one setting of 16 x 4 samples takes about 2 minutes (``--num_threads 1`` avoids thread
 oversubscription when other jobs use the cores: it was 6x faster per step than 2 threads under load).
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.evaluation.evaluate import (  # noqa: E402

@@ -1,10 +1,12 @@
-"""The tiny-testbed grid: every method against GRPO, its learning rate tuned on seeds and problems kept apart, then
+"""Question: Does any method beat GRPO, with the seeds to tell (the tiny testbed)?
+
+The tiny-testbed grid: every method against GRPO, its learning rate tuned on seeds and problems kept apart, then
 16+ paired seeds (docs/testbed.md#the-tiny-testbed, BENCHMARKS.md section 4).
 
 One command runs it all and resumes (a run whose JSON exists with the same settings is skipped)::
 
-    python benchmarks/tiny_grid.py                 # build the model if needed, sweep, grid, report
-    python benchmarks/tiny_grid.py --phase report  # tables and figures from the JSONs only
+    python benchmarks/tiny/tiny_grid.py                 # build the model if needed, sweep, grid, report
+    python benchmarks/tiny/tiny_grid.py --phase report  # tables and figures from the JSONs only
 
 1. **Sweep** (``sweep/``): each method at each of ``--learning-rates`` on the sweep seeds (``--sweep-seeds``,
    100 and 101: never reported) and on *validation* problems (256, disjoint from the training and the held-out
@@ -14,7 +16,7 @@ One command runs it all and resumes (a run whose JSON exists with the same setti
 2. **Grid**: each method at its learning rate on ``--seeds`` (default 0-15), the same seed for every method: the
    same initial model, the same prompts at every step (TRL's sampler draws them from ``seed``), evaluated on the
    same 256 held-out problems x 8 samples with the same evaluation seed, with the training prompt.
-3. **Report** (``benchmarks/tiny_report.py``): tables, paired differences to GRPO, figures, the claims table.
+3. **Report** (``benchmarks/tiny/tiny_report.py``): tables, paired differences to GRPO, figures, the claims table.
 
 Runs are spread over ``--workers`` processes of one thread each. Every run records its training and evaluation CPU
 seconds. Methods: trl_credit.testbed.runner.METHODS (``process`` only where ``credit="process"`` exists).
@@ -30,7 +32,7 @@ import os
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny")
 RUN_KEYS = ("steps", "eval_every", "eval_samples", "model_digest")
 #: the validation problems of the sweep: drawn apart from the train and test splits of sums.make_dataset
 VALIDATION_SEED, VALIDATION_SIZE = 7, 256
@@ -184,8 +186,9 @@ def main(argv=None):
                         help="a testbed model folder (default: the committed build in <results-dir>/model when its "
                              "recipe is the default one, else the default recipe's build)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
     _setup_worker()
     from trl_credit.testbed import runner
     from trl_credit.testbed.model import testbed_model_path

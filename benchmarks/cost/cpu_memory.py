@@ -1,4 +1,6 @@
-"""Peak memory and time of the README's main job (examples/train_srpo.py, no arguments) with and without the CPU
+"""Question: How much memory and time do the trainers' CPU memory measures save on the README's main job?
+
+Peak memory and time of the README's main job (examples/train_srpo.py, no arguments) with and without the CPU
 memory measures of ``CPUMemoryMixin`` (docs/design.md#memory-on-the-cpu), run side by side.
 
 Each variant runs the job in its own process, all variants at the same time (so machine load hits them alike), one
@@ -7,8 +9,8 @@ thread each (``OMP_NUM_THREADS=1``; the README runs one job with 2 threads). Rep
 median and range over the repeats. The model cache is the usual one (converted once), so the GGUF conversion is not
 part of these peaks.
 
-    python benchmarks/cpu_memory.py                          # as is vs. TRL's behaviour, 1 repeat
-    python benchmarks/cpu_memory.py --variants as_is,no_tiles,no_mmap,off --repeats 2 --max_steps 1
+    python benchmarks/cost/cpu_memory.py                          # as is vs. TRL's behaviour, 1 repeat
+    python benchmarks/cost/cpu_memory.py --variants as_is,no_tiles,no_mmap,off --repeats 2 --max_steps 1
 
 What it cannot show: the time cost on another machine or allocator, or of a longer run (3 optimizer steps by default).
 """
@@ -25,7 +27,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 # What each variant switches off before running the example as __main__ (in the child process).

@@ -1,4 +1,6 @@
-"""SRPO's mechanism on SmolLM2 (paper Fig. 3 / Appendix G): per-token gradient signal of shared-prefix rows vs base
+"""Question: Do SRPO's shared-prefix rows get more per-token signal, and where do its resets land (Fig. 3)?
+
+SRPO's mechanism on SmolLM2 (paper Fig. 3 / Appendix G): per-token gradient signal of shared-prefix rows vs base
 rows over a short training run, correction rate vs base pass rate, and where the resets land (h*/H).
 
 A short SRPOTrainer run (``--steps`` optimizer steps, LoRA) on the built-in arithmetic task. At every step the
@@ -15,8 +17,8 @@ number of thoughts H) and every decoded localization verdict (``parse_reset_step
 - Correction rate (share of correct suffixes) against the prompt's base pass rate.
 - h*/H of the resets, and the localization parse rate (``--reset random`` runs RRPO instead).
 
-    python benchmarks/mechanism_srpo.py                   # 4 prompts x 8 rows, 3 steps, 64 tokens (~8 min CPU)
-    python benchmarks/mechanism_srpo.py --reset random --output benchmarks/results/mechanism_rrpo.json
+    python benchmarks/mechanisms/mechanism_srpo.py                   # 4 prompts x 8 rows, 3 steps, 64 tokens (~8 min CPU)
+    python benchmarks/mechanisms/mechanism_srpo.py --reset random --output benchmarks/results/mechanism_rrpo.json
 
 With ``--task chain`` (the warm-started ``smollm2-135m-chain``, the chain step checker on; ``--reset oracle`` is
 the checker-placed control) the script also records every reset against the checker's first wrong thought h_o
@@ -32,8 +34,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-import mechanism_common as common  # noqa: E402
+from harness import mechanisms as common  # noqa: E402
 import torch  # noqa: E402
 
 ROW_BASE, ROW_SUFFIX, ROW_FALLBACK = "base", "suffix", "fallback"

@@ -1,4 +1,6 @@
-"""Cost of Cue-GRPO over GRPO, measured side by side in one run.
+"""Question: What does Cue-GRPO's cue pipeline cost, alone and inside a training step?
+
+Cost of Cue-GRPO over GRPO, measured side by side in one run.
 
 1. Pipeline: cue extraction + partition + weights for one group of 64 synthetic reasoning completions of about
    1,000 SmolLM2 tokens each (templated competition-math prose with LaTeX; all 64 treated as positive, the worst
@@ -10,8 +12,8 @@
 
 Prints the pipeline time as a share of the measured GRPO step, and the in-trainer overhead share.
 
-    python benchmarks/cue_grpo_speed.py                 # SmolLM2, 8 generations x 128 tokens per step
-    python benchmarks/cue_grpo_speed.py --model tiny    # seconds, for a smoke run
+    python benchmarks/cost/cue_grpo_speed.py                 # SmolLM2, 8 generations x 128 tokens per step
+    python benchmarks/cost/cue_grpo_speed.py --model tiny    # seconds, for a smoke run
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 SENTENCES = [
     "Let $x$ be the number of apples in the first basket, and let $y$ be the number in the second basket.",

@@ -1,6 +1,8 @@
-"""Tables, figures and the claims table of the tiny-testbed grid (``benchmarks/tiny_grid.py``; BENCHMARKS.md section 4).
+"""Question: What do the tiny grid's runs say, per method and per paper claim?
 
-    python benchmarks/tiny_report.py [--results-dir benchmarks/results/tiny]
+Tables, figures and the claims table of the tiny-testbed grid (``benchmarks/tiny/tiny_grid.py``; BENCHMARKS.md section 4).
+
+    python benchmarks/tiny/tiny_report.py [--results-dir benchmarks/results/tiny]
 
 Writes ``summary.json``, ``report.md`` (the tables pasted into BENCHMARKS.md), ``curves.png`` (held-out accuracy vs
 optimizer step and vs generated tokens, mean and 95% band over seeds) and ``passk.png``. Every interval is a 95%
@@ -23,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny")
 ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo", "process"]
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO (structure)", "oppo": "OPPO (self)", "datpo": "DATPO (adaptive)",
           "datpo_matched": "DATPO (<= G leaves)", "srpo": "SRPO (self)", "rrpo": "RRPO", "srpo_oracle":
@@ -69,7 +71,7 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
 
 def sweep_choices(sweep_dir: str, rates=None) -> dict:
     """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
-    grid trained with: benchmarks/tiny_grid.py)."""
+    grid trained with: benchmarks/tiny/tiny_grid.py)."""
     aucs: dict[str, dict[float, list[float]]] = {}
     for name in sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []:
         if name.endswith(".json") and "_seed" in name:

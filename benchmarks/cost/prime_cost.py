@@ -1,10 +1,12 @@
-"""PRIME's (``credit="implicit_prm"``) cost over GRPO, side by side in one run: step time and the extra weights it
+"""Question: What does PRIME (``credit="implicit_prm"``) cost over GRPO?
+
+PRIME's cost over GRPO, side by side in one run: step time and the extra weights it
 holds (the PRM, its AdamW states, its reference), with and without LoRA, on tests/tiny.py's model (or SmolLM2 with
 ``--model smollm2``). Each round runs every variant for ``--steps`` steps after one warm-up step, in a rotated order;
 the ratios are per round (PRIME's mean step time over GRPO's in the same round, same LoRA setting), reported as their
 median and range over rounds. Results: docs/process.md ("Cost over GRPO").
 
-    python benchmarks/prime_cost.py --rounds 3 --steps 4
+    python benchmarks/cost/prime_cost.py --rounds 3 --steps 4
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

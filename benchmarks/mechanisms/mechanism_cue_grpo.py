@@ -1,4 +1,6 @@
-"""Cue-GRPO's mechanism on SmolLM2 rollouts (paper §4, Fig. 2c): rarer strategy clusters get larger weights, and the
+"""Question: Do rarer strategy clusters get larger weights, and does the positive mass move to them (Fig. 2c)?
+
+Cue-GRPO's mechanism on SmolLM2 rollouts (paper §4, Fig. 2c): rarer strategy clusters get larger weights, and the
 positive advantage mass moves from common to rare clusters.
 
 One or more generation batches of CueGRPOTrainer (strategy cues, CR weighting, defaults; no training) on the
@@ -12,7 +14,7 @@ built-in arithmetic task. The script records GRPO's advantages and the redistrib
 - the mass slope of paper Fig. 2c: least-squares slope of log M_C against log n_C over clusters, with M_C = n_C·w̄_C
   (pre-floor multipliers, per unit advantage): GRPO gives exactly 1, rarity weighting gives < 1.
 
-    python benchmarks/mechanism_cue_grpo.py               # 8 prompts x 8 rollouts, 64 tokens, 1 batch (~3 min CPU)
+    python benchmarks/mechanisms/mechanism_cue_grpo.py               # 8 prompts x 8 rollouts, 64 tokens, 1 batch (~3 min CPU)
 
 With ``--task chain`` (``smollm2-135m-chain``) every positive completion is also labelled with its solution
 structure (:func:`solution_structure`: plain core, or for a distributive core term-by-term vs factored) and the
@@ -20,8 +22,8 @@ summary gives clusters per group and the weights by structure, and whether the c
 structures. ``--partition structure`` (chain only) is the control: positives clustered by their structure
 (``cue_partition="callable"``, :func:`structure_partition`) instead of by strategy cues.
 
-    python benchmarks/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96
-    python benchmarks/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96 --partition structure \
+    python benchmarks/mechanisms/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96
+    python benchmarks/mechanisms/mechanism_cue_grpo.py --task chain --steps 2 --tokens 96 --partition structure \
         --output benchmarks/results/mechanism_cue_grpo_structure_chain.json
 """
 
@@ -35,8 +37,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-import mechanism_common as common  # noqa: E402
+from harness import mechanisms as common  # noqa: E402
 
 
 def least_squares_slope(points: list[tuple[float, float]]) -> float:

@@ -1,4 +1,6 @@
-"""DATPO's sibling-diversity embedder through ``BlockEmbedder`` (batches of one token length, a cache of the texts of
+"""Question: How much embedder time do length batches and a cache across steps save?
+
+DATPO's sibling-diversity embedder through ``BlockEmbedder`` (batches of one token length, a cache of the texts of
 earlier steps) against the previous path (each distinct text once, in the embedder's own padded batches), side by
 side on the same texts.
 
@@ -9,7 +11,7 @@ earlier steps of the same run left, as in training). Prints the per-step ratio o
 its spread, the texts sent to the embedder, the padded tokens of both paths and the largest difference between a
 text's vectors in the two (float32 round-off of another batch shape).
 
-    python benchmarks/datpo_embedder_batches.py --steps 6 --repeats 3
+    python benchmarks/cost/datpo_embedder_batches.py --steps 6 --repeats 3
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import torch  # noqa: E402
 

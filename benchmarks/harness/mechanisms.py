@@ -1,4 +1,4 @@
-"""Shared pieces of the mechanism scripts (``benchmarks/mechanism_<method>.py``).
+"""Shared pieces of the mechanism scripts (``benchmarks/mechanisms/mechanism_<method>.py``).
 
 Each script builds one trainer on SmolLM2-135M-Instruct (offline) + LoRA on the built-in arithmetic task, collects
 what the trainer computed through stable surfaces (the batches its ``on_credit`` callback sees, the rewards TRL
@@ -20,13 +20,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
 import torch  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, prompts: int = 4, generations: int = 8, tokens: int = 64,
@@ -64,7 +64,7 @@ def is_chain(args) -> bool:
 def build_trainer(method: str, args, own: dict | None = None, lora: bool = True, **trainer_kwargs):
     """The method's trainer with its offline settings (harness.METHODS), overridden by the CLI sizes. On the chain
     task: the warm-started ``smollm2-135m-chain``, rewards [accuracy, chain_format], and for SRPO the chain prompt
-    as is (``rollout_template="none"``), one thought per line and the chain step checker (as benchmarks/learning.py).
+    as is (``rollout_template="none"``), one thought per line and the chain step checker (as benchmarks/learning/learning.py).
     """
     from trl_credit.models import CHAIN_MODEL, default_model_path, resolve_model_path
     from trl_credit.tasks.data import load_task_dataset
@@ -186,10 +186,10 @@ def quantiles(rows: list[list[float]], qs=(0.25, 0.5, 0.75)) -> list[list[float]
 
 
 def wilson(k: int, n: int) -> list[float] | None:
-    """95% Wilson score interval of k/n (srpo_localization.wilson)."""
-    from srpo_localization import wilson as srpo_wilson
+    """95% Wilson score interval of k/n (trl_credit.evaluation.metrics.wilson_interval, as srpo_localization.wilson)."""
+    from trl_credit.evaluation.metrics import wilson_interval
 
-    return srpo_wilson(k, n)
+    return wilson_interval(k, n, 1.96)
 
 
 # Chain analyses: where a line lies against the checker's first wrong line h_o.

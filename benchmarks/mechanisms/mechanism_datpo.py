@@ -1,4 +1,6 @@
-"""DATPO's mechanism on SmolLM2 rollouts (paper §3): difficulty-adaptive budgets, where the forks land, and what a
+"""Question: Does DATPO's budget follow difficulty, and where do its forks land?
+
+DATPO's mechanism on SmolLM2 rollouts (paper §3): difficulty-adaptive budgets, where the forks land, and what a
 leaf costs.
 
 One or more generation batches of DATPOTrainer (no training) on the built-in arithmetic task. The script records
@@ -14,11 +16,11 @@ App. D.1), the rollout's ``generate_branches`` (the branches, each cut to its fo
 - generated tokens per leaf against the leaves' answer length (prefix + branch): a branch shares the prefix before
   its fork, so a tree pays less than one full answer per leaf; GRPO pays exactly one (the diagonal).
 
-    python benchmarks/mechanism_datpo.py                  # 8 prompts x 4 base rollouts, 64 tokens (~4 min CPU)
+    python benchmarks/mechanisms/mechanism_datpo.py                  # 8 prompts x 4 base rollouts, 64 tokens (~4 min CPU)
 
 With ``--task chain`` (``smollm2-135m-chain``, one step per line) every sentence is also marked by whether it starts
 at a real step boundary (its first non-whitespace token is the first token of a line,
-``mechanism_common.line_of_token``), and the summary gives the share of chosen forks at step boundaries, the
+``harness.mechanisms.line_of_token``), and the summary gives the share of chosen forks at step boundaries, the
 sentences and lines per rollout, and the trainer's token-entropy fallback rate; in incorrect base rollouts it puts the
 chosen forks against the chain step checker's first wrong line h_o (before / on / after, next to where all sentences
 are) with the share of correct branches grown from each (:func:`fork_regions`).
@@ -32,8 +34,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-import mechanism_common as common  # noqa: E402
+from harness import mechanisms as common  # noqa: E402
 import torch  # noqa: E402
 
 

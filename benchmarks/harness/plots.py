@@ -1,10 +1,10 @@
 """PNG plots of the benchmark results (matplotlib, Agg backend): reward curves, pass@k before/after, overhead bars,
-and the seeded learning comparison (one JSON per method and seed, ``benchmarks/learning.py``): held-out accuracy and
+and the seeded learning comparison (one JSON per method and seed, ``benchmarks/learning/learning.py``): held-out accuracy and
 pass@k with 95% confidence intervals over seeds, paired differences vs GRPO per seed, reward curves (mean and band).
 
-    python benchmarks/plots.py                         # reads benchmarks/results/{learning_seed0,overhead}.json
-    python benchmarks/plots.py --learning benchmarks/results/learning_seed1.json
-    python benchmarks/plots.py --learning-dir benchmarks/results/learning --markdown
+    python benchmarks/harness/plots.py                         # reads benchmarks/results/{learning_seed0,overhead}.json
+    python benchmarks/harness/plots.py --learning benchmarks/results/learning_seed1.json
+    python benchmarks/harness/plots.py --learning-dir benchmarks/results/learning --markdown
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "cue_grpo_structure": "tab:cyan", "oppo": "tab:orange",
           "datpo": "tab:green", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_base": "tab:brown",
           "srpo_oracle": "tab:pink", "srpo_oppo": "tab:olive"}

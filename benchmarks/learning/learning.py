@@ -1,4 +1,6 @@
-"""Learning on a real model with seeds: GRPO and the methods, same rollout budget per prompt, one JSON per run.
+"""Question: Does a method learn more than GRPO on a real model, over seeds, at the same rollout budget?
+
+Learning on a real model with seeds: GRPO and the methods, same rollout budget per prompt, one JSON per run.
 
 Two tasks (``--task``), LoRA (r=64, all linear layers) on a model each:
 
@@ -10,7 +12,7 @@ Two tasks (``--task``), LoRA (r=64, all linear layers) on a model each:
   prompt itself (``rollout_template="none"``: it already asks for one step per line, ``thought_delimiter="\n"``),
   so every method trains and is evaluated on the same prompt; every SRPO-like run carries the chain step checker,
   which grades its resets (h* against the first wrong step, recorded per reset in its JSON:
-  ``benchmarks/chain_resets.py``) and, in ``srpo_oracle`` (SRPO with ``reset="oracle"``; skipped, with a message,
+  ``benchmarks/mechanisms/chain_resets.py``) and, in ``srpo_oracle`` (SRPO with ``reset="oracle"``; skipped, with a message,
   when the installed ``SRPOConfig`` does not accept it), places them; ``cue_grpo_structure`` (chain only, in the
   chain grid instead of ``cue_grpo``) is Cue-GRPO with its positives partitioned by solution structure
   (``cue_partition="callable"``): the default cue partition sees one cluster in every chain group (BENCHMARKS.md 2b);
@@ -31,11 +33,11 @@ Each (method, seed) run writes ``<results-dir>/<method>_seed<seed>.json`` (setti
 held-out report from ``trl_credit.evaluation.evaluate``: accuracy, pass@k for k = 1..samples, per-problem counts) and is
 skipped when that file exists with the same settings, so a grid can be spread over time and resumed. The base
 model is evaluated once into ``<results-dir>/base.json`` with the same sampling seed. Plots, 95% CIs and paired
-differences vs GRPO (same seed): ``python benchmarks/plots.py --learning-dir <results-dir>``.
+differences vs GRPO (same seed): ``python benchmarks/harness/plots.py --learning-dir <results-dir>``.
 
-    python benchmarks/learning.py --methods grpo --seeds 0                     # one GRPO run + base eval
-    python benchmarks/learning.py --methods grpo,cue_grpo,oppo,datpo,srpo,rrpo --seeds 0,1,2
-    python benchmarks/learning.py --task chain --results-dir benchmarks/results/learning_chain --seeds 0,1,2,3
+    python benchmarks/learning/learning.py --methods grpo --seeds 0                     # one GRPO run + base eval
+    python benchmarks/learning/learning.py --methods grpo,cue_grpo,oppo,datpo,srpo,rrpo --seeds 0,1,2
+    python benchmarks/learning/learning.py --task chain --results-dir benchmarks/results/learning_chain --seeds 0,1,2,3
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mechanisms"))  # mechanism_cue_grpo
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import harness  # noqa: E402  (sets offline environment variables before torch/transformers)
-import mechanism_common  # noqa: E402
+from harness import mechanisms as mechanism_common  # noqa: E402
 import torch  # noqa: E402
 
 from trl_credit.evaluation.evaluate import build_report, sample_completions, score_completions  # noqa: E402
@@ -61,7 +65,7 @@ from trl_credit.tasks.chain import chain_format_reward, make_chain_dataset  # no
 from trl_credit.tasks.data import make_arithmetic_dataset  # noqa: E402
 from trl_credit.tasks.rewards import accuracy_reward, final_number_reward  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "learning")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "learning")
 # Methods of the comparison: the harness's trainers, RRPO = SRPO with uniformly random resets, and SRPO with the
 # reset just before the step checker's first wrong step (chain task only).
 METHODS = ("grpo", "cue_grpo", "cue_grpo_structure", "oppo", "datpo", "srpo", "rrpo", "srpo_oracle", "srpo_oppo")
@@ -230,7 +234,7 @@ def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
 def run_one(method: str, seed: int, args, dataset, model_path: str) -> dict:
     harness_method, config, trainer = build_run_trainer(method, seed, args, dataset, model_path)
     # Chain task: every reset of an SRPO-like run against the checker (paper Fig. 4 pooled over a grid's seeds,
-    # benchmarks/chain_resets.py).
+    # benchmarks/mechanisms/chain_resets.py).
     resets = mechanism_common.record_resets(trainer) if method in SRPO_LIKE and args.task == "chain" else None
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()

@@ -1,4 +1,6 @@
-"""DATPO-like branch calls with and without row compaction (``hf_generate_hooks(compact_rows=...)``), side by side.
+"""Question: Does row compaction make DATPO's branch calls cheaper per kept token?
+
+DATPO-like branch calls with and without row compaction (``hf_generate_hooks(compact_rows=...)``), side by side.
 
 HF ``generate`` computes every row of a batch at every step until the call's longest row ends; with
 ``compact_rows=True`` the call continues with the running rows alone once fewer than half are running. This script
@@ -8,7 +10,7 @@ fork with the remaining budget (192 − prefix), 4 forks per call, calls sorted 
 ``--pairs`` pairs (the order alternates, both modes start from the same seed), it times every call in both modes
 and counts the rows the model computed at each decode step ("row-steps") against the tokens kept.
 
-    python benchmarks/branch_compaction.py --prompts 4 --pairs 3
+    python benchmarks/cost/branch_compaction.py --prompts 4 --pairs 3
 
 Sampling draws differ between the modes once a call is compacted (a smaller batch draws fewer random numbers), so
 the two modes keep different (equally distributed) branches: compare seconds and row-steps *per kept token*.
@@ -24,6 +26,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import harness  # noqa: E402  (offline environment variables before torch/transformers)
 import torch  # noqa: E402

@@ -1,4 +1,6 @@
-"""Short real run: SRPO (or RRPO) vs GRPO side by side on offline SmolLM2-135M-Instruct, built-in arithmetic task,
+"""Question: Does SRPO (or RRPO) train end to end on SmolLM2, and what does it generate against GRPO?
+
+Short real run: SRPO (or RRPO) vs GRPO side by side on offline SmolLM2-135M-Instruct, built-in arithmetic task,
 LoRA r=64 alpha=64 (paper §5), reward ``final_number_reward``.
 
 Both trainers see the same prompts (same seed) for the same number of steps. Every generation call of both goes
@@ -7,7 +9,7 @@ localization and suffixes), so the printed token ratio is measured, not estimate
 metrics (fallback rate, correction rate, localization parse rate and sources, the scored localization's forward
 tokens, mean reset position) and one seed/reset example.
 
-    python benchmarks/srpo_short_run.py --steps 4 --reset self
+    python benchmarks/learning/srpo_short_run.py --steps 4 --reset self
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 
 # Run from a checkout without installing: this repository's trl_credit first.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

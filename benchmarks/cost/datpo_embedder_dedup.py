@@ -1,4 +1,6 @@
-"""DATPO's sibling-diversity embedder on each distinct block text once against every block text, side by side.
+"""Question: How much embedder time does embedding each distinct block text once save?
+
+DATPO's sibling-diversity embedder on each distinct block text once against every block text, side by side.
 
 Trains DATPO on the tiny testbed (``trl_credit.testbed.runner``, the grid's settings, the committed build) for
 ``--steps`` steps and keeps the texts each step gave the embedder (each distinct text once, as
@@ -7,7 +9,7 @@ Trains DATPO on the tiny testbed (``trl_credit.testbed.runner``, the grid's sett
 and of embedding the distinct ones, and the largest difference between a text's vector in the two (round-off of
 another batch composition). Prints the per-step ratio of seconds (distinct / every) with its spread.
 
-    python benchmarks/datpo_embedder_dedup.py --steps 4 --repeats 3
+    python benchmarks/cost/datpo_embedder_dedup.py --steps 4 --repeats 3
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import torch  # noqa: E402
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
 
 def capture_texts(steps: int, seed: int) -> tuple[list[list[str]], object, int]:

@@ -1,13 +1,15 @@
-"""Step time of OPPOTrainer over GRPOTrainer, measured side by side in one run (docs/oppo.md#cost; paper App. H.2: +35%).
+"""Question: How much longer is an OPPO step than a GRPO step?
+
+Step time of OPPOTrainer over GRPOTrainer, measured side by side in one run (docs/oppo.md#cost; paper App. H.2: +35%).
 
 Both trainers get the same model (the offline SmolLM2-135M-Instruct), data, reward and settings. Steps are
 interleaved (GRPO, OPPO, GRPO, OPPO, ...) so machine load affects both alike; each step is one generation batch:
 generation, rewards, TRL's log-prob passes, OPPO's oracle pass, forward/backward and the optimizer step. After
 warm-up steps, the median step time of each is reported and the ratio printed.
 
-    python benchmarks/oppo_speed.py                       # 4 prompts x 4 generations x 32 tokens, 5 timed steps
-    python benchmarks/oppo_speed.py --teacher             # also Teacher-OPPO (teacher = a second copy of SmolLM2)
-    python benchmarks/oppo_speed.py --two-pass            # also Self-OPPO scoring the plain rows too (2B rows)
+    python benchmarks/cost/oppo_speed.py                       # 4 prompts x 4 generations x 32 tokens, 5 timed steps
+    python benchmarks/cost/oppo_speed.py --teacher             # also Teacher-OPPO (teacher = a second copy of SmolLM2)
+    python benchmarks/cost/oppo_speed.py --two-pass            # also Self-OPPO scoring the plain rows too (2B rows)
 
 Self-OPPO's extra pass scores only the B oracle rows (``plain_logps="auto"``: s_t recorded during generation);
 ``--two-pass`` adds the old path (``plain_logps="recompute"``) for comparison.
@@ -27,6 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import sys  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
 import torch  # noqa: E402
 from harness import prepare_manual_stepping, run_step  # noqa: E402  (one full step as Trainer runs it)

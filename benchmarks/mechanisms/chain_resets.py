@@ -1,14 +1,16 @@
-"""Where SRPO's, RRPO's and the oracle's resets land against the chain step checker, pooled over a learning grid
+"""Question: Where do the learning grid's resets land against the step checker, and which suffixes are corrected (Fig. 4)?
+
+Where SRPO's, RRPO's and the oracle's resets land against the chain step checker, pooled over a learning grid
 (SRPO paper Fig. 4), and how often the suffixes resampled from them are right.
 
 Every SRPO-like run of ``learning.py --task chain`` records each reset it trained on (``resets`` in its JSON,
-``mechanism_common.record_resets``): h*, the checker's first wrong step h_o, and its suffixes right / scored. This
+``harness.mechanisms.record_resets``): h*, the checker's first wrong step h_o, and its suffixes right / scored. This
 script pools them per method over the seeds in ``--learning-dir``: h* before / exactly at / after h_o (Wilson
 intervals over resets), and the correction rate after a clean prefix (h* <= h_o) vs an erroneous one (h* > h_o),
 with an interval that resamples whole resets (a reset's suffixes share its prefix). Writes ``resets.json`` and
 ``resets.png`` into the folder and prints the markdown table.
 
-    python benchmarks/chain_resets.py --learning-dir benchmarks/results/learning_chain
+    python benchmarks/mechanisms/chain_resets.py --learning-dir benchmarks/results/learning_chain
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the harness package
 
-import mechanism_common as common  # noqa: E402
-from plots import COLORS, METHOD_ORDER, label_text  # noqa: E402
+from harness import mechanisms as common  # noqa: E402
+from harness.plots import COLORS, METHOD_ORDER, label_text  # noqa: E402
 
 
 def pooled_resets(directory: str) -> dict[str, dict]:
