@@ -293,6 +293,13 @@ def _share(structures: dict, name: str) -> float:
     return structures.get(name, [0, 0])[1] / total if total else 0.0
 
 
+def _abs(pair, digits: int = 3) -> str:
+    """mean ± half-width of a level (no sign), "-" when missing."""
+    if pair is None:
+        return "-"
+    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}" if not math.isnan(pair[1]) else f"{pair[0]:.{digits}f}"
+
+
 def _fmt(pair, digits: int = 3) -> str:
     if pair is None:
         return "-"
@@ -332,7 +339,8 @@ def beyond_sharpening(summary: dict, base: dict) -> str:
     model's sharpening baseline (its best temperature): a gain below the baseline is sharpening."""
     if "sharpening_baseline" not in base:
         return ("Greedy accuracy, pass@64 and the sharpening baseline were not measured for these runs (made before "
-                "the runner measured them): rerun the grid to get them.\n")
+                "the runner measured them): rerun the grid, or `python -m trl_credit.testbed.profile --results "
+                "<results-dir>/base_profile.json` for the baseline.\n")
     sharp = base["sharpening_baseline"]
     temps = ", ".join(f"T={t} {a:.3f}" for t, a in base["accuracy_by_temperature"].items())
     lines = [f"Base model: greedy {base['greedy_accuracy']:.3f}; {temps}; pass@64 "
@@ -340,17 +348,20 @@ def beyond_sharpening(summary: dict, base: dict) -> str:
              f"problems x 64 samples at T=1); training prompts all-fail in their group of 8: "
              f"{base['train_all_fail_share']:.3f}. **Sharpening baseline** (the untrained model at its best "
              f"temperature, {sharp['temperature']}): {sharp['accuracy']:.3f}.", "",
-             "| method | T=1 accuracy | greedy | greedy vs GRPO (z) | pass@64 | pass@64 vs GRPO | beats sharpening "
-             "baseline (greedy)? |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| method | T=1 accuracy | greedy | greedy vs GRPO (z) | pass@64 | pass@64 vs GRPO | above the sharpening "
+             "baseline? (lower 95% bound of its better of greedy and T=1) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for method, s in summary.items():
-        if "greedy" not in s:
+        if "greedy" not in s:  # runs made before the runner measured greedy accuracy and pass@64
+            low = s["final"][0] - s["final"][1]
+            lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | not measured | - | not measured | "
+                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) |")
             continue
         z = s.get("z_diff_greedy")
         diff = "-" if method == "grpo" or s.get("diff_greedy") is None else (
             _fmt(s["diff_greedy"]) + (f" ({z:+.1f})" if z is not None else ""))
-        low = s["greedy"][0] - s["greedy"][1]
-        lines.append(f"| {LABELS.get(method, method)} | {_fmt(s['final'])} | {_fmt(s['greedy'])} | {diff} | "
-                     f"{_fmt(s['pass64']) if 'pass64' in s else '-'} | "
+        low = max(s["greedy"][0] - s["greedy"][1], s["final"][0] - s["final"][1])  # its best, 95% lower bound
+        lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | {_abs(s['greedy'])} | {diff} | "
+                     f"{_abs(s.get('pass64'))} | "
                      f"{'-' if method == 'grpo' or not s.get('diff_pass64') else _fmt(s['diff_pass64'])} | "
                      f"{'yes' if low > sharp['accuracy'] else 'no'} |")
     return "\n".join(lines) + "\n"
@@ -413,6 +424,10 @@ def main(argv=None):
     with open(os.path.join(args.results_dir, "base.json")) as f:
         saved_base = json.load(f)
     base, profile = saved_base["eval"], saved_base.get("profile")
+    profile_path = os.path.join(args.results_dir, "base_profile.json")  # python -m trl_credit.testbed.profile
+    if profile is None and os.path.exists(profile_path):
+        with open(profile_path) as f:
+            profile = json.load(f)
     rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by)
     summary = summarize(runs)
     base_summary = dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"])

@@ -106,3 +106,34 @@ def test_trap_model_has_systematic_errors_all_fail_groups_and_headroom():
     greedy = profile["greedy_correct"]
     assert sum(g for g, t in zip(greedy, trapped) if t) / sum(trapped) < 0.2
     assert sum(g for g, t in zip(greedy, trapped) if not t) / (len(trapped) - sum(trapped)) > 0.8
+
+
+def _fake_run(method, seed, final, greedy, pass64):
+    return dict(method=method, seed=seed, learning_rate=1e-3, auc=final, settings=dict(steps=10),
+                train_cpu_seconds=1.0, eval_cpu_seconds=1.0, logs=[],
+                curve=[dict(step=10, accuracy=final, generated_tokens=100, pass_at_k={"8": 1.0},
+                            structures={"forward": [1, 1]}, greedy_accuracy=greedy,
+                            pass_at_k_large={"64": pass64})])
+
+
+def test_grid_summary_reports_greedy_and_pass64_paired_with_grpo_and_the_sharpening_baseline():
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(RESULTS)))
+    import tiny_report
+
+    runs = {"grpo": {s: _fake_run("grpo", s, 0.5, g, 0.9) for s, g in enumerate((0.40, 0.50, 0.60))},
+            "process": {s: _fake_run("process", s, 0.6, g, 0.95) for s, g in enumerate((0.50, 0.70, 0.70))}}
+    summary = tiny_report.summarize(runs)
+    # per seed: 0.10, 0.20, 0.10 -> mean 0.1333, sd 0.0577, SE 0.0333, z 4.0
+    assert summary["process"]["diff_greedy"][0] == pytest.approx(0.4 / 3)
+    assert summary["process"]["z_diff_greedy"] == pytest.approx(4.0)
+    assert summary["process"]["diff_pass64"][0] == pytest.approx(0.05)
+    assert summary["grpo"]["greedy"][0] == pytest.approx(0.5)
+    base = dict(greedy_accuracy=0.35, accuracy_by_temperature={"0.3": 0.37, "1": 0.41},
+                sharpening_baseline={"temperature": "1", "accuracy": 0.41}, pass_at_k_large={"64": 0.98},
+                passk_problems=128, train_all_fail_share=0.25)
+    table = tiny_report.beyond_sharpening(summary, base)
+    assert "Sharpening baseline** (the untrained model at its best temperature, 1): 0.410" in table
+    # GRPO's better of greedy and T=1 is 0.5 with no spread on T=1: above 0.41; as is the process credit's
+    assert table.count("| yes |") == 2
