@@ -90,5 +90,28 @@ def test_compare_base_evaluates_the_adapters_base_with_the_same_settings(tiny_mo
     assert drawn["pass@k"] == pytest.approx([100 * trained["pass_at_k"][k] for k in ("1", "2")])
     assert drawn["pass@k (base)"] == pytest.approx([100 * base["pass_at_k"][k] for k in ("1", "2")])
     assert "pass@k (base)" not in figures[0][1]  # the adapter's first plot, before the base ran
+    # greedy accuracy of both models on the same problems, pass@k at the largest k, and the sharpening baseline
+    trained_greedy = json.loads((tmp_path / "adapter-eval-greedy" / "report.json").read_text())
+    base_greedy = json.loads((tmp_path / "adapter-eval-base-greedy" / "report.json").read_text())
+    for greedy in (trained_greedy, base_greedy):
+        assert greedy["settings"]["temperature"] == 0.0 and greedy["num_samples"] == 1
+        assert greedy["num_problems"] == trained["num_problems"]
+    assert base_greedy["settings"]["adapter"] is None and trained_greedy["settings"]["adapter"] is not None
+    assert (f"greedy accuracy: trained {100 * trained_greedy['accuracy']:.1f}% vs base "
+            f"{100 * base_greedy['accuracy']:.1f}%") in printed
+    assert f"pass@2: trained {100 * trained['pass_at_k']['2']:.1f}%" in printed
+    assert f"{100 * max(base_greedy['accuracy'], base['accuracy']):.1f}%; the trained model's better" in printed
     with pytest.raises(SystemExit, match="--adapter"):
         main(["--model", tiny_model_path, "--compare_base"])
+
+
+def test_beyond_sampling_names_the_sharpening_baseline():
+    from trl_credit.evaluation.compare import format_beyond_sampling
+
+    trained = dict(report([2, 2]), pass_at_k={"1": 0.5, "2": 0.75}, settings={"temperature": 0.7})
+    base = dict(report([1, 1]), pass_at_k={"1": 0.25, "2": 0.4}, settings={"temperature": 0.7})
+    text = format_beyond_sampling(trained, base, report([1, 0], n=1), report([1, 1], n=1))
+    # base greedy 100% beats base at 0.7 (25%): the baseline is greedy; the trained model's best is 50%
+    assert "greedy accuracy: trained 50.0% vs base 100.0%: -50.0 points" in text
+    assert "pass@2: trained 75.0% vs base 40.0%" in text
+    assert "(the base at its better of greedy and temperature 0.7: greedy) 100.0%" in text and "not above it" in text

@@ -32,8 +32,9 @@ import os
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny")
-RUN_KEYS = ("steps", "eval_every", "eval_samples", "model_digest")
+RESULTS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+RESULTS = os.path.join(RESULTS_ROOT, "tiny")
+RUN_KEYS = ("steps", "eval_every", "eval_samples", "model_digest", "passk_samples", "passk_problems")
 #: the validation problems of the sweep: drawn apart from the train and test splits of sums.make_dataset
 VALIDATION_SEED, VALIDATION_SIZE = 7, 256
 
@@ -68,22 +69,23 @@ def validation_split():
                               "answer": [str(p.answer) for p in problems]})
 
 
-def committed_model(results_dir: str) -> str | None:
-    """The model the committed results were measured on (``<results_dir>/model``), when it is the default recipe's:
+def committed_model(results_dir: str, regime: str = "tiny") -> str | None:
+    """The model the committed results were measured on (``<results_dir>/model``), when it is the regime's recipe's:
     a rebuild on a CPU with other kernels may differ in the last bits, and every run records the weights' digest,
     so the committed weights keep a grid resumable on any machine."""
-    from trl_credit.testbed.model import Recipe
+    from trl_credit.testbed.regimes import regime_recipe
 
     path = os.path.join(results_dir, "model")
     if not os.path.exists(os.path.join(path, "build.json")):
         return None
     with open(os.path.join(path, "build.json")) as f:
-        return path if json.load(f)["digest"] == Recipe().digest() else None
+        return path if json.load(f)["digest"] == regime_recipe(regime).digest() else None
 
 
-def area_under_curve(curve: list[dict]) -> float:
-    """Mean accuracy over the run: trapezoids over the evaluated steps, divided by the last step."""
-    points = sorted((c["step"], c["accuracy"]) for c in curve)
+def area_under_curve(curve: list[dict], key: str = "accuracy") -> float:
+    """Mean ``key`` (accuracy at the training temperature, or greedy accuracy) over the run: trapezoids over the
+    evaluated steps, divided by the last step."""
+    points = sorted((c["step"], c[key]) for c in curve)
     area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(points, points[1:]))
     return area / (points[-1][0] - points[0][0])
 
@@ -96,12 +98,16 @@ def one_run(job: dict) -> dict:
     spec = runner.method_spec(job["method"])
     test = validation_split() if job["split"] == "validation" else None
     base = job["base"]
+    # pass@k up to passk_samples at the last evaluation of the reported runs (the sweep picks by its curves only)
+    passk = job["passk_samples"] if job["split"] == "test" else 0
     result = runner.run(spec["trainer"], spec["config"], seed=job["seed"], learning_rate=job["learning_rate"],
                         steps=job["steps"], eval_every=job["eval_every"], eval_samples=job["eval_samples"],
-                        test=test, trainer_kwargs=spec["kwargs"], model_path=job["model_path"], **spec["fields"])
+                        test=test, trainer_kwargs=spec["kwargs"], model_path=job["model_path"],
+                        final_passk_samples=passk, passk_problems=job["passk_problems"], **spec["fields"])
     result["curve"].insert(0, dict(base, step=0, generated_tokens=0, generate_calls=0))
     result.update(method=job["method"], seed=job["seed"], learning_rate=job["learning_rate"], split=job["split"],
-                  settings={k: job[k] for k in RUN_KEYS}, auc=area_under_curve(result["curve"]))
+                  settings={k: job[k] for k in RUN_KEYS}, auc=area_under_curve(result["curve"]),
+                  greedy_auc=area_under_curve(result["curve"], "greedy_accuracy"))
     with open(job["path"], "w") as f:
         json.dump(result, f)
     return dict(path=job["path"], auc=result["auc"], final=result["curve"][-1]["accuracy"],
@@ -121,14 +127,21 @@ def base_report(split: str, args, model_path: str, path: str) -> dict:
     from trl_credit.tasks import sums
     from trl_credit.testbed import runner
     from trl_credit.testbed.model import make_tokenizer
+    from trl_credit.testbed.profile import base_profile
 
-    test = validation_split() if split == "validation" else sums.make_dataset()["test"]
+    data = sums.make_dataset()
+    test = validation_split() if split == "validation" else data["test"]
     model = LlamaForCausalLM.from_pretrained(model_path)
     start = time.process_time()
-    report = runner.evaluate(model, make_tokenizer(), test, samples=args.eval_samples)
+    report = runner.evaluate(model, make_tokenizer(), test, samples=args.eval_samples, greedy=True)
     report["eval_cpu_seconds"] = time.process_time() - start
+    saved = dict(settings=_settings(args), eval=report)
+    if split == "test":  # the base at each temperature, the sharpening baseline, pass@k up to 64, all-fail groups
+        saved["profile"] = base_profile(model, make_tokenizer(), test, data["train"], samples=args.eval_samples,
+                                        passk_samples=args.passk_samples, passk_problems=args.passk_problems)
+        report["pass_at_k_large"] = saved["profile"]["pass_at_k_large"]
     with open(path, "w") as f:
-        json.dump(dict(settings=_settings(args), eval=report), f)
+        json.dump(saved, f)
     return report
 
 
@@ -162,17 +175,20 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
                   f"{done['final']:.3f}, {done['cpu']:.0f} CPU s -> {os.path.relpath(done['path'])}", flush=True)
 
 
-def chosen_learning_rates(sweep_dir: str, methods, rates) -> dict:
+def chosen_learning_rates(sweep_dir: str, methods, rates, select_by: str = "auc") -> dict:
     """Per method, the learning rate of ``rates`` with the best mean sweep AUC (tiny_report.sweep_choices)."""
     import tiny_report
 
-    return {m: c for m, c in tiny_report.sweep_choices(sweep_dir, rates).items() if m in methods}
+    return {m: c for m, c in tiny_report.sweep_choices(sweep_dir, rates, select_by).items() if m in methods}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("--phase", choices=("all", "sweep", "grid", "report"), default="all")
+    parser.add_argument("--regime", default="tiny",
+                        help="the testbed model's regime (trl_credit.testbed.regimes: tiny, trap); results go to "
+                             "benchmarks/results/<regime> unless --results-dir says otherwise")
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method available)")
     parser.add_argument("--seeds", default="0-15", help="reported seeds, e.g. 0-15 or 0,1,2")
     parser.add_argument("--sweep-seeds", default="100,101", help="seeds of the learning-rate sweep (never reported)")
@@ -180,8 +196,15 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-samples", type=int, default=8)
+    parser.add_argument("--passk-samples", type=int, default=64,
+                        help="samples per problem for pass@k at the last evaluation of a reported run (0: none)")
+    parser.add_argument("--passk-problems", type=int, default=128,
+                        help="the first this many held-out problems get the pass@k samples")
+    parser.add_argument("--select-by", choices=("auc", "greedy_auc"), default="auc",
+                        help="the sweep picks each method's learning rate by its mean area under the validation "
+                             "curve of accuracy at the training temperature (auc) or of greedy accuracy")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--results-dir", default=RESULTS)
+    parser.add_argument("--results-dir", default=None, help="default: benchmarks/results/<regime>")
     parser.add_argument("--model", default=None,
                         help="a testbed model folder (default: the committed build in <results-dir>/model when its "
                              "recipe is the default one, else the default recipe's build)")
@@ -193,7 +216,11 @@ def main(argv=None):
     from trl_credit.testbed import runner
     from trl_credit.testbed.model import testbed_model_path
 
-    model_path = args.model or committed_model(args.results_dir) or testbed_model_path(progress=True)
+    from trl_credit.testbed.regimes import regime_recipe
+
+    args.results_dir = args.results_dir or os.path.join(RESULTS_ROOT, args.regime)
+    model_path = (args.model or committed_model(args.results_dir, args.regime)
+                  or testbed_model_path(regime_recipe(args.regime), progress=True))
     with open(os.path.join(model_path, "build.json")) as f:
         args.model_digest = json.load(f)["weights_sha256"]
     methods = [m for m in (args.methods.split(",") if args.methods else runner.METHODS) if m]
@@ -211,7 +238,8 @@ def main(argv=None):
     sweep_dir = os.path.join(args.results_dir, "sweep")
     os.makedirs(sweep_dir, exist_ok=True)
     common = dict(steps=args.steps, eval_every=args.eval_every, eval_samples=args.eval_samples,
-                  model_digest=args.model_digest, model_path=model_path)
+                  model_digest=args.model_digest, model_path=model_path, passk_samples=args.passk_samples,
+                  passk_problems=args.passk_problems)
     if args.phase in ("all", "sweep"):
         base = base_report("validation", args, model_path, os.path.join(sweep_dir, "base.json"))
         jobs = [dict(common, method=m, learning_rate=r, seed=s, split="validation", base=base,
@@ -219,7 +247,7 @@ def main(argv=None):
                 for s in _seeds(args.sweep_seeds) for r in rates for m in available]
         run_jobs([j for j in jobs if not _done(j, args)], args.workers)
     if args.phase in ("all", "grid"):
-        chosen = chosen_learning_rates(sweep_dir, available, rates)
+        chosen = chosen_learning_rates(sweep_dir, available, rates, args.select_by)
         base = base_report("test", args, model_path, os.path.join(args.results_dir, "base.json"))
         jobs = [dict(common, method=m, learning_rate=chosen[m]["learning_rate"], seed=s, split="test", base=base,
                      path=os.path.join(args.results_dir, f"{m}_seed{s}.json"))
@@ -228,7 +256,7 @@ def main(argv=None):
     if args.phase in ("all", "report"):
         import tiny_report
 
-        tiny_report.main(["--results-dir", args.results_dir])
+        tiny_report.main(["--results-dir", args.results_dir, "--select-by", args.select_by])
 
 
 def _seeds(text: str) -> list[int]:

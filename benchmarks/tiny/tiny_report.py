@@ -69,21 +69,21 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
     return None
 
 
-def sweep_choices(sweep_dir: str, rates=None) -> dict:
+def sweep_choices(sweep_dir: str, rates=None, select_by: str = "auc") -> dict:
     """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
-    grid trained with: benchmarks/tiny/tiny_grid.py)."""
+    grid trained with: benchmarks/tiny/tiny_grid.py); ``select_by`` "greedy_auc" ranks by the greedy-accuracy curve."""
     aucs: dict[str, dict[float, list[float]]] = {}
     for name in sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []:
         if name.endswith(".json") and "_seed" in name:
             with open(os.path.join(sweep_dir, name)) as f:
                 run = json.load(f)
             if rates is None or run["learning_rate"] in rates:
-                aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run["auc"])
+                aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run[select_by])
     chosen = {}
     for method, by_rate in aucs.items():
         means = {rate: statistics.fmean(values) for rate, values in sorted(by_rate.items())}
-        chosen[method] = dict(learning_rate=max(means, key=means.get), sweep_auc={f"{r:g}": a for r, a in
-                                                                                   means.items()},
+        chosen[method] = dict(learning_rate=max(means, key=means.get), selected_by=select_by,
+                              sweep_auc={f"{r:g}": a for r, a in means.items()},
                               sweep_runs={f"{r:g}": len(v) for r, v in sorted(by_rate.items())})
     return chosen
 
@@ -141,6 +141,17 @@ def summarize(runs: dict[str, dict[int, dict]]) -> dict:
             train_cpu_seconds=sum(by_seed[s]["train_cpu_seconds"] for s in seeds),
             eval_cpu_seconds=sum(by_seed[s]["eval_cpu_seconds"] for s in seeds),
         )
+        # greedy accuracy and pass@64 beside accuracy at the training temperature (runs that measured them)
+        for name, value in (("greedy", final_greedy), ("pass64", final_pass_large(64))):
+            values = {s: value(by_seed[s]) for s in seeds}
+            if any(v is None for v in values.values()):
+                continue
+            entry[name] = interval(list(values.values()))
+            diffs = [values[s] - value(grpo[s]) for s in paired if value(grpo[s]) is not None]
+            entry[f"diff_{name}"] = interval(diffs) if diffs else None
+            if len(diffs) > 1:
+                entry[f"z_diff_{name}"] = (statistics.fmean(diffs) / (statistics.stdev(diffs) / math.sqrt(len(diffs)))
+                                           if statistics.stdev(diffs) > 0 else None)
         for key in ("srpo/localization_exact_rate", "srpo/localization_clean_rate", "srpo/localization_parse_rate",
                     "srpo/correction_rate_clean_prefix", "srpo/correction_rate_erroneous_prefix",
                     "datpo/leaves_per_prompt", "cue/frac_groups_redistributed", "oppo/advantage_abs_mean"):
@@ -163,6 +174,16 @@ def final_accuracy(run: dict) -> float:
 
 def final_pass(k: int):
     return lambda run: run["curve"][-1]["pass_at_k"][str(k)]
+
+
+def final_greedy(run: dict) -> float | None:
+    """Greedy held-out accuracy at the last evaluation (None for runs made before the runner measured it)."""
+    return run["curve"][-1].get("greedy_accuracy")
+
+
+def final_pass_large(k: int):
+    """pass@k from the last evaluation's large sample (k up to 64; None where it was not drawn)."""
+    return lambda run: run["curve"][-1].get("pass_at_k_large", {}).get(str(k))
 
 
 def backward_share(run: dict) -> float:
@@ -274,6 +295,13 @@ def _share(structures: dict, name: str) -> float:
     return structures.get(name, [0, 0])[1] / total if total else 0.0
 
 
+def _abs(pair, digits: int = 3) -> str:
+    """mean ± half-width of a level (no sign), "-" when missing."""
+    if pair is None:
+        return "-"
+    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}" if not math.isnan(pair[1]) else f"{pair[0]:.{digits}f}"
+
+
 def _fmt(pair, digits: int = 3) -> str:
     if pair is None:
         return "-"
@@ -305,6 +333,39 @@ def markdown(summary: dict, base: dict, rates: dict) -> str:
     for method, chosen in rates.items():
         aucs = ", ".join(f"{r}: {a:.3f}" for r, a in chosen["sweep_auc"].items())
         lines.append(f"- {LABELS.get(method, method)}: {chosen['learning_rate']:g} ({aucs})")
+    return "\n".join(lines) + "\n"
+
+
+def beyond_sharpening(summary: dict, base: dict) -> str:
+    """Each method's final accuracy at the training temperature, greedy accuracy and pass@64 beside the untrained
+    model's sharpening baseline (its best temperature): a gain below the baseline is sharpening."""
+    if "sharpening_baseline" not in base:
+        return ("Greedy accuracy, pass@64 and the sharpening baseline were not measured for these runs (made before "
+                "the runner measured them): rerun the grid, or `python -m trl_credit.testbed.profile --results "
+                "<results-dir>/base_profile.json` for the baseline.\n")
+    sharp = base["sharpening_baseline"]
+    temps = ", ".join(f"T={t} {a:.3f}" for t, a in base["accuracy_by_temperature"].items())
+    lines = [f"Base model: greedy {base['greedy_accuracy']:.3f}; {temps}; pass@64 "
+             f"{base['pass_at_k_large'].get('64', float('nan')):.3f} (first {base['passk_problems']} held-out "
+             f"problems x 64 samples at T=1); training prompts all-fail in their group of 8: "
+             f"{base['train_all_fail_share']:.3f}. **Sharpening baseline** (the untrained model at its best "
+             f"temperature, {sharp['temperature']}): {sharp['accuracy']:.3f}.", "",
+             "| method | T=1 accuracy | greedy | greedy vs GRPO (z) | pass@64 | pass@64 vs GRPO | above the sharpening "
+             "baseline? (lower 95% bound of its better of greedy and T=1) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for method, s in summary.items():
+        if "greedy" not in s:  # runs made before the runner measured greedy accuracy and pass@64
+            low = s["final"][0] - s["final"][1]
+            lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | not measured | - | not measured | "
+                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) |")
+            continue
+        z = s.get("z_diff_greedy")
+        diff = "-" if method == "grpo" or s.get("diff_greedy") is None else (
+            _fmt(s["diff_greedy"]) + (f" ({z:+.1f})" if z is not None else ""))
+        low = max(s["greedy"][0] - s["greedy"][1], s["final"][0] - s["final"][1])  # its best, 95% lower bound
+        lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | {_abs(s['greedy'])} | {diff} | "
+                     f"{_abs(s.get('pass64'))} | "
+                     f"{'-' if method == 'grpo' or not s.get('diff_pass64') else _fmt(s['diff_pass64'])} | "
+                     f"{'yes' if low > sharp['accuracy'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -356,20 +417,32 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("--results-dir", default=RESULTS)
+    parser.add_argument("--select-by", choices=("auc", "greedy_auc"), default="auc",
+                        help="how the sweep chose each learning rate (benchmarks/tiny/tiny_grid.py --select-by)")
     args = parser.parse_args(argv)
     runs = load_runs(args.results_dir)
     if not runs:
         raise SystemExit(f"no runs in {args.results_dir}")
     with open(os.path.join(args.results_dir, "base.json")) as f:
-        base = json.load(f)["eval"]
-    rates = sweep_choices(os.path.join(args.results_dir, "sweep"))
+        saved_base = json.load(f)
+    base, profile = saved_base["eval"], saved_base.get("profile")
+    profile_path = os.path.join(args.results_dir, "base_profile.json")  # python -m trl_credit.testbed.profile
+    if profile is None and os.path.exists(profile_path):
+        with open(profile_path) as f:
+            profile = json.load(f)
+    rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by)
     summary = summarize(runs)
+    base_summary = dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"])
+    if profile:  # the base at each temperature and the sharpening baseline (trl_credit.testbed.profile)
+        base_summary.update({k: profile[k] for k in ("greedy_accuracy", "accuracy_by_temperature",
+                                                     "sharpening_baseline", "pass_at_k_large", "passk_problems",
+                                                     "train_all_fail_share", "test_all_fail_in_8")})
     with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
-        json.dump(dict(base=dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"]), methods=summary), f,
-                  indent=1)
+        json.dump(dict(base=base_summary, methods=summary), f, indent=1)
     mechanisms_path = os.path.join(args.results_dir, "mechanisms.json")
     mechanisms = json.load(open(mechanisms_path))["methods"] if os.path.exists(mechanisms_path) else None
-    text = markdown(summary, base, rates) + "\n" + claims_table(runs, summary, base, mechanisms)
+    text = (markdown(summary, base, rates) + "\n" + beyond_sharpening(summary, base_summary) + "\n"
+            + claims_table(runs, summary, base, mechanisms))
     with open(os.path.join(args.results_dir, "report.md"), "w") as f:
         f.write(text)
     plot_curves(runs, base, os.path.join(args.results_dir, "curves.png"))

@@ -488,10 +488,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         base_model = args.model or adapter_base_model(args.adapter)
         base = evaluate(**{**settings, "model": base_model, "adapter": None,
                            "output_dir": os.path.normpath(args.output_dir) + "-base"})
-        # the adapter's plot redrawn with the base's curves beside its own
-        plot_pass_at_k(report, report["files"]["plot"], base=base)
-        print(f"\nbase model {base_model}: report {base['files']['report']}; both in plot {report['files']['plot']}")
+        print(f"\nbase model {base_model}: report {base['files']['report']}")
         print(format_difference(paired_difference(report, base)))
+        if args.temperature > 0:  # greedy for both, pass@k and the sharpening baseline (compare.py's docstring)
+            from trl_credit.evaluation.compare import format_beyond_sampling
+
+            greedy = {"temperature": 0.0, "num_samples": 1}
+            trained_greedy = evaluate(**{**settings, **greedy, "output_dir": os.path.normpath(args.output_dir)
+                                         + "-greedy"})
+            base_greedy = evaluate(**{**settings, **greedy, "model": base_model, "adapter": None,
+                                      "output_dir": os.path.normpath(args.output_dir) + "-base-greedy"})
+            print(format_beyond_sampling(report, base, trained_greedy, base_greedy))
+        # the adapter's plot redrawn, last, with the base's curves beside its own
+        plot_pass_at_k(report, report["files"]["plot"], base=base)
+        print(f"both in plot {report['files']['plot']}")
     return 0
 
 

@@ -54,11 +54,22 @@ class Recipe:
     carry_weight: float = 4.0
     oracle_rate: float = 0.2
     localization_rate: float = 0.25
+    #: The trap regime (docs/testbed.md#the-trap-regime): digits whose addition the supervised solutions get wrong
+    #: ``trap_error_rate`` of the time, always the same way (``z`` one too high), so greedy decoding repeats the
+    #: error while sampling finds the right step. Empty: no trap (the sharpening regime).
+    trap_digits: str = ""
+    trap_error_rate: float = 0.0
 
     def digest(self) -> str:
-        text = json.dumps({"recipe": dataclasses.asdict(self), "vocab": VOCAB, "version": BUILD_VERSION},
-                          sort_keys=True)
+        recipe = dataclasses.asdict(self)
+        for name in _LATER_FIELDS:  # fields added after the first build hash only when set: old digests stay
+            if recipe[name] == _LATER_FIELDS[name]:
+                del recipe[name]
+        text = json.dumps({"recipe": recipe, "vocab": VOCAB, "version": BUILD_VERSION}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_LATER_FIELDS = {"trap_digits": "", "trap_error_rate": 0.0}
 
 
 def make_tokenizer():
@@ -183,7 +194,8 @@ def build_model(recipe: Recipe, output_dir: str, progress: bool = False) -> dict
         examples = []
         for _ in range(4):  # four draws of the mix per problem: slips, structures and kinds vary across copies
             examples += sft_examples(train_problems, rng, recipe.slip_rate, recipe.backward_rate,
-                                          recipe.carry_weight, recipe.oracle_rate, recipe.localization_rate)
+                                     recipe.carry_weight, recipe.oracle_rate, recipe.localization_rate,
+                                     recipe.trap_digits, recipe.trap_error_rate)
         optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
 
         def lr_at(step):  # linear warm-up, cosine decay to 10%
@@ -233,12 +245,36 @@ def _slip_step(steps: list[tuple[int, int, int]], rng: random.Random, carry_weig
     return rng.choices(range(1, len(steps) + 1), weights=weights)[0]
 
 
+def trapped_solution(problem: sums.SumsProblem, structure: str, rng: random.Random, trap_digits: str,
+                     trap_error_rate: float, slip_at: int | None = None, slip: int = 0) -> list[tuple[int, int, int]]:
+    """The step lines of a solution in the trap regime: each step adding a digit of ``trap_digits`` writes ``z`` one
+    too high with probability ``trap_error_rate`` (the systematic error), ``slip_at`` adds ``slip`` to that step's
+    ``z`` (a random slip, as :func:`sums.solve`), and the chain continues from the written value."""
+    order = problem.order(structure)
+    steps, x = [], order[0]
+    for index, y in enumerate(order[1:], start=1):
+        z = (x + y) % 10
+        if str(y) in trap_digits and rng.random() < trap_error_rate:
+            z = (z + 1) % 10
+        if index == slip_at:
+            z = (z + slip) % 10
+        steps.append((x, y, z))
+        x = z
+    return steps
+
+
 def sft_examples(problems: list[sums.SumsProblem], rng: random.Random, slip_rate: float = 0.6,
                  backward_rate: float = 0.15, carry_weight: float = 4.0, oracle_rate: float = 0.2,
-                 localization_rate: float = 0.25) -> list[tuple[str, str]]:
+                 localization_rate: float = 0.25, trap_digits: str = "",
+                 trap_error_rate: float = 0.0) -> list[tuple[str, str]]:
     """``(prompt, completion)`` pairs of the supervised mix (module docstring), one per problem: an oracle-prompted
     error-free solution (``oracle_rate``), a localization example on a slipped solution (``localization_rate``), or
-    a plain solution (the rest; ``slip_rate`` of them slipped)."""
+    a plain solution (the rest; ``slip_rate`` of them slipped). With ``trap_digits`` (the trap regime) the plain
+    solutions and the localization examples' chains carry the systematic error (:func:`trapped_solution`); a
+    localization chain the trap and the slip both left right gets a slip, so every one has an error."""
+    if trap_digits:
+        return _trap_examples(problems, rng, slip_rate, backward_rate, carry_weight, oracle_rate, localization_rate,
+                              trap_digits, trap_error_rate)
     examples = []
     for problem in problems:
         structure = "backward" if rng.random() < backward_rate else "forward"
@@ -258,6 +294,39 @@ def sft_examples(problems: list[sums.SumsProblem], rng: random.Random, slip_rate
             # the seed as SRPO renders it (its thoughts are the lines, the answer line last), answered with the
             # first wrong step; a truncated chain (no answer line) now and then, as the policy's seeds can be
             if rng.random() < 0.2 and len(lines) > 2:
+                lines = lines[: rng.randint(2, len(lines) - 1)]
+            wrong = sums.step_checker(problem.question, lines)
+            prompt = localization_prompt(problem.question, lines, sums.LOCALIZATION_TEMPLATE)
+            examples.append((prompt, f"\\boxed{{{wrong}}}"))
+        else:
+            examples.append((problem.question, "\n".join(lines)))
+    return examples
+
+
+def _trap_examples(problems, rng, slip_rate, backward_rate, carry_weight, oracle_rate, localization_rate,
+                   trap_digits, trap_error_rate) -> list[tuple[str, str]]:
+    """The trap regime's mix (:func:`sft_examples`): the oracle-prompted solutions stay error-free (OPPO's self-oracle
+    knows the right step), every other chain carries the trap errors and, ``slip_rate`` of the time, a random slip."""
+    examples = []
+    for problem in problems:
+        structure = "backward" if rng.random() < backward_rate else "forward"
+        kind = rng.random()
+        if kind < oracle_rate:
+            prompt = problem.question + sums.ORACLE_TEMPLATE.format(answer=problem.answer)
+            examples.append((prompt, "\n".join(sums.solution_lines(sums.solve(problem, structure)))))
+            continue
+        clean = sums.solve(problem, structure)
+        localize = kind < oracle_rate + localization_rate
+        slip_at, slip = None, 0
+        if rng.random() < slip_rate:
+            slip_at, slip = _slip_step(clean, rng, carry_weight), rng.choice((1, -1))
+        steps = trapped_solution(problem, structure, rng, trap_digits, trap_error_rate, slip_at, slip)
+        if localize and steps == clean:  # a localization example needs an error: a slip (the plain mix unbiased)
+            slip_at = _slip_step(clean, rng, carry_weight)
+            steps = sums.solve(problem, structure, slip_at=slip_at, slip=rng.choice((1, -1)))
+        lines = sums.solution_lines(steps)
+        if localize:
+            if rng.random() < 0.2 and len(lines) > 2:  # a truncated chain now and then, as in the sums mix
                 lines = lines[: rng.randint(2, len(lines) - 1)]
             wrong = sums.step_checker(problem.question, lines)
             prompt = localization_prompt(problem.question, lines, sums.LOCALIZATION_TEMPLATE)

@@ -111,50 +111,91 @@ class _RandomState:
         random.setstate(self.states[2])
 
 
+def _sample(model, tokenizer, prompts: list[str], seed: int, batch_size: int, max_new_tokens: int,
+            temperature: float | None) -> list[str]:
+    """Completions of ``prompts``: sampled at ``temperature`` from ``seed``, or greedy when it is None."""
+    texts = []
+    torch.manual_seed(seed)
+    generate = type(model).generate  # the class's own: not the token-counting wrapper on the instance
+    sampling = dict(do_sample=False) if temperature is None else dict(do_sample=True, temperature=temperature,
+                                                                       top_p=1.0, top_k=0)
+    for start in range(0, len(prompts), batch_size):
+        batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
+                          add_special_tokens=False)
+        out = generate(model, **batch, **sampling, max_new_tokens=max_new_tokens,
+                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        texts += tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
+    return texts
+
+
+#: the k of the large-sample pass@k (pass@k for k = 1, 2, 4, ... up to the samples drawn)
+def _powers_of_two(limit: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(limit)) + 1)] if limit >= 1 else []
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, test, samples: int = 8, temperature: float = 1.0, seed: int = 1234,
-             batch_size: int = 512, max_new_tokens: int = 48) -> dict:
+             batch_size: int = 512, max_new_tokens: int = 48, greedy: bool = False, passk_samples: int = 0,
+             passk_problems: int | None = None) -> dict:
     """Sampled held-out evaluation with the training prompt: accuracy (mean over samples = pass@1), pass@k for k =
-    1..samples, correct samples per structure and the mean completion length. Seeded; global random state kept."""
+    1..samples, correct samples per structure and the mean completion length. Seeded; global random state kept.
+
+    ``greedy``: also the greedy accuracy (``greedy_accuracy``, ``greedy_correct`` per problem). ``passk_samples``:
+    also ``passk_samples`` more samples on the first ``passk_problems`` problems (all by default), drawn from
+    ``seed + 1``, for pass@k up to k = ``passk_samples`` (``pass_at_k_large``, k = 1, 2, 4, ...; unbiased
+    estimator) and ``passk_correct_per_problem``. The 8-sample numbers above are unchanged by either."""
     was_training = model.training
     model.eval()
     prompts = [p for p in test["prompt"] for _ in range(samples)]
-    texts = []
+    extra = {}
     with _RandomState():
-        torch.manual_seed(seed)
-        generate = type(model).generate  # the class's own: not the token-counting wrapper on the instance
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
-                              add_special_tokens=False)
-            out = generate(model, **batch, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                           max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                           eos_token_id=tokenizer.eos_token_id)
-            texts += tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
+        texts = _sample(model, tokenizer, prompts, seed, batch_size, max_new_tokens, temperature)
+        if greedy:
+            greedy_texts = _sample(model, tokenizer, list(test["prompt"]), seed, batch_size, max_new_tokens, None)
+            extra["greedy_correct"] = [int(c) for c in sums.accuracy_reward(greedy_texts, test["answer"])]
+            extra["greedy_accuracy"] = sum(extra["greedy_correct"]) / len(extra["greedy_correct"])
+        if passk_samples:
+            count = len(test["prompt"]) if passk_problems is None else min(passk_problems, len(test["prompt"]))
+            many = [p for p in test["prompt"][:count] for _ in range(passk_samples)]
+            many_texts = _sample(model, tokenizer, many, seed + 1, batch_size, max_new_tokens, temperature)
+            ok = sums.accuracy_reward(many_texts, [a for a in test["answer"][:count] for _ in range(passk_samples)])
+            per = [int(sum(ok[i * passk_samples : (i + 1) * passk_samples])) for i in range(count)]
+            extra.update(passk_samples=passk_samples, passk_problems=count, passk_correct_per_problem=per,
+                         pass_at_k_large={k: sum(pass_at_k(passk_samples, c, k) for c in per) / count
+                                          for k in _powers_of_two(passk_samples)})
     if was_training:
         model.train()
     answers = [a for a in test["answer"] for _ in range(samples)]
     correct = sums.accuracy_reward(texts, answers)
     per_problem = [int(sum(correct[i * samples : (i + 1) * samples])) for i in range(len(test["prompt"]))]
     structures: dict[str, list[int]] = {}
-    for prompt, text, ok in zip(prompts, texts, correct):
+    for prompt, text, ok_ in zip(prompts, texts, correct):
         tally = structures.setdefault(sums.solution_structure(prompt, text), [0, 0])
-        tally[0] += int(ok)
+        tally[0] += int(ok_)
         tally[1] += 1
     return dict(accuracy=sum(correct) / len(correct),
                 pass_at_k={k: sum(pass_at_k(samples, c, k) for c in per_problem) / len(per_problem)
                            for k in range(1, samples + 1)},
                 correct_per_problem=per_problem, structures=structures,
-                mean_length=sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts) / len(texts))
+                mean_length=sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts) / len(texts),
+                **extra)
 
 
 def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int = 40, eval_every: int = 5,
         eval_samples: int = 8, test=None, trainer_kwargs: dict | None = None, model_path: str | None = None,
-        evaluate_at_start: bool = False, on_trainer=None, **fields) -> dict:
+        evaluate_at_start: bool = False, on_trainer=None, regime: str = "tiny", greedy_eval: bool = True,
+        final_passk_samples: int = 64, passk_problems: int | None = 128, **fields) -> dict:
     """Train a ``trainer_class`` (``config_class`` with the shared settings, ``fields`` on top) from the testbed
-    model and return its curve: per evaluation, the step, generated tokens so far and :func:`evaluate`'s report."""
+    model and return its curve: per evaluation, the step, generated tokens so far and :func:`evaluate`'s report.
+
+    ``regime`` picks the model (trl_credit.testbed.regimes; ``model_path`` overrides it). Every evaluation also
+    reports the greedy accuracy (``greedy_eval``); the last one also pass@k up to ``final_passk_samples`` from that
+    many samples on the first ``passk_problems`` held-out problems (0: not measured)."""
     from transformers import LlamaForCausalLM, PrinterCallback, TrainerCallback
 
-    model_path = model_path or testbed_model_path()
+    from trl_credit.testbed.regimes import regime_recipe
+
+    model_path = model_path or testbed_model_path(regime_recipe(regime))
     data = sums.make_dataset()
     test = data["test"] if test is None else test
     tokenizer = make_tokenizer()
@@ -177,7 +218,8 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
 
     def record(step):
         start = time.process_time()
-        report = evaluate(model, tokenizer, test, samples=eval_samples)
+        report = evaluate(model, tokenizer, test, samples=eval_samples, greedy=greedy_eval,
+                          passk_samples=final_passk_samples if step == steps else 0, passk_problems=passk_problems)
         cpu["eval"] += time.process_time() - start
         curve.append(dict(step=step, generated_tokens=counted["tokens"], generate_calls=counted["calls"], **report))
 
