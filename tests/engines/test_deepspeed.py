@@ -21,7 +21,7 @@ from tests.mp import run_accelerate, run_torchrun  # noqa: E402
 pytestmark = [pytest.mark.deepspeed, pytest.mark.multiprocess]
 
 SCRIPT = "tests/mp_scripts/engine_trainers.py"
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "accelerate_configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "accelerate_configs"
 TRAINERS = ["grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
             "resets_oppo", "process"]
 
