@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from trl_credit.core.collectives import fill_rows, gather_counts
 from trl_credit.generation.hooks import hf_generate_hooks, kept_length
 from trl_credit.generation.vllm_hooks import vllm_row_budgets
+from trl_credit.trl_bridge.vllm_push import vllm_generation
 
 __all__ = ["sampling_overrides", "generate_from_prefixes", "one_weight_push"]
 
@@ -64,14 +65,14 @@ def sampling_overrides(
 
     saved_config = getattr(trainer, "generation_config", None)
     saved_kwargs = getattr(trainer, "generation_kwargs", None)
-    vllm_generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    if stop_strings and vllm_generation is not None:
+    engine = vllm_generation(trainer)
+    if stop_strings and engine is not None:
         vllm_changes["generation_kwargs"] = {
-            **(getattr(vllm_generation, "generation_kwargs", None) or {}),
+            **(getattr(engine, "generation_kwargs", None) or {}),
             "stop": list(stop_strings),
             "include_stop_str_in_output": True,
         }
-    saved_vllm = {k: getattr(vllm_generation, k) for k in vllm_changes} if vllm_generation is not None else {}
+    saved_vllm = {k: getattr(engine, k) for k in vllm_changes} if engine is not None else {}
     try:
         if saved_config is not None and hf_changes:
             config = copy.deepcopy(saved_config)
@@ -80,9 +81,9 @@ def sampling_overrides(
             trainer.generation_config = config
         if saved_kwargs is not None and hf_changes:
             trainer.generation_kwargs = {**saved_kwargs, **hf_changes}
-        if vllm_generation is not None:
+        if engine is not None:
             for key, value in vllm_changes.items():
-                setattr(vllm_generation, key, value)
+                setattr(engine, key, value)
         yield
     finally:
         if saved_config is not None:
@@ -90,7 +91,7 @@ def sampling_overrides(
         if saved_kwargs is not None:
             trainer.generation_kwargs = saved_kwargs
         for key, value in saved_vllm.items():
-            setattr(vllm_generation, key, value)
+            setattr(engine, key, value)
 
 
 def generate_from_prefixes(
@@ -201,7 +202,7 @@ def one_weight_push(trainer) -> Iterator[None]:
     already inside) a no-op. Cost: vLLM's weights and KV cache stay resident while the no-grad scoring passes of
     the generation phase run.
     """
-    vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    vllm = vllm_generation(trainer)
     if (
         vllm is None
         or getattr(vllm, "mode", None) != "colocate"

@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from trl_credit.trl_bridge.vllm_push import vllm_generation
+
 __all__ = ["vllm_row_budgets", "per_row_budgets_reach_vllm"]
 
 
 def per_row_budgets_reach_vllm(trainer) -> bool:
     """Whether :func:`vllm_row_budgets` can give each row of a call its own ``max_tokens``: vLLM colocate without
     tensor parallelism, where ``llm.generate`` receives exactly this process's rows, in order."""
-    vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+    vllm = vllm_generation(trainer)
     return (
         vllm is not None
         and getattr(vllm, "mode", None) == "colocate"

@@ -20,9 +20,15 @@ from __future__ import annotations
 import logging
 import types
 
-__all__ = ["colocate_push_fails", "reload_push", "fix_colocate_push"]
+__all__ = ["vllm_generation", "colocate_push_fails", "reload_push", "fix_colocate_push"]
 
 logger = logging.getLogger(__name__)
+
+
+def vllm_generation(trainer):
+    """The trainer's ``VLLMGeneration`` (TRL's vLLM driver: server or colocate) when it generates with vLLM, else None
+    (read duck-typed, so the generation modules and their tests need no TRL)."""
+    return getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
 
 
 def _model_runner(vllm_generation):
@@ -55,10 +61,10 @@ def fix_colocate_push(trainer) -> bool:
     """Replace ``trainer.vllm_generation.sync_weights`` (on the instance) by :func:`reload_push` where TRL's push
     cannot work (:func:`colocate_push_fails`); returns whether it did. Called once by the credit core after
     ``GRPOTrainer.__init__``; a plain ``GRPOTrainer`` can call it too."""
-    vllm_generation = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
-    if vllm_generation is None or not colocate_push_fails(vllm_generation):
+    engine = vllm_generation(trainer)
+    if engine is None or not colocate_push_fails(engine):
         return False
-    vllm_generation.sync_weights = types.MethodType(reload_push, vllm_generation)
+    engine.sync_weights = types.MethodType(reload_push, engine)
     logger.info(
         "trl_credit: vLLM colocate on the CPU platform: the policy's weights reach vLLM through its reload_weights "
         "instead of TRL's load_weights push, which cannot load into repacked CPU layers (docs/platforms.md)."
