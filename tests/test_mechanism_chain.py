@@ -339,3 +339,17 @@ def test_summarize_regions_with_process_credit_averages_the_line_profiles():
     # without process credit in every completion: no process block
     del regions[1]["process"]
     assert "process_negative_mass_share" not in mechanism_oppo.summarize_regions(regions)["all"]
+
+
+def test_trap_step_is_a_trap_digit_added_one_too_high_on_that_line():
+    import tests.benchmarks_path  # noqa: F401
+    from tiny_mechanisms import trap_step
+
+    text = "3+8=2\n\n2+9=2\n2+4=6\nanswer: 6"
+    assert trap_step(text, 1, "89")  # 3 + 8 = 11 -> 1, written 2
+    assert trap_step(text, 2, "89")  # blank lines do not count
+    assert not trap_step(text, 3, "89")  # 4 is no trap digit
+    assert not trap_step("3+8=1", 1, "89")  # right
+    assert not trap_step("3+8=3", 1, "89")  # wrong, but not one too high
+    assert not trap_step(text, 1, "")  # the tiny regime has no trap
+    assert not trap_step(text, 9, "89")

@@ -171,10 +171,19 @@ def test_every_grid_method_trains_two_steps_on_the_reduced_model(method, reduced
     test = sums.make_dataset(200, 16)["test"]
     result = runner.run(spec["trainer"], spec["config"], seed=0, learning_rate=1e-3, steps=2, eval_every=1,
                         eval_samples=2, test=test, model_path=reduced_model, trainer_kwargs=spec["kwargs"],
-                        **spec["fields"])
+                        **runner.method_fields(spec, 1e-3))
     assert [point["step"] for point in result["curve"]] == [1, 2] and len(result["logs"]) == 2
     assert 0 < result["curve"][0]["generated_tokens"] < result["curve"][1]["generated_tokens"]
     assert all(log["grad_norm"] == log["grad_norm"] for log in result["logs"])  # no NaN
+
+
+def test_method_fields_set_prime_prm_rate_at_the_released_ratio_to_the_policy_rate():
+    # the released recipe: PRM 1e-6 for a policy at 5e-7, so 2x; every other method's fields do not depend on it
+    assert runner.method_fields(runner.method_spec("prime"), 1e-3) == dict(credit="implicit_prm",
+                                                                          prime_learning_rate=2e-3)
+    for method in set(runner.METHODS) - {"prime"}:
+        spec = runner.method_spec(method)
+        assert runner.method_fields(spec, 1e-3) == spec["fields"]
 
 
 def test_evaluation_does_not_change_training(reduced_model):

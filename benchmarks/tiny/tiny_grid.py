@@ -103,7 +103,8 @@ def one_run(job: dict) -> dict:
     result = runner.run(spec["trainer"], spec["config"], seed=job["seed"], learning_rate=job["learning_rate"],
                         steps=job["steps"], eval_every=job["eval_every"], eval_samples=job["eval_samples"],
                         test=test, trainer_kwargs=spec["kwargs"], model_path=job["model_path"],
-                        final_passk_samples=passk, passk_problems=job["passk_problems"], **spec["fields"])
+                        final_passk_samples=passk, passk_problems=job["passk_problems"],
+                        **runner.method_fields(spec, job["learning_rate"]))
     result["curve"].insert(0, dict(base, step=0, generated_tokens=0, generate_calls=0))
     result.update(method=job["method"], seed=job["seed"], learning_rate=job["learning_rate"], split=job["split"],
                   settings={k: job[k] for k in RUN_KEYS}, auc=area_under_curve(result["curve"]),

@@ -17,7 +17,11 @@ avoid the error; one from a line after it inherits it. DATPO's claim (§3.2, App
 sentence starts are where a rollout's outcome is decided, so its forks should not land after h_o more often than
 a uniform choice.
 
-    python benchmarks/tiny/tiny_mechanisms.py [--steps 3] [--seeds 0,1] [--forks]
+On the trap regime (``--regime trap``) an arithmetic error on h_o is also classified as the **trap step** (a step
+adding a digit of the recipe's ``trap_digits`` written one too high: the error the building data taught) or another
+slip, and the mass on h_o is reported for the trap steps apart.
+
+    python benchmarks/tiny/tiny_mechanisms.py [--steps 3] [--seeds 0,1] [--forks] [--regime trap]
 """
 
 from __future__ import annotations
@@ -31,7 +35,22 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 REGIONS = ("before", "on", "after")
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny", "mechanisms.json")
+RESULTS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+
+
+def trap_step(text: str, line_number: int, trap_digits: str) -> bool:
+    """Whether step line ``line_number`` (1-indexed over non-empty lines) of ``text`` is the trap regime's systematic
+    error: ``x+y=z`` with y a trap digit and z one too high (trl_credit.testbed.model.trapped_solution)."""
+    import re
+
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not trap_digits or not 1 <= line_number <= len(lines):
+        return False
+    step = re.match(r"^(\d)\+(\d)=(\d)$", lines[line_number - 1])
+    if step is None:
+        return False
+    x, y, z = map(int, step.groups())
+    return str(y) in trap_digits and z == (x + y + 1) % 10
 
 
 def line_of_each_token(text: str) -> list[int]:
@@ -70,7 +89,7 @@ def run_starting_model(method: str, seed: int, steps: int, model_path: str | Non
                trainer_kwargs=spec["kwargs"], on_trainer=on_trainer, **spec["fields"])
 
 
-def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[dict]:
+def capture(method: str, seed: int, steps: int, model_path: str | None, trap_digits: str = "") -> list[dict]:
     """Per incorrect completion with a checkable first wrong line: its reason and region shares."""
     from trl_credit.tasks import sums
     from trl_credit.testbed.model import make_tokenizer
@@ -96,6 +115,7 @@ def capture(method: str, seed: int, steps: int, model_path: str | None) -> list[
             lines = line_of_each_token(text)
             lines += [lines[-1] if lines else 1] * (length - len(lines))  # the EOS token ends the last line
             rows.append(dict(reason=reason, first_wrong=wrong,
+                             trap=reason == "arithmetic" and trap_step(text, wrong, trap_digits),
                              **region_shares(lines[:length], values.tolist(), wrong)))
 
     def record_loss_inputs(trainer):  # what reaches TRL's loss: every training row once (num_iterations 1)
@@ -181,6 +201,12 @@ def summarize(rows: list[dict]) -> dict:
                     "mass_on": statistics.fmean(r["mass"]["on"] for r in slips if r["mass"]["on"] is not None)
                     if slips else None,
                     "tokens_on": statistics.fmean(r["tokens"]["on"] for r in slips) if slips else None}
+    traps = [row for row in rows if row.get("trap")]  # the trap regime's systematic step (trap_step)
+    out["trap_share_of_first_errors"] = len(traps) / len(rows) if rows else None
+    out["trap_steps"] = {"completions": len(traps),
+                         "mass_on": statistics.fmean(r["mass"]["on"] for r in traps if r["mass"]["on"] is not None)
+                         if traps else None,
+                         "tokens_on": statistics.fmean(r["tokens"]["on"] for r in traps) if traps else None}
     return out
 
 
@@ -190,13 +216,20 @@ def main(argv=None):
     parser.add_argument("--methods", default="grpo,oppo,process")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--output", default=RESULTS)
+    parser.add_argument("--regime", default="tiny", help="the testbed regime (its committed model and results folder)")
+    parser.add_argument("--model", default=None, help="default: benchmarks/results/<regime>/model")
+    parser.add_argument("--output", default=None, help="default: benchmarks/results/<regime>/mechanisms.json")
     parser.add_argument("--forks", action="store_true", help="also DATPO's forks against the first wrong line")
     args = parser.parse_args(argv)
     import torch
 
+    from trl_credit.testbed.regimes import regime_recipe
+
     torch.set_num_threads(1)
+    committed = os.path.join(RESULTS_ROOT, args.regime, "model")
+    args.model = args.model or (committed if os.path.exists(committed) else None)
+    args.output = args.output or os.path.join(RESULTS_ROOT, args.regime, "mechanisms.json")
+    trap_digits = regime_recipe(args.regime).trap_digits
     result = {}
     if args.forks:
         rows = [row for seed in args.seeds.split(",") for row in capture_forks(int(seed), args.steps, args.model)]
@@ -206,13 +239,15 @@ def main(argv=None):
               f"after h_o {fmt(s['fork_share'])} vs line starts {fmt(s['line_start_share'])}; branches correct "
               f"{fmt(s['branch_correct_rate'])} (n {s['branches']})", flush=True)
     for method in filter(None, args.methods.split(",")):
-        rows = [row for seed in args.seeds.split(",") for row in capture(method, int(seed), args.steps, args.model)]
+        rows = [row for seed in args.seeds.split(",") for row in capture(method, int(seed), args.steps, args.model, trap_digits)]
         result[method] = summarize(rows)
         s = result[method]
         print(f"{method}: {s['completions']} incorrect completions; negative mass before/on/after h_o "
               + " / ".join(f"{s['mass'][r]:.2f}" for r in REGIONS) + " vs tokens "
               + " / ".join(f"{s['tokens'][r]:.2f}" for r in REGIONS)
-              + f"; slips: mass on the slip line {s['slips']['mass_on']} vs tokens {s['slips']['tokens_on']}",
+              + f"; slips: mass on the slip line {s['slips']['mass_on']} vs tokens {s['slips']['tokens_on']}"
+              + (f"; trap steps ({s['trap_share_of_first_errors']:.2f} of first errors): mass on them "
+                 f"{s['trap_steps']['mass_on']} vs tokens {s['trap_steps']['tokens_on']}" if trap_digits else ""),
               flush=True)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:

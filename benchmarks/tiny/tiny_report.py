@@ -26,13 +26,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny")
-ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo", "process"]
+ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo", "process",
+         "prime"]
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO (structure)", "oppo": "OPPO (self)", "datpo": "DATPO (adaptive)",
           "datpo_matched": "DATPO (<= G leaves)", "srpo": "SRPO (self)", "rrpo": "RRPO", "srpo_oracle":
-          "SRPO (oracle reset)", "srpo_oppo": "SRPO x OPPO", "process": "process credit (oracle)"}
+          "SRPO (oracle reset)", "srpo_oppo": "SRPO x OPPO", "process": "process credit (oracle)",
+          "prime": "PRIME (implicit PRM)"}
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green",
           "datpo_matched": "tab:olive", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_oracle": "tab:pink",
-          "srpo_oppo": "tab:brown", "process": "tab:gray"}
+          "srpo_oppo": "tab:brown", "process": "tab:gray", "prime": "tab:cyan"}
 THRESHOLD = 0.85  # held-out accuracy a run must reach for "steps / tokens to threshold"
 
 
@@ -437,12 +439,19 @@ def main(argv=None):
         base_summary.update({k: profile[k] for k in ("greedy_accuracy", "accuracy_by_temperature",
                                                      "sharpening_baseline", "pass_at_k_large", "passk_problems",
                                                      "train_all_fail_share", "test_all_fail_in_8")})
-    with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
-        json.dump(dict(base=base_summary, methods=summary), f, indent=1)
     mechanisms_path = os.path.join(args.results_dir, "mechanisms.json")
     mechanisms = json.load(open(mechanisms_path))["methods"] if os.path.exists(mechanisms_path) else None
-    text = (markdown(summary, base, rates) + "\n" + beyond_sharpening(summary, base_summary) + "\n"
-            + claims_table(runs, summary, base, mechanisms))
+    text = markdown(summary, base, rates) + "\n" + beyond_sharpening(summary, base_summary) + "\n"
+    saved = dict(base=base_summary, methods=summary)
+    if any("greedy_correct" in run["curve"][-1] for by_seed in runs.values() for run in by_seed.values()):
+        import regime_claims  # greedy, pass@64 and T=1 per claim, hard problems, all-fail share, PRIME's share
+
+        section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms)
+        text += section
+    else:
+        text += claims_table(runs, summary, base, mechanisms)
+    with open(os.path.join(args.results_dir, "summary.json"), "w") as f:
+        json.dump(saved, f, indent=1)
     with open(os.path.join(args.results_dir, "report.md"), "w") as f:
         f.write(text)
     plot_curves(runs, base, os.path.join(args.results_dir, "curves.png"))

@@ -25,7 +25,7 @@ import torch
 from trl_credit.tasks import sums
 from trl_credit.testbed.model import make_tokenizer, testbed_model_path
 
-__all__ = ["METHODS", "method_spec", "run", "evaluate", "pass_at_k"]
+__all__ = ["METHODS", "method_spec", "method_fields", "run", "evaluate", "pass_at_k"]
 
 #: Shared by every method: prompts per step, rollouts per prompt (G), sampling, completion cap, TRL's default loss.
 SHARED = dict(num_generations=8, temperature=1.0, top_p=1.0, max_completion_length=48, loss_type="dapo", beta=0.0)
@@ -68,11 +68,23 @@ def method_spec(name: str) -> dict:
     if name == "process":  # the oracle token credit: the step checker's per-step rewards (DeepSeekMath §4.1.3)
         return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
                     fields=dict(credit="process", process_step_reward="sums"), kwargs={})
+    if name == "prime":  # the implicit PRM learned from the outcome labels alone (Cui et al. 2025); its learning
+        # rate keeps the released recipe's ratio to the policy's (1e-6 / 5e-7): a 1e-6 PRM on a from-scratch model
+        # trained at 1e-3 would barely move, and its token rewards would stay ~0
+        return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
+                    fields=dict(credit="implicit_prm"), kwargs={}, lr_scaled=dict(prime_learning_rate=2.0))
     raise ValueError(f"unknown testbed method {name!r}; choose from {list(METHODS)}")
 
 
 METHODS = ("grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo",
-           "process")
+           "process", "prime")
+
+
+def method_fields(spec: dict, learning_rate: float) -> dict:
+    """A method's config fields at a policy learning rate: its fixed ``fields`` and its ``lr_scaled`` ones (a field
+    set to a ratio times the policy's rate, e.g. PRIME's PRM learning rate)."""
+    scaled = {name: ratio * learning_rate for name, ratio in spec.get("lr_scaled", {}).items()}
+    return dict(spec["fields"], **scaled)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

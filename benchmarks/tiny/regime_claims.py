@@ -1,0 +1,213 @@
+"""Question: On a regime with headroom beyond sharpening, which paper claim holds, by greedy accuracy, pass@64 and T=1?
+
+The claims table of a grid whose runs measured greedy accuracy and pass@64 (``benchmarks/tiny/tiny_grid.py``, e.g.
+``--regime trap``; BENCHMARKS.md section 7), the mechanism readings it rests on, and PRIME's share of the process
+oracle's gain. Called by ``tiny_report.py``; every number is recomputed from the run JSONs.
+
+- **Paired differences.** Per seed, method A - method B on the same held-out problems; 95% t-interval over seeds.
+  Each claim is read on three metrics: greedy accuracy (what the model does when it commits), pass@64 (what it can
+  still find: the first ``passk_problems`` held-out problems x 64 samples at T=1) and accuracy at T=1 (the training
+  temperature, 8 samples a problem).
+- **Hard problems.** The held-out problems the *untrained* model fails in all 8 of its samples at T=1 (the base
+  evaluation every run starts from): the prompts whose GRPO groups carry no gradient at the start, where SRPO's resets
+  and DATPO's trees claim to help.
+- **All-fail share over training.** The share of held-out problems whose 8 samples at T=1 all fail, at every
+  evaluation of the run (the held-out stand-in for the training groups, the same for every method).
+- **PRIME's share of the oracle's gain.** mean(PRIME - GRPO) / mean(process - GRPO) over the paired seeds, its 95%
+  interval from a paired bootstrap over seeds (10,000 resamples, fixed seed).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from tiny_report import LABELS, interval, verdict
+
+#: (claim, method A, method B, problems): A - B per seed; "hard" = the base's all-fail problems
+CLAIMS = (
+    ("SRPO: resets help on prompts where GRPO's groups are all-fail (abstract, §4)", "srpo", "grpo", "hard"),
+    ("SRPO outperforms GRPO (abstract, §5)", "srpo", "grpo", "all"),
+    ("SRPO outperforms RRPO: localization matters (abstract, §5)", "srpo", "rrpo", "all"),
+    ("... on the hard prompts", "srpo", "rrpo", "hard"),
+    ("Resets at the credit-assignment oracle beat random resets (§3, CPI analysis)", "srpo_oracle", "rrpo", "all"),
+    ("DATPO: adaptive trees help hard prompts at equal compute (<= G leaves) (abstract, §3.3)", "datpo_matched",
+     "grpo", "hard"),
+    ("DATPO (adaptive budget) outperforms GRPO, especially pass@k (abstract)", "datpo", "grpo", "all"),
+    ("Cue-GRPO improves repeated sampling, most at large k (abstract, §5)", "cue_grpo", "grpo", "all"),
+    ("OPPO improves over GRPO (abstract, §5)", "oppo", "grpo", "all"),
+    ("Composition: SRPO's resets with OPPO's credit beat OPPO alone", "srpo_oppo", "oppo", "all"),
+    ("Process supervision (the step checker's token credit) beats outcome supervision (DeepSeekMath §4.1.3)",
+     "process", "grpo", "all"),
+    ("PRIME's implicit PRM beats outcome supervision (Cui et al. 2025, §4)", "prime", "grpo", "all"),
+    ("... and reaches the process oracle", "prime", "process", "all"),
+)
+METRICS = ("greedy", "pass64", "t1")
+METRIC_NAMES = {"greedy": "greedy accuracy", "pass64": "pass@64", "t1": "accuracy at T=1"}
+
+
+def hard_problems(base_eval: dict) -> list[int]:
+    """Held-out problems the untrained model fails in all of its samples at T=1."""
+    return [i for i, correct in enumerate(base_eval["correct_per_problem"]) if correct == 0]
+
+
+def metric(run: dict, name: str, problems: list[int] | None) -> float | None:
+    """A run's last evaluation on ``problems`` (None: all): greedy accuracy, pass@64 (problems among the first
+    ``passk_problems``; pass@64 of 64 samples = at least one correct) or accuracy at T=1."""
+    last = run["curve"][-1]
+    if name == "greedy":
+        values = last.get("greedy_correct")
+    elif name == "t1":
+        samples = run.get("settings", {}).get("eval_samples") or len(last["pass_at_k"])  # pass@1..@n of n samples
+        values = [c / samples for c in last["correct_per_problem"]]
+    else:
+        per = last.get("passk_correct_per_problem")
+        values = None if per is None else [float(c > 0) for c in per]
+    if values is None:
+        return None
+    chosen = range(len(values)) if problems is None else [i for i in problems if i < len(values)]
+    chosen = list(chosen)
+    return statistics.fmean(float(values[i]) for i in chosen) if chosen else None
+
+
+def paired_diffs(runs: dict, a: str, b: str, name: str, problems: list[int] | None) -> list[float]:
+    seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
+    diffs = []
+    for seed in seeds:
+        va, vb = metric(runs[a][seed], name, problems), metric(runs[b][seed], name, problems)
+        if va is not None and vb is not None:
+            diffs.append(va - vb)
+    return diffs
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean, half = interval(values)
+    if len(values) < 2:
+        return f"{mean:+.3f}"
+    return f"{mean:+.3f} ± {half:.3f}: {verdict(values).split(' (')[0]}"
+
+
+def claims_table(runs: dict, base_eval: dict) -> str:
+    hard = hard_problems(base_eval)
+    lines = [f"Hard problems: the {len(hard)} of {len(base_eval['correct_per_problem'])} held-out problems the "
+             "untrained model fails in all 8 samples at T=1 (pass@64 on those among the first 128). Each cell: paired "
+             "difference A - B, mean ± 95% t half-width over seeds, and its verdict.", "",
+             "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@64 | accuracy at T=1 |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for claim, a, b, which in CLAIMS:
+        if a not in runs or b not in runs:
+            lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | 0 | not run | | |")
+            continue
+        problems = hard if which == "hard" else None
+        cells = [paired_diffs(runs, a, b, m, problems) for m in METRICS]
+        seeds = max(len(c) for c in cells)
+        lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | {seeds} | "
+                     + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def all_fail_over_training(runs: dict) -> dict[str, dict[int, float]]:
+    """Per method, per evaluated step: the mean over seeds of the share of held-out problems all-fail in 8 at T=1."""
+    out = {}
+    for method, by_seed in runs.items():
+        steps: dict[int, list[float]] = {}
+        for run in by_seed.values():
+            for point in run["curve"]:
+                per = point.get("correct_per_problem")
+                if per:
+                    steps.setdefault(point["step"], []).append(sum(c == 0 for c in per) / len(per))
+        out[method] = {step: statistics.fmean(v) for step, v in sorted(steps.items())}
+    return out
+
+
+def all_fail_table(shares: dict) -> str:
+    steps = sorted({s for by_step in shares.values() for s in by_step})
+    lines = ["| method | " + " | ".join(f"step {s}" for s in steps) + " |", "| --- |" + " --- |" * len(steps)]
+    for method, by_step in shares.items():
+        lines.append(f"| {LABELS.get(method, method)} | "
+                     + " | ".join(f"{by_step[s]:.3f}" if s in by_step else "-" for s in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def share_of_gain(runs: dict, name: str, resamples: int = 10_000, seed: int = 0) -> dict | None:
+    """mean(PRIME - GRPO) / mean(process - GRPO) on ``name`` over the seeds all three ran, with a paired bootstrap
+    95% interval (seeds resampled together); None when a method is missing."""
+    if not all(m in runs for m in ("prime", "process", "grpo")):
+        return None
+    seeds = sorted(set(runs["prime"]) & set(runs["process"]) & set(runs["grpo"]))
+    rows = []
+    for s in seeds:
+        values = [metric(runs[m][s], name, None) for m in ("prime", "process", "grpo")]
+        if None not in values:
+            rows.append((values[0] - values[2], values[1] - values[2]))
+    if len(rows) < 2:
+        return None
+
+    def ratio(sample):
+        oracle = statistics.fmean(o for _, o in sample)
+        return statistics.fmean(p for p, _ in sample) / oracle if oracle != 0 else float("nan")
+
+    rng = random.Random(seed)
+    boots = sorted(r for r in (ratio([rng.choice(rows) for _ in rows]) for _ in range(resamples)) if r == r)
+    low, high = boots[int(0.025 * len(boots))], boots[int(0.975 * len(boots)) - 1]
+    return dict(seeds=len(rows), share=ratio(rows), low=low, high=high,
+                prime_gain=interval([p for p, _ in rows]), oracle_gain=interval([o for _, o in rows]))
+
+
+def resets_landing(summary: dict) -> str:
+    """Where the resets of SRPO, RRPO and the oracle land against the checker's first wrong thought h*, from the
+    training logs: on h* (exact), before it (a clean prefix, not h*), after it (the prefix keeps the error)."""
+    lines = ["| resets | on h* | before h* | after h* (prefix keeps the error) |", "| --- | --- | --- | --- |"]
+    for method in ("srpo", "rrpo", "srpo_oracle", "srpo_oppo"):
+        entry = summary.get(method, {})
+        exact, clean = entry.get("srpo/localization_exact_rate"), entry.get("srpo/localization_clean_rate")
+        if exact is None or clean is None:
+            continue
+        lines.append(f"| {LABELS.get(method, method)} | {exact:.2f} | {clean - exact:.2f} | {1 - clean:.2f} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def mechanism_lines(mechanisms: dict | None) -> str:
+    """Where the negative advantage of a failed completion lands, on its first wrong line when that is the trap step
+    (benchmarks/tiny/tiny_mechanisms.py --regime trap)."""
+    if not mechanisms:
+        return ""
+    lines = ["| credit | failed completions | first error = the trap step | negative mass on the trap step | its tokens |",
+             "| --- | --- | --- | --- | --- |"]
+    for method, m in mechanisms.items():
+        trap = m.get("trap_steps") if isinstance(m, dict) else None
+        if not trap or trap.get("mass_on") is None:
+            continue
+        lines.append(f"| {LABELS.get(method, method)} | {m['completions']} | {m['trap_share_of_first_errors']:.2f} | "
+                     f"{trap['mass_on']:.2f} | {trap['tokens_on']:.2f} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) -> tuple[str, dict]:
+    """The markdown section and its numbers (for summary.json)."""
+    shares = all_fail_over_training(runs)
+    gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
+    text = ["### Claims, by greedy accuracy, pass@64 and T=1", "", claims_table(runs, base_eval),
+            "### All-fail share over training (held-out problems, 8 samples at T=1)", "", all_fail_table(shares)]
+    landing = resets_landing(summary)
+    if landing:
+        text += ["### Where the resets land (training logs, against the checker's first wrong thought h*)", "", landing]
+    mech = mechanism_lines(mechanisms)
+    if mech:
+        text += ["### Token credit on the trap step (starting model's rollouts)", "", mech]
+    for name, g in gain.items():
+        if g:
+            text.append(f"PRIME's share of the process oracle's gain over GRPO ({METRIC_NAMES[name]}, {g['seeds']} "
+                        f"seeds): {g['share']:.2f} (95% bootstrap {g['low']:.2f} to {g['high']:.2f}); PRIME - GRPO "
+                        f"{g['prime_gain'][0]:+.3f} ± {g['prime_gain'][1]:.3f}, process - GRPO "
+                        f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
+    numbers = dict(hard_problems=len(hard_problems(base_eval)), all_fail_over_training=shares,
+                   prime_share_of_oracle_gain=gain,
+                   claims=[dict(claim=c, a=a, b=b, problems=w,
+                                **{m: (list(interval(d)) if d else None)
+                                   for m, d in ((m, paired_diffs(runs, a, b, m, hard_problems(base_eval)
+                                                                 if w == "hard" else None)) for m in METRICS)})
+                           for c, a, b, w in CLAIMS if a in runs and b in runs])
+    return "\n".join(text), numbers
