@@ -312,3 +312,55 @@ def test_learning_base_samples_evaluates_only_the_base_model_with_more_samples()
     assert learning.base_eval_args(args).samples == 8
     with pytest.raises(SystemExit, match="--base-samples: at least --samples"):
         learning.main(["--task", "chain", "--samples", "8", "--base-samples", "4"])
+
+
+def test_learning_sharpening_baseline_is_the_base_at_its_best_decoding_named():
+    import learning
+
+    base = dict(greedy_accuracy=0.40, by_temperature={"0.3": dict(accuracy=0.50), "1": dict(accuracy=0.30)})
+    sharp = learning.sharpening_baseline(base)
+    assert sharp["decoding"] == "temperature 0.3" and sharp["accuracy"] == 0.50
+    assert sharp["options"] == {"temperature 0.3": 0.50, "temperature 1": 0.30, "greedy": 0.40}
+    assert learning.sharpening_baseline(dict(greedy_accuracy=0.6, **{"by_temperature": {}}))["decoding"] == "greedy"
+    assert learning.sharpening_baseline({}) is None
+
+
+def test_learning_greedy_eval_and_base_temperatures_on_the_tiny_model(tiny_model_path, tmp_path):
+    """evaluate_model's greedy pass is one deterministic sample a problem, scored like the sampled ones; the base
+    gets its temperatures and greedy added once, the sharpening baseline stored beside them; the report reads both."""
+    import argparse
+    import json
+
+    import learning
+    from harness import plots
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_credit.tasks.chain import make_chain_dataset
+
+    dataset = make_chain_dataset(num_train=2, num_test=3, seed=0)
+    args = argparse.Namespace(task="chain", samples=2, eval_batch_size=8, eval_temperature=0.7, eval_top_p=1.0,
+                              tokens=8, eval_seed=1, greedy_eval=True, base_temperatures="0.7,1.0",
+                              **{k: None for k in learning.EVAL_KEYS if k not in (
+                                  "task", "samples", "eval_temperature", "eval_top_p", "tokens", "eval_seed",
+                                  "greedy_eval")})
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    report = learning.evaluate_model(model, tokenizer, dataset["test"], args)
+    again = learning.evaluate_model(model, tokenizer, dataset["test"], args)
+    assert len(report["greedy_correct"]) == 3 and report["greedy_correct"] == again["greedy_correct"]
+    assert report["greedy_accuracy"] == sum(report["greedy_correct"]) / 3
+    # The base file of an older grid (no greedy, no temperatures) is completed, not redone
+    base_path = tmp_path / "base.json"
+    old = {k: v for k, v in report.items() if not k.startswith("greedy")}
+    base_path.write_text(json.dumps(dict(settings={}, eval=old)))
+    learning.base_by_temperature(str(base_path), args, dataset, tiny_model_path)
+    saved = json.loads(base_path.read_text())
+    assert saved["eval"]["greedy_correct"] == report["greedy_correct"]
+    assert saved["by_temperature"]["0.7"]["accuracy"] == old["accuracy"]  # the base evaluation itself, reused
+    assert set(saved["by_temperature"]) == {"0.7", "1"}
+    assert saved["sharpening_baseline"]["accuracy"] == max(saved["sharpening_baseline"]["options"].values())
+    run = dict(eval=report, seconds_per_step=1.0)
+    data = dict(base=saved["eval"], base_file=saved, runs={"grpo": {0: run}})
+    text = "\n".join(plots.beyond_sampling_lines(data, plots.learning_summary(data)))
+    assert f"Sharpening baseline (the base model at its best decoding, {saved['sharpening_baseline']['decoding']})" \
+        in text and f"greedy {report['greedy_accuracy']:.3f}" in text

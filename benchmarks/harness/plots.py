@@ -233,15 +233,17 @@ def pass_curve(report: dict) -> dict:
 
 
 def load_learning_dir(directory: str) -> dict:
-    """{"base": report, "runs": {method: {seed: run}}} from ``base.json`` and ``<method>_seed<k>.json``."""
+    """{"base": report, "base_file": base.json, "runs": {method: {seed: run}}} from ``base.json`` and
+    ``<method>_seed<k>.json``."""
     import glob
     import re
 
-    out = {"base": None, "runs": {}}
+    out = {"base": None, "base_file": None, "runs": {}}
     base_path = os.path.join(directory, "base.json")
     if os.path.exists(base_path):
         with open(base_path) as f:
-            out["base"] = json.load(f)["eval"]
+            out["base_file"] = json.load(f)  # + by_temperature and sharpening_baseline where measured
+        out["base"] = out["base_file"]["eval"]
     for path in sorted(glob.glob(os.path.join(directory, "*_seed*.json"))):
         match = re.fullmatch(r"(.+)_seed(\d+)\.json", os.path.basename(path))
         if not match:
@@ -272,6 +274,12 @@ def learning_summary(data: dict) -> dict:
             g, se = pooled_gain([runs[s]["eval"] for s in seeds], base)
             entry["gain_over_base_pooled"] = dict(gain=g, se=se, z=g / se if se else float("nan"),
                                                   seeds_ci=mean_ci([gain for gain, _ in gains]))
+        if all("greedy_accuracy" in runs[s]["eval"] for s in seeds):  # runs made with --greedy-eval
+            entry["greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"] for s in seeds])
+            paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
+            if method != "grpo" and paired:
+                entry["diff_greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"]
+                                                         - grpo[s]["eval"]["greedy_accuracy"] for s in paired])
         if method != "grpo":
             paired = [s for s in seeds if s in grpo]
             entry["paired_seeds"] = paired
@@ -359,6 +367,32 @@ def label_text(method: str) -> str:
     return LABELS.get(method, method).replace("\n", " ")
 
 
+def beyond_sampling_lines(data: dict, summary: dict) -> list[str]:
+    """Greedy accuracy per method (paired with GRPO) beside the sharpening baseline: the base model at its best
+    decoding (benchmarks/learning/learning.py base_by_temperature). A method learned only where it beats it."""
+    sharp = (data.get("base_file") or {}).get("sharpening_baseline")
+    lines = []
+    if sharp:
+        options = ", ".join(f"{name} {value:.3f}" for name, value in sharp["options"].items())
+        lines.append(f"Sharpening baseline (the base model at its best decoding, {sharp['decoding']}): "
+                     f"{sharp['accuracy']:.3f} ({options}).")
+    else:
+        lines.append("Sharpening baseline: not measured for this grid (rerun learning.py: it samples the base at "
+                     "--base-temperatures and greedily once).")
+    for m, entry in summary.items():
+        if "greedy_accuracy" not in entry:
+            lines.append(f"- {label_text(m)}: greedy accuracy not measured (runs made before --greedy-eval)")
+            continue
+        g, half, n = entry["greedy_accuracy"]
+        diff = entry.get("diff_greedy_accuracy")
+        best = max(g, entry["accuracy"][0])
+        verdict = ("" if not sharp else " — above the sharpening baseline" if best > sharp["accuracy"]
+                   else " — not above the sharpening baseline: what it gained is sharpening")
+        lines.append(f"- {label_text(m)}: greedy {g:.3f}" + ("" if half != half else f" ± {half:.3f}")
+                     + ("" if diff is None else f", vs GRPO {diff[0]:+.3f} ± {diff[1]:.3f} (n={diff[2]})") + verdict)
+    return lines
+
+
 def learning_markdown(data: dict, summary: dict) -> str:
     base = data["base"]
     lines = []
@@ -381,6 +415,7 @@ def learning_markdown(data: dict, summary: dict) -> str:
         acc_text = f"{acc:.3f}" + ("" if half != half else f" ± {half:.3f}")
         lines.append(f"| {label_text(m)} | {n} | {entry['seconds_per_step']:.0f} | {acc_text} | "
                      + " | ".join(cells) + f" | {diff_text} |")
+    lines += [""] + beyond_sampling_lines(data, summary)
     lines.append("")
     lines.append("Per-run held-out gain over the base model (paired over problems; z = gain / SE):")
     lines.append("")

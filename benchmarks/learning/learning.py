@@ -80,13 +80,14 @@ DEFAULT_METHODS = {"arithmetic": tuple(m for m in METHODS if m not in CHAIN_ONLY
 RUN_KEYS = ("task", "steps", "prompts", "generations", "tokens", "temperature", "learning_rate", "digits", "operands",
             "operators", "num_train", "num_test", "beta", "lora_rank")
 EVAL_KEYS = ("task", "digits", "operands", "operators", "num_train", "num_test", "samples", "tokens",
-             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction", "factor_friendly")
+             "eval_temperature", "eval_top_p", "eval_seed", "model_sha256", "distributive_fraction", "factor_friendly",
+             "greedy_eval")
 # Settings of runs written before a key existed (their value then): the arithmetic runs predate --task; runs before
 # --model recorded no warm-start digest, before --distributive-fraction none (chain pilots: 0.5, the task's), every
-# run before --beta trained with TRL's default 0, none before --factor-friendly had it, and every run before
-# --lora-rank trained a rank-64 LoRA.
+# run before --beta trained with TRL's default 0, none before --factor-friendly had it, every run before
+# --lora-rank trained a rank-64 LoRA, and none before --greedy-eval was evaluated greedily.
 LEGACY_SETTINGS = {"task": "arithmetic", "model_sha256": None, "distributive_fraction": None, "beta": 0.0,
-                   "factor_friendly": False, "lora_rank": 64}
+                   "factor_friendly": False, "lora_rank": 64, "greedy_eval": False}
 # Per task: model, training reward functions, held-out reward, and defaults of the task-dependent options.
 TASKS = {
     "arithmetic": dict(model=None, rewards=[final_number_reward], eval_reward="final_number",
@@ -142,14 +143,24 @@ def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
             temperature=args.eval_temperature, top_p=args.eval_top_p, max_new_tokens=args.tokens,
             seed=args.eval_seed, progress=False,
         )
+        texts = [[s["text"] for s in per_problem] for per_problem in samples]
+        scored = score_completions(texts, list(test["answer"]), reward=TASKS[args.task]["eval_reward"])
+        greedy = None
+        if getattr(args, "greedy_eval", False):  # what the model does when it commits (issue: beyond sharpening)
+            greedy = sample_completions(model, tokenizer, list(test["prompt"]) if prompts is None else prompts, 1,
+                                        batch_size=args.eval_batch_size, temperature=0.0, max_new_tokens=args.tokens,
+                                        seed=args.eval_seed, progress=False)
     finally:
         if merged:
             model.unmerge_adapter()
-    texts = [[s["text"] for s in per_problem] for per_problem in samples]
-    scored = score_completions(texts, list(test["answer"]), reward=TASKS[args.task]["eval_reward"])
     for entry, question, answer in zip(scored, test["question"], test["answer"]):
         entry.update(question=question, answer=answer)
     report = build_report(scored, settings={k: getattr(args, k) for k in EVAL_KEYS})
+    if greedy is not None:
+        verdicts = score_completions([[s["text"] for s in per] for per in greedy], list(test["answer"]),
+                                     reward=TASKS[args.task]["eval_reward"])
+        report["greedy_correct"] = [int(any(v["correct"])) for v in verdicts]
+        report["greedy_accuracy"] = sum(report["greedy_correct"]) / len(verdicts)
     if args.task == "chain":
         report["structures"] = structure_counts(texts, list(test["question"]), scored)
     report["eval_seconds"] = time.perf_counter() - start
@@ -213,6 +224,53 @@ def base_eval_args(args) -> argparse.Namespace:
     """The settings the base model is evaluated with: the trained models' ones, with ``--base-samples`` samples per
     problem (a paired gain's noise has the base's sampling noise in it, paid once for the whole grid)."""
     return argparse.Namespace(**{**vars(args), "samples": args.base_samples or args.samples})
+
+
+def sharpening_baseline(base: dict) -> dict | None:
+    """The untrained model at its best decoding: the highest of its greedy accuracy and its accuracy at each sampled
+    temperature (``base["by_temperature"]``), named. A trained model learned only where it beats this."""
+    options = {f"temperature {t}": report["accuracy"] for t, report in base.get("by_temperature", {}).items()}
+    if "greedy_accuracy" in base:
+        options["greedy"] = base["greedy_accuracy"]
+    if not options:
+        return None
+    best = max(options, key=options.get)
+    return dict(decoding=best, accuracy=options[best], options=options)
+
+
+def base_by_temperature(base_path: str, base_args, dataset, model_path: str) -> None:
+    """Sample the base model at each of ``--base-temperatures`` not yet in base.json (same problems, samples and
+    seed as every evaluation), greedy too when base.json has none, and store its sharpening baseline there."""
+    with open(base_path) as f:
+        saved = json.load(f)
+    wanted = [t for t in (float(x) for x in base_args.base_temperatures.split(",") if x.strip())
+              if f"{t:g}" not in saved.get("by_temperature", {})]
+    needs_greedy = base_args.greedy_eval and "greedy_accuracy" not in saved["eval"]
+    if wanted or needs_greedy:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        for temperature in wanted:
+            if temperature == base_args.eval_temperature:  # the base evaluation itself (same samples and seed)
+                saved.setdefault("by_temperature", {})[f"{temperature:g}"] = dict(
+                    accuracy=saved["eval"]["accuracy"], pass_at_k=saved["eval"]["pass_at_k"], samples=base_args.samples)
+                continue
+            at = argparse.Namespace(**{**vars(base_args), "eval_temperature": temperature, "greedy_eval": False})
+            report = evaluate_model(model, tokenizer, dataset["test"], at)
+            saved.setdefault("by_temperature", {})[f"{temperature:g}"] = dict(
+                accuracy=report["accuracy"], pass_at_k=report["pass_at_k"], samples=at.samples)
+            print(f"base at temperature {temperature:g}: accuracy {report['accuracy']:.3f}", flush=True)
+        if needs_greedy:
+            at = argparse.Namespace(**{**vars(base_args), "samples": 1})
+            report = evaluate_model(model, tokenizer, dataset["test"], at)
+            saved["eval"]["greedy_correct"] = report["greedy_correct"]
+            saved["eval"]["greedy_accuracy"] = report["greedy_accuracy"]
+            print(f"base greedy: accuracy {report['greedy_accuracy']:.3f}", flush=True)
+    saved["sharpening_baseline"] = sharpening_baseline(dict(saved["eval"], by_temperature=saved.get("by_temperature",
+                                                                                                     {})))
+    with open(base_path, "w") as f:
+        json.dump(saved, f, indent=1)
 
 
 def build_run_trainer(method: str, seed: int, args, dataset, model_path: str):
@@ -290,6 +348,12 @@ def main(argv=None):
     parser.add_argument("--base-samples", type=int, default=None,
                         help="samples per held-out problem for the base model (default: --samples): evaluated once, "
                              "its sampling noise enters every paired gain, so more samples there buy power cheaply")
+    parser.add_argument("--greedy-eval", action=argparse.BooleanOptionalAction, default=True,
+                        help="also evaluate every model greedily (one sample a problem): a gain that greedy decoding "
+                             "does not show is sharpening (off in runs made before it existed)")
+    parser.add_argument("--base-temperatures", default="0.3,0.5,0.7,1.0",
+                        help="temperatures the base model is also sampled at (once per grid, base.json): with its "
+                             "greedy accuracy they give the sharpening baseline, the base at its best one")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument("--eval-top-p", type=float, default=1.0)
     parser.add_argument("--eval-seed", type=int, default=1234)
@@ -332,7 +396,8 @@ def main(argv=None):
 
     base_path = os.path.join(args.results_dir, "base.json")
     base_args = base_eval_args(args)
-    if load_if_same(base_path, EVAL_KEYS, base_args) is None:
+    # greedy_eval is not checked here: base_by_temperature adds the base's greedy accuracy to an older base.json
+    if load_if_same(base_path, tuple(k for k in EVAL_KEYS if k != "greedy_eval"), base_args) is None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -345,6 +410,7 @@ def main(argv=None):
               f"{report['pass_at_k'][str(base_args.samples)]:.3f} ({report['eval_seconds']:.0f} s) -> {base_path}",
               flush=True)
         del model
+    base_by_temperature(base_path, base_args, dataset, model_path)
 
     for seed in seeds:
         for method in methods:
