@@ -258,3 +258,45 @@ def test_evaluation_batches_are_scored_but_not_learned_from(tiny_model_path, tmp
     evaluation = next(log for log in trainer.state.log_history if "eval_loss" in log)
     assert "eval_prime/prm_loss" in evaluation and math.isfinite(evaluation["eval_loss"])
     assert {int(state["step"]) for state in trainer.credit.prm.optimizer.state.values()} == {1}  # the train batch
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_checkpoints_hold_the_prm_and_a_resumed_run_continues_it(tiny_model_path, tiny_dataset, tmp_path, lora):
+    """The PRM is no part of the policy's optimizer (nor, without LoRA, of its weights): each checkpoint gets its
+    parameters and AdamW state, and resuming restores them instead of restarting the PRM."""
+    import os
+
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+
+    from trl_credit.prime.prm import CHECKPOINT_FILE
+
+    peft = dict(peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])) if lora else {}
+    args = tiny_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    first = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset,
+                          **peft)
+    first.train()
+    saved = [p.detach().clone() for p in first.credit.prm.parameters]
+    path = os.path.join(str(tmp_path), "checkpoint-2", CHECKPOINT_FILE)
+    assert os.path.exists(path)
+
+    args = tiny_args(tmp_path, max_steps=3, save_strategy="no")
+    resumed = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset,
+                            **peft)
+    at_start = {}
+
+    class Peek(TrainerCallback):  # the PRM when the first resumed step begins
+        def on_step_begin(self, args, state, control, **kwargs):
+            at_start.setdefault("parameters", [p.detach().clone() for p in resumed.credit.prm.parameters])
+
+    resumed.add_callback(Peek())
+    resumed.train(resume_from_checkpoint=os.path.join(str(tmp_path), "checkpoint-2"))
+    assert all(torch.equal(a, b) for a, b in zip(at_start["parameters"], saved))  # restored, not the initial policy
+    steps = {int(state["step"]) for state in resumed.credit.prm.optimizer.state.values()}
+    assert steps == {3}  # AdamW's 2 steps restored, then 1 more
+
+    os.remove(path)
+    again = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args, train_dataset=tiny_dataset,
+                          **peft)
+    with pytest.raises(ValueError, match=f"training resumes at step 2, but .*{CHECKPOINT_FILE} does not exist"):
+        again.train(resume_from_checkpoint=os.path.join(str(tmp_path), "checkpoint-2"))

@@ -44,7 +44,7 @@ from trl_credit.prime.advantages import (
     whitened,
 )
 from trl_credit.prime.config import PrimeFields
-from trl_credit.prime.prm import ImplicitPRM
+from trl_credit.prime.prm import ImplicitPRM, checkpoint_callback
 
 __all__ = ["ImplicitPRMCredit", "SIGN_TOLERANCE"]
 
@@ -78,6 +78,7 @@ class ImplicitPRMCredit(Credit):
             raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
                              "success_reward names the verifier), not a plain GRPOConfig.")
         self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate)
+        trainer.add_callback(checkpoint_callback(self.prm))  # saved with every checkpoint, restored on resume
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
         args = ctx.args

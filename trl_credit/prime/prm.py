@@ -23,12 +23,14 @@ import torch
 
 from trl_credit.prime.advantages import cross_entropy_loss
 
-__all__ = ["ADAPTER", "GRAD_CLIP", "ImplicitPRM", "completion_logps"]
+__all__ = ["ADAPTER", "CHECKPOINT_FILE", "GRAD_CLIP", "ImplicitPRM", "checkpoint_callback", "completion_logps"]
 
 #: The PRM adapter's name on a PEFT policy.
 ADAPTER = "implicit_prm"
 #: The PRM's gradient clipping (verl recipe/prime: ``grad_clip: 1.0``).
 GRAD_CLIP = 1.0
+#: The file, in each of the trainer's checkpoint folders, holding the PRM's parameters and AdamW state.
+CHECKPOINT_FILE = "implicit_prm.pt"
 
 
 def completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
@@ -156,6 +158,22 @@ class ImplicitPRM:
             model.train(was_training)
 
     # ---- the update
+    # ---- checkpoints: the PRM is no part of the policy's optimizer or (without LoRA) of its weights
+    def state_dict(self) -> dict:
+        return {"parameters": [p.detach().cpu().clone() for p in self.parameters],
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state["parameters"]
+        if len(saved) != len(self.parameters) or any(a.shape != p.shape for a, p in zip(saved, self.parameters)):
+            raise ValueError(f"the implicit PRM's checkpoint ({CHECKPOINT_FILE}) holds {len(saved)} tensors of other "
+                             f"shapes than this PRM's {len(self.parameters)}: it was saved by another model or "
+                             "LoRA configuration.")
+        with torch.no_grad():
+            for parameter, value in zip(self.parameters, saved):
+                parameter.copy_(value.to(parameter.device, parameter.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def update(self, rows, mask, ref_logps, labels, beta: float, num_rows: int, batch_size: int, autocast,
                sum_across_processes) -> dict:
         """One AdamW step of L_CE (§3.2) over this process's ``rows`` (``labels`` r_o, the credited rows only;
@@ -191,3 +209,36 @@ class ImplicitPRM:
         self.optimizer.zero_grad(set_to_none=True)
         rewards = torch.cat(sequence_rewards) if sequence_rewards else ref_logps.new_zeros(0)
         return {"loss_sum": loss_sum, "sequence_rewards": rewards}
+
+
+def checkpoint_callback(prm: ImplicitPRM):
+    """A trainer callback that saves ``prm`` (parameters and AdamW state) into every checkpoint folder the trainer
+    writes, and restores it when training resumes from one (``trainer.train(resume_from_checkpoint=...)``): without
+    it a resumed run would restart the PRM, silently changing the token rewards."""
+    import os
+
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    def folder(args, state) -> str:
+        return os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+    class PRMCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero and os.path.isdir(folder(args, state)):
+                torch.save(prm.state_dict(), os.path.join(folder(args, state), CHECKPOINT_FILE))
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                return
+            # Resumed: the trainer has loaded the checkpoint's trainer state (global_step) before this call.
+            path = os.path.join(folder(args, state), CHECKPOINT_FILE)
+            if not os.path.exists(path):
+                raise ValueError(
+                    f"credit='implicit_prm': training resumes at step {state.global_step}, but {path} does not "
+                    "exist: the PRM's weights and optimizer are read from the output_dir's checkpoint of that step "
+                    "(written there by this trainer). Resume from a checkpoint in output_dir, or copy "
+                    f"{CHECKPOINT_FILE} of the checkpoint you resume from there.")
+            prm.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+    return PRMCheckpoints()
