@@ -157,7 +157,6 @@ class ImplicitPRM:
         finally:
             model.train(was_training)
 
-    # ---- the update
     # ---- checkpoints: the PRM is no part of the policy's optimizer or (without LoRA) of its weights
     def state_dict(self) -> dict:
         return {"parameters": [p.detach().cpu().clone() for p in self.parameters],
@@ -174,6 +173,7 @@ class ImplicitPRM:
                 parameter.copy_(value.to(parameter.device, parameter.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
 
+    # ---- the update
     def update(self, rows, mask, ref_logps, labels, beta: float, num_rows: int, batch_size: int, autocast,
                sum_across_processes) -> dict:
         """One AdamW step of L_CE (§3.2) over this process's ``rows`` (``labels`` r_o, the credited rows only;
