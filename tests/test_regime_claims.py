@@ -63,3 +63,13 @@ def test_share_of_the_oracle_gain_is_the_ratio_of_mean_paired_gains_with_a_boots
 def test_resets_landing_splits_by_exact_and_clean_rates():
     summary = {"srpo": {"srpo/localization_exact_rate": 0.5, "srpo/localization_clean_rate": 0.75}}
     assert "| SRPO (self) | 0.50 | 0.25 | 0.25 |" in regime_claims.resets_landing(summary)
+
+
+def test_levels_table_has_the_untrained_row_and_each_method_on_all_and_hard_problems():
+    base = dict(BASE, greedy_correct=[0, 1, 0, 1], pass_at_k={"1": 0, "2": 0, "3": 0, "4": 0})
+    runs = {"grpo": {0: _run([1, 1, 0, 1], [4, 4, 0, 4], [1, 1]), 1: _run([0, 1, 0, 1], [2, 4, 0, 4], [1, 0])}}
+    table = regime_claims.levels_table(runs, base)
+    assert "| untrained | 0.500 / 0.000 | - / - | 0.375 / 0.000 |" in table
+    # greedy: seed 0 0.75 / 0.5, seed 1 0.5 / 0.0; pass@64 on the first two problems (hard: problem 0 only):
+    # 1.0 / 1.0 and 0.5 / 1.0; T=1: seed 0 12/16 / 4/8, seed 1 10/16 / 2/8
+    assert "| GRPO | 0.625 / 0.250 | 0.750 / 1.000 | 0.688 / 0.375 |" in table

@@ -108,6 +108,26 @@ def claims_table(runs: dict, base_eval: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def levels_table(runs: dict, base_eval: dict) -> str:
+    """Per method, the mean over seeds of each metric on all problems and on the hard ones (the untrained model's
+    row first: its greedy and T=1 from the base evaluation)."""
+    hard = hard_problems(base_eval)
+    base_run = dict(settings={}, curve=[dict(base_eval, pass_at_k={str(k): 0 for k in range(
+        1, 1 + max(1, len(base_eval.get("pass_at_k", {}))))})])
+    lines = ["| method | greedy (all / hard) | pass@64 (all / hard) | T=1 (all / hard) |", "| --- | --- | --- | --- |"]
+    rows = [("untrained", {0: base_run})] + [(LABELS.get(m, m), by_seed) for m, by_seed in runs.items()]
+    for label, by_seed in rows:
+        cells = []
+        for name in METRICS:
+            pair = []
+            for problems in (None, hard):
+                values = [v for v in (metric(r, name, problems) for r in by_seed.values()) if v is not None]
+                pair.append(f"{statistics.fmean(values):.3f}" if values else "-")
+            cells.append(" / ".join(pair))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def all_fail_over_training(runs: dict) -> dict[str, dict[int, float]]:
     """Per method, per evaluated step: the mean over seeds of the share of held-out problems all-fail in 8 at T=1."""
     out = {}
@@ -189,7 +209,9 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
     """The markdown section and its numbers (for summary.json)."""
     shares = all_fail_over_training(runs)
     gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
-    text = ["### Claims, by greedy accuracy, pass@64 and T=1", "", claims_table(runs, base_eval),
+    text = ["### Levels after training, on all held-out problems and on the hard ones (mean over seeds)", "",
+            levels_table(runs, base_eval),
+            "### Claims, by greedy accuracy, pass@64 and T=1", "", claims_table(runs, base_eval),
             "### All-fail share over training (held-out problems, 8 samples at T=1)", "", all_fail_table(shares)]
     landing = resets_landing(summary)
     if landing:
