@@ -91,8 +91,10 @@ def _cell(values: list[float]) -> str:
 
 def claims_table(runs: dict, base_eval: dict) -> str:
     hard = hard_problems(base_eval)
+    drawn = {r["curve"][-1].get("passk_problems") for by_seed in runs.values() for r in by_seed.values()} - {None}
     lines = [f"Hard problems: the {len(hard)} of {len(base_eval['correct_per_problem'])} held-out problems the "
-             "untrained model fails in all 8 samples at T=1 (pass@64 on those among the first 128). Each cell: paired "
+             f"untrained model fails in all 8 samples at T=1 (pass@64 on those among the first "
+             f"{'/'.join(str(d) for d in sorted(drawn)) or '-'}). Each cell: paired "
              "difference A - B, mean ± 95% t half-width over seeds, and its verdict.", "",
              "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@64 | accuracy at T=1 |",
              "| --- | --- | --- | --- | --- | --- |"]
