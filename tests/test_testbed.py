@@ -42,6 +42,14 @@ def test_checker_keeps_both_structures_while_they_agree():
     assert sums.check_steps("S1231\n", "1+2=3\n3+1=4\nA4") == (2, "off path", 1)
 
 
+def test_step_line_numbers_lines_as_the_checker_does():
+    completion = "1+2=3\n\n  3+9=3 \nA4"  # the blank line is not counted, spaces are stripped
+    assert sums.step_line(completion, 1) == (1, 2, 3)
+    assert sums.step_line(completion, 2) == (3, 9, 3)
+    assert sums.step_line(completion, 3) is None  # the answer line is no step line
+    assert sums.step_line(completion, 0) is None and sums.step_line(completion, 4) is None
+
+
 def test_step_checker_maps_lines_to_thoughts_and_blames_a_missing_answer_on_the_last():
     thoughts = ["3+5=8", "", "8+2=1", "1+8=9", "9+1=0", "A0"]  # an empty thought holds no line
     assert sums.step_checker(Q, thoughts) == 3

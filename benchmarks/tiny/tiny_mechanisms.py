@@ -40,16 +40,14 @@ RESULTS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def trap_step(text: str, line_number: int, trap_digits: str) -> bool:
     """Whether step line ``line_number`` (1-indexed over non-empty lines) of ``text`` is the trap regime's systematic
-    error: ``x+y=z`` with y a trap digit and z one too high (trl_credit.testbed.model.trapped_solution)."""
-    import re
+    error: ``x+y=z`` with y a trap digit and z one too high (trl_credit.testbed.model.trapped_solution). Lines are
+    numbered as the step checker numbers them (sums.step_line)."""
+    from trl_credit.tasks import sums
 
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not trap_digits or not 1 <= line_number <= len(lines):
-        return False
-    step = re.match(r"^(\d)\+(\d)=(\d)$", lines[line_number - 1])
+    step = sums.step_line(text, line_number) if trap_digits else None
     if step is None:
         return False
-    x, y, z = map(int, step.groups())
+    x, y, z = step
     return str(y) in trap_digits and z == (x + y + 1) % 10
 
 

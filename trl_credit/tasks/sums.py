@@ -51,6 +51,7 @@ __all__ = [
     "solve",
     "check_steps",
     "first_wrong_step",
+    "step_line",
     "solution_structure",
     "structure_partition",
     "accuracy_reward",
@@ -185,6 +186,14 @@ def check_steps(question: str, completion: str) -> tuple[int | None, str | None,
         x = {s: sz for s in alive}
         step_lines += 1
     return len(lines) + 1, "no answer", step_lines
+
+
+def step_line(completion: str, number: int) -> tuple[int, int, int] | None:
+    """``(x, y, z)`` of the step line ``x+y=z`` that :func:`check_steps` numbers ``number`` (1-indexed over the
+    non-empty lines), or None where that line is no step line or does not exist."""
+    lines = _lines(completion)
+    step = _STEP.match(lines[number - 1]) if 1 <= number <= len(lines) else None
+    return None if step is None else tuple(map(int, step.groups()))
 
 
 def first_wrong_step(question: str, completion: str) -> int | None:
