@@ -276,10 +276,10 @@ def learning_summary(data: dict) -> dict:
                                                   seeds_ci=mean_ci([gain for gain, _ in gains]))
         if all("greedy_accuracy" in runs[s]["eval"] for s in seeds):  # runs made with --greedy-eval
             entry["greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"] for s in seeds])
-            paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
-            if method != "grpo" and paired:
+            greedy_paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
+            if method != "grpo" and greedy_paired:
                 entry["diff_greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"]
-                                                         - grpo[s]["eval"]["greedy_accuracy"] for s in paired])
+                                                         - grpo[s]["eval"]["greedy_accuracy"] for s in greedy_paired])
         if method != "grpo":
             paired = [s for s in seeds if s in grpo]
             entry["paired_seeds"] = paired

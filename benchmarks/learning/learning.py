@@ -143,30 +143,34 @@ def evaluate_model(model, tokenizer, test, args, prompts=None) -> dict:
             temperature=args.eval_temperature, top_p=args.eval_top_p, max_new_tokens=args.tokens,
             seed=args.eval_seed, progress=False,
         )
-        texts = [[s["text"] for s in per_problem] for per_problem in samples]
-        scored = score_completions(texts, list(test["answer"]), reward=TASKS[args.task]["eval_reward"])
-        greedy = None
-        if getattr(args, "greedy_eval", False):  # what the model does when it commits (issue: beyond sharpening)
-            greedy = sample_completions(model, tokenizer, list(test["prompt"]) if prompts is None else prompts, 1,
-                                        batch_size=args.eval_batch_size, temperature=0.0, max_new_tokens=args.tokens,
-                                        seed=args.eval_seed, progress=False)
+        # what the model does when it commits: a gain greedy decoding does not show is sharpening
+        greedy = greedy_correct(model, tokenizer, test, args, prompts) if getattr(args, "greedy_eval", False) else None
     finally:
         if merged:
             model.unmerge_adapter()
+    texts = [[s["text"] for s in per_problem] for per_problem in samples]
+    scored = score_completions(texts, list(test["answer"]), reward=TASKS[args.task]["eval_reward"])
     for entry, question, answer in zip(scored, test["question"], test["answer"]):
         entry.update(question=question, answer=answer)
     report = build_report(scored, settings={k: getattr(args, k) for k in EVAL_KEYS})
     if greedy is not None:
-        verdicts = score_completions([[s["text"] for s in per] for per in greedy], list(test["answer"]),
-                                     reward=TASKS[args.task]["eval_reward"])
-        report["greedy_correct"] = [int(any(v["correct"])) for v in verdicts]
-        report["greedy_accuracy"] = sum(report["greedy_correct"]) / len(verdicts)
+        report.update(greedy_correct=greedy, greedy_accuracy=sum(greedy) / len(greedy))
     if args.task == "chain":
         report["structures"] = structure_counts(texts, list(test["question"]), scored)
     report["eval_seconds"] = time.perf_counter() - start
     # Core-seconds (process CPU time; = wall time on an idle machine with --threads 1): what a grid costs.
     report["eval_cpu_seconds"] = time.process_time() - cpu_start
     return report
+
+
+def greedy_correct(model, tokenizer, test, args, prompts=None) -> list[int]:
+    """Per held-out problem, 1 where the greedy completion (one, temperature 0) is correct."""
+    greedy = sample_completions(model, tokenizer, list(test["prompt"]) if prompts is None else prompts, 1,
+                                batch_size=args.eval_batch_size, temperature=0.0, max_new_tokens=args.tokens,
+                                seed=args.eval_seed, progress=False)
+    verdicts = score_completions([[s["text"] for s in per] for per in greedy], list(test["answer"]),
+                                 reward=TASKS[args.task]["eval_reward"])
+    return [int(any(v["correct"])) for v in verdicts]
 
 
 def structure_counts(texts: list[list[str]], questions: list[str], scored: list[dict]) -> dict:
@@ -262,11 +266,10 @@ def base_by_temperature(base_path: str, base_args, dataset, model_path: str) -> 
                 accuracy=report["accuracy"], pass_at_k=report["pass_at_k"], samples=at.samples)
             print(f"base at temperature {temperature:g}: accuracy {report['accuracy']:.3f}", flush=True)
         if needs_greedy:
-            at = argparse.Namespace(**{**vars(base_args), "samples": 1})
-            report = evaluate_model(model, tokenizer, dataset["test"], at)
-            saved["eval"]["greedy_correct"] = report["greedy_correct"]
-            saved["eval"]["greedy_accuracy"] = report["greedy_accuracy"]
-            print(f"base greedy: accuracy {report['greedy_accuracy']:.3f}", flush=True)
+            model.eval()
+            correct = greedy_correct(model, tokenizer, dataset["test"], base_args)
+            saved["eval"].update(greedy_correct=correct, greedy_accuracy=sum(correct) / len(correct))
+            print(f"base greedy: accuracy {saved['eval']['greedy_accuracy']:.3f}", flush=True)
     saved["sharpening_baseline"] = sharpening_baseline(dict(saved["eval"], by_temperature=saved.get("by_temperature",
                                                                                                      {})))
     with open(base_path, "w") as f:
