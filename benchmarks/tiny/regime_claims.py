@@ -89,8 +89,18 @@ def _cell(values: list[float]) -> str:
     return f"{mean:+.3f} ± {half:.3f}: {verdict(values).split(' (')[0]}"
 
 
-def claims_table(runs: dict, base_eval: dict) -> str:
+def claim_diffs(runs: dict, base_eval: dict) -> list[dict]:
+    """Per claim of :data:`CLAIMS` whose two methods ran: its paired differences per metric (lists over seeds)."""
     hard = hard_problems(base_eval)
+    return [dict(claim=claim, a=a, b=b, problems=which,
+                 diffs={m: paired_diffs(runs, a, b, m, hard if which == "hard" else None) for m in METRICS})
+            for claim, a, b, which in CLAIMS if a in runs and b in runs]
+
+
+def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) -> str:
+    """The claims table (``claims``: :func:`claim_diffs`, computed here when not given)."""
+    hard = hard_problems(base_eval)
+    measured = {c["claim"]: c["diffs"] for c in (claims if claims is not None else claim_diffs(runs, base_eval))}
     drawn = {r["curve"][-1].get("passk_problems") for by_seed in runs.values() for r in by_seed.values()} - {None}
     lines = [f"Hard problems: the {len(hard)} of {len(base_eval['correct_per_problem'])} held-out problems the "
              f"untrained model fails in all 8 samples at T=1 (pass@64 on those among the first "
@@ -99,11 +109,10 @@ def claims_table(runs: dict, base_eval: dict) -> str:
              "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@64 | accuracy at T=1 |",
              "| --- | --- | --- | --- | --- | --- |"]
     for claim, a, b, which in CLAIMS:
-        if a not in runs or b not in runs:
+        if claim not in measured:
             lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | 0 | not run | | |")
             continue
-        problems = hard if which == "hard" else None
-        cells = [paired_diffs(runs, a, b, m, problems) for m in METRICS]
+        cells = [measured[claim][m] for m in METRICS]
         seeds = max(len(c) for c in cells)
         lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | {seeds} | "
                      + " | ".join(_cell(c) for c in cells) + " |")
@@ -114,8 +123,7 @@ def levels_table(runs: dict, base_eval: dict) -> str:
     """Per method, the mean over seeds of each metric on all problems and on the hard ones (the untrained model's
     row first: its greedy and T=1 from the base evaluation)."""
     hard = hard_problems(base_eval)
-    base_run = dict(settings={}, curve=[dict(base_eval, pass_at_k={str(k): 0 for k in range(
-        1, 1 + max(1, len(base_eval.get("pass_at_k", {}))))})])
+    base_run = dict(settings={}, curve=[base_eval])  # its samples per problem: len(pass_at_k)
     lines = ["| method | greedy (all / hard) | pass@64 (all / hard) | T=1 (all / hard) |", "| --- | --- | --- | --- |"]
     rows = [("untrained", {0: base_run})] + [(LABELS.get(m, m), by_seed) for m, by_seed in runs.items()]
     for label, by_seed in rows:
@@ -210,10 +218,11 @@ def mechanism_lines(mechanisms: dict | None) -> str:
 def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) -> tuple[str, dict]:
     """The markdown section and its numbers (for summary.json)."""
     shares = all_fail_over_training(runs)
+    claims = claim_diffs(runs, base_eval)
     gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
     text = ["### Levels after training, on all held-out problems and on the hard ones (mean over seeds)", "",
             levels_table(runs, base_eval),
-            "### Claims, by greedy accuracy, pass@64 and T=1", "", claims_table(runs, base_eval),
+            "### Claims, by greedy accuracy, pass@64 and T=1", "", claims_table(runs, base_eval, claims),
             "### All-fail share over training (held-out problems, 8 samples at T=1)", "", all_fail_table(shares)]
     landing = resets_landing(summary)
     if landing:
@@ -229,9 +238,7 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
                         f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
     numbers = dict(hard_problems=len(hard_problems(base_eval)), all_fail_over_training=shares,
                    prime_share_of_oracle_gain=gain,
-                   claims=[dict(claim=c, a=a, b=b, problems=w,
-                                **{m: (list(interval(d)) if d else None)
-                                   for m, d in ((m, paired_diffs(runs, a, b, m, hard_problems(base_eval)
-                                                                 if w == "hard" else None)) for m in METRICS)})
-                           for c, a, b, w in CLAIMS if a in runs and b in runs])
+                   claims=[dict(claim=c["claim"], a=c["a"], b=c["b"], problems=c["problems"],
+                                **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()})
+                           for c in claims])
     return "\n".join(text), numbers
