@@ -325,6 +325,26 @@ def test_learning_sharpening_baseline_is_the_base_at_its_best_decoding_named():
     assert learning.sharpening_baseline({}) is None
 
 
+def test_learning_report_judges_runs_without_greedy_by_their_sampled_accuracy_against_the_baseline():
+    """A grid made before --greedy-eval: a method whose sampled accuracy (0.45) is above the base's best decoding
+    (greedy 0.42) learned beyond sharpening; one at 0.40 cannot be told from sharpening."""
+    from harness import plots
+
+    def run(accuracy):
+        problems = [dict(question=f"q{i}", num_correct=int(i < accuracy * 20), num_samples=1) for i in range(20)]
+        return dict(eval=dict(accuracy=accuracy, problems=problems), seconds_per_step=1.0)
+
+    base_file = dict(eval=dict(accuracy=0.30), sharpening_baseline=dict(
+        decoding="greedy", accuracy=0.42, options={"greedy": 0.42, "temperature 0.7": 0.30}))
+    data = dict(base=None, base_file=base_file, runs={"grpo": {0: run(0.45)}, "srpo": {0: run(0.40)}})
+    lines = plots.beyond_sampling_lines(data, plots.learning_summary(data))
+    assert lines[0] == ("Sharpening baseline (the base model at its best decoding, greedy): 0.420 (greedy 0.420, "
+                        "temperature 0.7 0.300).")
+    assert lines[1].endswith("above the sharpening baseline with accuracy 0.450")
+    assert lines[2].endswith("accuracy 0.400 is not above the sharpening baseline: these runs do not show a gain "
+                             "beyond sharpening")
+
+
 def test_learning_greedy_eval_and_base_temperatures_on_the_tiny_model(tiny_model_path, tmp_path):
     """evaluate_model's greedy pass is one deterministic sample a problem, scored like the sampled ones; the base
     gets its temperatures and greedy added once, the sharpening baseline stored beside them; the report reads both."""

@@ -381,7 +381,14 @@ def beyond_sampling_lines(data: dict, summary: dict) -> list[str]:
                      "--base-temperatures and greedily once).")
     for m, entry in summary.items():
         if "greedy_accuracy" not in entry:
-            lines.append(f"- {label_text(m)}: greedy accuracy not measured (runs made before --greedy-eval)")
+            # An older grid: its accuracy at the evaluation temperature is the only decoding measured. Above the
+            # baseline it learned beyond sharpening; below, the runs cannot say (greedy might have been higher).
+            acc = entry["accuracy"][0]
+            verdict = ("" if not sharp else f" — above the sharpening baseline with accuracy {acc:.3f}"
+                       if acc > sharp["accuracy"] else f" — accuracy {acc:.3f} is not above the sharpening baseline: "
+                       "these runs do not show a gain beyond sharpening")
+            lines.append(f"- {label_text(m)}: greedy accuracy not measured (runs made before --greedy-eval)"
+                         + verdict)
             continue
         g, half, n = entry["greedy_accuracy"]
         diff = entry.get("diff_greedy_accuracy")
