@@ -7,25 +7,13 @@ and the prime/ metrics. float32 (TRL turns bf16 on by default, on the CPU too): 
 differently for 4 and 8 rows, and Adam's first step amplifies that. The policy's learning rate is 0, so the second
 step's rows differ between the runs only if the PRM's update did."""
 
-import json
 import os
 import sys
 
+from tests.mp_scripts.scripted_rows import boxed_four_reward, generate_scripted_rows, write_result
 from trl_credit import CreditConfig
 from trl_credit.core.trainer import CreditTrainer
 from trl_credit.tasks.data import make_arithmetic_dataset
-
-TEXTS = [
-    "We add 2 and 2.\nThat gives 4.\nTherefore \\boxed{4}.",
-    "We add 2 and 2.\nThat gives 5, wrong.\nTherefore \\boxed{5}.",
-    "Maybe 2 times 2?\nIt is 4.\nSo \\boxed{4}.",
-    "I am not sure.\n\\boxed{3}",
-    "Try substitution x = 2.\nThe value is 4.\n\\boxed{4}",
-]
-
-
-def boxed_four_reward(completions, **kwargs):
-    return [1.0 if "\\boxed{4}" in c[0]["content"] else 0.0 for c in completions]
 
 
 def format_reward(completions, **kwargs):
@@ -47,38 +35,9 @@ def main(model_dir, out_dir, weights="full"):
     )
     dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
     trainer = CreditTrainer(model_dir, [boxed_four_reward, format_reward], args=args, train_dataset=dataset, **kwargs)
-    tokenizer = trainer.processing_class
-    rank = trainer.accelerator.process_index
-    calls = [0]
-
-    def deterministic_generation(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        calls[0] += 1
-        out = []
-        for position in range(len(prompt_ids)):
-            row = rank * len(prompt_ids) + position  # the row's global position in its group of 8
-            text = TEXTS[(row + calls[0]) % len(TEXTS)]
-            out.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-        return out, None
-
-    trainer._generate_single_turn = deterministic_generation
-    records = []
-
-    def record(credit):  # the rows TRL trains on, once per generation batch (core.CreditStep)
-        output = credit.output
-        texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
-        step = trainer.state.global_step
-        for i, text in enumerate(texts):
-            length = int(output["completion_mask"][i].sum())
-            records.append([step, rank * len(texts) + i, text, output["advantages"][i, :length].tolist()])
-
-    trainer.add_credit_callback(record)
+    records = generate_scripted_rows(trainer)
     trainer.train()
-    logs = [{k: v for k, v in log.items() if k.startswith("prime/")}
-            for log in trainer.state.log_history if "prime/prm_loss" in log]
-    result = {"rank": rank, "world": trainer.accelerator.num_processes, "steps": trainer.state.global_step,
-              "records": records, "logs": logs}
-    with open(os.path.join(out_dir, f"result_{rank}.json"), "w") as handle:
-        json.dump(result, handle)
+    write_result(trainer, out_dir, records, ("prime/",), "prime/prm_loss")
 
 
 if __name__ == "__main__":

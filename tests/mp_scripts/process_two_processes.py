@@ -4,28 +4,15 @@ the group spans both (rows 0-3 on rank 0, rows 4-7 on rank 1), so its step-rewar
 rows. A generated text depends only on the row's global position and the call's number, the same in both runs; each
 rank writes the per-token advantages of its rows (by global row) and the process/ and cue/ metrics."""
 
-import json
 import os
 import sys
 
+from tests.mp_scripts.scripted_rows import boxed_four_reward, generate_scripted_rows, write_result
 from trl_credit import CreditConfig
 from trl_credit.core.trainer import CreditTrainer
 from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.process.parts import ProcessCredit
 from trl_credit.tasks.data import make_arithmetic_dataset
-
-TEXTS = [
-    "We add 2 and 2.\nThat gives 4.\nTherefore \\boxed{4}.",
-    "We add 2 and 2.\nThat gives 5, wrong.\nTherefore \\boxed{5}.",
-    "Maybe 2 times 2?\nIt is 4.\nSo \\boxed{4}.",
-    "I am not sure.\n\\boxed{3}",
-    "Try substitution x = 2.\nThe value is 4.\n\\boxed{4}",
-]
-
-
-def boxed_four_reward(completions, **kwargs):
-    return [1.0 if "\\boxed{4}" in c[0]["content"] else 0.0 for c in completions]
-
 
 def format_reward(completions, **kwargs):
     return [1.0] * len(completions)
@@ -55,38 +42,9 @@ def main(model_dir, out_dir):
     trainer = CreditTrainer(model_dir, [boxed_four_reward, format_reward], args=args, train_dataset=dataset,
                             credit=ProcessCredit(step_reward=step_checker),
                             modifiers=[RarityWeights(partition_fn=by_first_cue)])
-    tokenizer = trainer.processing_class
-    rank = trainer.accelerator.process_index
-    calls = [0]
-
-    def deterministic_generation(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        calls[0] += 1
-        out = []
-        for position in range(len(prompt_ids)):
-            row = rank * len(prompt_ids) + position  # the row's global position in its group of 8
-            text = TEXTS[(row + calls[0]) % len(TEXTS)]
-            out.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-        return out, None
-
-    trainer._generate_single_turn = deterministic_generation
-    records = []
-
-    def record(credit):  # the rows TRL trains on, once per generation batch (core.CreditStep)
-        output = credit.output
-        texts = tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True)
-        step = trainer.state.global_step
-        for i, text in enumerate(texts):
-            length = int(output["completion_mask"][i].sum())
-            records.append([step, rank * len(texts) + i, text, output["advantages"][i, :length].tolist()])
-
-    trainer.add_credit_callback(record)
+    records = generate_scripted_rows(trainer)
     trainer.train()
-    logs = [{k: v for k, v in log.items() if k.startswith(("cue/", "process/"))}
-            for log in trainer.state.log_history if "process/steps_per_completion" in log]
-    result = {"rank": rank, "world": trainer.accelerator.num_processes, "steps": trainer.state.global_step,
-              "records": records, "logs": logs}
-    with open(os.path.join(out_dir, f"result_{rank}.json"), "w") as handle:
-        json.dump(result, handle)
+    write_result(trainer, out_dir, records, ("cue/", "process/"), "process/steps_per_completion")
 
 
 if __name__ == "__main__":
