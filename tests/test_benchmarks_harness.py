@@ -345,6 +345,22 @@ def test_learning_report_judges_runs_without_greedy_by_their_sampled_accuracy_ag
                              "beyond sharpening")
 
 
+def test_learning_table_reports_pass_at_k_up_to_the_largest_sample_count_of_any_model():
+    """The base sampled 32 times per problem, the runs 8: the table's pass@k goes to 32 (a run's missing cell is
+    "-"); one problem solved 1 time in 32 has pass@32 = 1 and pass@1 = 1/32."""
+    from harness import plots
+
+    base = dict(accuracy=1 / 32, problems=[dict(question="q", num_correct=1, num_samples=32)])
+    run = dict(eval=dict(accuracy=0.25, problems=[dict(question="q", num_correct=2, num_samples=8)]),
+               seconds_per_step=1.0)
+    data = dict(base=base, base_file=None, runs={"grpo": {0: run}})
+    lines = plots.learning_markdown(data, plots.learning_summary(data)).splitlines()
+    assert lines[0].startswith("| model | seeds | s/step | accuracy (95% CI) | pass@1 | pass@2 | pass@4 | pass@8 | "
+                               "pass@16 | pass@32 | Δ")
+    assert lines[2].startswith("| base model | - | - | 0.031 | 0.031 |") and "| 1.000 | - |" in lines[2]
+    assert lines[3].split(" | ")[-3:] == ["-", "-", "- |"]
+
+
 def test_learning_greedy_eval_and_base_temperatures_on_the_tiny_model(tiny_model_path, tmp_path):
     """evaluate_model's greedy pass is one deterministic sample a problem, scored like the sampled ones; the base
     gets its temperatures and greedy added once, the sharpening baseline stored beside them; the report reads both."""

@@ -403,7 +403,10 @@ def beyond_sampling_lines(data: dict, summary: dict) -> list[str]:
 def learning_markdown(data: dict, summary: dict) -> str:
     base = data["base"]
     lines = []
-    ks = [1, 2, 4, 8, 16]
+    # pass@k at every power of 2 any model was sampled for (the base often has more samples than the runs)
+    largest = max([max(pass_curve(base))] if base is not None else []
+                  + [max(entry["pass_at_k"], default=1) for entry in summary.values()])
+    ks = [2 ** i for i in range(largest.bit_length()) if 2 ** i <= largest]
     header = "| model | seeds | s/step | accuracy (95% CI) | " + " | ".join(f"pass@{k}" for k in ks) + \
         " | Δ accuracy vs GRPO (paired, 95% CI) |"
     lines += [header, "|---" * (5 + len(ks)) + "|"]
