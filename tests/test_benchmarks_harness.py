@@ -345,6 +345,30 @@ def test_learning_report_judges_runs_without_greedy_by_their_sampled_accuracy_ag
                              "beyond sharpening")
 
 
+def test_learning_report_pairs_each_seeds_greedy_answers_with_the_bases_over_problems():
+    """Four problems, base greedy [1, 0, 0, 1]; seed 0 greedy [1, 1, 0, 1], seed 1 [1, 1, 1, 0] (hand-worked):
+    seed 0 diffs (0, 1, 0, 0): gain 0.25, sd 0.5, SE 0.25; seed 1 diffs (0, 1, 1, -1): gain 0.25, sd sqrt(11/12),
+    SE 0.4787; pooled per problem (0, 1, 0.5, -0.5): gain 0.25, sd sqrt(5/12), SE 0.3227."""
+    from harness import plots
+
+    def report(greedy):
+        problems = [dict(question=f"q{i}", num_correct=1, num_samples=2) for i in range(4)]
+        return dict(accuracy=0.5, problems=problems, greedy_correct=greedy, greedy_accuracy=sum(greedy) / 4)
+
+    base_file = dict(eval=report([1, 0, 0, 1]), sharpening_baseline=dict(
+        decoding="greedy", accuracy=0.5, options={"greedy": 0.5, "temperature 0.7": 0.5}))
+    runs = {s: dict(eval=report(g), seconds_per_step=1.0) for s, g in [(0, [1, 1, 0, 1]), (1, [1, 1, 1, 0])]}
+    data = dict(base=base_file["eval"], base_file=base_file, runs={"grpo": runs})
+    gain = plots.learning_summary(data)["grpo"]["greedy_gain_over_base"]
+    assert [(r["seed"], r["gain"]) for r in gain["per_seed"]] == [(0, 0.25), (1, 0.25)]
+    assert [r["se"] for r in gain["per_seed"]] == pytest.approx([0.25, (11 / 12) ** 0.5 / 2])
+    assert gain["pooled"]["gain"] == pytest.approx(0.25) and gain["pooled"]["se"] == pytest.approx((5 / 12) ** 0.5 / 2)
+    lines = plots.beyond_sampling_lines(data, plots.learning_summary(data))
+    assert lines[-1] == ("  greedy gain over the base's greedy (paired over problems; z = gain / SE): seed 0: +0.250 "
+                         "(SE 0.250, z 1.0), seed 1: +0.250 (SE 0.479, z 0.5); pooled over the 2 seeds +0.250 "
+                         "(SE 0.323, z 0.8)")
+
+
 def test_learning_table_reports_pass_at_k_up_to_the_largest_sample_count_of_any_model():
     """The base sampled 32 times per problem, the runs 8: the table's pass@k goes to 32 (a run's missing cell is
     "-"); one problem solved 1 time in 32 has pass@32 = 1 and pass@1 = 1/32."""

@@ -222,6 +222,13 @@ def pooled_gain(afters: list[dict], before: dict) -> tuple[float, float]:
     return m, sd / math.sqrt(n)
 
 
+def greedy_report(report: dict) -> dict:
+    """One greedy decode per problem as a report of one sample per problem (``greedy_correct`` is in the order of
+    ``problems``), so the paired gains above apply to greedy accuracy unchanged."""
+    return {"problems": [dict(question=p["question"], num_correct=int(c), num_samples=1)
+                         for p, c in zip(report["problems"], report["greedy_correct"], strict=True)]}
+
+
 def pass_curve(report: dict) -> dict:
     """Unbiased pass@k for every k = 1..n from the per-problem counts (``trl_credit.evaluation.metrics.pass_at_k``), averaged
     over problems; ``report["pass_at_k"]`` only holds the budgets 1, 4, 8, ..."""
@@ -277,6 +284,16 @@ def learning_summary(data: dict) -> dict:
         if all("greedy_accuracy" in runs[s]["eval"] for s in seeds):  # runs made with --greedy-eval
             entry["greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"] for s in seeds])
             greedy_paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
+            if base is not None and "greedy_correct" in base and all("greedy_correct" in runs[s]["eval"] for s in seeds):
+                # The issue's test of learning beyond sharpening where the base's best decoding is greedy: the
+                # trained model's greedy answer against the base's on the same problems.
+                greedy = [greedy_report(runs[s]["eval"]) for s in seeds]
+                per_seed = [pooled_gain([g], greedy_report(base)) for g in greedy]
+                g, se = pooled_gain(greedy, greedy_report(base))
+                entry["greedy_gain_over_base"] = dict(
+                    per_seed=[dict(seed=s, gain=d, se=e, z=d / e if e else float("nan"))
+                              for s, (d, e) in zip(seeds, per_seed)],
+                    pooled=dict(gain=g, se=se, z=g / se if se else float("nan")))
             if method != "grpo" and greedy_paired:
                 entry["diff_greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"]
                                                          - grpo[s]["eval"]["greedy_accuracy"] for s in greedy_paired])
@@ -397,6 +414,13 @@ def beyond_sampling_lines(data: dict, summary: dict) -> list[str]:
                    else " — not above the sharpening baseline: what it gained is sharpening")
         lines.append(f"- {label_text(m)}: greedy {g:.3f}" + ("" if half != half else f" ± {half:.3f}")
                      + ("" if diff is None else f", vs GRPO {diff[0]:+.3f} ± {diff[1]:.3f} (n={diff[2]})") + verdict)
+        gain = entry.get("greedy_gain_over_base")
+        if gain:
+            pooled = gain["pooled"]
+            lines.append("  greedy gain over the base's greedy (paired over problems; z = gain / SE): " + ", ".join(
+                f"seed {r['seed']}: {r['gain']:+.3f} (SE {r['se']:.3f}, z {r['z']:.1f})" for r in gain["per_seed"])
+                + (f"; pooled over the {len(gain['per_seed'])} seeds {pooled['gain']:+.3f} (SE {pooled['se']:.3f}, "
+                   f"z {pooled['z']:.1f})" if len(gain["per_seed"]) > 1 else ""))
     return lines
 
 

@@ -270,8 +270,9 @@ def base_by_temperature(base_path: str, base_args, dataset, model_path: str) -> 
             correct = greedy_correct(model, tokenizer, dataset["test"], base_args)
             saved["eval"].update(greedy_correct=correct, greedy_accuracy=sum(correct) / len(correct))
             print(f"base greedy: accuracy {saved['eval']['greedy_accuracy']:.3f}", flush=True)
-    saved["sharpening_baseline"] = sharpening_baseline(dict(saved["eval"], by_temperature=saved.get("by_temperature",
-                                                                                                     {})))
+    # in temperature order, whatever order the temperatures were added in over resumed runs
+    saved["by_temperature"] = dict(sorted(saved.get("by_temperature", {}).items(), key=lambda item: float(item[0])))
+    saved["sharpening_baseline"] = sharpening_baseline(dict(saved["eval"], by_temperature=saved["by_temperature"]))
     with open(base_path, "w") as f:
         json.dump(saved, f, indent=1)
 
