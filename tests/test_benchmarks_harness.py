@@ -325,6 +325,25 @@ def test_learning_sharpening_baseline_is_the_base_at_its_best_decoding_named():
     assert learning.sharpening_baseline({}) is None
 
 
+def test_learning_base_json_lists_its_temperatures_in_order_whatever_order_runs_added_them(tmp_path):
+    """A grid resumed with more --base-temperatures appends them (0.7, 0.3, then 1 and 0.5): base.json and the
+    sharpening baseline's options list them 0.3, 0.5, 0.7, 1 (nothing new to sample, so no model is loaded)."""
+    import argparse
+    import json
+
+    import learning
+
+    path = tmp_path / "base.json"
+    by_temperature = {t: dict(accuracy=a, samples=8) for t, a in [("0.7", 0.3), ("0.3", 0.5), ("1", 0.2), ("0.5", 0.4)]}
+    path.write_text(json.dumps(dict(eval=dict(accuracy=0.3, greedy_accuracy=0.6), by_temperature=by_temperature)))
+    args = argparse.Namespace(base_temperatures="0.3,0.5,0.7,1.0", greedy_eval=True)
+    learning.base_by_temperature(str(path), args, dataset=None, model_path="unused")
+    saved = json.loads(path.read_text())
+    assert list(saved["by_temperature"]) == ["0.3", "0.5", "0.7", "1"]
+    assert list(saved["sharpening_baseline"]["options"]) == ["temperature 0.3", "temperature 0.5", "temperature 0.7",
+                                                             "temperature 1", "greedy"]
+
+
 def test_learning_report_judges_runs_without_greedy_by_their_sampled_accuracy_against_the_baseline():
     """A grid made before --greedy-eval: a method whose sampled accuracy (0.45) is above the base's best decoding
     (greedy 0.42) learned beyond sharpening; one at 0.40 cannot be told from sharpening."""
