@@ -284,9 +284,10 @@ def learning_summary(data: dict) -> dict:
         if all("greedy_accuracy" in runs[s]["eval"] for s in seeds):  # runs made with --greedy-eval
             entry["greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"] for s in seeds])
             greedy_paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
-            if base is not None and "greedy_correct" in base and all("greedy_correct" in runs[s]["eval"] for s in seeds):
-                # The test of learning beyond sharpening where the base's best decoding is greedy: the
-                # trained model's greedy answer against the base's on the same problems.
+            greedy_known = base is not None and "greedy_correct" in base
+            if greedy_known and all("greedy_correct" in runs[s]["eval"] for s in seeds):
+                # Learning beyond sharpening where the base's best decoding is greedy: the trained model's greedy
+                # answer against the base's on the same problems.
                 greedy = [greedy_report(runs[s]["eval"]) for s in seeds]
                 per_seed = [pooled_gain([g], greedy_report(base)) for g in greedy]
                 g, se = pooled_gain(greedy, greedy_report(base))
