@@ -222,6 +222,23 @@ def pooled_gain(afters: list[dict], before: dict) -> tuple[float, float]:
     return m, sd / math.sqrt(n)
 
 
+def gains_over(afters: dict[int, dict], before: dict) -> tuple[list[dict], dict]:
+    """Gain over ``before`` of each seed's report (``afters``: seed -> report) and of all seeds pooled, paired over
+    problems (``pooled_gain``), with z = gain / SE; the pooled entry adds the t-interval over the per-seed gains."""
+    per_seed = []
+    for seed, after in afters.items():
+        gain, se = pooled_gain([after], before)
+        per_seed.append(dict(seed=seed, gain=gain, se=se, z=gain / se if se else float("nan")))
+    gain, se = pooled_gain(list(afters.values()), before)
+    return per_seed, dict(gain=gain, se=se, z=gain / se if se else float("nan"),
+                          seeds_ci=mean_ci([row["gain"] for row in per_seed]))
+
+
+def seed_gains_text(per_seed: list[dict]) -> str:
+    return ", ".join(f"seed {row['seed']}: {row['gain']:+.3f} (SE {row['se']:.3f}, z {row['z']:.1f})"
+                     for row in per_seed)
+
+
 def greedy_report(report: dict) -> dict:
     """One greedy decode per problem as a report of one sample per problem (``greedy_correct`` is in the order of
     ``problems``), so the paired gains above apply to greedy accuracy unchanged."""
@@ -275,12 +292,8 @@ def learning_summary(data: dict) -> dict:
                      pass_at_k={k: mean_ci([curves[s][k] for s in seeds]) for k in ks},
                      seconds_per_step=mean_ci([runs[s]["seconds_per_step"] for s in seeds])[0])
         if base is not None:
-            gains = [paired_problem_se(runs[s]["eval"], base) for s in seeds]
-            entry["gain_over_base"] = [dict(seed=s, gain=g, se=se, z=g / se if se else float("nan"))
-                                       for s, (g, se) in zip(seeds, gains)]
-            g, se = pooled_gain([runs[s]["eval"] for s in seeds], base)
-            entry["gain_over_base_pooled"] = dict(gain=g, se=se, z=g / se if se else float("nan"),
-                                                  seeds_ci=mean_ci([gain for gain, _ in gains]))
+            entry["gain_over_base"], entry["gain_over_base_pooled"] = gains_over({s: runs[s]["eval"] for s in seeds},
+                                                                                  base)
         if all("greedy_accuracy" in runs[s]["eval"] for s in seeds):  # runs made with --greedy-eval
             entry["greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"] for s in seeds])
             greedy_paired = [s for s in seeds if "greedy_accuracy" in grpo.get(s, {}).get("eval", {})]
@@ -288,13 +301,8 @@ def learning_summary(data: dict) -> dict:
             if greedy_known and all("greedy_correct" in runs[s]["eval"] for s in seeds):
                 # Learning beyond sharpening where the base's best decoding is greedy: the trained model's greedy
                 # answer against the base's on the same problems.
-                greedy = [greedy_report(runs[s]["eval"]) for s in seeds]
-                per_seed = [pooled_gain([g], greedy_report(base)) for g in greedy]
-                g, se = pooled_gain(greedy, greedy_report(base))
-                entry["greedy_gain_over_base"] = dict(
-                    per_seed=[dict(seed=s, gain=d, se=e, z=d / e if e else float("nan"))
-                              for s, (d, e) in zip(seeds, per_seed)],
-                    pooled=dict(gain=g, se=se, z=g / se if se else float("nan")))
+                per_seed, pooled = gains_over({s: greedy_report(runs[s]["eval"]) for s in seeds}, greedy_report(base))
+                entry["greedy_gain_over_base"] = dict(per_seed=per_seed, pooled=pooled)
             if method != "grpo" and greedy_paired:
                 entry["diff_greedy_accuracy"] = mean_ci([runs[s]["eval"]["greedy_accuracy"]
                                                          - grpo[s]["eval"]["greedy_accuracy"] for s in greedy_paired])
@@ -418,10 +426,10 @@ def beyond_sampling_lines(data: dict, summary: dict) -> list[str]:
         gain = entry.get("greedy_gain_over_base")
         if gain:
             pooled = gain["pooled"]
-            lines.append("  greedy gain over the base's greedy (paired over problems; z = gain / SE): " + ", ".join(
-                f"seed {r['seed']}: {r['gain']:+.3f} (SE {r['se']:.3f}, z {r['z']:.1f})" for r in gain["per_seed"])
-                + (f"; pooled over the {len(gain['per_seed'])} seeds {pooled['gain']:+.3f} (SE {pooled['se']:.3f}, "
-                   f"z {pooled['z']:.1f})" if len(gain["per_seed"]) > 1 else ""))
+            lines.append("  greedy gain over the base's greedy (paired over problems; z = gain / SE): "
+                         + seed_gains_text(gain["per_seed"])
+                         + (f"; pooled over the {len(gain['per_seed'])} seeds {pooled['gain']:+.3f} "
+                            f"(SE {pooled['se']:.3f}, z {pooled['z']:.1f})" if len(gain["per_seed"]) > 1 else ""))
     return lines
 
 
@@ -455,8 +463,7 @@ def learning_markdown(data: dict, summary: dict) -> str:
     lines.append("Per-run held-out gain over the base model (paired over problems; z = gain / SE):")
     lines.append("")
     for m, entry in summary.items():
-        gains = ", ".join(f"seed {g['seed']}: {g['gain']:+.3f} (SE {g['se']:.3f}, z {g['z']:.1f})"
-                          for g in entry.get("gain_over_base", []))
+        gains = seed_gains_text(entry.get("gain_over_base", []))
         pooled = entry.get("gain_over_base_pooled")
         if pooled and len(entry["seeds"]) > 1:
             g, half, n = pooled["seeds_ci"]
