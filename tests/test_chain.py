@@ -200,7 +200,7 @@ def test_bad_arguments_are_named():
 def test_each_step_line_is_one_srpo_thought_and_one_datpo_sentence(tiny_tokenizer, completion):
     # Step k of the checker is thought k of SRPO (thought_delimiter="\n") and sentence k of DATPO's forks.
     from trl_credit.datpo.forks import sentence_spans, token_char_offsets
-    from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+    from trl_credit.core.steps import split_thoughts, thought_texts
 
     lines = completion.splitlines()
     ids = tiny_tokenizer(completion, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]

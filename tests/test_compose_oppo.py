@@ -381,9 +381,10 @@ def test_resets_x_oppo_x_cue_one_step(tiny_model_path, tiny_dataset, tmp_path):
     assert {"cue/frac_groups_redistributed", "oppo/value_mean", "srpo/fallback_rate"} <= set(logs)
 
 
-def test_a_user_rollout_func_is_still_refused(tiny_model_path, tiny_dataset, tmp_path):
-    args = tiny_args(tmp_path, credit="oppo")
-    with pytest.raises(ValueError, match="rollout_func"):
+def test_a_user_rollout_func_is_still_refused_by_the_resets(tiny_model_path, tiny_dataset, tmp_path):
+    # (OPPO alone credits a user's rollout_func: tests/test_multiturn_credit.py)
+    args = tiny_args(tmp_path, credit="oppo", rollout="resets")
+    with pytest.raises(ValueError, match=r"\(resets rollout\) does not support a custom `rollout_func`"):
         CreditTrainer(tiny_model_path, parity_reward, args=args, train_dataset=tiny_dataset,
                       rollout_func=lambda prompts, trainer: {})
 

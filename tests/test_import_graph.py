@@ -144,7 +144,7 @@ def test_importing_a_name_of_ones_own_package_init_is_a_cycle(tmp_path, importer
 
 
 # The layers of trl_credit's subpackages (docs/design.md#layout): a module imports from its own layer or below.
-# Methods may build on each other's pure math (process credit splits steps as SRPO does).
+# Methods may build on each other's pure math.
 LAYERS = {
     "models": 0, "tasks": 0, "trl_bridge": 0, "generation": 0,
     "core": 1, "model_card": 1,

@@ -146,7 +146,7 @@ def test_registry_one_registration_per_function():
     finally:
         STEP_REWARDS.pop("test_lengths", None)
         STEP_REWARDS.pop("test_decorated", None)
-    with pytest.raises(ValueError, match=r"one of the registered step-reward functions \['chain', 'sums'\]"):
+    with pytest.raises(ValueError, match=r"one of the registered step-reward functions \['chain', 'environment', 'sums'\]"):
         resolve_step_reward("prm")
 
 
@@ -190,7 +190,7 @@ def test_config_fields_defaults_and_checks():
         "chain", "\n", "none")
     assert _config(credit="process").process_step_reward is None  # a callable may come with ProcessCredit(...)
     for kwargs, message in [
-        ({"process_step_reward": "prm"}, r"process_step_reward must be None or one of .*\['chain', 'sums'\]"),
+        ({"process_step_reward": "prm"}, r"process_step_reward must be None or one of .*\['chain', 'environment', 'sums'\]"),
         ({"process_step_reward": len}, r"process_step_reward must be None or one of"),
         ({"process_thought_delimiter": ""}, "process_thought_delimiter must be a non-empty string"),
         ({"process_outcome": "sum"}, r"process_outcome must be one of 'none' .*'final_step'"),

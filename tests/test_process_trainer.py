@@ -18,7 +18,7 @@ from trl_credit.cue_grpo.parts import RarityWeights
 from trl_credit.cue_grpo.weights import compute_rarity_weights
 from trl_credit.process.parts import ProcessCredit
 from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
-from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+from trl_credit.core.steps import split_thoughts, thought_texts
 from trl_credit.tasks.rewards import completion_text
 from tests.tiny import recorded
 
@@ -156,12 +156,10 @@ def test_the_outcome_as_a_final_step(tiny_model_path, tiny_dataset, tmp_path):
     check_loss_inputs(batch, losses, expected)
 
 
-def test_a_step_reward_function_is_required_and_a_user_rollout_func_refused(tiny_model_path, tiny_dataset, tmp_path):
+def test_a_step_reward_function_is_required(tiny_model_path, tiny_dataset, tmp_path):
+    # (a user's rollout_func is accepted: tests/test_multiturn_credit.py)
     with pytest.raises(ValueError, match="credit='process' needs a step-reward function"):
         CreditTrainer(tiny_model_path, [accuracy_reward], args=tiny_args(tmp_path), train_dataset=tiny_dataset)
-    with pytest.raises(ValueError, match="does not support a custom `rollout_func`"):
-        CreditTrainer(tiny_model_path, [accuracy_reward], args=tiny_args(tmp_path, process_step_reward="chain"),
-                      train_dataset=tiny_dataset, rollout_func=lambda prompts, trainer: {})
 
 
 # ------------------------------------------------------------------------------------------- SRPO's resets

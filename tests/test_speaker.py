@@ -100,9 +100,10 @@ def test_process_refusals_and_warnings_name_the_trainer_and_its_credit(tiny_mode
         CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
                       args=CreditConfig(**settings))
     settings.update(process_step_reward="chain")
-    with pytest.raises(ValueError, match=r"^CreditTrainer \(process credit\) does not support a custom `rollout_func`"):
+    with pytest.raises(ValueError, match=r"^CreditTrainer \(resets rollout\) does not support a custom `rollout_func`"):
         CreditTrainer(model=tiny_model_path, reward_funcs=final_number_reward, train_dataset=tiny_dataset,
-                      args=CreditConfig(**settings), rollout_func=lambda prompts, trainer: {})
+                      args=CreditConfig(**{**settings, "rollout": "resets", "num_generations": 8}),
+                      rollout_func=lambda prompts, trainer: {})
 
     class MyTrainer(CreditTrainer):  # a user's subclass of the composed trainer speaks as itself
         pass

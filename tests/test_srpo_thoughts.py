@@ -2,7 +2,7 @@
 
 import pytest
 
-from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
+from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
 
 
 class PieceTokenizer:

@@ -122,7 +122,7 @@ def process_credit(records: list[dict], tokenizer, group_size: int, delimiter: s
     Rows ``k * group_size .. (k + 1) * group_size - 1`` are one prompt's group (TRL's order, checked)."""
     from trl_credit.process.advantages import normalized_step_rewards, token_advantages
     from trl_credit.process.step_rewards import chain_step_rewards
-    from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+    from trl_credit.core.steps import split_thoughts, thought_texts
 
     for record in records:
         output, inputs = record["output"], record["inputs"]

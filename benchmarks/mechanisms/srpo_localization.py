@@ -50,7 +50,7 @@ from trl_credit.srpo.localization import (  # noqa: E402
     pick_step,
 )
 from trl_credit.srpo.prompts import LOCALIZATION_TEMPLATE, localization_prompt, parse_reset_step  # noqa: E402
-from trl_credit.srpo.thoughts import split_thoughts, thought_texts  # noqa: E402
+from trl_credit.core.steps import split_thoughts, thought_texts  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "srpo_localization.json")
 

@@ -9,7 +9,7 @@ import torch
 
 from trl_credit import SRPOConfig, SRPOTrainer
 from trl_credit.core.context import BatchContext
-from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts
+from trl_credit.core.steps import reset_prefix_length, split_thoughts
 from trl_credit.tasks.rewards import completion_text
 
 TEMPLATE = "Q: {question}"

@@ -22,11 +22,13 @@ from typing import Any, TypeVar
 import torch
 
 from trl_credit.core.collectives import process_rows
+from trl_credit.core.steps import is_multi_turn, model_turn_spans
 from trl_credit.core.success import unscorable_rows
+from trl_credit.tasks.rewards import completion_text
 
 __all__ = [
     "ROW_BASE", "ROW_SUFFIX", "ROW_FALLBACK", "ROW_BRANCH", "NO_GROUP", "RowBatch", "Outcomes", "MissingPayload",
-    "trl_groups", "generated_lengths",
+    "trl_groups", "generated_lengths", "fill_record", "model_texts",
 ]
 
 # Row kinds. A base row is an iid rollout of the prompt (GRPO's rows, DATPO's trunks, SRPO's base group); a suffix
@@ -111,6 +113,11 @@ class RowBatch:
     loss_mask: torch.Tensor | None = None
     """(B, T) this process's rows: the tokens TRL's loss trains, TRL's ``completion_mask`` after the rollout's prefix
     masking (``tool_mask``: SRPO's shared prefixes, fallback rows); filled by the core from TRL's batch."""
+    model_mask: torch.Tensor | None = None
+    """(B, T) this process's rows: 0 on a tool result or environment token (not the model's action: TRL's ``tool_mask``
+    of its tool loop, or the ``env_mask`` of a user's ``rollout_func``), 1 elsewhere, padding included (combine with
+    ``completion_mask``). Such tokens get no advantage and enter no statistic (docs/multiturn.md). Filled by the core
+    from TRL's batch; a rollout whose ``env_mask`` masks its own model tokens (SRPO's shared prefixes) sets it to 1."""
     prompt_ids: torch.Tensor | None = None
     """(B, P) this process's rows: the prompt's token ids, left-padded, as TRL tokenized it (TRL's ``prompt_ids``);
     filled by the core from TRL's batch, as are ``prompt_mask``, ``completion_ids`` and ``completion_mask``."""
@@ -223,3 +230,45 @@ def generated_lengths(completion_ids: torch.Tensor, completion_mask: torch.Tenso
             real = (completion_ids[i] != pad_token_id).nonzero()
             lengths[i] = int(real[-1]) + 1 if real.numel() else 0
     return [int(length) for length in lengths]
+
+
+def fill_record(batch: RowBatch, inputs, output: dict, capture, tokenizer=None) -> None:
+    """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
+    prompts (those TRL generated from: the dataset's, with an environment's ``reset()`` observation), the completion texts (TRL's ``_generate``, as its reward functions saw them), the token
+    ids and masks (TRL's ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``: the tensors
+    themselves, not copies) and the loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's
+    prefix masking), and the model mask (TRL's ``tool_mask``: 0 on tool results and environment tokens)."""
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        if getattr(batch, name) is None:
+            setattr(batch, name, output[name])
+    if batch.prompts is None:
+        # what TRL generated from: with an environment_factory the last message carries the reset() observation
+        generated = capture.generated_prompts
+        batch.prompts = list(generated) if generated is not None and len(generated) == len(inputs) else [
+            x["prompt"] for x in inputs]
+    if batch.loss_mask is None:
+        mask = output["completion_mask"]
+        batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
+    if batch.model_mask is None:
+        # TRL's tool_mask: 0 on the tool results of its tool loop, or on a user's rollout_func's env_mask tokens
+        tool_mask = output.get("tool_mask")
+        batch.model_mask = torch.ones_like(output["completion_mask"]) if tool_mask is None else tool_mask
+    if batch.completions is None and capture.generated is not None:
+        # TRL's _generate returns (prompt_ids, completion_ids, tool_mask, completions, ...) (trl 1.14-1.16)
+        batch.completions = [completion_text(c) for c in capture.generated[3]]
+        if tokenizer is not None:
+            batch.completions = model_texts(batch, capture.generated[3], tokenizer)
+
+
+def model_texts(batch: RowBatch, completions: list, tokenizer) -> list[str]:
+    """The model's text of each completion (``RowBatch.completions``). A chat completion's text is its assistant turns
+    already (``completion_text``: TRL's tool messages are not the model's); a plain-text completion holding environment
+    tokens (a ``rollout_func``'s ``env_mask``) is decoded from its model turns only, joined by newlines."""
+    texts = list(batch.completions)
+    mask = batch.model_mask * batch.completion_mask
+    for row, completion in enumerate(completions):
+        if isinstance(completion, str) and is_multi_turn(mask[row, : int(batch.completion_mask[row].sum())].tolist()):
+            ids = batch.completion_ids[row].tolist()
+            texts[row] = "\n".join(tokenizer.decode(ids[start:end], skip_special_tokens=True)
+                                   for start, end in model_turn_spans(mask[row].tolist()))
+    return texts

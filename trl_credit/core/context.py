@@ -44,8 +44,8 @@ class BatchContext:
     ``multi_objective_aggregation`` and ``group_size`` (TRL's ``num_generations`` of the mode), ``success_index``
     (the verifier's column, None without a verifier setting), ``sampling`` (TRL's generation settings:
     ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``, ``use_vllm``,
-    ``use_transformers_continuous_batching``, ``pad_to_multiple_of``, and ``custom_rollout``: a ``rollout_func``
-    generates the rows), ``metrics`` (name -> logged values of this mode).
+    ``use_transformers_continuous_batching``, ``pad_to_multiple_of``, ``custom_rollout``: a ``rollout_func``
+    generates the rows, and ``tool_loop``: TRL's tool loop runs), ``metrics`` (name -> logged values of this mode).
     """
 
     def __init__(self, *, args, mode: str = "train", step: int = 0, process_index: int = 0, num_processes: int = 1,
@@ -102,7 +102,8 @@ class BatchContext:
             scale_rewards=trainer.scale_rewards, multi_objective_aggregation=trainer.multi_objective_aggregation,
             group_size=trainer.num_generations if mode == "train" else trainer.num_generations_eval,
             success_index=bridge.success_index(trainer) if hasattr(trainer, "_success_index") else None,
-            sampling=_sampling(trainer, custom_rollout=getattr(trainer, "rollout_func", None) is not None),
+            sampling=_sampling(trainer, custom_rollout=getattr(trainer, "rollout_func", None) is not None,
+                               tool_loop=bool(getattr(trainer, "tools", None))),
             metrics=bridge.metrics(trainer)[mode], warned=warned_keys(trainer),
             owner=type(trainer).__name__, trainer=trainer,
         )
@@ -193,6 +194,11 @@ class BatchContext:
 
     # ------------------------------------------------------------------------------------------------ the models
     @property
+    def has_model(self) -> bool:
+        """Whether the verbs that need the trainer's model and tokenizer work (a context built over a trainer)."""
+        return self._trainer is not None
+
+    @property
     def tokenizer(self):
         """The processing class's tokenizer (``GRPOTrainer._tokenizer``, through the bridge)."""
         from trl_credit.trl_bridge import privates as bridge
@@ -203,6 +209,14 @@ class BatchContext:
     def processing_class(self):
         """``trainer.processing_class`` (the tokenizer or processor TRL decodes with)."""
         return self._needs_trainer("processing_class").processing_class
+
+    @property
+    def environments(self) -> list | None:
+        """This process's rows' environment instances (``environment_factory``; TRL's ``environments``, bridge), one
+        per row of ``inputs`` in order; None without environments (or without a trainer)."""
+        from trl_credit.trl_bridge import privates as bridge
+
+        return None if self._trainer is None else bridge.environments(self._trainer)
 
     def tokenize(self, prompts):
         """``GRPOTrainer._tokenize_prompts(prompts)`` (bridge): ``(prompt_ids, images, multimodal_fields)``."""
@@ -455,8 +469,10 @@ _ROWS = ("mask_truncated_completions", "eos_token_ids", "pad_token_id", "max_com
          "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
 
 
-def _sampling(source, custom_rollout: bool = False) -> SimpleNamespace:
+def _sampling(source, custom_rollout: bool = False, tool_loop: bool = False) -> SimpleNamespace:
     """TRL's generation settings, as ``GRPOTrainer.__init__`` copies them from its args onto itself (``source``: the
-    trainer, or the args of a context without one; a setting the source lacks is None)."""
+    trainer, or the args of a context without one; a setting the source lacks is None), with ``custom_rollout`` (a
+    ``rollout_func`` generates the rows) and ``tool_loop`` (TRL's tool loop runs: ``tools`` or an
+    ``environment_factory``; a completion is then several generation calls with tool results between them)."""
     values = {name: getattr(source, name, None) for name in _SAMPLING}
-    return SimpleNamespace(**values, custom_rollout=custom_rollout)
+    return SimpleNamespace(**values, custom_rollout=custom_rollout, tool_loop=tool_loop)

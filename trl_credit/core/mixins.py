@@ -41,6 +41,9 @@ class RolloutCapture:
     generated: tuple | None = None
     """What ``GRPOTrainer._generate`` returned: ``(prompt_ids, completion_ids, tool_mask, completions, ...)`` of this
     process's rows (trl 1.16.0)."""
+    generated_prompts: list | None = None
+    """The prompts ``GRPOTrainer._generate`` generated from (this process's rows): the dataset's, or with an
+    ``environment_factory`` each with its environment's ``reset()`` observation appended to the last message."""
     rewards_per_func: torch.Tensor | None = None
     """What ``GRPOTrainer._calculate_rewards`` returned: (rows of all processes in process order, reward funcs)."""
     trl_output: dict | None = None

@@ -1,6 +1,6 @@
 """What every method trainer does at construction, and the mode it runs in: a config of the right class
-(:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), single-turn rollouts only
-(:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
+(:func:`resolve_method_args`), who speaks in its messages (:func:`speaker`), no multi-turn rollouts for a part
+that generates its own (:func:`check_single_turn`), the verifier column that decides correct/incorrect (:func:`bind_success` /
 :func:`rollout_success`, :mod:`trl_credit.core.success`), and frozen helper models loaded whole under ZeRO-3
 (:func:`outside_zero3_init`), or made whole when the user loaded them partitioned (:func:`whole_copy`)."""
 
@@ -21,6 +21,7 @@ __all__ = [
     "resolve_method_args",
     "grpo_arguments",
     "check_single_turn",
+    "MULTI_TURN_ALTERNATIVES",
     "user_rollout_func",
     "bind_success",
     "rollout_success",
@@ -81,17 +82,29 @@ def grpo_arguments(model, reward_funcs, args, pargs: tuple, kwargs: dict) -> dic
     return bound.arguments
 
 
-def check_single_turn(trainer, method: str) -> None:
-    """Our trainers rewrite rollouts; tool-calling loops and custom rollout functions would bypass that. ``method``:
-    who refuses (:func:`speaker`)."""
+#: What accepts TRL's multi-turn rollouts (``tools``, ``environment_factory``, a user's ``rollout_func``): every credit
+#: rule that needs no generation of its own (docs/multiturn.md). Named in the refusals of those that do.
+MULTI_TURN_ALTERNATIVES = ("credit='outcome' (GRPO)", "credit='oppo'", "credit='process'", "credit='implicit_prm'",
+                           "modifiers=['cue']")
+
+
+def check_single_turn(trainer, method: str, why: str = "it generates its own rollouts") -> None:
+    """Refuse TRL's multi-turn rollouts for a part that generates rows itself (SRPO's resets, DATPO's trees): a tool
+    loop, an environment or a user's ``rollout_func`` would bypass or replace its generation. ``method``: who refuses
+    (:func:`speaker`); ``why``: what it generates itself. Credit rules that only read the rows accept them
+    (docs/multiturn.md)."""
+    instead = ", ".join(MULTI_TURN_ALTERNATIVES)
     # environment_factory first: TRL turns an environment's methods into `tools`, so the tools check would name the
     # wrong argument.
     if getattr(trainer, "environment_factories", None) is not None:
-        raise ValueError(f"{method} does not support `environment_factory`.")
+        raise ValueError(f"{method} does not support `environment_factory`: {why}, and does not yet resume an "
+                         f"environment's episode from a prefix. Multi-turn rollouts train with {instead}.")
     if getattr(trainer, "tools", None):
-        raise ValueError(f"{method} does not support `tools` (multi-turn tool calling); pass tools=None.")
+        raise ValueError(f"{method} does not support `tools` (multi-turn tool calling): {why}, and does not yet resume "
+                         f"TRL's tool loop from a prefix; pass tools=None, or train with {instead}.")
     if user_rollout_func(trainer) is not None:
-        raise ValueError(f"{method} does not support a custom `rollout_func`: it generates its own rollouts.")
+        raise ValueError(f"{method} does not support a custom `rollout_func`: {why}. A rollout_func is accepted by "
+                         f"{instead}.")
 
 
 def user_rollout_func(trainer):

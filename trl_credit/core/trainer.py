@@ -36,7 +36,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_credit.core.advantages import grouped_advantages, normalize_then_sum_advantages
 from trl_credit.core.anchors import SEQUENCE_ANCHORS, batch_sequence_anchors, decided_per_sequence
-from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, trl_groups
+from trl_credit.core.batch import NO_GROUP, Outcomes, RowBatch, fill_record, trl_groups
 from trl_credit.core.collectives import trl_global_advantages
 from trl_credit.core.context import BatchContext, hook_context
 from trl_credit.core.generation import one_weight_push
@@ -47,7 +47,6 @@ from trl_credit.core.row_count import NUM_ROWS, micro_batch, renormalized_loss
 from trl_credit.core.setup import bind_success, check_single_turn, speaker
 from trl_credit.core.success import total_rewards
 from trl_credit.model_card import MethodModelCardMixin
-from trl_credit.tasks.rewards import completion_text
 from trl_credit.trl_bridge.compat import hidden_library_deprecations
 from trl_credit.trl_bridge.vllm_push import fix_colocate_push
 
@@ -215,25 +214,6 @@ class GroupOutcome(Credit):
         return advantages.to(trl_advantages.device).to(trl_advantages.dtype)  # global: the core cuts them once
 
 
-def fill_record(batch: RowBatch, inputs, output: dict, capture: RolloutCapture) -> None:
-    """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
-    prompts (the dataset's), the completion texts (TRL's ``_generate``, as its reward functions saw them), the token
-    ids and masks (TRL's ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``: the tensors
-    themselves, not copies) and the loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's
-    prefix masking)."""
-    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
-        if getattr(batch, name) is None:
-            setattr(batch, name, output[name])
-    if batch.prompts is None:
-        batch.prompts = [x["prompt"] for x in inputs]
-    if batch.completions is None and capture.generated is not None:
-        # TRL's _generate returns (prompt_ids, completion_ids, tool_mask, completions, ...) (trl 1.14-1.16)
-        batch.completions = [completion_text(c) for c in capture.generated[3]]
-    if batch.loss_mask is None:
-        mask = output["completion_mask"]
-        batch.loss_mask = mask * output["tool_mask"] if "tool_mask" in output else mask
-
-
 def outcome_stage(trainer, ctx: BatchContext, batch: RowBatch) -> None:
     """The outcome stage, before the credit: the rollout's outcomes (``Rollout.outcomes``) through every modifier that
     acts on outcomes, in order, kept in ``batch.outcomes`` for the credit. Nothing when no modifier acts on outcomes
@@ -274,7 +254,7 @@ def credit_step(trainer, ctx: BatchContext, inputs, capture: RolloutCapture) -> 
     ctx.record = batch
     if batch is None:
         return output, None, output["advantages"]
-    fill_record(batch, inputs, output, capture)
+    fill_record(batch, inputs, output, capture, ctx.tokenizer if ctx.has_model else None)
     outcome_stage(trainer, ctx, batch)
     advantages = trainer.credit.advantages(ctx, batch, inputs, output)
     for modifier in trainer.modifiers:
@@ -347,7 +327,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         if builds_rows_in_rollout_func(self.rollout):
             # The rollout's own rows (Rollout.rollout_rows) through TRL's rollout_func, set here and nowhere else; a
             # user's rollout_func, tools or environments would replace or bypass them: refused first.
-            check_single_turn(self, speaker(self, self.rollout))
+            check_single_turn(self, speaker(self, self.rollout), "its rollout builds the rows itself (SRPO's resets "
+                              "generate a second group from a prefix of a failed rollout)")
             self.rollout_func = self._rollout_func_of_parts
         for part in self.parts:
             part.setup(self)
@@ -451,6 +432,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             result = super()._generate(prompts)
         if self._rollout_capture is not None:
             self._rollout_capture.generated = result
+            self._rollout_capture.generated_prompts = list(prompts)
         return result
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

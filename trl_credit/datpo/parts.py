@@ -119,7 +119,7 @@ class Trees(Rollout):
 
     def setup(self, trainer) -> None:
         who = speaker(trainer, self)
-        check_single_turn(trainer, who)
+        check_single_turn(trainer, who, "its trees generate branches from fork points inside the completions")
         bind_success(trainer)
         if bridge.is_vlm(trainer):
             raise ValueError(f"{who} supports text-only models: branch prompts are token prefixes of the response.")

@@ -53,7 +53,7 @@ from trl_credit.oppo.recursion import (
     sequence_anchor_signs,
 )
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import bind_success, check_single_turn, is_composed, speaker
+from trl_credit.core.setup import bind_success, is_composed, speaker
 from trl_credit.trl_bridge.compat import (
     HAS_FUSED_LM_HEAD,
     create_model_from_path,
@@ -84,13 +84,16 @@ def records_generation_logps(ctx: BatchContext) -> bool:
     """Whether s_t is recorded during generation: HF ``generate`` (not vLLM, not continuous batching), the
     self-oracle with ``plain_logps="auto"``, and TRL's own rollouts. A ``rollout_func`` (SRPO's resets) builds its
     rows from several generation calls (a suffix row's completion is a prefix from one call and a suffix from
-    another, under the rollout's prompt), so no one call's record lines up with the rows: s_t is scored instead."""
+    another, under the rollout's prompt), so no one call's record lines up with the rows: s_t is scored instead. So
+    does TRL's tool loop: a completion is one call per model turn with tool results between them, and each call's
+    record would start at the completion's first token."""
     args, sampling = ctx.args, ctx.sampling
     return (
         args.oracle == "self"
         and args.plain_logps == "auto"
         and runs_hf_generate(sampling)
         and not sampling.custom_rollout
+        and not getattr(sampling, "tool_loop", False)
     )
 
 
@@ -175,9 +178,9 @@ class ValueRecursion(Credit):
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
-        # A rollout part's rows through the core's rollout_func (SRPO's resets) are a rollout OPPO credits like any
-        # other; a rollout_func the user passed is refused (check_single_turn).
-        check_single_turn(trainer, speaker(trainer, self))
+        # Any rollout's rows are credited: TRL's (with its tool loop or environments), a user's rollout_func, a rollout
+        # part's (SRPO's resets). Tool results and environment tokens carry no evidence and get no credit
+        # (docs/multiturn.md#oppo).
         bind_success(trainer)
         # OPPOTrainer checks the answer column before loading any model; a composed trainer checks it here.
         who, config = speaker(trainer, self), type(trainer.args).__name__
@@ -340,7 +343,11 @@ class ValueRecursion(Credit):
         # loss mask but get advantage 0 and stay out of the group's token moments. The recursion runs over the whole
         # completion (the oracle scores all of it), but TRL trains only the tokens of the record's loss mask (SRPO: not
         # a suffix row's shared prefix), so the group moments are taken over those: Ã is normalized where it is trained.
-        credit_mask = completion_mask * row_credited.unsqueeze(1).to(completion_mask.dtype)
+        # Tool results and environment tokens (batch.model_mask 0) are not the model's actions: the oracle pass reads
+        # them (they stay in both contexts), but they carry no evidence, so the value is carried across them unchanged,
+        # and get no advantage (docs/multiturn.md#oppo: l_{t+1} = l_t + m_t log lambda_t).
+        credit_mask = (completion_mask * batch.model_mask.to(completion_mask.dtype)
+                       * row_credited.unsqueeze(1).to(completion_mask.dtype))
         trained_mask = batch.loss_mask * row_credited.unsqueeze(1).to(batch.loss_mask.dtype)
 
         # Oracle prompts x ⊕ y*, tokenized by TRL itself (processing_class + chat template + chat_template_kwargs),

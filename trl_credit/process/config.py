@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trl_credit.core.steps import STEP_UNITS
 from trl_credit.process.step_rewards import STEP_REWARDS
 
 __all__ = ["ProcessFields", "OUTCOME_MODES"]
@@ -25,7 +26,8 @@ class ProcessFields:
         default=None,
         metadata={
             "help": "The step-reward function, a registered name (built-in: 'chain', the chain task's step checker, "
-            "and 'sums', the tiny testbed's: 1 up to the first wrong step, 0 from it on). (prompt, completion, "
+            "'sums', the tiny testbed's: 1 up to the first wrong step, 0 from it on, and 'environment', the turn "
+            "rewards an environment_factory's environment reports by get_turn_rewards()). (prompt, completion, "
             "steps, **row) -> one float or None "
             "per step. A callable goes to ProcessCredit(step_reward=...), or register it "
             "(trl_credit.process.register_step_reward) and name it here."
@@ -36,6 +38,15 @@ class ProcessFields:
         metadata={
             "help": "Text ending a step (SRPO's thought splitting on the sampled tokens). A completion without it is "
             "one step. With rollout='resets', set it to thought_delimiter so a reset point is a step boundary."
+        },
+    )
+    process_steps: str = field(
+        default="auto",
+        metadata={
+            "help": "What a step is: 'auto' (each model turn of a multi-turn completion, one with tool results or "
+            "environment tokens; thoughts ended by process_thought_delimiter otherwise), 'turns' (each model turn; a "
+            "single-turn completion is one step) or 'thoughts' (thoughts, split inside each model turn). Tool results "
+            "are in no step (docs/multiturn.md#process-credit)."
         },
     )
     process_outcome: str = field(
@@ -61,6 +72,9 @@ class ProcessFields:
             raise ValueError(f"process_thought_delimiter must be a non-empty string, got {delimiter!r}.")
         # A literal "\n" from the command line or a YAML recipe means a newline.
         self.process_thought_delimiter = delimiter.replace("\\n", "\n")
+        if self.process_steps not in STEP_UNITS:
+            accepted = ", ".join(f"{unit!r} ({meaning})" for unit, meaning in STEP_UNITS.items())
+            raise ValueError(f"process_steps must be one of {accepted}; got {self.process_steps!r}.")
         if self.process_outcome not in OUTCOME_MODES:
             accepted = ", ".join(f"{mode!r} ({meaning})" for mode, meaning in OUTCOME_MODES.items())
             raise ValueError(f"process_outcome must be one of {accepted}; got {self.process_outcome!r}.")

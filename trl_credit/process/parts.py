@@ -25,13 +25,13 @@ from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import register_part
-from trl_credit.core.setup import check_single_turn, speaker
+from trl_credit.core.setup import speaker
 from trl_credit.core.success import total_rewards
 from trl_credit.core.trainer import Credit
 from trl_credit.process.advantages import normalized_step_rewards, token_advantages
 from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
-from trl_credit.srpo.thoughts import split_thoughts, thought_texts
+from trl_credit.core.steps import span_texts, step_spans
 
 __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
@@ -53,9 +53,8 @@ class ProcessCredit(Credit):
         self.step_reward = None
 
     def setup(self, trainer) -> None:
-        # A user's rollout function is refused, as are tool loops (the steps would hold tool output); a rollout
-        # part's own (SRPO's resets, through the core's rollout_func) is a rollout like any other.
-        check_single_turn(trainer, speaker(trainer, self))
+        # Any rollout's rows are credited: TRL's (its tool loop, environments), a user's rollout_func, a rollout part's
+        # (SRPO's resets). Tool results are in no step and get no advantage (docs/multiturn.md#process-credit).
         source = self._step_reward_arg
         args = trainer.args
         self.step_reward = resolve_step_reward(source if source is not None else _arg(args, "process_step_reward"))
@@ -100,6 +99,9 @@ class ProcessCredit(Credit):
             outcome = batch.local_rows(total_rewards(batch.rewards_per_func, ctx.reward_weights).cpu()).tolist()
 
         # This process's rows: step ends and rewards (the outcome as a last step), and what enters the statistics.
+        # Tool results and environment tokens (model_mask 0) are in no step and get advantage 0.
+        model_mask = batch.model_mask.to(torch.float64).cpu()
+        environments = ctx.environments
         local_steps, local_records = [], []
         for i in range(num_local):
             if not credited[i]:
@@ -107,7 +109,9 @@ class ProcessCredit(Credit):
                 local_records.append(None)
                 continue
             ids = completion_ids[i, :lengths[i]].tolist()
-            ends, rewards = self._step_rewards(ctx, inputs[i], ids, i)
+            environment = environments[i] if environments else None
+            ends, rewards = self._step_rewards(ctx, inputs[i], ids, model_mask[i, :lengths[i]].tolist(), environment,
+                                               i)
             record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
             if outcome is not None:
@@ -132,20 +136,26 @@ class ProcessCredit(Credit):
         for i, (ends, values) in enumerate(zip(local_steps, batch.local_rows(normalized))):
             if ends is not None:
                 advantages[i, :lengths[i]] = torch.tensor(token_advantages(ends, values, lengths[i]),
-                                                          dtype=torch.float64)
+                                                          dtype=torch.float64) * model_mask[i, :lengths[i]]
         self._log_metrics(ctx, records, ctx.speaker(self))
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
-    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], index: int) -> tuple[list[int], list]:
-        """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked."""
+    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], model_mask: list, environment,
+                      index: int) -> tuple[list[int], list]:
+        """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked. The steps are
+        spans of the model's tokens (``process_steps``: model turns or thoughts, core.steps.step_spans); a step's
+        reward lands on its last token (DeepSeekMath §4.1.3), so a tool result after it is credited with nothing."""
         tokenizer, delimiter = ctx.tokenizer, _arg(ctx.args, "process_thought_delimiter")
-        ends = split_thoughts(ids, tokenizer, delimiter)
-        if not ends:
+        spans = step_spans(ids, tokenizer, delimiter, model_mask, _arg(ctx.args, "process_steps"))
+        if not spans:
             return [], []
-        steps = thought_texts(ids, ends, tokenizer, delimiter)
+        ends = [end for _, end in spans]
+        steps = span_texts(ids, spans, tokenizer, delimiter)
         text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         columns = {key: value for key, value in row.items() if key != "prompt"}
+        if environment is not None:
+            columns["env"] = environment  # the rollout's environment (docs/multiturn.md#turn-rewards)
         rewards = self.step_reward(row["prompt"], text, steps, **columns)
         name = getattr(self.step_reward, "__name__", repr(self.step_reward))
         where = f"row {index} of this process's batch (step {ctx.step})"

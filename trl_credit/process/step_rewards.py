@@ -9,7 +9,8 @@ A step-reward function scores the steps of one completion::
 - ``completion``: the completion's text (special tokens removed);
 - ``steps``: the completion's steps, as the process credit split it (the thought delimiter, SRPO's token-exact
   splitting; each step's text with the delimiter removed and whitespace stripped);
-- ``row``: the dataset row's other columns (``answer``, ``question``, ...).
+- ``row``: the dataset row's other columns (``answer``, ``question``, ...), and with an ``environment_factory`` the
+  row's environment instance as ``env`` (the one its rollout ran in; docs/multiturn.md#turn-rewards).
 
 It returns one reward per step, in order: a step checker 1.0 up to the first wrong step and 0.0 from it on, a
 process reward model its scores; None for a step it does not score. A new built-in is one entry of
@@ -24,7 +25,10 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 
-__all__ = ["STEP_REWARDS", "register_step_reward", "resolve_step_reward", "chain_step_rewards", "checked_rewards"]
+__all__ = [
+    "STEP_REWARDS", "register_step_reward", "resolve_step_reward", "chain_step_rewards", "environment_turn_rewards",
+    "checked_rewards",
+]
 
 StepReward = Callable[..., "list[float | None]"]
 
@@ -32,6 +36,7 @@ StepReward = Callable[..., "list[float | None]"]
 STEP_REWARDS: dict[str, StepReward | str] = {
     "chain": "trl_credit.process.step_rewards:chain_step_rewards",
     "sums": "trl_credit.tasks.sums:step_rewards",  # the tiny testbed's checker (docs/testbed.md#the-tiny-testbed)
+    "environment": "trl_credit.process.step_rewards:environment_turn_rewards",  # docs/multiturn.md#turn-rewards
 }
 
 
@@ -129,3 +134,18 @@ def chain_step_rewards(prompt, completion, steps, **row) -> list[float]:
     if wrong is None:
         return [1.0] * len(steps)
     return [1.0] * (wrong - 1) + [0.0] * (len(steps) - wrong + 1)
+
+
+def environment_turn_rewards(prompt, completion, steps, env=None, **row) -> list:
+    """The turn rewards the row's environment reports (docs/multiturn.md#turn-rewards): ``env.get_turn_rewards()``, one
+    float (or None: not scored) per model turn of the rollout, in order; the process credit checks there is one per
+    step (``process_steps="turns"`` or ``"auto"`` makes each model turn a step)."""
+    if env is None:
+        raise ValueError("process_step_reward='environment' reads the turn rewards of the rollout's environment: it "
+                         "needs an environment_factory (the trainer has none).")
+    get_turn_rewards = getattr(env, "get_turn_rewards", None)
+    if not callable(get_turn_rewards):
+        raise ValueError(f"process_step_reward='environment': the environment {type(env).__name__} has no "
+                         "get_turn_rewards() method; define one returning a list with one float (or None) per model "
+                         "turn of the episode since reset().")
+    return list(get_turn_rewards())

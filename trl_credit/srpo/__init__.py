@@ -20,7 +20,7 @@ from trl_credit.srpo.prompts import (
     wrap_prompt,
 )
 from trl_credit.srpo.resets import choose_reset_step, incorrect_indices, prompt_rows, random_reset_step
-from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
+from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
 
 _LAZY = {"SRPOTrainer": "trl_credit.srpo.trainer", "SRPOConfig": "trl_credit.srpo.config"}
 

@@ -43,7 +43,7 @@ from trl_credit.srpo.localize import localize
 from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_rollout_template, wrap_prompt
 from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
-from trl_credit.srpo.thoughts import reset_prefix_length, split_thoughts, thought_texts
+from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
 
 __all__ = ["Resets", "ResetRows"]
 
@@ -160,6 +160,8 @@ class Resets(Rollout):
             process_index=ctx.process_index,
             prefix_lengths=prefix_lengths,
             prompts=prompts,
+            # the env_mask of these rows masks their shared prefixes, which the model generated: every token is its own
+            model_mask=torch.ones_like(output["completion_mask"]),
         )
         batch.attach(ResetRows(prefix_clean=clean))
         self._log_pass_rates(ctx, batch)

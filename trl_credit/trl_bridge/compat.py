@@ -258,11 +258,11 @@ ATTRIBUTES: tuple[str, ...] = (
     "_buffered_inputs", "_entropy_bonus_enabled", "_is_vlm", "_last_loaded_step", "_logs", "_metrics",
     "_pending_extra_logs", "_pending_metrics", "_step", "_tokenizer",
     # public but undocumented
-    "aux_loss_enabled", "eos_token_ids", "generation_config", "generation_kwargs", "loss_type",
+    "aux_loss_enabled", "environment_factories", "environments", "eos_token_ids", "generation_config", "generation_kwargs", "loss_type",
     "mask_truncated_completions", "max_completion_length", "min_p", "multi_objective_aggregation",
     "num_generations", "num_generations_eval", "num_iterations", "pad_to_multiple_of", "ref_model",
     "repetition_penalty", "reward_func_names", "reward_funcs", "reward_weights", "rollout_func", "scale_rewards",
-    "temperature", "top_k", "top_p", "use_transformers_continuous_batching", "use_vllm", "vllm_generation",
+    "temperature", "tools", "top_k", "top_p", "use_transformers_continuous_batching", "use_vllm", "vllm_generation",
     "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_mode",
 )
 CLASS_ATTRIBUTES: tuple[str, ...] = ("_name", "_paper", "_tag_names")  # read by the model card

@@ -15,6 +15,7 @@ __all__ = [
     "batch_context",
     "buffered_inputs",
     "entropy_bonus_enabled",
+    "environments",
     "generate_and_score",
     "generate_single_turn",
     "is_vlm",
@@ -58,6 +59,12 @@ def generate_and_score(trainer, generation_batch):
     """``trainer._generate_and_score_completions(generation_batch)``: the whole chain (the core's override, every
     part, then TRL's), as ``GRPOTrainer._prepare_inputs`` calls it once per generation batch."""
     return trainer._generate_and_score_completions(generation_batch)
+
+
+def environments(trainer) -> list | None:
+    """``GRPOTrainer.environments``: this process's rows' environment instances of the generation batch in progress
+    (one per row, in order, drawn from ``environment_factory``'s pool), None without an ``environment_factory``."""
+    return trainer.environments
 
 
 def is_vlm(trainer) -> bool:

@@ -1,9 +1,17 @@
-"""Thought segmentation on token ids (docs/srpo.md#thoughts, paper §4.1 "Thought MDP").
+"""Steps of a completion, on its token ids: the one splitting that SRPO's resets, the process credit and PRIME share
+(docs/multiturn.md#steps, docs/srpo.md#thoughts).
 
-A response is a sequence of thoughts, each ended by a delimiter (``</thought>`` in the paper). Reset states are
-thought-level prefixes of a response, and they must be *exact* token prefixes of what the policy sampled: we cut
-the sampled token ids, never re-tokenize text (re-tokenizing can merge or split tokens differently and the reset
-state would not be a state the policy visited).
+Two kinds of step:
+
+- **thoughts** (SRPO paper §4.1 "Thought MDP"): a response is a sequence of thoughts, each ended by a delimiter
+  (``</thought>`` in the paper): :func:`split_thoughts`;
+- **model turns** (a multi-turn completion of TRL's tool loop or an environment): the maximal runs of tokens the model
+  generated, between the tool results / environment tokens that TRL's ``tool_mask`` (or a ``rollout_func``'s
+  ``env_mask``) marks 0: :func:`model_turn_spans`; :func:`step_spans` picks a kind (thoughts inside each turn too).
+
+Reset states are thought-level prefixes of a response, and they must be *exact* token prefixes of what the policy
+sampled: we cut the sampled token ids, never re-tokenize text (re-tokenizing can merge or split tokens differently and
+the reset state would not be a state the policy visited).
 
 Boundary rule (documented once, used everywhere):
     Decode the ids once (``skip_special_tokens=False``, no space clean-up) and find every delimiter occurrence in
@@ -23,7 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["split_thoughts", "thought_token_spans", "thought_texts", "reset_prefix_length"]
+__all__ = [
+    "split_thoughts", "thought_token_spans", "thought_texts", "reset_prefix_length", "model_turn_spans",
+    "is_multi_turn", "step_spans", "span_texts", "STEP_UNITS",
+]
 
 
 def _decode(tokenizer, ids: Sequence[int], skip_special_tokens: bool) -> str:
@@ -97,9 +108,14 @@ def thought_token_spans(ends: Sequence[int]) -> list[tuple[int, int]]:
 def thought_texts(token_ids: Sequence[int], ends: Sequence[int], tokenizer, delimiter: str) -> list[str]:
     """Visible text of every thought with the delimiter removed and whitespace stripped, as the paper renders the
     chain in the localization prompt (Appendix D: "with </thought> delimiters stripped")."""
+    return span_texts(token_ids, thought_token_spans(ends), tokenizer, delimiter)
+
+
+def span_texts(token_ids: Sequence[int], spans: Sequence[tuple[int, int]], tokenizer, delimiter: str) -> list[str]:
+    """Visible text of every step span (:func:`step_spans`), rendered as :func:`thought_texts` renders thoughts."""
     ids = list(token_ids)
     texts = []
-    for start, end in thought_token_spans(ends):
+    for start, end in spans:
         text = _decode(tokenizer, ids[start:end], skip_special_tokens=True)
         texts.append(text.replace(delimiter, " ").strip() if delimiter.strip() else text.strip())
     return texts
@@ -114,3 +130,57 @@ def reset_prefix_length(ends: Sequence[int], reset_step: int) -> int:
     if not 1 <= reset_step <= len(ends):
         raise ValueError(f"reset_step must be in [1, {len(ends)}] (the number of thoughts), got {reset_step}.")
     return 0 if reset_step == 1 else int(ends[reset_step - 2])
+
+
+#: How a completion is cut into steps (``step_spans``): the process credit's ``process_steps``.
+STEP_UNITS = {
+    "auto": "model turns in a multi-turn completion (one with tool results or environment tokens), thoughts otherwise",
+    "turns": "each model turn is one step (a single-turn completion is one step)",
+    "thoughts": "thoughts (the delimiter), inside each model turn: a step never spans a tool result",
+}
+
+
+def model_turn_spans(model_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The model turns of a completion: ``[(start, end), ...]``, the maximal runs of 1 in ``model_mask`` (1 on a token
+    the model generated, 0 on a tool result or environment token; TRL's ``tool_mask``), in order. A mask without a 0
+    is one turn; an all-0 mask has none."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for index, value in enumerate(model_mask):
+        if value and start is None:
+            start = index
+        elif not value and start is not None:
+            spans.append((start, index))
+            start = None
+    if start is not None:
+        spans.append((start, len(model_mask)))
+    return spans
+
+
+def is_multi_turn(model_mask: Sequence[int]) -> bool:
+    """Whether a completion holds a tool result or environment token (a 0 of ``model_mask``)."""
+    return any(not value for value in model_mask)
+
+
+def step_spans(token_ids: Sequence[int], tokenizer, delimiter: str, model_mask: Sequence[int] | None = None,
+              unit: str = "auto") -> list[tuple[int, int]]:
+    """A completion's steps as token spans ``[(start, end), ...]`` over the model's tokens, in order (``unit``: one
+    of :data:`STEP_UNITS`). ``model_mask``: 1 on the model's tokens (None: all of them, a single-turn completion).
+
+    A step is made of the model's tokens only: a tool result between two model turns is in no step (the spans leave
+    it out), and thoughts are split inside each model turn (a step never spans a tool result). A single-turn
+    completion under ``"auto"`` or ``"thoughts"`` gives :func:`split_thoughts`'s thoughts, as SRPO splits them."""
+    if unit not in STEP_UNITS:
+        raise ValueError(f"unit must be one of {sorted(STEP_UNITS)}, got {unit!r}.")
+    ids = [int(i) for i in token_ids]
+    mask = [1] * len(ids) if model_mask is None else [int(bool(v)) for v in model_mask][: len(ids)]
+    if len(mask) != len(ids):
+        raise ValueError(f"model_mask has {len(mask)} entries for {len(ids)} tokens.")
+    turns = model_turn_spans(mask)
+    if unit == "turns" or (unit == "auto" and is_multi_turn(mask)):
+        return turns
+    spans: list[tuple[int, int]] = []
+    for start, end in turns:
+        ends = split_thoughts(ids[start:end], tokenizer, delimiter)
+        spans += [(start + a, start + b) for a, b in thought_token_spans(ends)]
+    return spans
