@@ -43,10 +43,10 @@ TRAINERS = {
     "cue_grpo": (trl_credit.CueGRPOTrainer, trl_credit.CueGRPOConfig, {}),  # cues from the completions' text
 }
 
-# ---- Issue 60: the trainers that refuse tools and environments today; each joins by uncommenting its line. ------
-# A step-reward function for credit="process": one reward per step (a step is a model turn by default once issue 60
-# lands; today a line), 1.0 for a step holding a tool call whose JSON names an argument the tool has, else 0.0.
-#
+# ---- Issue 60: the trainers that refuse tools and environments today. Uncommenting the block (removing "# " from
+# each line) adds them all; each joins every test by its entry. -------------------------------------------------
+# # A step-reward function for credit="process": one reward per step (a step is a model turn by default once issue
+# # 60 lands; today a line), 1.0 for a step holding a tool call whose JSON names an argument the tool has, else 0.0.
 # from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
 #
 # def _tool_call_steps(prompt, completion, steps, **row):
@@ -135,9 +135,10 @@ def tool_result_reward(completions, **kwargs):
     return [float(any(m["role"] == "tool" and m["content"] == "12" for m in c)) for c in completions]
 
 
-def length_reward(completion_ids, **kwargs):
-    """The completion's length in tokens (variance within the group for completions that call no tool)."""
-    return [float(len(ids)) for ids in completion_ids]
+def tool_tag_reward(completions, **kwargs):
+    """1.0 when the completion's text holds a ``<tool_call>`` tag, else 0.0: variance within a group of completions
+    that call no tool, with the 0/1 values a verifier gives (the trainers that tell correct from incorrect read it)."""
+    return [float("<tool_call>" in c[-1]["content"]) for c in completions]
 
 
 def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
@@ -255,7 +256,7 @@ def test_train_with_tools(name, tools, tiny_tool_model_path, tool_tokenizer, tmp
 @pytest.mark.parametrize("name", list(TRAINERS))
 def test_train_with_malformed_tool_calls(name, tiny_tool_model_path, tool_tokenizer, tmp_path):
     # TRL: tool calls without a name, with a misspelt tag and with invalid JSON are no tool calls: no second turn.
-    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, length_reward, train_dataset=prompts_dataset(),
+    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, tool_tag_reward, train_dataset=prompts_dataset(),
                            tools=[multiply_tool])
     previous = parameters(trainer)
     first_turns = [
