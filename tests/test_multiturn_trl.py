@@ -60,10 +60,11 @@ TRAINERS = {
 #     # has none: OPPO must say so by name at construction).
 #     "oppo": (trl_credit.OPPOTrainer, trl_credit.OPPOConfig, dict(oracle="self", answer_column="answer")),
 #     # SRPO: the budget num_generations = base + reset_groups * suffixes_per_reset (base 0 or >= 2); 4 rows per
-#     # prompt = 2 base rows + 1 reset group of 2 suffixes; lines as thoughts, a short localization.
+#     # prompt = 2 base rows + 1 reset group of 2 suffixes; the prompts as they are (an agent's task), lines as
+#     # thoughts, a short localization.
 #     "srpo": (trl_credit.SRPOTrainer, trl_credit.SRPOConfig, dict(
 #         num_generations=4, per_device_train_batch_size=4, reset="random", reset_groups=1, suffixes_per_reset=2,
-#         seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="lines",
+#         seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="none",
 #         thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
 #     # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
 #     "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
@@ -77,7 +78,7 @@ TRAINERS = {
 #     "resets_oppo": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
 #         rollout="resets", credit="oppo", oracle="self", num_generations=4, per_device_train_batch_size=4,
 #         reset="random", reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2,
-#         max_seed_rounds=1, rollout_template="lines", thought_delimiter="\n", localization_max_tokens=4,
+#         max_seed_rounds=1, rollout_template="none", thought_delimiter="\n", localization_max_tokens=4,
 #         reset_seed=0)),
 # })
 # ------------------------------------------------------------------------------------------------------------------
