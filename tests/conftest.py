@@ -53,6 +53,15 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tool_model_path(tmp_path_factory):
+    """Path of the tiny tool-calling model: a random Qwen3 and a Qwen-format tokenizer with TRL's qwen3 chat template
+    (tests/tiny_tools.py; built once per test session)."""
+    from tests.tiny_tools import build_tiny_tool_model
+
+    return build_tiny_tool_model(str(tmp_path_factory.mktemp("tiny_tool_model")))
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_path):
     from transformers import AutoTokenizer
 

@@ -1,0 +1,129 @@
+"""A tiny tool-calling model built offline: a random 2-layer ``Qwen3ForCausalLM`` and a Qwen-format tokenizer whose
+chat template is TRL's own ``trl/chat_templates/qwen3.jinja``.
+
+TRL's multi-turn GRPO (``tools=``, ``environment_factory=``) needs three things of a tokenizer, and this one has
+them as the Qwen3 models TRL's own tests use (``trl-internal-testing/tiny-Qwen3MoeForCausalLM``) do:
+
+- a chat template that :func:`trl.chat_template_utils.add_response_schema` recognizes, so the completions' tool calls
+  (``<tool_call>\\n{json}\\n</tool_call>``) are parsed: the template *is* TRL's qwen3 template, byte for byte;
+- a template that renders a tool-calling conversation (``supports_tool_calling``), and one TRL can make
+  prefix-preserving (the qwen3 template is not: TRL swaps in its ``qwen3_training`` variant, as for a real Qwen3);
+- Qwen's special and added tokens as single tokens: ``<|im_start|>``, ``<|im_end|>`` (EOS), ``<|endoftext|>`` (pad),
+  ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``.
+
+The tokenizer is a byte-level BPE trained in milliseconds on a small corpus of chat, tool-schema and tool-call text
+(any text still encodes, byte by byte), so a tool call is ~20-40 tokens rather than hundreds. The weights are random
+(seeded): like TRL's tiny test models, the model does not call tools by itself; tests script its generation (TRL's
+tests patch ``model.generate``), and :func:`warm_start_tool_calls` teaches it a tool-call transcript in a few seconds
+of supervised steps where a run should call tools without a script (``examples/train_agent.py``).
+
+Built in about a second, no download; :func:`tool_model_path` caches the built folder (``TRL_CREDIT_CACHE`` moves the
+root), keyed by the build's settings and :data:`BUILD_VERSION`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TOOL_TOKENS",
+    "TOOL_MODEL",
+    "qwen3_chat_template",
+    "build_tool_tokenizer",
+    "build_tool_model",
+]
+
+#: Bump when the build changes in a way its arguments do not show (corpus, vocabulary size, architecture).
+BUILD_VERSION = 1
+#: The name scripts accept for the tiny tool model (``--model_name_or_path tiny-tool-model``), like
+#: :data:`trl_credit.models.DEFAULT_MODEL`.
+TOOL_MODEL = "tiny-tool-model"
+#: Qwen's special tokens: padding (Qwen's ``<|endoftext|>``), the turn markers; ``<|im_end|>`` is the EOS.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+#: Qwen's added (not special) tokens: they survive ``skip_special_tokens`` decoding, as in Qwen's tokenizer.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+_VOCAB_SIZE = 600
+_CORPUS = [
+    "You may call one or more functions to assist with the user query.",
+    "You are provided with function signatures within <tools></tools> XML tags:",
+    'For each function call, return a json object with function name and arguments within XML tags:',
+    '{"type": "function", "function": {"name": "multiply_tool", "description": "Multiplies two integers.", '
+    '"parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "The first integer."}, '
+    '"b": {"type": "integer", "description": "The second integer."}}, "required": ["a", "b"]}, '
+    '"return": {"type": "integer", "description": "The product of the two integers."}}}',
+    '{"name": "multiply_tool", "arguments": {"a": 3, "b": 4}}',
+    '{"name": "increment", "arguments": {"step": 1}}',
+    '{"name": "add", "arguments": {"a": 12, "b": 30}}',
+    '{"name": "lookup", "arguments": {"key": "apple"}}',
+    '{"name": "submit", "arguments": {"answer": 42}}',
+    "What is 3 times 4? Use the tool. Done! I don't know any tool. The answer is 12.",
+    "Count. Echo. Increment the internal counter. Shout the given text. Returns: The updated counter value.",
+    "user assistant system tool string integer number object array description properties required",
+] * 20
+
+
+def qwen3_chat_template() -> str:
+    """TRL's own Qwen3 chat template (``trl/chat_templates/qwen3.jinja`` of the installed TRL): the exact text
+    :func:`trl.chat_template_utils.add_response_schema` compares with."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+
+
+def build_tool_tokenizer(save_dir: str | None = None):
+    """The Qwen-format byte-level BPE tokenizer (saved to ``save_dir`` when given)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    # Added after training so the BPE merges never split them; normalized=False as in Qwen's tokenizer.json.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|endoftext|>", eos_token="<|im_end|>", bos_token=None, unk_token=None
+    )
+    fast.chat_template = qwen3_chat_template()
+    if save_dir is not None:
+        fast.save_pretrained(save_dir)
+    return fast
+
+
+def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2) -> str:
+    """Save a random ``Qwen3ForCausalLM`` (``num_layers`` layers of ``hidden_size``, 4 query and 2 key/value heads of
+    8 dimensions, 2048 positions: the tool schema of the system prompt is a few hundred tokens) and the tokenizer of
+    :func:`build_tool_tokenizer` to ``save_dir``; returns the path."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    os.makedirs(save_dir, exist_ok=True)
+    tokenizer = build_tool_tokenizer(save_dir)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(save_dir)
+    return save_dir
