@@ -247,3 +247,20 @@ def test_rollouts_that_generate_themselves_refuse_a_rollout_func_by_name(overrid
                                          r"credit='outcome' \(GRPO\), credit='oppo'"):
         CreditTrainer(tiny_model_path, [accuracy, formatted], args=CreditConfig(**settings(tmp_path, **overrides)),
                       train_dataset=tiny_dataset, rollout_func=scripted_rollout)
+
+
+def test_auto_steps_are_turns_for_every_row_of_a_tool_loop(tmp_path):
+    from types import SimpleNamespace
+
+    from trl_credit.core.context import BatchContext
+    from trl_credit.process.parts import step_unit
+
+    args = CreditConfig(**settings(tmp_path, credit="process"))
+    plain = BatchContext(args=args)
+    tools = BatchContext(args=args, sampling=SimpleNamespace(tool_loop=True))
+    assert step_unit(plain, [1, 1, 1]) == "thoughts" and step_unit(plain, [1, 0, 1]) == "turns"
+    assert step_unit(tools, [1, 1, 1]) == "turns"  # a row that called no tool: one turn, one step
+    assert step_unit(BatchContext(args=CreditConfig(**settings(tmp_path, credit="process",
+                                                               process_steps="thoughts"))), [1, 0, 1]) == "thoughts"
+    with pytest.raises(ValueError, match="process_steps must be one of 'auto'"):
+        CreditConfig(**settings(tmp_path, credit="process", process_steps="lines"))

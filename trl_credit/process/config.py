@@ -43,8 +43,9 @@ class ProcessFields:
     process_steps: str = field(
         default="auto",
         metadata={
-            "help": "What a step is: 'auto' (each model turn of a multi-turn completion, one with tool results or "
-            "environment tokens; thoughts ended by process_thought_delimiter otherwise), 'turns' (each model turn; a "
+            "help": "What a step is: 'auto' (each model turn under TRL's tool loop (tools, environment_factory) or in a "
+            "completion holding environment tokens (a rollout_func's env_mask); thoughts ended by "
+            "process_thought_delimiter otherwise), 'turns' (each model turn; a "
             "single-turn completion is one step) or 'thoughts' (thoughts, split inside each model turn). Tool results "
             "are in no step (docs/multiturn.md#process-credit)."
         },

@@ -31,7 +31,7 @@ from trl_credit.core.trainer import Credit
 from trl_credit.process.advantages import normalized_step_rewards, token_advantages
 from trl_credit.process.config import ProcessFields
 from trl_credit.process.step_rewards import checked_rewards, resolve_step_reward
-from trl_credit.core.steps import span_texts, step_spans
+from trl_credit.core.steps import is_multi_turn, span_texts, step_spans
 
 __all__ = ["ProcessCredit", "SIGN_TOLERANCE"]
 
@@ -110,9 +110,11 @@ class ProcessCredit(Credit):
                 continue
             ids = completion_ids[i, :lengths[i]].tolist()
             environment = environments[i] if environments else None
-            ends, rewards = self._step_rewards(ctx, inputs[i], ids, model_mask[i, :lengths[i]].tolist(), environment,
-                                               i)
-            record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None}
+            row_mask = model_mask[i, :lengths[i]].tolist()
+            unit = step_unit(ctx, row_mask)
+            ends, rewards = self._step_rewards(ctx, inputs[i], ids, row_mask, unit, environment, i)
+            record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None,
+                      "thoughts": unit == "thoughts"}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
             if outcome is not None:
                 ends, rewards = [*ends, len(ids)], [*rewards, outcome[i]]
@@ -141,13 +143,13 @@ class ProcessCredit(Credit):
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
-    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], model_mask: list, environment,
+    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], model_mask: list, unit: str, environment,
                       index: int) -> tuple[list[int], list]:
         """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked. The steps are
         spans of the model's tokens (``process_steps``: model turns or thoughts, core.steps.step_spans); a step's
         reward lands on its last token (DeepSeekMath §4.1.3), so a tool result after it is credited with nothing."""
         tokenizer, delimiter = ctx.tokenizer, _arg(ctx.args, "process_thought_delimiter")
-        spans = step_spans(ids, tokenizer, delimiter, model_mask, _arg(ctx.args, "process_steps"))
+        spans = step_spans(ids, tokenizer, delimiter, model_mask, unit)
         if not spans:
             return [], []
         ends = [end for _, end in spans]
@@ -169,7 +171,7 @@ class ProcessCredit(Credit):
             return
         steps = sum(r["steps"] for r in rows)
         unscored_rows = sum(r["steps"] == r["unscored"] for r in rows)  # no step scored (or no step at all)
-        one_step = sum(r["steps"] == 1 for r in rows)
+        one_step = sum(r["steps"] == 1 and r["thoughts"] for r in rows)  # (a one-turn episode is one step by design)
         first_zero = [r["first_zero"] for r in rows if r["first_zero"] is not None]
         ctx.metric("process/steps_per_completion", steps / len(rows))
         ctx.metric("process/unscored_step_rate", sum(r["unscored"] for r in rows) / max(steps, 1))
@@ -188,6 +190,17 @@ class ProcessCredit(Credit):
                      f"{who}: some completions hold no step delimiter (process_thought_delimiter) and are "
                      "one step, whose reward then acts as an outcome reward. Check the delimiter (and the prompt "
                      "asking for one step per line); `process/no_delimiter_rate` logs their share.")
+
+
+def step_unit(ctx: BatchContext, model_mask: list) -> str:
+    """How a row splits into steps (core.steps.STEP_UNITS): ``process_steps``, where ``"auto"`` is model turns for
+    every row of a run with TRL's tool loop (``tools``, ``environment_factory``: a row that called no tool is a one-turn
+    episode, one step like its group's turns) or for a row holding environment tokens (a ``rollout_func``'s
+    ``env_mask``), and thoughts otherwise (docs/multiturn.md#process-credit)."""
+    unit = _arg(ctx.args, "process_steps")
+    if unit != "auto":
+        return unit
+    return "turns" if getattr(ctx.sampling, "tool_loop", False) or is_multi_turn(model_mask) else "thoughts"
 
 
 def _arg(args, name: str):
