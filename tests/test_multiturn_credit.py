@@ -264,3 +264,38 @@ def test_auto_steps_are_turns_for_every_row_of_a_tool_loop(tmp_path):
                                                                process_steps="thoughts"))), [1, 0, 1]) == "thoughts"
     with pytest.raises(ValueError, match="process_steps must be one of 'auto'"):
         CreditConfig(**settings(tmp_path, credit="process", process_steps="lines"))
+
+
+# ------------------------------------------------------------------------------------------- two processes
+def _multiturn_run(model_path, out_dir, nproc, credit):
+    import json
+    import os
+
+    from tests.mp import run_torchrun
+
+    os.makedirs(out_dir)
+    run_torchrun("tests/mp_scripts/multiturn_two_processes.py", model_path, out_dir, credit, nproc=nproc, timeout=600)
+    reports = [json.load(open(os.path.join(out_dir, f"result_{rank}.json"))) for rank in range(nproc)]
+    assert all(report["world"] == nproc and report["steps"] == 2 for report in reports)
+    assert all(report["logs"] == reports[0]["logs"] for report in reports)  # metrics over the global batch
+    rows = {(step, row): (mask, advantages) for report in reports for step, row, mask, advantages in report["records"]}
+    return rows, reports[0]["logs"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("credit", ["oppo", "process"])
+def test_a_group_split_across_two_processes_gets_one_process_credit(credit, tiny_model_path, tmp_path):
+    """One group of 4 multi-turn rows on 2 processes (2 rows each) or on one: the same per-token advantages (OPPO's
+    token moments and the process credit's step rewards gathered from both), 0 on every environment token, and the
+    same metrics."""
+    rows_two, logs_two = _multiturn_run(tiny_model_path, str(tmp_path / "two"), 2, credit)
+    rows_one, logs_one = _multiturn_run(tiny_model_path, str(tmp_path / "one"), 1, credit)
+    assert len(rows_one) == 8 and rows_two.keys() == rows_one.keys()  # 2 steps x 4 rows
+    for key, (mask, advantages) in rows_one.items():
+        assert rows_two[key][0] == mask and 0 in mask
+        assert rows_two[key][1] == pytest.approx(advantages, rel=1e-5, abs=1e-5), key
+        assert all(a == 0.0 for a, m in zip(advantages, mask) if not m)
+    assert any(abs(a) > 0.1 for _, advantages in rows_one.values() for a in advantages)
+    assert len(logs_one) == 2
+    for log_one, log_two in zip(logs_one, logs_two, strict=True):
+        assert log_two == pytest.approx(log_one, rel=1e-5)
