@@ -108,8 +108,9 @@ class RowBatch:
     rows, like the texts: the core would otherwise gather every prompt and text every step although most steps need
     none of them; a part that needs another process's rows gathers those (Cue-GRPO gathers P's texts)."""
     completions: list[str] | None = None
-    """This process's rows: each completion's text as TRL decoded it (``rewards.completion_text`` of a conversational
-    completion), filled by the core from TRL's ``_generate``; None when TRL's ``_generate`` was not captured."""
+    """This process's rows: the model's text of each completion as TRL decoded it (``rewards.completion_text`` of a
+    conversational completion: its assistant turns; a plain-text completion without its environment tokens:
+    :func:`model_texts`), filled by the core from TRL's ``_generate``; None when TRL's ``_generate`` was not captured."""
     loss_mask: torch.Tensor | None = None
     """(B, T) this process's rows: the tokens TRL's loss trains, TRL's ``completion_mask`` after the rollout's prefix
     masking (``tool_mask``: SRPO's shared prefixes, fallback rows); filled by the core from TRL's batch."""
@@ -234,8 +235,9 @@ def generated_lengths(completion_ids: torch.Tensor, completion_mask: torch.Tenso
 
 def fill_record(batch: RowBatch, inputs, output: dict, capture, tokenizer=None) -> None:
     """What parts read of this process's rows, taken from TRL's batch once, where the rollout left it unset: the
-    prompts (those TRL generated from: the dataset's, with an environment's ``reset()`` observation), the completion texts (TRL's ``_generate``, as its reward functions saw them), the token
-    ids and masks (TRL's ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``: the tensors
+    prompts (those TRL generated from: the dataset's, with an environment's ``reset()`` observation), the model's
+    texts (TRL's ``_generate``'s, as its reward functions saw them, but the model's turns only: :func:`model_texts`), the
+    token ids and masks (TRL's ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``: the tensors
     themselves, not copies) and the loss mask (TRL's ``completion_mask`` times its ``tool_mask``, the rollout's
     prefix masking), and the model mask (TRL's ``tool_mask``: 0 on tool results and environment tokens)."""
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
