@@ -41,6 +41,7 @@ def test_trl_swaps_in_its_prefix_preserving_training_template(tiny_tool_model_pa
     # and TRL replaces it by its training variant, which is.
     assert not is_chat_template_prefix_preserving(tokenizer)
     tokenizer.chat_template = get_training_chat_template(tokenizer)
+    assert tokenizer.chat_template == qwen3_chat_template(training=True)  # what the warm start renders with
     assert is_chat_template_prefix_preserving(tokenizer)
 
 

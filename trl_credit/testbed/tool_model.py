@@ -74,12 +74,15 @@ _CORPUS = [
 ] * 20
 
 
-def qwen3_chat_template() -> str:
+def qwen3_chat_template(training: bool = False) -> str:
     """TRL's own Qwen3 chat template (``trl/chat_templates/qwen3.jinja`` of the installed TRL): the exact text
-    :func:`trl.chat_template_utils.add_response_schema` compares with."""
+    :func:`trl.chat_template_utils.add_response_schema` compares with. ``training``: its prefix-preserving variant
+    with assistant-mask markers (``qwen3_training.jinja``), the one TRL's ``get_training_chat_template`` swaps in for
+    multi-turn training (read from the file: trl.chat_template_utils is not one of TRL's public modules)."""
     import trl
 
-    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    name = "qwen3_training.jinja" if training else "qwen3.jinja"
+    return (Path(trl.__file__).parent / "chat_templates" / name).read_text(encoding="utf-8")
 
 
 def build_tool_tokenizer(save_dir: str | None = None):
@@ -147,7 +150,7 @@ def warm_start_tool_calls(model_dir: str, conversations: list[dict], steps: int 
     only, then saved in place. One thread, seeded: deterministic.
 
     The conversations are rendered with TRL's training variant of the qwen3 template
-    (:func:`trl.chat_template_utils.get_training_chat_template`), the one TRL's tool loop renders tool results with
+    (``qwen3_chat_template(training=True)``), the one TRL's tool loop renders tool results with
     (the qwen3 template is not prefix-preserving; TRL swaps it in): its ``{% generation %}`` markers give the
     assistant mask, and every assistant turn starts with an empty ``<think>`` block, as TRL's rollouts then continue.
     Returns the mean loss of the first and the last 10 steps and the number of conversations."""
@@ -155,10 +158,9 @@ def warm_start_tool_calls(model_dir: str, conversations: list[dict], steps: int 
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import get_training_chat_template
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    template = get_training_chat_template(tokenizer)
+    template = qwen3_chat_template(training=True)
     examples = []
     for conversation in conversations:
         encoded = tokenizer.apply_chat_template(
