@@ -26,9 +26,9 @@ import sys
 from dataclasses import dataclass, field
 
 from datasets import Dataset
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import get_peft_config
 
-from trl_credit.scripts import method_metric_names
+from trl_credit.scripts import make_parser, method_metric_names
 from trl_credit.testbed.tool_model import TOOL_MODEL, tool_model_path
 
 KEYS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "lemon"]
@@ -168,7 +168,7 @@ class AgentArguments:
     num_keys: int = field(default=4, metadata={"help": "Keys in each question's store."})
     task_seed: int = field(default=0, metadata={"help": "Seed of the questions and of the warm start's episodes."})
     warm_start_episodes: int = field(
-        default=256,
+        default=2048,  # fewer are memorized rather than learned: on 256, a new question's value is rarely copied
         metadata={"help": f"Scripted episodes the tiny tool model ({TOOL_MODEL}) is warm-started on before RL, a "
                           "third of them with a wrong submission (0: the random model, which never calls a tool)."},
     )
@@ -198,8 +198,7 @@ def main(argv: list[str] | None = None):
     method = chosen.parse_known_args(argv)[0].method
     trainer_class, config_class, settings = _trainers()[method]
 
-    parser = TrlParser((AgentArguments, config_class, ModelConfig))
-    parser.set_defaults_with_config(**{**defaults(method), **settings})
+    parser = make_parser(config_class, {**defaults(method), **settings}, argv, script_arguments=AgentArguments)
     agent_args, training_args, model_args = parser.parse_args_and_config(args=argv)
 
     dataset = make_dataset(agent_args.num_train, agent_args.num_keys, agent_args.task_seed)

@@ -151,8 +151,8 @@ def tool_tag_reward(completions, **kwargs):
 
 
 def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
-    """The trainer of :data:`TRAINERS` ``name`` with TRL's test settings (3 prompts of 3 generations, lr 0.1), the
-    test's own settings (``args=dict(...)``) and the trainer's; ``kwargs`` go to the trainer."""
+    """The trainer of :data:`TRAINERS` ``name`` with TRL's test settings (batches of 3: one prompt, 3 generations;
+    lr 0.1), the test's own settings (``args=dict(...)``) and the trainer's; ``kwargs`` go to the trainer."""
     trainer_class, config_class, settings = TRAINERS[name]
     values = dict(
         output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,

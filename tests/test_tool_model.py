@@ -1,4 +1,4 @@
-"""The tiny tool model (trl_credit.testbed.tool_model): what TRL's tool loop needs of its tokenizer, and its warm start."""
+"""The tiny tool model (trl_credit.testbed.tool_model): what TRL's tool loop needs of its tokenizer; its warm start."""
 
 import json
 
