@@ -30,6 +30,7 @@ from trl import get_peft_config
 
 from trl_credit.scripts import make_parser, method_metric_names
 from trl_credit.testbed.tool_model import TOOL_MODEL, tool_model_path
+from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
 KEYS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "lemon"]
 
@@ -192,7 +193,12 @@ def defaults(method: str) -> dict:
 
 
 def main(argv: list[str] | None = None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Parse the arguments, build the chosen trainer on the environment, train, save. Returns the trainer."""
+    with hidden_library_deprecations():  # the library-internal checkpointing deprecations, as trl_credit.scripts.main
+        return _main(sys.argv[1:] if argv is None else list(argv))
+
+
+def _main(argv: list[str]):
     chosen = argparse.ArgumentParser(add_help=False)
     chosen.add_argument("--method", default="grpo", choices=METHODS)
     method = chosen.parse_known_args(argv)[0].method
