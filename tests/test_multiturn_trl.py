@@ -330,16 +330,17 @@ def test_train_with_environment_factory(name, tiny_tool_model_path, tool_tokeniz
     script, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
     rows = trainer.args.per_device_train_batch_size
+    results = [["1", "{'error': 'Tool decrement not found.'}", None][i % 3] for i in range(rows)]  # per row
+    calls, failures = sum(r is not None for r in results), sum(i % 3 == 1 for i in range(rows))
     assert trainer.state.log_history[-1]["train_loss"] is not None
     log = last_step_log(trainer)
-    assert log["tools/call_frequency"] == pytest.approx(sum(i % 3 != 2 for i in range(rows)) / rows)  # TRL: 2 / 3
-    assert log["tools/failure_frequency"] == pytest.approx(1 / 2)
+    assert log["tools/call_frequency"] == pytest.approx(calls / rows)  # TRL: 2 / 3
+    assert log["tools/failure_frequency"] == pytest.approx(failures / calls)  # TRL: 1 / 2
     # Each rollout has its own environment: incremented once by the valid call, untouched by the failed call and by
     # the row without a call.
     assert [env._counter for env in trainer.environments] == [[1, 0, 0][i % 3] for i in range(rows)]
     spans = [span for span in tool_spans(batches, tool_tokenizer) if span]
-    assert sorted(spans) == sorted([TOOL_SPAN.format(result="1"), TOOL_SPAN.format(
-        result="{'error': 'Tool decrement not found.'}")] * (rows // 3))
+    assert sorted(spans) == sorted(TOOL_SPAN.format(result=r) for r in results if r is not None)
     assert_params_changed(previous, trainer)
 
 
@@ -357,8 +358,10 @@ def test_train_with_environment_owned_reward(name, tiny_tool_model_path, tool_to
     _, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
     # Counters 1, 0, 0 -> rewards 1.0, 0.0, 0.0: mean 1/3 (TRL).
-    assert last_step_log(trainer)["rewards/RewardedCounterEnvironment/mean"] == pytest.approx(1 / 3)
-    assert last_step_log(trainer)["reward"] == pytest.approx(1 / 3)
+    rows = trainer.args.per_device_train_batch_size
+    mean = sum([1.0, 0.0, 0.0][i % 3] for i in range(rows)) / rows
+    assert last_step_log(trainer)["rewards/RewardedCounterEnvironment/mean"] == pytest.approx(mean)
+    assert last_step_log(trainer)["reward"] == pytest.approx(mean)
     tool_spans(batches, tool_tokenizer)
     assert_params_changed(previous, trainer)
 
