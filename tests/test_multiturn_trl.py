@@ -17,6 +17,10 @@ tool-result tokens are exactly the positions where ``tool_mask`` is 0 (their tex
 template renders), the model's tokens are 1, and a per-token advantage is 0 at every tool-result position (a
 per-sequence advantage leaves it to ``tool_mask``, which TRL's loss multiplies into its mask).
 
+One test of ours joins them: ``test_train_with_rollout_func_env_mask``, a user's ``rollout_func`` with an
+``env_mask`` (the environment's tokens get the tool results' treatment; the rollouts that generate rows themselves
+refuse it by name, :data:`REFUSES_ROLLOUT_FUNC`).
+
 A trainer joins every test by one entry of :data:`TRAINERS`.
 """
 
@@ -83,6 +87,10 @@ TRAINERS = {
 # })
 # ------------------------------------------------------------------------------------------------------------------
 
+#: Trainers whose rollout generates rows itself (resets, trees): a user's rollout_func would bypass it, so they
+#: refuse one by name at construction (issue 60, "A user's own rollout_func").
+REFUSES_ROLLOUT_FUNC = {"srpo", "datpo", "resets_oppo"}
+
 
 def multiply_tool(a: int, b: int) -> int:
     """
@@ -143,8 +151,8 @@ def tool_tag_reward(completions, **kwargs):
 
 
 def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
-    """The trainer of :data:`TRAINERS` ``name`` with TRL's test settings (3 prompts of 3 generations, lr 0.1), the
-    test's own settings (``args=dict(...)``) and the trainer's; ``kwargs`` go to the trainer."""
+    """The trainer of :data:`TRAINERS` ``name`` with TRL's test settings (batches of 3: one prompt, 3 generations;
+    lr 0.1), the test's own settings (``args=dict(...)``) and the trainer's; ``kwargs`` go to the trainer."""
     trainer_class, config_class, settings = TRAINERS[name]
     values = dict(
         output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
@@ -322,16 +330,17 @@ def test_train_with_environment_factory(name, tiny_tool_model_path, tool_tokeniz
     script, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
     rows = trainer.args.per_device_train_batch_size
+    results = [["1", "{'error': 'Tool decrement not found.'}", None][i % 3] for i in range(rows)]  # per row
+    calls, failures = sum(r is not None for r in results), sum(i % 3 == 1 for i in range(rows))
     assert trainer.state.log_history[-1]["train_loss"] is not None
     log = last_step_log(trainer)
-    assert log["tools/call_frequency"] == pytest.approx(sum(i % 3 != 2 for i in range(rows)) / rows)  # TRL: 2 / 3
-    assert log["tools/failure_frequency"] == pytest.approx(1 / 2)
+    assert log["tools/call_frequency"] == pytest.approx(calls / rows)  # TRL: 2 / 3
+    assert log["tools/failure_frequency"] == pytest.approx(failures / calls)  # TRL: 1 / 2
     # Each rollout has its own environment: incremented once by the valid call, untouched by the failed call and by
     # the row without a call.
     assert [env._counter for env in trainer.environments] == [[1, 0, 0][i % 3] for i in range(rows)]
     spans = [span for span in tool_spans(batches, tool_tokenizer) if span]
-    assert sorted(spans) == sorted([TOOL_SPAN.format(result="1"), TOOL_SPAN.format(
-        result="{'error': 'Tool decrement not found.'}")] * (rows // 3))
+    assert sorted(spans) == sorted(TOOL_SPAN.format(result=r) for r in results if r is not None)
     assert_params_changed(previous, trainer)
 
 
@@ -349,8 +358,10 @@ def test_train_with_environment_owned_reward(name, tiny_tool_model_path, tool_to
     _, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
     # Counters 1, 0, 0 -> rewards 1.0, 0.0, 0.0: mean 1/3 (TRL).
-    assert last_step_log(trainer)["rewards/RewardedCounterEnvironment/mean"] == pytest.approx(1 / 3)
-    assert last_step_log(trainer)["reward"] == pytest.approx(1 / 3)
+    rows = trainer.args.per_device_train_batch_size
+    mean = sum([1.0, 0.0, 0.0][i % 3] for i in range(rows)) / rows
+    assert last_step_log(trainer)["rewards/RewardedCounterEnvironment/mean"] == pytest.approx(mean)
+    assert last_step_log(trainer)["reward"] == pytest.approx(mean)
     tool_spans(batches, tool_tokenizer)
     assert_params_changed(previous, trainer)
 
@@ -547,3 +558,66 @@ def test_train_with_environment_owned_data(name, tiny_tool_model_path, tool_toke
     assert "Guess the 5-letter word." in script.calls[0][0][1]  # the environment's prompt was generated from
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert_params_changed(previous, trainer)
+
+
+# ---------------------------------------------------------------------------------------------------- rollout_func
+@pytest.mark.parametrize("name", list(TRAINERS))
+def test_train_with_rollout_func_env_mask(name, tiny_tool_model_path, tool_tokenizer, tmp_path):
+    # Not one of TRL's tests (TRL checks rollout_func with mocks): a user's rollout_func returning an env_mask, the
+    # environment's tokens between two model turns. TRL takes env_mask as its tool_mask; the environment's tokens
+    # must reach the loss as tool_mask = 0, with no per-token advantage, as a tool result does.
+    environment_text = "\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n" + ASSISTANT_START
+    turns = [(tool_call("multiply_tool", '{"a": 3, "b": 4}'), "12"), (tool_call("multiply_tool", '{"a": 3, "b": 5}'),
+                                                                       "15"), ("I don't know any tool<|im_end|>", None)]
+
+    def rollout_func(prompts, trainer):
+        encode = lambda text: tool_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        prompt_ids, completion_ids, env_mask = [], [], []
+        for i, prompt in enumerate(prompts):
+            prompt_ids.append(tool_tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                                 return_dict=False))
+            first, result = turns[i % 3]
+            ids, mask = encode(first), [1] * len(encode(first))
+            if result is not None:
+                environment, last = encode(environment_text.format(result=result)), encode(DONE)
+                ids, mask = ids + environment + last, mask + [0] * len(environment) + [1] * len(last)
+            completion_ids.append(ids)
+            env_mask.append(mask)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None, "env_mask": env_mask}
+
+    def product_reward(completion_ids, **kwargs):  # 1.0 when the environment answered 12
+        return [float("12" in tool_tokenizer.decode(ids)) for ids in completion_ids]
+
+    if name in REFUSES_ROLLOUT_FUNC:
+        with pytest.raises(ValueError, match="rollout_func"):
+            make_trainer(name, tiny_tool_model_path, tmp_path, product_reward, train_dataset=prompts_dataset(),
+                         rollout_func=rollout_func)
+        return
+    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, product_reward, train_dataset=prompts_dataset(),
+                           rollout_func=rollout_func)
+    previous = parameters(trainer)
+    batches = record_loss_inputs(trainer)
+    trainer.train()
+
+    rows = trainer.args.per_device_train_batch_size
+    assert sorted(s for s in tool_spans(batches, tool_tokenizer) if s) == sorted(
+        environment_text.format(result=turns[i % 3][1]) for i in range(rows) if turns[i % 3][1] is not None)
+    assert last_step_log(trainer)["reward"] == pytest.approx(sum(i % 3 == 0 for i in range(rows)) / rows)
+    assert_params_changed(previous, trainer)
+
+
+def test_the_loss_check_catches_credit_or_loss_on_tool_tokens(tool_tokenizer):
+    # The check every test above runs on the loss inputs, on one hand-built row: a tool call, its result, 'Done!'.
+    encode = lambda text: tool_tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    call, span, done = encode(tool_call("multiply_tool", '{"a": 3, "b": 4}')), encode(TOOL_SPAN.format(result="12")), \
+        encode(DONE)
+    ids = torch.tensor([call + span + done])
+    tool_mask = torch.tensor([[1] * len(call) + [0] * len(span) + [1] * len(done)])
+    batch = dict(completion_ids=ids, completion_mask=torch.ones_like(ids), tool_mask=tool_mask)
+    per_token = torch.ones(ids.shape) * tool_mask
+    assert tool_spans([dict(batch, advantages=per_token)], tool_tokenizer) == [TOOL_SPAN.format(result="12")]
+    assert tool_spans([dict(batch, advantages=torch.ones(1))], tool_tokenizer) == [TOOL_SPAN.format(result="12")]
+    with pytest.raises(AssertionError, match="a tool-result token got an advantage"):
+        tool_spans([dict(batch, advantages=torch.ones(ids.shape))], tool_tokenizer)
+    with pytest.raises(AssertionError, match="tool-result tokens count as the model's"):
+        tool_spans([dict(batch, tool_mask=torch.ones_like(ids), advantages=torch.ones(1))], tool_tokenizer)

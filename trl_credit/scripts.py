@@ -140,8 +140,11 @@ def _checkpointing_defaults(config_class, defaults: dict, argv: list[str] | None
     return defaults
 
 
-def make_parser(config_class, defaults: dict | None = None, argv: list[str] | None = None) -> TrlParser:
-    parser = TrlParser((CreditScriptArguments, config_class, ModelConfig))
+def make_parser(config_class, defaults: dict | None = None, argv: list[str] | None = None,
+                script_arguments=CreditScriptArguments) -> TrlParser:
+    """TRL's parser of (``script_arguments``, ``config_class``, ``ModelConfig``) with ``defaults`` set (an example
+    with a task of its own, ``examples/train_agent.py``, passes its own script arguments)."""
+    parser = TrlParser((script_arguments, config_class, ModelConfig))
     defaults = _checkpointing_defaults(config_class, defaults or {}, argv)
     if defaults:
         parser.set_defaults_with_config(**defaults)

@@ -12,7 +12,8 @@ them as the Qwen3 models TRL's own tests use (``trl-internal-testing/tiny-Qwen3M
   ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>``.
 
 The tokenizer is a byte-level BPE trained in milliseconds on a small corpus of chat, tool-schema and tool-call text
-(any text still encodes, byte by byte), so a tool call is ~20-40 tokens rather than hundreds. The weights are random
+(any text still encodes, byte by byte; digits one by one, as Qwen's), so a tool call is ~20-40 tokens rather than
+hundreds. The weights are random
 (seeded): like TRL's tiny test models, the model does not call tools by itself; tests script its generation (TRL's
 tests patch ``model.generate``), and :func:`warm_start_tool_calls` teaches it a tool-call transcript in a few seconds
 of supervised steps where a run should call tools without a script (``examples/train_agent.py``).
@@ -35,6 +36,8 @@ __all__ = [
     "qwen3_chat_template",
     "build_tool_tokenizer",
     "build_tool_model",
+    "warm_start_tool_calls",
+    "tool_model_path",
 ]
 
 #: Bump when the build changes in a way its arguments do not show (corpus, vocabulary size, architecture).
@@ -47,7 +50,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 #: Qwen's added (not special) tokens: they survive ``skip_special_tokens`` decoding, as in Qwen's tokenizer.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
-_VOCAB_SIZE = 600
+_VOCAB_SIZE = 800
 _CORPUS = [
     "You may call one or more functions to assist with the user query.",
     "You are provided with function signatures within <tools></tools> XML tags:",
@@ -64,15 +67,22 @@ _CORPUS = [
     "What is 3 times 4? Use the tool. Done! I don't know any tool. The answer is 12.",
     "Count. Echo. Increment the internal counter. Shout the given text. Returns: The updated counter value.",
     "user assistant system tool string integer number object array description properties required",
+    "<|im_start|>system\n# Tools\n<|im_start|>user\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    "<tool_response>\nsubmitted\n</tool_response> The value is 25. What is the value of kiwi?",
+    "Look it up, then submit it. Look up the value stored under a key. The key to look up. The value found.",
+    "Submit the value found, once. A confirmation. The value stored under the key asked for.",
 ] * 20
 
 
-def qwen3_chat_template() -> str:
+def qwen3_chat_template(training: bool = False) -> str:
     """TRL's own Qwen3 chat template (``trl/chat_templates/qwen3.jinja`` of the installed TRL): the exact text
-    :func:`trl.chat_template_utils.add_response_schema` compares with."""
+    :func:`trl.chat_template_utils.add_response_schema` compares with. ``training``: its prefix-preserving variant
+    with assistant-mask markers (``qwen3_training.jinja``), the one TRL's ``get_training_chat_template`` swaps in for
+    multi-turn training (read from the file: trl.chat_template_utils is not one of TRL's public modules)."""
     import trl
 
-    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    name = "qwen3_training.jinja" if training else "qwen3.jinja"
+    return (Path(trl.__file__).parent / "chat_templates" / name).read_text(encoding="utf-8")
 
 
 def build_tool_tokenizer(save_dir: str | None = None):
@@ -81,7 +91,11 @@ def build_tool_tokenizer(save_dir: str | None = None):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one, as Qwen's pre-tokenizer splits them: a number reads the same in a tool response and in the
+    # model's own text (no "25" vs " 25" tokens), so copying a tool's result is token for token.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
@@ -127,3 +141,100 @@ def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_la
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(save_dir)
     return save_dir
+
+
+def warm_start_tool_calls(model_dir: str, conversations: list[dict], steps: int = 300, batch_size: int = 16,
+                          learning_rate: float = 3e-3, seed: int = 0) -> dict:
+    """Teach the model in ``model_dir`` to write the assistant turns of ``conversations`` (each ``{"messages": [...],
+    "tools": [...]}``, tool calls included): ``steps`` supervised steps of AdamW, the loss on the assistant tokens
+    only, then saved in place. One thread, seeded: deterministic.
+
+    The conversations are rendered with TRL's training variant of the qwen3 template
+    (``qwen3_chat_template(training=True)``), the one TRL's tool loop renders tool results with
+    (the qwen3 template is not prefix-preserving; TRL swaps it in): its ``{% generation %}`` markers give the
+    assistant mask, and every assistant turn starts with an empty ``<think>`` block, as TRL's rollouts then continue.
+    Returns the mean loss of the first and the last 10 steps and the number of conversations."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    template = qwen3_chat_template(training=True)
+    examples = []
+    for conversation in conversations:
+        encoded = tokenizer.apply_chat_template(
+            conversation["messages"], tools=conversation.get("tools") or None, chat_template=template,
+            tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+        )
+        labels = [t if m else -100 for t, m in zip(encoded["input_ids"], encoded["assistant_masks"])]
+        if all(label == -100 for label in labels):
+            raise ValueError("warm_start_tool_calls: a conversation has no assistant turn to learn.")
+        examples.append((encoded["input_ids"], labels))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+        losses = []
+        for _ in range(steps):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in batch])
+            labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+            attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        model.save_pretrained(model_dir)
+    finally:
+        torch.set_num_threads(threads)
+    window = min(10, len(losses)) or 1
+    return {"conversations": len(examples), "steps": steps,
+            "first_loss": sum(losses[:window]) / window, "last_loss": sum(losses[-window:]) / window}
+
+
+def tool_model_path(conversations: list[dict] | None = None, steps: int = 300, batch_size: int = 16, seed: int = 0,
+                    hidden_size: int = 64, num_layers: int = 2) -> str:
+    """The tiny tool model's folder in the cache (``~/.cache/trl_credit/tiny-tool-model-<digest>``; built on first
+    use): random, or warm-started on ``conversations`` (:func:`warm_start_tool_calls`) when given. The digest hashes
+    the settings, the conversations as the template renders them and :data:`BUILD_VERSION`, so changed data never
+    loads a stale model. ``build.json`` in the folder records the settings and the warm start's losses."""
+    import time
+
+    from trl_credit.models import _cache_root
+
+    rendered = None
+    if conversations:
+        tokenizer = build_tool_tokenizer()
+        rendered = [tokenizer.apply_chat_template(c["messages"], tools=c.get("tools") or None, tokenize=False)
+                    for c in conversations]
+    settings = {"build_version": BUILD_VERSION, "seed": seed, "hidden_size": hidden_size, "num_layers": num_layers,
+                "warm_start_steps": steps if conversations else 0, "batch_size": batch_size if conversations else 0}
+    digest = hashlib.sha256(json.dumps([settings, rendered]).encode()).hexdigest()[:12]
+    folder = _cache_root() / f"{TOOL_MODEL}-{digest}"
+    if (folder / "build.json").exists():
+        return str(folder)
+    partial = folder.with_name(folder.name + f".partial-{os.getpid()}")
+    started = time.process_time()
+    build_tool_model(str(partial), seed=seed, hidden_size=hidden_size, num_layers=num_layers)
+    record = dict(settings)
+    if conversations:
+        record["warm_start"] = warm_start_tool_calls(str(partial), conversations, steps=steps,
+                                                     batch_size=batch_size, seed=seed)
+    record["cpu_seconds"] = round(time.process_time() - started, 1)
+    (partial / "build.json").write_text(json.dumps(record, indent=2))
+    try:
+        partial.rename(folder)  # atomic: a concurrent build of the same digest keeps the first one
+    except OSError:
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+    return str(folder)
