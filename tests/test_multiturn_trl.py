@@ -17,11 +17,12 @@ tool-result tokens are exactly the positions where ``tool_mask`` is 0 (their tex
 template renders), the model's tokens are 1, and a per-token advantage is 0 at every tool-result position (a
 per-sequence advantage leaves it to ``tool_mask``, which TRL's loss multiplies into its mask).
 
-One test of ours joins them: ``test_train_with_rollout_func_env_mask``, a user's ``rollout_func`` with an
-``env_mask`` (the environment's tokens get the tool results' treatment; the rollouts that generate rows themselves
-refuse it by name, :data:`REFUSES_ROLLOUT_FUNC`).
+Two tests of ours join them: ``test_train_with_rollout_func_env_mask``, a user's ``rollout_func`` with an
+``env_mask`` (the environment's tokens get the tool results' treatment), and the refusal of all three, by name, by the
+rollouts that generate rows themselves (:data:`REFUSING`: SRPO's resets, DATPO's trees).
 
-A trainer joins every test by one entry of :data:`TRAINERS`.
+A trainer joins every test by one entry of :data:`TRAINERS`; OPPO, which reads every row's answer, is refused by name
+where the data has none (:data:`NEEDS_ANSWER_COLUMN`).
 """
 
 import os
@@ -36,6 +37,7 @@ from trl import GRPOConfig, GRPOTrainer
 from tests.tiny_tools import ASSISTANT_START, ScriptedGeneration
 
 import trl_credit
+from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
 
 # name -> (trainer class, config class, the trainer's own config settings on the tiny tool model). Every test builds
 # its trainer as ``trainer_class(model, reward_funcs, args=config_class(**common, **test's, **settings), ...)``: the
@@ -47,49 +49,48 @@ TRAINERS = {
     "cue_grpo": (trl_credit.CueGRPOTrainer, trl_credit.CueGRPOConfig, {}),  # cues from the completions' text
 }
 
-# ---- Issue 60: the trainers that refuse tools and environments today. Uncommenting the block (removing "# " from
-# each line) adds them all; each joins every test by its entry. -------------------------------------------------
-# # A step-reward function for credit="process": one reward per step (a step is a model turn by default once issue
-# # 60 lands; today a line), 1.0 for a step holding a tool call whose JSON names an argument the tool has, else 0.0.
-# from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
-#
-# def _tool_call_steps(prompt, completion, steps, **row):
-#     return [float('"b":' in step or '"step":' in step or '"text":' in step) for step in steps]
-#
-# if "tool_call_steps" not in STEP_REWARDS:
-#     register_step_reward("tool_call_steps", _tool_call_steps)
-#
-# TRAINERS.update({
-#     # OPPO's oracle pass reads the answer column (the datasets here carry "answer"; an environment that owns the data
-#     # has none: OPPO must say so by name at construction).
-#     "oppo": (trl_credit.OPPOTrainer, trl_credit.OPPOConfig, dict(oracle="self", answer_column="answer")),
-#     # SRPO: the budget num_generations = base + reset_groups * suffixes_per_reset (base 0 or >= 2); 4 rows per
-#     # prompt = 2 base rows + 1 reset group of 2 suffixes; the prompts as they are (an agent's task), lines as
-#     # thoughts, a short localization.
-#     "srpo": (trl_credit.SRPOTrainer, trl_credit.SRPOConfig, dict(
-#         num_generations=4, per_device_train_batch_size=4, reset="random", reset_groups=1, suffixes_per_reset=2,
-#         seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="none",
-#         thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
-#     # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
-#     "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
-#         max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
-#         use_diversity=False, rows_per_forward=8)),
-#     "process": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
-#         credit="process", process_step_reward="tool_call_steps", process_outcome="final_step",
-#         process_thought_delimiter="\n")),
-#     "implicit_prm": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
-#         credit="implicit_prm", prime_learning_rate=1e-2)),
-#     "resets_oppo": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
-#         rollout="resets", credit="oppo", oracle="self", num_generations=4, per_device_train_batch_size=4,
-#         reset="random", reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2,
-#         max_seed_rounds=1, rollout_template="none", thought_delimiter="\n", localization_max_tokens=4,
-#         reset_seed=0)),
-# })
-# ------------------------------------------------------------------------------------------------------------------
+# A step-reward function for credit="process": one reward per step (a model turn, docs/multiturn.md#process-credit),
+# 1.0 for a turn holding a tool call whose JSON names an argument the tool has, else 0.0.
+def _tool_call_steps(prompt, completion, steps, **row):
+    return [float('"b":' in step or '"step":' in step or '"text":' in step) for step in steps]
 
-#: Trainers whose rollout generates rows itself (resets, trees): a user's rollout_func would bypass it, so they
-#: refuse one by name at construction (issue 60, "A user's own rollout_func").
-REFUSES_ROLLOUT_FUNC = {"srpo", "datpo", "resets_oppo"}
+
+if "tool_call_steps" not in STEP_REWARDS:
+    register_step_reward("tool_call_steps", _tool_call_steps)
+
+TRAINERS.update({
+    # OPPO's oracle pass reads the answer column (the datasets here carry "answer"; where the environment owns the data
+    # there is none, and OPPO says so by name at construction: NEEDS_ANSWER_COLUMN).
+    "oppo": (trl_credit.OPPOTrainer, trl_credit.OPPOConfig, dict(oracle="self", answer_column="answer")),
+    "process": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+        credit="process", process_step_reward="tool_call_steps", process_outcome="final_step",
+        process_thought_delimiter="\n")),
+})
+
+#: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
+#: (an environment that owns the data) is refused at construction, naming ``answer_column``.
+NEEDS_ANSWER_COLUMN = {"oppo"}
+
+#: Rollouts that generate rows themselves (resets, trees): they refuse tools, environments and a user's rollout_func by
+#: name at construction (docs/multiturn.md), each with the settings it trains with on this model without tools.
+REFUSING = {
+    # SRPO: the budget num_generations = base + reset_groups * suffixes_per_reset (base 0 or >= 2); 4 rows per
+    # prompt = 2 base rows + 1 reset group of 2 suffixes; the prompts as they are (an agent's task), lines as
+    # thoughts, a short localization.
+    "srpo": (trl_credit.SRPOTrainer, trl_credit.SRPOConfig, dict(
+        num_generations=4, per_device_train_batch_size=4, reset="random", reset_groups=1, suffixes_per_reset=2,
+        seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="none",
+        thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
+    # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
+    "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
+        max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
+        use_diversity=False, rows_per_forward=8)),
+    "resets_oppo": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+        rollout="resets", credit="oppo", oracle="self", num_generations=4, per_device_train_batch_size=4,
+        reset="random", reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2,
+        max_seed_rounds=1, rollout_template="none", thought_delimiter="\n", localization_max_tokens=4,
+        reset_seed=0)),
+}
 
 
 def multiply_tool(a: int, b: int) -> int:
@@ -153,7 +154,7 @@ def tool_tag_reward(completions, **kwargs):
 def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
     """The trainer of :data:`TRAINERS` ``name`` with TRL's test settings (batches of 3: one prompt, 3 generations;
     lr 0.1), the test's own settings (``args=dict(...)``) and the trainer's; ``kwargs`` go to the trainer."""
-    trainer_class, config_class, settings = TRAINERS[name]
+    trainer_class, config_class, settings = {**TRAINERS, **REFUSING}[name]
     values = dict(
         output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
         max_completion_length=128, max_steps=1, logging_steps=1, report_to="none", save_strategy="no",
@@ -162,6 +163,17 @@ def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
     values.update(kwargs.pop("args", {}))
     values.update(settings)
     return trainer_class(model_path, reward_funcs, args=config_class(**values), **kwargs)
+
+
+def make_or_refuse(name, model_path, tmp_path, reward_funcs, **kwargs):
+    """:func:`make_trainer` for data without an answer column (the environment owns the data): a trainer that reads
+    every row's answer (:data:`NEEDS_ANSWER_COLUMN`) must refuse it at construction, naming ``answer_column``; None
+    then, the trainer otherwise."""
+    if name not in NEEDS_ANSWER_COLUMN:
+        return make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs)
+    with pytest.raises(ValueError, match="answer_column"):
+        make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs)
+    return None
 
 
 def record_loss_inputs(trainer) -> list[dict]:
@@ -391,8 +403,10 @@ def test_environment_owned_reward_coexists_with_reward_funcs(name, tiny_tool_mod
     def format_reward(completions, **kwargs):
         return [0.0 for _ in completions]
 
-    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, format_reward, environment_factory=DummyEnvironment,
+    trainer = make_or_refuse(name, tiny_tool_model_path, tmp_path, format_reward, environment_factory=DummyEnvironment,
                            args=dict(max_steps=5, reward_weights=[0.5]))
+    if trainer is None:
+        return
     # The environment's reward comes after the trainer's reward functions, with weight 1.
     assert trainer.reward_func_names == ["format_reward", "DummyEnvironment"]
     assert trainer.reward_weights.tolist() == [0.5, 1.0]
@@ -441,23 +455,18 @@ def test_environment_owned_reward_mixed_environments(name, tiny_tool_model_path,
         return [0.0 for _ in completions]
 
     dataset = Dataset.from_dict({"environment": ["scored", "scored2", "plain"]})
-    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, format_reward, train_dataset=dataset,
+    trainer = make_or_refuse(name, tiny_tool_model_path, tmp_path, format_reward, train_dataset=dataset,
                            environment_factory={"scored": ScoredEnvironment, "scored2": ScoredEnvironment,
                                                 "plain": PlainEnvironment})
+    if trainer is None:
+        return
     # One reward column per environment class owning a reward, however many names map to it.
     assert trainer.reward_func_names == ["format_reward", "ScoredEnvironment"]
     assert trainer.reward_weights.tolist() == [1.0, 1.0]
     assert trainer.reward_funcs[-1](environments=[ScoredEnvironment(), PlainEnvironment()]) == [1.0, None]
 
 
-# The core's batch record reads the dataset's "prompt" column (trl_credit/core/trainer.py, fill_record), which a
-# routing dataset of environments does not have (TRL takes the prompt from the environment's reset()): KeyError.
-PROMPT_FROM_RESET = "issue 60: the core reads inputs['prompt'], absent when reset() gives the prompt"
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(raises=KeyError, strict=True, reason=PROMPT_FROM_RESET))
-    if issubclass(TRAINERS[name][0], trl_credit.CreditTrainer) else name for name in TRAINERS])
+@pytest.mark.parametrize("name", list(TRAINERS))
 @patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
 def test_train_with_multiple_environments(name, tiny_tool_model_path, tool_tokenizer, tmp_path):
     # A dict environment_factory: each example names its environment, whose tools alone it sees. With
@@ -505,9 +514,11 @@ def test_train_with_multiple_environments(name, tiny_tool_model_path, tool_token
         return [float(any(m["role"] == "tool" for m in c)) for c in completions]
 
     dataset = Dataset.from_dict({"environment": ["counter", "echo"] * 8})
-    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, answered_reward, train_dataset=dataset,
+    trainer = make_or_refuse(name, tiny_tool_model_path, tmp_path, answered_reward, train_dataset=dataset,
                            environment_factory={"counter": Counter, "echo": Echo},
                            args=dict(per_device_train_batch_size=4, num_generations=2, shuffle_dataset=False))
+    if trainer is None:
+        return
     assert [tool.__name__ for tool in trainer._env_tools["counter"]] == ["increment"]
     assert [tool.__name__ for tool in trainer._env_tools["echo"]] == ["shout"]
     assert len(trainer._environment_pool["counter"]) == 1 and len(trainer._environment_pool["echo"]) == 1
@@ -550,8 +561,10 @@ def test_train_with_environment_owned_data(name, tiny_tool_model_path, tool_toke
     def reward_len(completions, **kwargs):
         return [float(len(completion[-1]["content"])) for completion in completions]
 
-    trainer = make_trainer(name, tiny_tool_model_path, tmp_path, reward_len,
+    trainer = make_or_refuse(name, tiny_tool_model_path, tmp_path, reward_len,
                            environment_factory=GuessTheWordEnvironment, args=dict(max_steps=2, max_completion_length=8))
+    if trainer is None:
+        return
     previous = parameters(trainer)
     script, _ = train_scripted(trainer, tool_tokenizer, ["Done!<|im_end|>", "DoneDone!<|im_end|>",
                                                          "DoneDoneDone!<|im_end|>"])
@@ -588,11 +601,6 @@ def test_train_with_rollout_func_env_mask(name, tiny_tool_model_path, tool_token
     def product_reward(completion_ids, **kwargs):  # 1.0 when the environment answered 12
         return [float("12" in tool_tokenizer.decode(ids)) for ids in completion_ids]
 
-    if name in REFUSES_ROLLOUT_FUNC:
-        with pytest.raises(ValueError, match="rollout_func"):
-            make_trainer(name, tiny_tool_model_path, tmp_path, product_reward, train_dataset=prompts_dataset(),
-                         rollout_func=rollout_func)
-        return
     trainer = make_trainer(name, tiny_tool_model_path, tmp_path, product_reward, train_dataset=prompts_dataset(),
                            rollout_func=rollout_func)
     previous = parameters(trainer)
@@ -621,3 +629,32 @@ def test_the_loss_check_catches_credit_or_loss_on_tool_tokens(tool_tokenizer):
         tool_spans([dict(batch, advantages=torch.ones(ids.shape))], tool_tokenizer)
     with pytest.raises(AssertionError, match="tool-result tokens count as the model's"):
         tool_spans([dict(batch, tool_mask=torch.ones_like(ids), advantages=torch.ones(1))], tool_tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("argument", ["tools", "environment_factory", "rollout_func"])
+@pytest.mark.parametrize("name", list(REFUSING))
+@patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
+def test_rollouts_that_generate_themselves_refuse_multi_turn_by_name(name, argument, tiny_tool_model_path, tmp_path):
+    class Environment:
+        def reset(self, **kwargs):
+            return None
+
+        def multiply(self, a: int, b: int) -> int:
+            """
+            Multiplies two integers.
+
+            Args:
+                a: The first integer.
+                b: The second integer.
+
+            Returns:
+                The product.
+            """
+            return a * b
+
+    given = {"tools": [multiply_tool], "environment_factory": Environment,
+             "rollout_func": lambda prompts, trainer: {}}[argument]
+    with pytest.raises(ValueError, match=rf"does not support (a custom )?`{argument}`.*credit='oppo'"):
+        make_trainer(name, tiny_tool_model_path, tmp_path, tool_tag_reward, train_dataset=prompts_dataset(),
+                     **{argument: given})

@@ -102,6 +102,10 @@ class ProcessCredit(Credit):
         # Tool results and environment tokens (model_mask 0) are in no step and get advantage 0.
         model_mask = batch.model_mask.to(torch.float64).cpu()
         environments = ctx.environments
+        # The prompts as TRL's reward functions got them: the dataset's, with an environment's reset() observation
+        # (an environment that owns the data gives the whole prompt; the row then has no "prompt" column).
+        generated = getattr(ctx.capture, "generated_prompts", None)
+        prompts = generated if generated is not None and len(generated) == num_local else [x["prompt"] for x in inputs]
         local_steps, local_records = [], []
         for i in range(num_local):
             if not credited[i]:
@@ -112,7 +116,7 @@ class ProcessCredit(Credit):
             environment = environments[i] if environments else None
             row_mask = model_mask[i, :lengths[i]].tolist()
             unit = step_unit(ctx, row_mask)
-            ends, rewards = self._step_rewards(ctx, inputs[i], ids, row_mask, unit, environment, i)
+            ends, rewards = self._step_rewards(ctx, prompts[i], inputs[i], ids, row_mask, unit, environment, i)
             record = {"steps": len(ends), "unscored": sum(r is None for r in rewards), "first_zero": None,
                       "thoughts": unit == "thoughts"}
             record["first_zero"] = next((k + 1 for k, r in enumerate(rewards) if r == 0.0), None)
@@ -143,8 +147,8 @@ class ProcessCredit(Credit):
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
-    def _step_rewards(self, ctx: BatchContext, row: dict, ids: list[int], model_mask: list, unit: str, environment,
-                      index: int) -> tuple[list[int], list]:
+    def _step_rewards(self, ctx: BatchContext, prompt, row: dict, ids: list[int], model_mask: list, unit: str,
+                      environment, index: int) -> tuple[list[int], list]:
         """A row's step ends (exclusive token indices) and the step-reward function's rewards, checked. The steps are
         spans of the model's tokens (``process_steps``: model turns or thoughts, core.steps.step_spans); a step's
         reward lands on its last token (DeepSeekMath §4.1.3), so a tool result after it is credited with nothing."""
@@ -158,7 +162,7 @@ class ProcessCredit(Credit):
         columns = {key: value for key, value in row.items() if key != "prompt"}
         if environment is not None:
             columns["env"] = environment  # the rollout's environment (docs/multiturn.md#turn-rewards)
-        rewards = self.step_reward(row["prompt"], text, steps, **columns)
+        rewards = self.step_reward(prompt, text, steps, **columns)
         name = getattr(self.step_reward, "__name__", repr(self.step_reward))
         where = f"row {index} of this process's batch (step {ctx.step})"
         return ends, checked_rewards(rewards, len(ends), repr(name), where)

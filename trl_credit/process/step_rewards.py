@@ -5,7 +5,8 @@ A step-reward function scores the steps of one completion::
 
     step_reward(prompt, completion, steps, **row) -> list[float | None]
 
-- ``prompt``: the dataset row's prompt (a string or chat messages), as reward functions get it;
+- ``prompt``: the row's prompt (a string or chat messages), as TRL's reward functions get it (with an
+  ``environment_factory``, the last message carries the environment's ``reset()`` observation);
 - ``completion``: the completion's text (special tokens removed);
 - ``steps``: the completion's steps, as the process credit split it (the thought delimiter, SRPO's token-exact
   splitting; each step's text with the delimiter removed and whitespace stripped);
