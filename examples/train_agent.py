@@ -42,6 +42,9 @@ class KeyValueEnvironment:
         self.store = json.loads(store)
         self.key = key
         self.submitted = None
+        # credit="process"'s turn rewards (process_step_reward="environment", docs/multiturn.md#turn-rewards): each
+        # tool call's verdict, then None for the closing answer turn (the outcome, get_reward, scores the episode)
+        self.turn_rewards = [None]
         return None  # the prompt already asks the question
 
     def lookup(self, key: str) -> str:
@@ -54,6 +57,7 @@ class KeyValueEnvironment:
         Returns:
             The value stored under the key.
         """
+        self.turn_rewards.insert(-1, float(key == self.key))  # the asked key looked up
         if key not in self.store:
             raise KeyError(f"no key {key!r}; keys: {sorted(self.store)}")
         return str(self.store[key])
@@ -68,6 +72,7 @@ class KeyValueEnvironment:
         Returns:
             A confirmation.
         """
+        self.turn_rewards.insert(-1, float(self.submitted is None and value == self.store[self.key]))
         if self.submitted is not None:
             raise ValueError("already submitted")
         self.submitted = value
@@ -115,40 +120,19 @@ def scripted_episode(row: dict, wrong: bool, rng: random.Random) -> dict:
     return {"messages": messages, "tools": [env.lookup, env.submit]}
 
 
-def step_rewards(prompt, completion, steps, key, answer, **row):
-    """credit="process"'s step reward (a registered step-reward function, docs/process.md): a step that calls
-    ``lookup`` on the asked key or ``submit``s the stored value scores 1, another tool call 0, any other step none."""
-    rewards = []
-    for step in steps:
-        try:
-            call = json.loads(step)
-        except ValueError:
-            rewards.append(None)
-            continue
-        arguments = call.get("arguments", {}) if isinstance(call, dict) else {}
-        good = (call.get("name") == "lookup" and arguments.get("key") == key) or (
-            call.get("name") == "submit" and str(arguments.get("value")) == str(answer))
-        rewards.append(float(good) if isinstance(call, dict) and "name" in call else None)
-    return rewards
-
-
 def _trainers():
     """--method -> (trainer class, config class, the method's settings for this task)."""
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_credit import (CreditConfig, CreditTrainer, CueGRPOConfig, CueGRPOTrainer, DATPOConfig, DATPOTrainer,
                             OPPOConfig, OPPOTrainer, SRPOConfig, SRPOTrainer)
-    from trl_credit.process.step_rewards import STEP_REWARDS, register_step_reward
-
-    if "agent_tool_calls" not in STEP_REWARDS:
-        register_step_reward("agent_tool_calls", step_rewards)
     return {
         "grpo": (GRPOTrainer, GRPOConfig, {}),
         "cue_grpo": (CueGRPOTrainer, CueGRPOConfig, {}),
         "oppo": (OPPOTrainer, OPPOConfig, dict(oracle="self")),
-        # one step per line: each tool call's JSON is a line of its own in the qwen3 format
-        "process": (CreditTrainer, CreditConfig, dict(credit="process", process_step_reward="agent_tool_calls",
-                                                      process_thought_delimiter="\n", process_outcome="final_step")),
+        # a step per model turn, scored by the environment's turn rewards, and the outcome as a last step
+        "process": (CreditTrainer, CreditConfig, dict(credit="process", process_step_reward="environment",
+                                                      process_outcome="final_step")),
         "prime": (CreditTrainer, CreditConfig, dict(credit="implicit_prm", prime_learning_rate=1e-3)),
         # 8 rows per prompt: 4 base rollouts + 1 reset x 4 suffixes; the agent's prompt unchanged
         "srpo": (SRPOTrainer, SRPOConfig, dict(rollout_template="none", thought_delimiter="\n",

@@ -208,14 +208,20 @@ def test_environment_step_reward_needs_an_environment_with_turn_rewards():
     from trl_credit.process.step_rewards import environment_turn_rewards
 
     class Env:
-        def get_turn_rewards(self):
-            return [1.0, None, 0.0]
+        turn_rewards = [1.0, None, 0.0]
+
+    class Method:
+        def turn_rewards(self):  # a public method would be one of the model's tools: refused
+            return [1.0]
 
     assert environment_turn_rewards("p", "c", ["a", "b", "c"], env=Env()) == [1.0, None, 0.0]
+    with pytest.warns(UserWarning, match=r"holds 3 rewards for a rollout of 2 model turns"):
+        assert environment_turn_rewards("p", "c", ["a", "b"], env=Env()) == [None, None]  # never misaligned
     with pytest.raises(ValueError, match="needs an environment_factory"):
         environment_turn_rewards("p", "c", ["a"])
-    with pytest.raises(ValueError, match="has no get_turn_rewards"):
-        environment_turn_rewards("p", "c", ["a"], env=object())
+    for env in (object(), Method()):
+        with pytest.raises(ValueError, match="has no turn_rewards list"):
+            environment_turn_rewards("p", "c", ["a"], env=env)
 
 
 # ------------------------------------------------------------------------------------------- Cue-GRPO's texts

@@ -51,11 +51,16 @@ def test_a_scripted_episode_plays_the_tools_and_a_wrong_one_submits_another_valu
     assert submitted[0] == int(row["answer"]) and submitted[1] != int(row["answer"])
 
 
-def test_process_step_rewards_score_the_tool_call_lines(agent):
-    steps = ["<tool_call>", '{"name": "lookup", "arguments": {"key": "fig"}}', "</tool_call>",
-             '{"name": "submit", "arguments": {"value": 40}}', '{"name": "lookup", "arguments": {"key": "kiwi"}}']
-    # lines that are no tool call: none; the asked key looked up: 1; a wrong value or another key: 0
-    assert agent.step_rewards([], "", steps, key="fig", answer="41") == [None, 1.0, None, 0.0, 0.0]
+def test_the_environment_reports_a_turn_reward_per_tool_call_and_none_for_the_answer(agent):
+    env = agent.KeyValueEnvironment()
+    env.reset(store=json.dumps({"fig": 41, "kiwi": 12}), key="fig")
+    env.lookup("kiwi")  # another key: 0
+    env.lookup("fig")  # the asked key: 1
+    env.submit(40)  # a wrong value: 0
+    assert env.turn_rewards == [0.0, 1.0, 0.0, None]
+    env.reset(store=json.dumps({"fig": 41}), key="fig")
+    env.submit(41)
+    assert env.turn_rewards == [1.0, None] and env.get_reward() == 1.0
 
 
 def test_one_grpo_step_on_the_warm_started_tiny_tool_model(agent, tmp_path, monkeypatch, capsys):
@@ -84,3 +89,19 @@ def test_every_method_flag_names_a_trainer(agent):
     trainers = agent._trainers()
     assert sorted(trainers) == sorted(agent.METHODS)
     assert trainers["prime"][2]["credit"] == "implicit_prm" and trainers["process"][2]["credit"] == "process"
+
+
+@pytest.mark.parametrize(("method", "metric"), [("oppo", "oppo/value_mean"), ("process", "process/steps_per_completion")])
+def test_one_step_of_a_credit_rule_on_the_agent(method, metric, agent, tmp_path, monkeypatch):
+    # The per-token credits on the environment's episodes: OPPO's value recursion, the process credit on the
+    # environment's turn rewards (process_step_reward="environment").
+    monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    argv = ["--method", method, "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
+            "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "48",
+            "--num_train", "8", "--warm_start_episodes", "8", "--warm_start_steps", "2",
+            "--warm_start_batch_size", "2", "--use_cpu", "true"]
+    trainer = agent.main(argv)
+    assert trainer.state.global_step == 1
+    log = next(entry for entry in trainer.state.log_history if "loss" in entry)
+    assert metric in log and "tools/call_frequency" in log

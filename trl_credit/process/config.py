@@ -27,7 +27,7 @@ class ProcessFields:
         metadata={
             "help": "The step-reward function, a registered name (built-in: 'chain', the chain task's step checker, "
             "'sums', the tiny testbed's: 1 up to the first wrong step, 0 from it on, and 'environment', the turn "
-            "rewards an environment_factory's environment reports by get_turn_rewards()). (prompt, completion, "
+            "rewards an environment_factory's environment keeps in turn_rewards). (prompt, completion, "
             "steps, **row) -> one float or None "
             "per step. A callable goes to ProcessCredit(step_reward=...), or register it "
             "(trl_credit.process.register_step_reward) and name it here."

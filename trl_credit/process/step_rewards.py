@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 import numbers
 from collections.abc import Callable, Sequence
 
@@ -138,15 +139,25 @@ def chain_step_rewards(prompt, completion, steps, **row) -> list[float]:
 
 
 def environment_turn_rewards(prompt, completion, steps, env=None, **row) -> list:
-    """The turn rewards the row's environment reports (docs/multiturn.md#turn-rewards): ``env.get_turn_rewards()``, one
-    float (or None: not scored) per model turn of the rollout, in order; the process credit checks there is one per
-    step (``process_steps="turns"`` or ``"auto"`` makes each model turn a step)."""
+    """The turn rewards the row's environment reports (docs/multiturn.md#turn-rewards): ``env.turn_rewards``, an
+    attribute or property (not a method: TRL exposes every public method of an environment as a tool) holding one
+    float (or None: not scored) per model turn of the rollout, in order (``process_steps="turns"`` or ``"auto"`` makes
+    each model turn a step). A list of another length cannot be aligned with the turns (e.g. a malformed tool call
+    never reached the environment, or the episode ended on a tool call): that row is left unscored, with a warning, and
+    the process credit's ``process/unscored_row_rate`` counts it; never a reward on the wrong turn."""
     if env is None:
         raise ValueError("process_step_reward='environment' reads the turn rewards of the rollout's environment: it "
                          "needs an environment_factory (the trainer has none).")
-    get_turn_rewards = getattr(env, "get_turn_rewards", None)
-    if not callable(get_turn_rewards):
+    rewards = getattr(env, "turn_rewards", None)
+    if rewards is None or callable(rewards) or isinstance(rewards, (str, bytes)):
         raise ValueError(f"process_step_reward='environment': the environment {type(env).__name__} has no "
-                         "get_turn_rewards() method; define one returning a list with one float (or None) per model "
-                         "turn of the episode since reset().")
-    return list(get_turn_rewards())
+                         "turn_rewards list; set one in reset() and append one float (or None) per model turn (an "
+                         "attribute or a property: a public method would be offered to the model as a tool).")
+    rewards = list(rewards)
+    if len(rewards) != len(steps):
+        warnings.warn(f"process_step_reward='environment': {type(env).__name__}.turn_rewards holds "
+                      f"{len(rewards)} rewards for a rollout of {len(steps)} model turns; the turns cannot be aligned, "
+                      "so the rollout gets no turn reward (process/unscored_row_rate counts such rows). Give one "
+                      "value per model turn (None for a turn you do not score).", UserWarning, stacklevel=2)
+        return [None] * len(steps)
+    return rewards
