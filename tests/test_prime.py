@@ -136,11 +136,13 @@ def reference_advantages(prm, ref, lengths, groups, valid, outcomes, beta, gamma
         for t in range(lengths[i]):
             ret = sum(gamma ** (s - t) * (r[i][s] - b) for s in range(t, lengths[i]))
             A[i][t] = process_coef * ret + outcome_coef * outcome
-    if whiten:
-        pool = [A[i][t] for i in range(n) if valid[i] for t in range(lengths[i])]
+    if whiten:  # over the rows with a baseline only: a row alone in its group keeps 0 and is out of the moments
+        compared = [valid[i] and any(j != i and valid[j] and groups[j] == groups[i] for j in range(n))
+                    for i in range(n)]
+        pool = [A[i][t] for i in range(n) if compared[i] for t in range(lengths[i])]
         mean = sum(pool) / len(pool)
         var = sum((x - mean) ** 2 for x in pool) / (len(pool) - 1)
-        A = [[(x - mean) / math.sqrt(var + 1e-8) if valid[i] else 0.0 for x in A[i]] for i in range(n)]
+        A = [[(x - mean) / math.sqrt(var + 1e-8) if compared[i] else 0.0 for x in A[i]] for i in range(n)]
     return A
 
 
@@ -170,7 +172,7 @@ def test_the_functions_equal_the_slow_reference(seed, norm, whiten, gamma):
     assert any(v and sum(valid[j] for j in range(n) if groups[j] == groups[i]) == 1 for i, v in enumerate(valid)) \
         or seed != 0  # seed 0 holds a valid row alone in its group (no baseline: 0)
     if whiten:
-        trained = mask * valid_t[:, None]
+        trained = mask * has_baseline(groups_t, valid_t)[:, None]
         values = whitened(values, trained, float((values * trained).sum()), float((values ** 2 * trained).sum()),
                           float(trained.sum()))
     for i in range(n):

@@ -300,3 +300,28 @@ def test_checkpoints_hold_the_prm_and_a_resumed_run_continues_it(tiny_model_path
                           **peft)
     with pytest.raises(ValueError, match=f"training resumes at step 2, but .*{CHECKPOINT_FILE} does not exist"):
         again.train(resume_from_checkpoint=os.path.join(str(tmp_path), "checkpoint-2"))
+
+
+def test_a_row_alone_in_its_group_gets_zero_and_stays_out_of_the_whitening(tiny_model_path, tiny_dataset, tmp_path):
+    """Rows 1-3 of the first group are unscorable (every reward function returns None), so row 0 is alone in its
+    group: no leave-one-out baseline, advantage 0 on every token (docs/process.md). The whitening's moments come from
+    the rows that have a baseline only (the second group), so over that group's trained tokens the advantages have
+    mean 0 and unbiased variance v / (v + 1e-8) ~ 1 (verl's masked_whiten of exactly those tokens). Before the fix
+    row 0 got (0 - mean) / std on every token and its zeros entered the moments of every other row."""
+    def verifier(completions, **kwargs):
+        return [None if i in (1, 2, 3) else float(len(completion_text(c)) % 2) for i, c in enumerate(completions)]
+
+    def formatting(completions, **kwargs):
+        return [None if i in (1, 2, 3) else float("the" in completion_text(c)) for i, c in enumerate(completions)]
+
+    trainer = CreditTrainer(tiny_model_path, [verifier, formatting], args=tiny_args(tmp_path, bf16=False),
+                            train_dataset=tiny_dataset)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    batch = batches[0]
+    advantages, trained = batch["advantages"].double(), batch["completion_mask"].double()
+    assert advantages[:4].abs().max() == 0  # row 0 alone, rows 1-3 unscorable: no credit
+    values = advantages[4:][trained[4:].bool()]
+    assert values.numel() > 2 and values.abs().max() > 0.1
+    assert float(values.mean()) == pytest.approx(0.0, abs=1e-6)  # float32 advantages in TRL's batch
+    assert float(values.var(unbiased=True)) == pytest.approx(1.0, abs=1e-6)

@@ -146,11 +146,14 @@ class ImplicitPRMCredit(Credit):
         values = prime_advantages(returns, outcome.to(device), mask, compared, args.prime_process_coef,
                                   args.prime_outcome_coef)
         if args.prime_whiten:
-            trained = mask * batch.loss_mask[index].double()  # the whitening's statistics: tokens TRL trains
+            # Over the rows that have a baseline only: a row without one (alone in its group after unscorable rows)
+            # keeps advantage 0, and its zeros stay out of the moments of every other row.
+            compared_mask = mask * compared.double()[:, None]
+            trained = compared_mask * batch.loss_mask[index].double()  # the statistics: tokens TRL trains
             moments = sum_across_processes(torch.tensor(
                 [float((values * trained).sum()), float((values * values * trained).sum()), float(trained.sum())],
                 dtype=torch.float64, device=device))
-            values = whitened(values, mask, *moments.tolist())
+            values = whitened(values, compared_mask, *moments.tolist())
 
         advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64, device=device)
         if rows_here:
