@@ -187,7 +187,8 @@ def test_config_fields_defaults_and_checks():
     config = CreditConfig("out", credit="implicit_prm", use_cpu=True)
     assert (config.prime_beta, config.prime_learning_rate, config.prime_update, config.prime_updates_per_batch,
             config.prime_process_coef, config.prime_outcome_coef, config.prime_gamma, config.prime_process_norm,
-            config.prime_whiten) == (0.05, 1e-6, "before", 1, 1.0, 1.0, 1.0, "batch_max", True)
+            config.prime_whiten, config.prime_grad_clip) == (0.05, 1e-6, "before", 1, 1.0, 1.0, 1.0, "batch_max", True,
+                                                             10.0)
     for field, value, message in [
         ("prime_beta", 0.0, "prime_beta must be a finite number > 0"),
         ("prime_learning_rate", float("nan"), "prime_learning_rate must be a finite number > 0"),
@@ -197,6 +198,7 @@ def test_config_fields_defaults_and_checks():
         ("prime_updates_per_batch", -1, "prime_updates_per_batch must be an integer >= 0"),
         ("prime_outcome_coef", -1.0, "prime_outcome_coef must be a finite number >= 0"),
         ("prime_whiten", "yes", "prime_whiten must be True or False"),
+        ("prime_grad_clip", 0.0, "prime_grad_clip must be a finite number > 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             CreditConfig("out", credit="implicit_prm", use_cpu=True, **{field: value})

@@ -1,6 +1,6 @@
 """credit="implicit_prm" in training (PRIME; docs/process.md, "Implicit process rewards"). The advantages
 reaching TRL's loss equal a reference computed here: the implicit PRM's first update redone by hand on a fresh copy
-of the initial policy (the cross-entropy written out, AdamW, clipping at 1.0), then the paper's advantage with plain
+of the initial policy (the cross-entropy written out, AdamW, the gradient clipped at prime_grad_clip), then the paper's advantage with plain
 loops (tests/test_prime.py's reference). The PRM's weights (a LoRA adapter on the policy, a model copy otherwise), the
 PRM never touching the policy's gradients, gradient accumulation with several iterations per batch, and two processes.
 """
@@ -52,8 +52,8 @@ def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_mo
     beta, lr = 0.05, 1e-2
     # float32 (TRL turns bf16 on by default, on the CPU too): the reference below runs without autocast, and Adam's
     # first step, lr * g / (|g| + eps), turns bf16's rounding of small gradients into whole steps.
-    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=tiny_args(tmp_path, bf16=False),
-                            train_dataset=tiny_dataset)
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward],
+                            args=tiny_args(tmp_path, bf16=False, prime_grad_clip=0.05), train_dataset=tiny_dataset)
     assert isinstance(trainer.credit, ImplicitPRMCredit) and trainer._name == "groups x implicit_prm"
     policy_grads = []
     trainer.add_credit_callback(lambda step: policy_grads.append(
@@ -72,7 +72,8 @@ def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_mo
     assert 0 < sum(labels[valid]) < sum(valid), "both verdicts among the rows, else the check would be weak"
 
     # The PRM's update by hand: pi_phi and pi_ref both start as the policy; L_CE = mean over the credited rows of
-    # -[y log sigma(s) + (1 - y) log(1 - sigma(s))], s = beta * sum_t (log pi_phi - log pi_ref); AdamW, clip 1.0.
+    # -[y log sigma(s) + (1 - y) log(1 - sigma(s))], s = beta * sum_t (log pi_phi - log pi_ref); AdamW; the gradient
+    # clipped at norm 0.05 (prime_grad_clip, set below the gradient's norm so that the clip acts).
     prm = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     ref = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     keep = torch.tensor(valid)
@@ -85,7 +86,10 @@ def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_mo
     loss = -(y * torch.log(sig) + (1 - y) * torch.log(1 - sig)).mean()
     assert float(loss.detach()) == pytest.approx(math.log(2))  # s = 0 before the first step: ln 2
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(list(prm.parameters()), 1.0)
+    norm = torch.nn.utils.clip_grad_norm_(list(prm.parameters()), 0.05)
+    # the clip acts here (Adam's first step hardly depends on the gradient's scale, so this step alone would not
+    # tell another clip apart: test_the_prms_gradient_is_clipped_at_prime_grad_clip does)
+    assert norm > 0.05
     torch.optim.AdamW(prm.parameters(), lr=lr, weight_decay=0.0).step()
     with torch.no_grad():
         prm_logps = logps_of(prm, batch).double()
@@ -325,3 +329,23 @@ def test_a_row_alone_in_its_group_gets_zero_and_stays_out_of_the_whitening(tiny_
     assert values.numel() > 2 and values.abs().max() > 0.1
     assert float(values.mean()) == pytest.approx(0.0, abs=1e-6)  # float32 advantages in TRL's batch
     assert float(values.var(unbiased=True)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_prms_gradient_is_clipped_at_prime_grad_clip(tiny_model_path, tiny_dataset, tmp_path):
+    """The gradient reaching the PRM's AdamW step has norm min(|g|, prime_grad_clip): unclipped with a clip far above
+    it (1e6), exactly the clip (0.05) below it. The default is the released recipe's 10.0."""
+    assert tiny_args(tmp_path).prime_grad_clip == 10.0
+    norms = {}
+    for clip in (1e6, 0.05):
+        trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward],
+                                args=tiny_args(tmp_path / str(clip), bf16=False, prime_grad_clip=clip),
+                                train_dataset=tiny_dataset)
+        prm = trainer.credit.prm
+
+        def at_step(optimizer, args, kwargs, clip=clip, prm=prm):
+            norms[clip] = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in prm.parameters])))
+
+        prm.optimizer.register_step_pre_hook(at_step)
+        trainer.train()
+    assert norms[1e6] > 0.05  # the unclipped gradient: above the second run's clip
+    assert norms[0.05] == pytest.approx(0.05, rel=1e-4)

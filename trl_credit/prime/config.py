@@ -1,8 +1,10 @@
 """PRIME's fields (docs/process.md, "Implicit process rewards"), mixed into
 :class:`~trl_credit.config.CreditConfig` (credit ``implicit_prm``). Defaults: the paper's equations (Cui et al. 2025)
 with the hyper-parameters of its released recipe (verl ``recipe/prime/config/prime_trainer.yaml``: ``beta_train:
-0.05``, PRM ``lr: 1e-6``, ``update: before``, ``prime_norm: batch_norm``, ``grad_clip: 1.0``, advantages
-whitened)."""
+0.05``, PRM ``lr: 1e-6``, ``update: before``, ``prime_norm: batch_norm``, PRM ``optim.grad_clip: 10.0``, advantages
+whitened). The PRM's clip of 10.0 is the recipe file's (verl commit 7406178) and its run script's
+(``recipe/prime/run_prime_qwen.sh``: ``reward_model.model.optim.grad_clip=10.0``, as the authors' released run
+script); an early version of the recipe file had 1.0, verl's generic default, which the run script overrides."""
 
 from __future__ import annotations
 
@@ -41,8 +43,14 @@ class PrimeFields:
     prime_learning_rate: float = field(
         default=1e-6,
         metadata={"help": "Learning rate of the implicit PRM's AdamW (its own optimizer, no weight decay, gradients "
-                          "clipped at norm 1.0; the released recipe: 1e-6). With LoRA the PRM is an adapter: "
-                          "raise it as you raise the policy's."},
+                          "clipped at norm prime_grad_clip; the released recipe: 1e-6). With LoRA the PRM is an "
+                          "adapter: raise it as you raise the policy's."},
+    )
+    prime_grad_clip: float = field(
+        default=10.0,
+        metadata={"help": "Largest norm of the implicit PRM's gradient (all processes' gradients summed) before its "
+                          "AdamW step (the released recipe: 10.0, verl recipe/prime's optim.grad_clip and its run "
+                          "script)."},
     )
     prime_update: str = field(
         default="before",
@@ -83,7 +91,7 @@ class PrimeFields:
 
     def _check_prime_fields(self) -> None:
         """Validate the PRIME fields (run before GRPOConfig's ``__post_init__``)."""
-        for name in ("prime_beta", "prime_learning_rate"):
+        for name in ("prime_beta", "prime_learning_rate", "prime_grad_clip"):
             if not _finite_positive(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}.")
         for name in ("prime_process_coef", "prime_outcome_coef"):

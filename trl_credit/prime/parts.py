@@ -77,7 +77,7 @@ class ImplicitPRMCredit(Credit):
         if not hasattr(trainer.args, "success_reward"):
             raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
                              "success_reward names the verifier), not a plain GRPOConfig.")
-        self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate)
+        self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate, trainer.args.prime_grad_clip)
         trainer.add_callback(checkpoint_callback(self.prm))  # saved with every checkpoint, restored on resume
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):

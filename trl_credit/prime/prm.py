@@ -7,7 +7,8 @@
 - Otherwise the PRM is a full copy of the policy, and its reference TRL's reference model (``beta > 0``) or a frozen
   copy of the policy's initial weights.
 
-The PRM has its own AdamW (no weight decay, gradient norm clipped at 1.0, as the released recipe) over its own
+The PRM has its own AdamW (no weight decay, gradient norm clipped at ``prime_grad_clip``: the released recipe's
+10.0) over its own
 parameters only; they are frozen (``requires_grad=False``) outside its update, so the policy's optimizer, DDP and
 TRL's gradient accumulation never see them. With several processes each computes the loss of its rows and the
 gradients are summed across processes (one gather) before the step, so every process takes the same step.
@@ -23,12 +24,10 @@ import torch
 
 from trl_credit.prime.advantages import cross_entropy_loss
 
-__all__ = ["ADAPTER", "CHECKPOINT_FILE", "GRAD_CLIP", "ImplicitPRM", "checkpoint_callback", "completion_logps"]
+__all__ = ["ADAPTER", "CHECKPOINT_FILE", "ImplicitPRM", "checkpoint_callback", "completion_logps"]
 
 #: The PRM adapter's name on a PEFT policy.
 ADAPTER = "implicit_prm"
-#: The PRM's gradient clipping (verl recipe/prime: ``grad_clip: 1.0``).
-GRAD_CLIP = 1.0
 #: The file, in each of the trainer's checkpoint folders, holding the PRM's parameters and AdamW state.
 CHECKPOINT_FILE = "implicit_prm.pt"
 
@@ -58,7 +57,8 @@ def _detached_copy(model):
 class ImplicitPRM:
     """π_φ and π_ref for one trainer (module docstring). Built in the credit's ``setup(trainer)``."""
 
-    def __init__(self, trainer, learning_rate: float):
+    def __init__(self, trainer, learning_rate: float, grad_clip: float):
+        self.grad_clip = grad_clip
         policy = trainer.model  # not wrapped yet: DDP / DeepSpeed wrap it when training starts
         self.peft = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")  # a PeftModel
         if self.peft:
@@ -204,7 +204,7 @@ class ImplicitPRM:
         for p in self.parameters:
             p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
             offset += p.numel()
-        torch.nn.utils.clip_grad_norm_(self.parameters, GRAD_CLIP)
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         rewards = torch.cat(sequence_rewards) if sequence_rewards else ref_logps.new_zeros(0)
