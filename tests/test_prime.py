@@ -112,6 +112,33 @@ def test_batch_max_normalization_and_whitening_by_hand():
     assert whitened(values, mask, 1.0, 1.0, 1.0).tolist() == values.mul(mask).tolist()  # one value: unscaled
 
 
+def test_the_prompt_filter_by_hand():
+    from trl_credit.prime.filter import kept_rows, truncated_rows
+
+    # Groups of 5 (so that 0.2 and 0.8 are reachable). Group 0: 1 of 5 correct, accuracy 0.2: not strictly above the
+    # lower bound, dropped. Group 1: 3 of 5, 0.6: kept. Group 2: 4 of 5, 0.8: dropped. Group 3: 2 of 4 credited
+    # rows (its last row unscorable), 0.5: kept, unless a truncated row (the unscorable one counts too) drops it.
+    success = torch.tensor([1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1, 0, 0], dtype=torch.bool)
+    groups = torch.arange(20) // 5
+    credited = torch.ones(20, dtype=torch.bool)
+    credited[19] = False
+    truncated = torch.zeros(20, dtype=torch.bool)
+    kept, groups_seen, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, True)
+    assert kept.tolist() == [False] * 5 + [True] * 5 + [False] * 5 + [True] * 4 + [False]
+    assert (groups_seen, dropped) == (4, 2)
+    truncated[19] = True  # group 3's unscorable row is truncated: the group goes too (verl: any row's length)
+    kept, _, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, True)
+    assert kept.tolist() == [False] * 5 + [True] * 5 + [False] * 10 and dropped == 3
+    kept, _, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, False)  # truncation ignored
+    assert dropped == 2 and kept[15:19].all()
+    # Wider bounds [0, 1): only all-correct groups go; a group with no credited row is not counted.
+    credited[5:10] = False
+    kept, groups_seen, dropped = kept_rows(groups, credited, success, truncated, 0.0, 1.0, False)
+    assert (groups_seen, dropped) == (3, 0) and kept.sum() == 14
+    # TRL's truncation: the last generated token neither EOS (2) nor padding (0); no token at all is truncated.
+    assert truncated_rows([2, 0, 7, None], [2, 0]) == [False, False, True, True]
+
+
 # ------------------------------------------------------------------------------------------- slow reference
 def reference_advantages(prm, ref, lengths, groups, valid, outcomes, beta, gamma, norm, whiten, process_coef,
                          outcome_coef):
@@ -189,6 +216,8 @@ def test_config_fields_defaults_and_checks():
             config.prime_process_coef, config.prime_outcome_coef, config.prime_gamma, config.prime_process_norm,
             config.prime_whiten, config.prime_grad_clip) == (0.05, 1e-6, "before", 1, 1.0, 1.0, 1.0, "batch_max", True,
                                                              10.0)
+    assert (config.prime_prompt_filter, config.prime_filter_accuracy_lower, config.prime_filter_accuracy_upper,
+            config.prime_filter_truncated) == (True, 0.2, 0.8, True)  # Algorithm 1's bounds, the codes' truncation
     for field, value, message in [
         ("prime_beta", 0.0, "prime_beta must be a finite number > 0"),
         ("prime_learning_rate", float("nan"), "prime_learning_rate must be a finite number > 0"),
@@ -199,6 +228,10 @@ def test_config_fields_defaults_and_checks():
         ("prime_outcome_coef", -1.0, "prime_outcome_coef must be a finite number >= 0"),
         ("prime_whiten", "yes", "prime_whiten must be True or False"),
         ("prime_grad_clip", 0.0, "prime_grad_clip must be a finite number > 0"),
+        ("prime_prompt_filter", 1, "prime_prompt_filter must be True or False"),
+        ("prime_filter_truncated", "no", "prime_filter_truncated must be True or False"),
+        ("prime_filter_accuracy_lower", -0.1, r"prime_filter_accuracy_lower must be a number in \[0, 1\]"),
+        ("prime_filter_accuracy_upper", 0.1, "prime_filter_accuracy_lower .* must be below"),
     ]:
         with pytest.raises(ValueError, match=message):
             CreditConfig("out", credit="implicit_prm", use_cpu=True, **{field: value})

@@ -33,7 +33,10 @@ def format_reward(completions, **kwargs):
 def tiny_args(tmp_path, **overrides):
     values = dict(output_dir=str(tmp_path), credit="implicit_prm", per_device_train_batch_size=8, num_generations=4,
                   max_completion_length=10, max_steps=1, learning_rate=1e-2, prime_learning_rate=1e-2,
-                  report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, seed=0)
+                  report_to="none", use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
+                  # every group trains in the tests of the advantage's machinery (the tiny model truncates most rows
+                  # and its verdicts are arbitrary); the prompt filter's own tests turn it on
+                  prime_prompt_filter=False)
     values.update(overrides)
     return CreditConfig(**values)
 
@@ -349,3 +352,81 @@ def test_the_prms_gradient_is_clipped_at_prime_grad_clip(tiny_model_path, tiny_d
         trainer.train()
     assert norms[1e6] > 0.05  # the unclipped gradient: above the second run's clip
     assert norms[0.05] == pytest.approx(0.05, rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- the prompt filter
+def verdicts_by_row(correct_rows, unscorable_rows=()):
+    """A verifier and a format reward that judge a row by its index in the batch (one process: every row)."""
+    def verifier(completions, **kwargs):
+        return [None if i in unscorable_rows else float(i in correct_rows) for i in range(len(completions))]
+
+    def formatting(completions, **kwargs):
+        return [None if i in unscorable_rows else float("the" in completion_text(c))
+                for i, c in enumerate(completions)]
+
+    return [verifier, formatting]
+
+
+def test_the_prompt_filter_drops_a_group_as_if_its_rows_were_unscorable(tiny_model_path, tiny_dataset, tmp_path):
+    """Groups of 4: group 0 has 2 correct rows (accuracy 0.5, inside (0.2, 0.8): kept), group 1 all 4 (accuracy 1.0:
+    dropped). The dropped rows get advantage 0 and no PRM label, so the kept group's advantages (the PRM trained on
+    its 4 rows only, the batch's largest return and whitening over them) are those of a run without the filter
+    where group 1's rows are unscorable; the share of groups dropped is 1/2, the credited rows 4 of 8."""
+    runs = {}
+    for name, correct, unscorable, on in (("filter", (0, 1, 4, 5, 6, 7), (), True),
+                                          ("unscorable", (0, 1), (4, 5, 6, 7), False)):
+        trainer = CreditTrainer(tiny_model_path, verdicts_by_row(correct, unscorable),
+                                args=tiny_args(tmp_path / name, bf16=False, prime_prompt_filter=on,
+                                               prime_filter_truncated=False), train_dataset=tiny_dataset)
+        batches, _ = recorded(trainer)
+        trainer.train()
+        runs[name] = batches[0], next(e for e in trainer.state.log_history if "prime/prm_loss" in e), trainer
+    (filtered, log, trainer), (reference, _, _) = runs["filter"], runs["unscorable"]
+    assert torch.equal(filtered["completion_ids"], reference["completion_ids"])
+    assert filtered["advantages"][4:].abs().max() == 0
+    assert filtered["advantages"][:4].abs().max() > 0.1
+    torch.testing.assert_close(filtered["advantages"], reference["advantages"], rtol=0, atol=1e-6)
+    assert log["prime/filtered_group_rate"] == 0.5
+    assert log["prime/credited_rate"] == 0.5
+    assert "prime/filtered_group_rate" not in runs["unscorable"][1]  # logged only with the filter on
+
+
+def test_the_prompt_filter_drops_a_group_holding_a_truncated_row(tiny_model_path, tiny_dataset, tmp_path):
+    """Groups of 2, each with one correct row (accuracy 0.5: the accuracy filter keeps all 4), so a group is dropped
+    exactly when one of its rows is truncated (its last generated token neither EOS nor padding, TRL's test)."""
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(tiny_model_path).eos_token_id
+    # EOS made likelier at every step (a bias on its logit), so that some rows end before 10 tokens and others not
+    trainer = CreditTrainer(tiny_model_path, verdicts_by_row((0, 2, 4, 6)), args=tiny_args(
+        tmp_path, bf16=False, num_generations=2, prime_prompt_filter=True,
+        generation_kwargs={"sequence_bias": [[[eos], 4.5]]}), train_dataset=tiny_dataset)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    batch = batches[0]
+    ends = {trainer.processing_class.eos_token_id, trainer.processing_class.pad_token_id}
+    lengths = batch["completion_mask"].sum(dim=1).tolist()
+    truncated = [ids[n - 1] not in ends for ids, n in zip(batch["completion_ids"].tolist(), lengths)]
+    dropped = [any(truncated[g * 2:(g + 1) * 2]) for g in range(4)]
+    assert 0 < sum(dropped) < 4, "some groups dropped and some kept, else the check would be weak"
+    log = next(e for e in trainer.state.log_history if "prime/filtered_group_rate" in e)
+    assert log["prime/filtered_group_rate"] == sum(dropped) / 4
+    for g in range(4):
+        advantages = batch["advantages"][g * 2:(g + 1) * 2]
+        assert bool(advantages.abs().max() == 0) == dropped[g], g
+
+
+def test_a_batch_the_filter_empties_trains_nothing_and_warns_once(tiny_model_path, tiny_dataset, tmp_path):
+    """Every row correct: both groups at accuracy 1.0 are dropped. Advantages 0, no PRM step, one warning naming the
+    bounds and the way out, the rate 1.0 logged every step."""
+    trainer = CreditTrainer(tiny_model_path, verdicts_by_row(range(8)), args=tiny_args(
+        tmp_path, bf16=False, max_steps=2, prime_prompt_filter=True), train_dataset=tiny_dataset)
+    batches, _ = recorded(trainer)
+    with pytest.warns(UserWarning, match="every group of a generation batch was dropped by PRIME's prompt filter") \
+            as caught:
+        trainer.train()
+    assert sum("prompt filter" in str(w.message) for w in caught) == 1
+    assert all(b["advantages"].abs().max() == 0 for b in batches)
+    assert not trainer.credit.prm.optimizer.state  # the PRM never stepped
+    rates = [e["prime/filtered_group_rate"] for e in trainer.state.log_history if "prime/filtered_group_rate" in e]
+    assert rates == [1.0, 1.0]

@@ -89,6 +89,30 @@ class PrimeFields:
                           "recipe does before the PPO loss; False keeps the paper's equation unscaled."},
     )
 
+    prime_prompt_filter: bool = field(
+        default=True,
+        metadata={"help": "The paper's prompt filter (Algorithm 1): a training group trains (policy and PRM) only when "
+                          "its accuracy is strictly between prime_filter_accuracy_lower and "
+                          "prime_filter_accuracy_upper (and, with prime_filter_truncated, it holds no truncated "
+                          "row); a dropped group's rows get advantage 0 and no PRM label. TRL's batch is not "
+                          "refilled with other prompts (the released code samples 4x the prompts)."},
+    )
+    prime_filter_accuracy_lower: float = field(
+        default=0.2,
+        metadata={"help": "The prompt filter's lower bound: a group whose share of rows the verifier accepts is at or "
+                          "below it is dropped (the paper: 0.2)."},
+    )
+    prime_filter_accuracy_upper: float = field(
+        default=0.8,
+        metadata={"help": "The prompt filter's upper bound: a group whose accuracy is at or above it is dropped (the "
+                          "paper: 0.8)."},
+    )
+    prime_filter_truncated: bool = field(
+        default=True,
+        metadata={"help": "With prime_prompt_filter, also drop a group holding a truncated row (no EOS within "
+                          "max_completion_length), as both released codes do (verl recipe/prime: filter_truncate)."},
+    )
+
     def _check_prime_fields(self) -> None:
         """Validate the PRIME fields (run before GRPOConfig's ``__post_init__``)."""
         for name in ("prime_beta", "prime_learning_rate", "prime_grad_clip"):
@@ -110,5 +134,13 @@ class PrimeFields:
             if getattr(self, name) not in accepted:
                 listed = ", ".join(f"{key!r} ({meaning})" for key, meaning in accepted.items())
                 raise ValueError(f"{name} must be one of {listed}; got {getattr(self, name)!r}.")
-        if not isinstance(self.prime_whiten, bool):
-            raise ValueError(f"prime_whiten must be True or False, got {self.prime_whiten!r}.")
+        for name in ("prime_whiten", "prime_prompt_filter", "prime_filter_truncated"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        lower, upper = self.prime_filter_accuracy_lower, self.prime_filter_accuracy_upper
+        for name, value in (("prime_filter_accuracy_lower", lower), ("prime_filter_accuracy_upper", upper)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
+        if not lower < upper:
+            raise ValueError(f"prime_filter_accuracy_lower ({lower!r}) must be below prime_filter_accuracy_upper "
+                             f"({upper!r}): the filter keeps accuracies strictly between them.")

@@ -44,6 +44,7 @@ from trl_credit.prime.advantages import (
     whitened,
 )
 from trl_credit.prime.config import PrimeFields
+from trl_credit.prime.filter import kept_rows, truncated_rows
 from trl_credit.prime.prm import ImplicitPRM, checkpoint_callback
 
 __all__ = ["ImplicitPRMCredit", "SIGN_TOLERANCE"]
@@ -92,17 +93,19 @@ class ImplicitPRMCredit(Credit):
             ctx, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
             "prime/nonfinite_reward_rate").cpu()
         credited = (batch.scorable.cpu() & grouped & ~nonfinite)
+        if batch.success is None:
+            raise ValueError("credit='implicit_prm': the batch has no verifier verdicts (success_reward).")
+        # A truncated row's tokens too (mask_truncated_completions zeroes its completion_mask, not its reward).
+        generated = generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id)
+        if args.prime_prompt_filter and ctx.mode == "train":
+            credited = self._filtered(ctx, batch, credited, generated)
         local = batch.local_rows(credited)
         rows_here = local.nonzero().flatten().tolist()
         index = torch.tensor(rows_here, dtype=torch.long, device=device)
-        # A truncated row's tokens too (mask_truncated_completions zeroes its completion_mask, not its reward).
-        lengths = torch.tensor(generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id),
-                               device=device)
+        lengths = torch.tensor(generated, device=device)
         full_mask = (torch.arange(num_tokens, device=device)[None] < lengths[:, None]).long()
         rows = (batch.prompt_ids[index], batch.prompt_mask[index], completion_ids[index], full_mask[index])
         mask = full_mask[index].double()
-        if batch.success is None:
-            raise ValueError("credit='implicit_prm': the batch has no verifier verdicts (success_reward).")
         labels = batch.local_rows(batch.success.cpu())[local].double().to(device)
         num_credited = int(credited.sum())
         size = args.per_device_train_batch_size
@@ -164,6 +167,29 @@ class ImplicitPRMCredit(Credit):
             [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
+
+    @staticmethod
+    def _filtered(ctx, batch, credited, generated) -> torch.Tensor:
+        """Algorithm 1's prompt filter (:mod:`.filter`): the credited rows of the groups that pass; the others get
+        advantage 0 and no PRM label. Logs the share of groups dropped; warns once when a batch keeps none."""
+        args = ctx.args
+        last = [int(ids[n - 1]) if n else None for ids, n in zip(batch.completion_ids.tolist(), generated)]
+        truncated = torch.tensor(ctx.gather_rows(truncated_rows(last, [*ctx.eos_token_ids, ctx.pad_token_id])))
+        kept, num_groups, num_dropped = kept_rows(
+            batch.group_ids, credited, batch.success.cpu(), truncated, args.prime_filter_accuracy_lower,
+            args.prime_filter_accuracy_upper, args.prime_filter_truncated)
+        if num_groups:
+            ctx.metric("prime/filtered_group_rate", num_dropped / num_groups)
+        if num_groups and num_dropped == num_groups:
+            why = " or holds a truncated row" if args.prime_filter_truncated else ""
+            ctx.warn("prime_all_filtered", (
+                f"{ctx.speaker()}: every group of a generation batch was dropped by PRIME's prompt filter (its "
+                f"accuracy is not strictly between prime_filter_accuracy_lower={args.prime_filter_accuracy_lower} "
+                f"and prime_filter_accuracy_upper={args.prime_filter_accuracy_upper}{why}): the batch trains "
+                "nothing, policy or PRM. prime/filtered_group_rate logs the share every step. Train on prompts of "
+                "mixed difficulty, raise max_completion_length, widen the bounds, or set "
+                "prime_prompt_filter=False."))
+        return kept
 
     @staticmethod
     def _log_prm(ctx, batch, rows_here, labels, rewards, first) -> None:
