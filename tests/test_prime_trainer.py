@@ -49,20 +49,36 @@ def logps_of(model, batch):
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch["completion_ids"][..., None])[..., 0]
 
 
-def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_model_path, tiny_dataset, tmp_path):
+def forward_counter(module):
+    """A list that grows by one at each forward of ``module``."""
+    calls = []
+    module.register_forward_hook(lambda *args: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("trl_beta", [0.0, 0.04], ids=["no_kl", "kl"])
+def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_model_path, tiny_dataset, tmp_path,
+                                                                         trl_beta):
+    """With TRL's beta > 0 TRL scores the rows with its reference model, the PRM's reference too (full weights): PRIME
+    reuses those log-probs, so the reference runs one forward per batch (8 rows, one chunk), not two."""
     from transformers import AutoModelForCausalLM
 
     beta, lr = 0.05, 1e-2
     # float32 (TRL turns bf16 on by default, on the CPU too): the reference below runs without autocast, and Adam's
     # first step, lr * g / (|g| + eps), turns bf16's rounding of small gradients into whole steps.
     trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward],
-                            args=tiny_args(tmp_path, bf16=False, prime_grad_clip=0.05), train_dataset=tiny_dataset)
+                            args=tiny_args(tmp_path, bf16=False, prime_grad_clip=0.05, beta=trl_beta),
+                            train_dataset=tiny_dataset)
     assert isinstance(trainer.credit, ImplicitPRMCredit) and trainer._name == "groups x implicit_prm"
+    reference_forwards = forward_counter(trainer.credit.prm.reference)
+    if trl_beta:
+        assert trainer.credit.prm.reference is trainer.ref_model
     policy_grads = []
     trainer.add_credit_callback(lambda step: policy_grads.append(
         [p.grad is None or not p.grad.any() for p in trainer.model.parameters()]))
     batches, losses = recorded(trainer)
     trainer.train()
+    assert len(reference_forwards) == 1  # TRL's (kl) or PRIME's (no_kl): one reference forward of the batch
     assert policy_grads and all(all(flags) for flags in policy_grads)  # the PRM's update left the policy's alone
     batch = batches[0]
     mask = batch["completion_mask"].double()
@@ -117,7 +133,8 @@ def test_one_step_equals_a_hand_made_prm_update_and_the_papers_advantage(tiny_mo
 
     log = next(entry for entry in trainer.state.log_history if "prime/prm_loss" in entry)
     assert log["prime/prm_loss"] == pytest.approx(math.log(2))  # the PRM as it met the batch: r_phi = 0
-    assert log["prime/prm_accuracy"] == 0.5  # every r_phi(y) = 0: sigma = 1/2 predicts neither
+    if not trl_beta:  # with TRL's reference log-probs r_phi(y) is their rounding against PRIME's forward, not 0
+        assert log["prime/prm_accuracy"] == 0.5  # every r_phi(y) = 0: sigma = 1/2 predicts neither
     correct = [float(scores[i]) for i in range(8) if valid[i] and labels[i] == 1]
     wrong = [float(scores[i]) for i in range(8) if valid[i] and labels[i] == 0]
     assert log["prime/sequence_reward_correct"] == pytest.approx(sum(correct) / len(correct), abs=1e-5)
@@ -430,3 +447,95 @@ def test_a_batch_the_filter_empties_trains_nothing_and_warns_once(tiny_model_pat
     assert not trainer.credit.prm.optimizer.state  # the PRM never stepped
     rates = [e["prime/filtered_group_rate"] for e in trainer.state.log_history if "prime/filtered_group_rate" in e]
     assert rates == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------------- update order, references
+def hand_updated_prm(model_path, batch, valid, labels, beta, lr, clip):
+    """The PRM after one AdamW step of L_CE on ``batch``'s ``valid`` rows, redone by hand on a fresh copy of the
+    initial policy (as in the first test), and the reference (the initial policy)."""
+    from transformers import AutoModelForCausalLM
+
+    prm = AutoModelForCausalLM.from_pretrained(model_path)
+    ref = AutoModelForCausalLM.from_pretrained(model_path)
+    keep = torch.tensor(valid)
+    rows = {k: v[keep] for k, v in batch.items() if torch.is_tensor(v) and v.dim() == 2 and k != "advantages"}
+    with torch.no_grad():
+        ref_logps = logps_of(ref, rows).double()
+    s = beta * ((logps_of(prm, rows).double() - ref_logps) * rows["completion_mask"]).sum(dim=1)
+    y = labels[keep]
+    loss = -(y * torch.log(torch.sigmoid(s)) + (1 - y) * torch.log(1 - torch.sigmoid(s))).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(prm.parameters()), clip)
+    torch.optim.AdamW(prm.parameters(), lr=lr, weight_decay=0.0).step()
+    return prm, ref
+
+
+def verdicts(trainer, batch):
+    lengths = [int(n) for n in batch["completion_mask"].sum(dim=1)]
+    texts = trainer.processing_class.batch_decode(
+        [ids[:n] for ids, n in zip(batch["completion_ids"].tolist(), lengths)], skip_special_tokens=True)
+    valid = [len(t) % 7 != 0 for t in texts]
+    labels = torch.tensor([float(len(t) % 2) for t in texts], dtype=torch.float64)
+    outcomes = [float(len(t) % 2) + float("the" in t) for t in texts]
+    return lengths, valid, labels, outcomes
+
+
+def test_after_scores_each_batch_with_its_updates_own_forward(tiny_model_path, tiny_dataset, tmp_path):
+    """prime_update="after": one PRM forward per batch (the update's, before its step, scores the batch), where
+    "before" runs two (update, then score). The second batch's advantages are those of the PRM updated by hand on the
+    first batch, scoring the second (the paper's advantage with plain loops)."""
+    forwards = {}
+    for order in ("before", "after"):
+        trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=tiny_args(
+            tmp_path / order, bf16=False, max_steps=2, prime_update=order), train_dataset=tiny_dataset)
+        calls = forward_counter(trainer.credit.prm.model)
+        batches, _ = recorded(trainer)
+        trainer.train()
+        forwards[order] = len(calls)
+    assert forwards == {"before": 4, "after": 2}  # 2 batches of 8 rows, one chunk each
+    first, second = batches
+    lengths, valid, labels, _ = verdicts(trainer, first)
+    assert 0 < sum(labels[valid]) < sum(valid)
+    prm, ref = hand_updated_prm(tiny_model_path, first, valid, labels, 0.05, 1e-2, 10.0)
+    with torch.no_grad():
+        prm_logps, ref_logps = logps_of(prm, second).double(), logps_of(ref, second).double()
+    lengths, valid, _, outcomes = verdicts(trainer, second)
+    expected = reference_advantages(prm_logps.tolist(), ref_logps.tolist(), lengths, [i // 4 for i in range(8)],
+                                    valid, outcomes, 0.05, 1.0, norm=True, whiten=True, process_coef=1.0,
+                                    outcome_coef=1.0)
+    assert any(max(row) - min(row) > 1e-3 for row, v in zip(expected, valid) if v and len(row) > 1)
+    for i in range(8):
+        assert second["advantages"][i, :lengths[i]].tolist() == pytest.approx(expected[i], abs=2e-4), i
+
+
+def test_sync_ref_model_keeps_the_prms_reference_at_the_initial_weights(tiny_model_path, tiny_dataset, tmp_path):
+    """TRL's sync_ref_model moves TRL's reference toward the policy; the PRM's implicit rewards are against a fixed
+    reference, so it gets its own frozen copy (with a warning), which the sync leaves at the initial weights."""
+    args = tiny_args(tmp_path, bf16=False, max_steps=2, beta=0.04, sync_ref_model=True, ref_model_sync_steps=1,
+                     ref_model_mixup_alpha=0.5)
+    with pytest.warns(UserWarning, match="sync_ref_model=True: TRL's reference model drifts"):
+        trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=args,
+                                train_dataset=tiny_dataset)
+    prm = trainer.credit.prm
+    assert prm.reference is not trainer.ref_model and not prm.reference_is_trls
+    initial = [p.detach().clone() for p in prm.reference.parameters()]
+    trl_initial = [p.detach().clone() for p in trainer.ref_model.parameters()]
+    trainer.train()
+    assert all(torch.equal(a, p) for a, p in zip(initial, prm.reference.parameters()))
+    assert any(not torch.equal(a, p) for a, p in zip(trl_initial, trainer.ref_model.parameters()))  # TRL's moved
+
+
+def test_trls_reference_logprobs_stand_in_only_once_the_prm_has_moved(tiny_model_path, tiny_dataset, tmp_path):
+    """prime_update="after" with TRL's beta > 0: the first batch meets the PRM at its initialization (π_φ = π_ref),
+    whose rewards must be exactly 0, so PRIME runs its own reference forward there (TRL's fused LM head rounds
+    differently): each row's advantage is its outcome term alone, constant over its tokens. The second batch meets a
+    PRM that has stepped, and reuses TRL's: 3 reference forwards over 2 batches, not 4."""
+    trainer = CreditTrainer(tiny_model_path, [accuracy_reward, format_reward], args=tiny_args(
+        tmp_path, bf16=False, max_steps=2, prime_update="after", beta=0.04), train_dataset=tiny_dataset)
+    calls = forward_counter(trainer.ref_model)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    assert len(calls) == 3
+    for advantages, mask in zip(batches[0]["advantages"], batches[0]["completion_mask"]):
+        values = advantages[mask.bool()]
+        assert torch.equal(values, values[0].expand_as(values))

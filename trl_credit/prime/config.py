@@ -15,10 +15,10 @@ __all__ = ["PrimeFields", "UPDATE_ORDERS", "PROCESS_NORMS"]
 
 #: When the implicit PRM learns from a batch, relative to scoring it.
 UPDATE_ORDERS = {
-    "before": "update on the batch, then score it with the updated PRM (the paper's Algorithm 1; verl's 'before', "
-              "a second PRM forward)",
-    "after": "score the batch, then update on it (verl's 'after'): the rewards come from the PRM of the previous "
-             "batches",
+    "before": "update on the batch, then score it with the updated PRM (verl's default 'before' and the paper's "
+              "prose; a second PRM forward)",
+    "after": "score the batch, then update on it (Algorithm 1 as printed, verl's 'after'): the rewards come from the "
+             "PRM of the previous batches, computed by the update's own forward (one PRM forward)",
 }
 #: How the token rewards are scaled before the advantage.
 PROCESS_NORMS = {
@@ -55,8 +55,9 @@ class PrimeFields:
     prime_update: str = field(
         default="before",
         metadata={"help": "When the PRM learns from a generation batch: 'before' (update on the batch's outcome "
-                          "labels, then score it: the paper) or 'after' (score with the PRM of the previous "
-                          "batches, then update)."},
+                          "labels, then score it: verl's default and the paper's prose, two PRM forwards) or 'after' "
+                          "(score with the PRM of the previous batches, then update: Algorithm 1 as printed, the "
+                          "update's forward scores, one PRM forward)."},
     )
     prime_updates_per_batch: int = field(
         default=1,

@@ -113,10 +113,13 @@ class ImplicitPRMCredit(Credit):
         def sum_across_processes(tensor):
             return ctx.gather(tensor[None]).sum(dim=0)
 
-        reference = self.prm.reference_logps(rows, size, ctx.autocast).double()
         beta, updates = args.prime_beta, args.prime_updates_per_batch
         if ctx.mode != "train":
             updates = 0  # evaluation batches are scored by the PRM, never learned from
+        # Whether the PRM scoring this batch has taken a step (before it, or on an earlier batch): it then differs from
+        # its reference by more than two kernels' rounding, and TRL's reference log-probs can stand for PRIME's.
+        moved = bool(self.prm.optimizer.state) or (args.prime_update == "before" and updates > 0 and num_credited > 0)
+        reference = self._reference_logps(ctx, batch, output, rows, index, lengths, moved)
         first = None  # the first update's loss and pre-step sequence rewards: the PRM as it met this batch
 
         def learn():
@@ -128,10 +131,11 @@ class ImplicitPRMCredit(Credit):
 
         if args.prime_update == "before":
             learn()
-        prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
-        rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
-        if args.prime_update == "after":
+            prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
+        else:  # "after": the update's own forward (before its step) scores the batch, as verl's single forward
             learn()
+            prm = (first["logps"] if first is not None else self.prm.prm_logps(rows, size, ctx.autocast)).double()
+        rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
         self._log_prm(ctx, batch, rows_here, labels, rewards, first)
 
         if args.prime_process_norm == "batch_max":
@@ -167,6 +171,20 @@ class ImplicitPRMCredit(Credit):
             [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
+
+    def _reference_logps(self, ctx, batch, output, rows, index, lengths, moved: bool) -> torch.Tensor:
+        """log π_ref of the credited rows of this process. With TRL's ``beta > 0`` TRL has scored these rows with the
+        same model (``ref_per_token_logps``): reused when its distribution is PRIME's (temperature 1: TRL's log-probs
+        are of logits / temperature), TRL attended to every generated token of them (``mask_truncated_completions``
+        hides a truncated row's) and the PRM has ``moved`` from its initialization. Until then π_φ = π_ref and the
+        implicit rewards must be exactly 0, which only the same forward on both sides gives (TRL's fused LM head
+        rounds differently from PRIME's, ~5e-7 per log-prob, and the batch_max scaling would blow that up). Else
+        one forward of PRIME's reference."""
+        trl_reference = output.get("ref_per_token_logps")
+        if (moved and trl_reference is not None and self.prm.reference_is_trls and ctx.args.temperature == 1.0
+                and bool((batch.completion_mask[index].sum(dim=1) == lengths[index]).all())):
+            return trl_reference[index].double()
+        return self.prm.reference_logps(rows, ctx.args.per_device_train_batch_size, ctx.autocast).double()
 
     @staticmethod
     def _filtered(ctx, batch, credited, generated) -> torch.Tensor:
