@@ -450,9 +450,10 @@ def test_a_batch_the_filter_empties_trains_nothing_and_warns_once(tiny_model_pat
 
 
 # ------------------------------------------------------------------------------------------- update order, references
-def hand_updated_prm(model_path, batch, valid, labels, beta, lr, clip):
+def hand_updated_prm(model_path, batch, valid, labels, beta, lr, clip, ce_mask=None):
     """The PRM after one AdamW step of L_CE on ``batch``'s ``valid`` rows, redone by hand on a fresh copy of the
-    initial policy (as in the first test), and the reference (the initial policy)."""
+    initial policy (as in the first test), and the reference (the initial policy). ``ce_mask``: the tokens whose
+    log-ratios make r_phi(y) (default: every completion token)."""
     from transformers import AutoModelForCausalLM
 
     prm = AutoModelForCausalLM.from_pretrained(model_path)
@@ -461,7 +462,8 @@ def hand_updated_prm(model_path, batch, valid, labels, beta, lr, clip):
     rows = {k: v[keep] for k, v in batch.items() if torch.is_tensor(v) and v.dim() == 2 and k != "advantages"}
     with torch.no_grad():
         ref_logps = logps_of(ref, rows).double()
-    s = beta * ((logps_of(prm, rows).double() - ref_logps) * rows["completion_mask"]).sum(dim=1)
+    tokens = (rows["completion_mask"] if ce_mask is None else ce_mask[keep]).double()
+    s = beta * ((logps_of(prm, rows).double() - ref_logps) * tokens).sum(dim=1)
     y = labels[keep]
     loss = -(y * torch.log(torch.sigmoid(s)) + (1 - y) * torch.log(1 - torch.sigmoid(s))).mean()
     loss.backward()
@@ -539,3 +541,53 @@ def test_trls_reference_logprobs_stand_in_only_once_the_prm_has_moved(tiny_model
     for advantages, mask in zip(batches[0]["advantages"], batches[0]["completion_mask"]):
         values = advantages[mask.bool()]
         assert torch.equal(values, values[0].expand_as(values))
+
+
+# ------------------------------------------------------------------------------------------- multi-turn rows
+def test_tool_result_tokens_get_no_reward_no_ce_and_no_advantage(tiny_model_path, tiny_dataset, tmp_path):
+    """A user's rollout_func (accepted: PRIME generates nothing itself) returns fixed 2-turn completions: 3 model
+    tokens, a 2-token tool result (env_mask 0, TRL's tool_mask), then model tokens up to EOS. The forwards attend to
+    every token, but only the model's own carry implicit rewards, the PRM's CE, the row means, the largest return and
+    the whitening; the tool tokens get advantage 0. Expected: the PRM's update redone by hand with r_phi(y) summed over
+    the model tokens, then the paper's advantage with plain loops over each row's model tokens alone (gamma 1, so
+    dropping the tool tokens from a row changes none of its returns)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [7, 8, 6, 9, 8, 7, 9, 6]  # EOS (id 2) included
+    completions = [torch.randint(3, 300, (n - 1,), generator=generator).tolist() + [2] for n in lengths]
+    env_mask = [[1, 1, 1, 0, 0] + [1] * (n - 5) for n in lengths]
+    prompt = torch.randint(3, 300, (5,), generator=generator).tolist()
+
+    def rollout_func(prompts, trainer):
+        assert len(prompts) == 8
+        return {"prompt_ids": [prompt] * 8, "completion_ids": completions,
+                "logprobs": [[0.0] * n for n in lengths], "env_mask": env_mask}
+
+    def verifier(completions, **kwargs):
+        return [float(i in (0, 1, 4)) for i in range(len(completions))]  # group accuracies 0.5 and 0.25
+
+    def formatting(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    trainer = CreditTrainer(tiny_model_path, [verifier, formatting], args=tiny_args(tmp_path, bf16=False),
+                            train_dataset=tiny_dataset, rollout_func=rollout_func)
+    batches, _ = recorded(trainer)
+    trainer.train()
+    batch = batches[0]
+    assert batch["completion_ids"].tolist() == [c + [0] * (9 - len(c)) for c in completions]
+    own = (batch["tool_mask"] * batch["completion_mask"]).double()
+    assert own.sum(dim=1).tolist() == [n - 2 for n in lengths]
+    labels = torch.tensor([float(i in (0, 1, 4)) for i in range(8)], dtype=torch.float64)
+    prm, ref = hand_updated_prm(tiny_model_path, batch, [True] * 8, labels, 0.05, 1e-2, 10.0, ce_mask=own)
+    with torch.no_grad():
+        prm_logps, ref_logps = logps_of(prm, batch).double(), logps_of(ref, batch).double()
+    keep = [[t for t in range(9) if own[i, t]] for i in range(8)]
+    expected = reference_advantages(
+        [[prm_logps[i, t].item() for t in keep[i]] for i in range(8)],
+        [[ref_logps[i, t].item() for t in keep[i]] for i in range(8)], [len(k) for k in keep],
+        [i // 4 for i in range(8)], [True] * 8, labels.tolist(), 0.05, 1.0, norm=True, whiten=True,
+        process_coef=1.0, outcome_coef=1.0)
+    got = batch["advantages"]
+    assert (got[:, 3:5] == 0).all()  # the tool result
+    for i in range(8):
+        assert got[i, keep[i]].tolist() == pytest.approx(expected[i], abs=2e-4), i
+    assert any(max(row) - min(row) > 1e-3 for row in expected)  # the process part is not flat

@@ -3,10 +3,14 @@
 "Implicit process rewards").
 Per generation batch:
 
-- The credited rows (scorable, in a group, their group free of ±inf rewards; a truncated row too: TRL masks its
-  loss, not its reward) are scored by the reference π_ref; the implicit PRM π_φ takes ``prime_updates_per_batch``
-  AdamW steps of L_CE on their outcome labels (the verifier's verdicts, ``success_reward``) before
-  (``prime_update="before"``, the paper) or after scoring them.
+- The credited rows (scorable, in a group, their group free of ±inf rewards and, in training, kept by the paper's
+  prompt filter (:mod:`.filter`); a truncated row too unless the filter drops its group: TRL masks its loss, not its
+  reward) are scored by the reference π_ref (or TRL's reference log-probs reused); the implicit PRM π_φ takes
+  ``prime_updates_per_batch`` AdamW steps of L_CE on their outcome labels (the verifier's verdicts,
+  ``success_reward``) before (``prime_update="before"``) or after (``"after"``, scored by the update's forward)
+  scoring them.
+- Only the model's own tokens carry rewards, the CE and the statistics: tokens that tools, environments or a
+  rollout_func's ``env_mask`` inserted (TRL's ``tool_mask`` 0) are context for the forwards, nothing more.
 - Token rewards r_t = β log π_φ / π_ref (:func:`~.advantages.token_rewards`), optionally scaled by the batch's
   largest |return|; the leave-one-out baseline of each row from the other rows' mean token rewards; the process
   returns plus the RLOO outcome advantage of TRL's weighted total reward (:mod:`.advantages`), optionally whitened
@@ -26,7 +30,6 @@ from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import only, register_part
-from trl_credit.core.setup import check_single_turn
 from trl_credit.core.success import total_rewards
 from trl_credit.core.trainer import Credit
 from trl_credit.prime.advantages import (
@@ -69,7 +72,8 @@ class ImplicitPRMCredit(Credit):
         self.prm = None
 
     def setup(self, trainer) -> None:
-        check_single_turn(trainer, "credit='implicit_prm'")
+        # Tools, environments and a user's rollout_func are accepted: PRIME generates nothing itself, and the tokens
+        # they insert (TRL's tool_mask 0) are no action of the model's: no implicit reward, no CE, no advantage.
         for flag, what in (("is_deepspeed_enabled", "DeepSpeed"), ("is_fsdp_enabled", "FSDP")):
             if getattr(trainer, flag, False):
                 raise ValueError(f"credit='implicit_prm' does not run under {what}: its implicit PRM is updated "
@@ -104,8 +108,13 @@ class ImplicitPRMCredit(Credit):
         index = torch.tensor(rows_here, dtype=torch.long, device=device)
         lengths = torch.tensor(generated, device=device)
         full_mask = (torch.arange(num_tokens, device=device)[None] < lengths[:, None]).long()
+        # The forwards attend to every generated token (tool results are context); the model's own tokens (TRL's
+        # tool_mask: 1, from tools, environments or a rollout_func's env_mask) carry the rewards, the CE and the
+        # statistics.
         rows = (batch.prompt_ids[index], batch.prompt_mask[index], completion_ids[index], full_mask[index])
         mask = full_mask[index].double()
+        if output.get("tool_mask") is not None:
+            mask = mask * output["tool_mask"][index].double()
         labels = batch.local_rows(batch.success.cpu())[local].double().to(device)
         num_credited = int(credited.sum())
         size = args.per_device_train_batch_size
@@ -165,7 +174,10 @@ class ImplicitPRMCredit(Credit):
         advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64, device=device)
         if rows_here:
             advantages[index] = values
-        sequence = ctx.gather_rows(advantages[:, 0].tolist())  # a row's first token's advantage, every row
+        # a row's first own token's advantage (its first token, unless a rollout_func's row opens with an env token)
+        own = full_mask * output["tool_mask"] if output.get("tool_mask") is not None else full_mask
+        first = own.float().argmax(dim=1)
+        sequence = ctx.gather_rows(advantages[torch.arange(num_local, device=device), first].tolist())
         batch.log_advantages(sequence)
         batch.sequence_signs = torch.tensor(
             [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
