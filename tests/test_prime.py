@@ -264,3 +264,20 @@ def test_rollouts_other_than_groups_are_refused_by_name(rollout):
     with pytest.raises(ValueError, match=f"credit='implicit_prm' with rollout='{rollout}'.*needs rollout='groups'|"
                                          f"rollout='{rollout}'.*implicit_prm"):
         CreditConfig("out", use_cpu=True, **extra)
+
+
+@pytest.mark.parametrize("stage,fsdp,refused", [(3, False, "DeepSpeed ZeRO-3"), (0, True, "FSDP"), (2, False, None)])
+def test_sharded_weights_are_refused_and_zero2_is_not(stage, fsdp, refused):
+    """ZeRO-3 and FSDP shard the weights the PRM's own optimizer steps on: refused by name, before anything is built.
+    ZeRO-2 shards only the policy's optimizer state and gradients: setup goes on (here to its next check)."""
+    from types import SimpleNamespace
+
+    from trl_credit.prime.parts import ImplicitPRMCredit
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=stage > 0, is_fsdp_enabled=fsdp, args=SimpleNamespace(),
+                              accelerator=SimpleNamespace(state=SimpleNamespace(
+                                  deepspeed_plugin=SimpleNamespace(zero_stage=stage) if stage else None)))
+    expected = (f"does not run under {refused}: it shards the model's weights" if refused
+                else "learns from the verifier's verdicts: use CreditConfig")  # past the engine check
+    with pytest.raises(ValueError, match=expected):
+        ImplicitPRMCredit().setup(trainer)

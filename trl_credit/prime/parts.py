@@ -74,11 +74,19 @@ class ImplicitPRMCredit(Credit):
     def setup(self, trainer) -> None:
         # Tools, environments and a user's rollout_func are accepted: PRIME generates nothing itself, and the tokens
         # they insert (TRL's tool_mask 0) are no action of the model's: no implicit reward, no CE, no advantage.
-        for flag, what in (("is_deepspeed_enabled", "DeepSpeed"), ("is_fsdp_enabled", "FSDP")):
-            if getattr(trainer, flag, False):
-                raise ValueError(f"credit='implicit_prm' does not run under {what}: its implicit PRM is updated "
-                                 "outside the policy's engine (a LoRA adapter or a model copy with its own optimizer). "
-                                 "Use DDP (accelerate launch without a DeepSpeed/FSDP config).")
+        # ZeRO-1/2 shard the policy's optimizer state and gradients, not its weights: the PRM (an adapter of the
+        # policy, frozen to the policy's optimizer, or a copy outside the engine) computes and steps with whole
+        # weights there. ZeRO-3 and FSDP shard the weights themselves, the PRM adapter's too once the engine wraps the
+        # policy, and the PRM's own optimizer cannot step on shards it does not own.
+        stage = getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
+        for sharded, what in ((getattr(trainer, "is_deepspeed_enabled", False) and stage == 3, "DeepSpeed ZeRO-3"),
+                              (getattr(trainer, "is_fsdp_enabled", False), "FSDP")):
+            if sharded:
+                raise ValueError(
+                    f"credit='implicit_prm' does not run under {what}: it shards the model's weights, the implicit "
+                    "PRM's (a LoRA adapter on the policy or a model copy) included once the engine wraps the policy, "
+                    "while the PRM is trained by its own optimizer outside the engine, which needs whole weights. "
+                    "Use DeepSpeed ZeRO-2 (or ZeRO-1) or DDP.")
         if not hasattr(trainer.args, "success_reward"):
             raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
                              "success_reward names the verifier), not a plain GRPOConfig.")
