@@ -112,6 +112,33 @@ def test_batch_max_normalization_and_whitening_by_hand():
     assert whitened(values, mask, 1.0, 1.0, 1.0).tolist() == values.mul(mask).tolist()  # one value: unscaled
 
 
+def test_the_prompt_filter_by_hand():
+    from trl_credit.prime.filter import kept_rows, truncated_rows
+
+    # Groups of 5 (so that 0.2 and 0.8 are reachable). Group 0: 1 of 5 correct, accuracy 0.2: not strictly above the
+    # lower bound, dropped. Group 1: 3 of 5, 0.6: kept. Group 2: 4 of 5, 0.8: dropped. Group 3: 2 of 4 credited
+    # rows (its last row unscorable), 0.5: kept, unless a truncated row (the unscorable one counts too) drops it.
+    success = torch.tensor([1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0, 1, 0, 0], dtype=torch.bool)
+    groups = torch.arange(20) // 5
+    credited = torch.ones(20, dtype=torch.bool)
+    credited[19] = False
+    truncated = torch.zeros(20, dtype=torch.bool)
+    kept, groups_seen, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, True)
+    assert kept.tolist() == [False] * 5 + [True] * 5 + [False] * 5 + [True] * 4 + [False]
+    assert (groups_seen, dropped) == (4, 2)
+    truncated[19] = True  # group 3's unscorable row is truncated: the group goes too (verl: any row's length)
+    kept, _, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, True)
+    assert kept.tolist() == [False] * 5 + [True] * 5 + [False] * 10 and dropped == 3
+    kept, _, dropped = kept_rows(groups, credited, success, truncated, 0.2, 0.8, False)  # truncation ignored
+    assert dropped == 2 and kept[15:19].all()
+    # Wider bounds [0, 1): only all-correct groups go; a group with no credited row is not counted.
+    credited[5:10] = False
+    kept, groups_seen, dropped = kept_rows(groups, credited, success, truncated, 0.0, 1.0, False)
+    assert (groups_seen, dropped) == (3, 0) and kept.sum() == 14
+    # TRL's truncation: the last generated token neither EOS (2) nor padding (0); no token at all is truncated.
+    assert truncated_rows([2, 0, 7, None], [2, 0]) == [False, False, True, True]
+
+
 # ------------------------------------------------------------------------------------------- slow reference
 def reference_advantages(prm, ref, lengths, groups, valid, outcomes, beta, gamma, norm, whiten, process_coef,
                          outcome_coef):
@@ -136,11 +163,13 @@ def reference_advantages(prm, ref, lengths, groups, valid, outcomes, beta, gamma
         for t in range(lengths[i]):
             ret = sum(gamma ** (s - t) * (r[i][s] - b) for s in range(t, lengths[i]))
             A[i][t] = process_coef * ret + outcome_coef * outcome
-    if whiten:
-        pool = [A[i][t] for i in range(n) if valid[i] for t in range(lengths[i])]
+    if whiten:  # over the rows with a baseline only: a row alone in its group keeps 0 and is out of the moments
+        compared = [valid[i] and any(j != i and valid[j] and groups[j] == groups[i] for j in range(n))
+                    for i in range(n)]
+        pool = [A[i][t] for i in range(n) if compared[i] for t in range(lengths[i])]
         mean = sum(pool) / len(pool)
         var = sum((x - mean) ** 2 for x in pool) / (len(pool) - 1)
-        A = [[(x - mean) / math.sqrt(var + 1e-8) if valid[i] else 0.0 for x in A[i]] for i in range(n)]
+        A = [[(x - mean) / math.sqrt(var + 1e-8) if compared[i] else 0.0 for x in A[i]] for i in range(n)]
     return A
 
 
@@ -170,7 +199,7 @@ def test_the_functions_equal_the_slow_reference(seed, norm, whiten, gamma):
     assert any(v and sum(valid[j] for j in range(n) if groups[j] == groups[i]) == 1 for i, v in enumerate(valid)) \
         or seed != 0  # seed 0 holds a valid row alone in its group (no baseline: 0)
     if whiten:
-        trained = mask * valid_t[:, None]
+        trained = mask * has_baseline(groups_t, valid_t)[:, None]
         values = whitened(values, trained, float((values * trained).sum()), float((values ** 2 * trained).sum()),
                           float(trained.sum()))
     for i in range(n):
@@ -185,7 +214,10 @@ def test_config_fields_defaults_and_checks():
     config = CreditConfig("out", credit="implicit_prm", use_cpu=True)
     assert (config.prime_beta, config.prime_learning_rate, config.prime_update, config.prime_updates_per_batch,
             config.prime_process_coef, config.prime_outcome_coef, config.prime_gamma, config.prime_process_norm,
-            config.prime_whiten) == (0.05, 1e-6, "before", 1, 1.0, 1.0, 1.0, "batch_max", True)
+            config.prime_whiten, config.prime_grad_clip) == (0.05, 1e-6, "before", 1, 1.0, 1.0, 1.0, "batch_max", True,
+                                                             10.0)
+    assert (config.prime_prompt_filter, config.prime_filter_accuracy_lower, config.prime_filter_accuracy_upper,
+            config.prime_filter_truncated) == (True, 0.2, 0.8, True)  # Algorithm 1's bounds, the codes' truncation
     for field, value, message in [
         ("prime_beta", 0.0, "prime_beta must be a finite number > 0"),
         ("prime_learning_rate", float("nan"), "prime_learning_rate must be a finite number > 0"),
@@ -195,6 +227,11 @@ def test_config_fields_defaults_and_checks():
         ("prime_updates_per_batch", -1, "prime_updates_per_batch must be an integer >= 0"),
         ("prime_outcome_coef", -1.0, "prime_outcome_coef must be a finite number >= 0"),
         ("prime_whiten", "yes", "prime_whiten must be True or False"),
+        ("prime_grad_clip", 0.0, "prime_grad_clip must be a finite number > 0"),
+        ("prime_prompt_filter", 1, "prime_prompt_filter must be True or False"),
+        ("prime_filter_truncated", "no", "prime_filter_truncated must be True or False"),
+        ("prime_filter_accuracy_lower", -0.1, r"prime_filter_accuracy_lower must be a number in \[0, 1\]"),
+        ("prime_filter_accuracy_upper", 0.1, "prime_filter_accuracy_lower .* must be below"),
     ]:
         with pytest.raises(ValueError, match=message):
             CreditConfig("out", credit="implicit_prm", use_cpu=True, **{field: value})
@@ -227,3 +264,20 @@ def test_rollouts_other_than_groups_are_refused_by_name(rollout):
     with pytest.raises(ValueError, match=f"credit='implicit_prm' with rollout='{rollout}'.*needs rollout='groups'|"
                                          f"rollout='{rollout}'.*implicit_prm"):
         CreditConfig("out", use_cpu=True, **extra)
+
+
+@pytest.mark.parametrize("stage,fsdp,refused", [(3, False, "DeepSpeed ZeRO-3"), (0, True, "FSDP"), (2, False, None)])
+def test_sharded_weights_are_refused_and_zero2_is_not(stage, fsdp, refused):
+    """ZeRO-3 and FSDP shard the weights the PRM's own optimizer steps on: refused by name, before anything is built.
+    ZeRO-2 shards only the policy's optimizer state and gradients: setup goes on (here to its next check)."""
+    from types import SimpleNamespace
+
+    from trl_credit.prime.parts import ImplicitPRMCredit
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=stage > 0, is_fsdp_enabled=fsdp, args=SimpleNamespace(),
+                              accelerator=SimpleNamespace(state=SimpleNamespace(
+                                  deepspeed_plugin=SimpleNamespace(zero_stage=stage) if stage else None)))
+    expected = (f"does not run under {refused}: it shards the model's weights" if refused
+                else "learns from the verifier's verdicts: use CreditConfig")  # past the engine check
+    with pytest.raises(ValueError, match=expected):
+        ImplicitPRMCredit().setup(trainer)

@@ -1,5 +1,5 @@
 """Golden values of credit="implicit_prm" (PRIME): two fixed-seed steps on the tiny model, full weights with the
-``grpo`` loss and LoRA with the ``dapo`` loss (float32), pinned in tests/golden/prime.json: the generated token ids
+``grpo`` loss and LoRA with the ``dapo`` loss, and full weights with the paper's prompt filter (float32), pinned in tests/golden/prime.json: the generated token ids
 exactly, the advantages reaching TRL's loss, the prime/ metrics, the losses and a checksum of the PRM's weights
 within rtol 1e-6 (as tests/test_golden.py, on the recording machine's kind of CPU). A refactor changes none of them;
 a change meant to move them re-records, saying which moved and why:
@@ -24,6 +24,9 @@ RTOL, ATOL = 1e-6, 1e-7
 SCENARIOS = {
     "full/grpo": dict(loss_type="grpo"),
     "lora/dapo": dict(loss_type="dapo", learning_rate=1e-3, prime_learning_rate=1e-3),
+    # the paper's prompt filter (on by default; tiny_args turns it off for the scenarios above, recorded before it
+    # existed): the accuracy bounds only, since the tiny model truncates most rows at 10 tokens
+    "full/grpo/filter": dict(loss_type="grpo", prime_prompt_filter=True, prime_filter_truncated=False),
 }
 
 

@@ -250,4 +250,4 @@ def test_removing_the_prime_registration_removes_the_implicit_prm_credit_cleanly
         assert "implicit_prm" not in module.accepted_parts("credit") and "process" in module.accepted_parts("credit")
         print(len(prime))
     """)
-    assert out.split() == ["9"]
+    assert out.split() == ["14"]  # PRIME's fields (docs/process.md#configuration)

@@ -187,8 +187,8 @@ def test_every_grid_method_trains_two_steps_on_the_reduced_model(method, reduced
 
 def test_method_fields_set_prime_prm_rate_at_the_released_ratio_to_the_policy_rate():
     # the released recipe: PRM 1e-6 for a policy at 5e-7, so 2x; every other method's fields do not depend on it
-    assert runner.method_fields(runner.method_spec("prime"), 1e-3) == dict(credit="implicit_prm",
-                                                                          prime_learning_rate=2e-3)
+    assert runner.method_fields(runner.method_spec("prime"), 1e-3) == dict(
+        credit="implicit_prm", prime_learning_rate=2e-3, prime_prompt_filter=False, prime_grad_clip=1.0)
     for method in set(runner.METHODS) - {"prime"}:
         spec = runner.method_spec(method)
         assert runner.method_fields(spec, 1e-3) == spec["fields"]

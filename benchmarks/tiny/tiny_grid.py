@@ -19,7 +19,8 @@ One command runs it all and resumes (a run whose JSON exists with the same setti
 3. **Report** (``benchmarks/tiny/tiny_report.py``): tables, paired differences to GRPO, figures, the claims table.
 
 Runs are spread over ``--workers`` processes of one thread each. Every run records its training and evaluation CPU
-seconds. Methods: trl_credit.testbed.runner.METHODS (``process`` only where ``credit="process"`` exists).
+seconds. Methods: trl_credit.testbed.runner.METHODS (``process`` only where ``credit="process"`` exists) and
+:data:`VARIANTS` (not in the default list: name them with ``--methods``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ RESULTS = os.path.join(RESULTS_ROOT, "tiny")
 RUN_KEYS = ("steps", "eval_every", "eval_samples", "model_digest", "passk_samples", "passk_problems")
 #: the validation problems of the sweep: drawn apart from the train and test splits of sums.make_dataset
 VALIDATION_SEED, VALIDATION_SIZE = 7, 256
+
+
+#: Grid methods that are a testbed method with other fields, named so that the difference shows in their file names:
+#: name -> (the testbed method, its fields replaced). "prime_filter": PRIME at the current defaults, the paper's prompt
+#: filter (Algorithm 1: 0.2 < group accuracy < 0.8, no truncated row) and the recipe's PRM clip of 10.0, where the
+#: testbed's "prime" pins the settings of its committed rows (no filter, clip 1.0) (issue 62).
+VARIANTS = {"prime_filter": ("prime", dict(prime_prompt_filter=True, prime_grad_clip=10.0))}
+
+
+def method_spec(name: str) -> dict:
+    """The testbed's ``runner.method_spec`` of ``name``, or of a :data:`VARIANTS` entry."""
+    from trl_credit.testbed import runner
+
+    if name in VARIANTS:
+        base, fields = VARIANTS[name]
+        spec = runner.method_spec(base)
+        return dict(spec, fields=dict(spec["fields"], **fields))
+    return runner.method_spec(name)
 
 
 def _setup_worker():
@@ -95,7 +114,7 @@ def one_run(job: dict) -> dict:
     _setup_worker()
     from trl_credit.testbed import runner
 
-    spec = runner.method_spec(job["method"])
+    spec = method_spec(job["method"])
     test = validation_split() if job["split"] == "validation" else None
     base = job["base"]
     # pass@k up to passk_samples at the last evaluation of the reported runs (the sweep picks by its curves only)
@@ -228,7 +247,7 @@ def main(argv=None):
     available = []
     for method in methods:
         try:
-            runner.method_spec(method)
+            method_spec(method)
             if method == "process":
                 import trl_credit.process  # noqa: F401
             available.append(method)

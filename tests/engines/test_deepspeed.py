@@ -4,7 +4,9 @@
 Each launch trains the trainers of tests/mp_scripts/engine_trainers.py one after the other (2 steps each, sampled
 generation, rewards [accuracy, format]); the first generation batch (made by the initial policy, the same on every
 launcher) must have the same completions and, within float round-off, the same advantages, and the first step the same
-loss. ZeRO-3 also trains and saves a LoRA adapter. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
+loss. ZeRO-3 also trains and saves a LoRA adapter. PRIME (``prime``: its PRM a model copy, ``prime_lora``: a second
+LoRA adapter) runs under ZeRO-2 (ZeRO-3 shards the PRM's weights: refused, tests/test_prime.py), and its PRM's
+parameters after the first update equal DDP's. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
 from the default run): ``python -m pytest -m deepspeed tests/engines/test_deepspeed.py``.
 """
 
@@ -24,6 +26,7 @@ SCRIPT = "tests/mp_scripts/engine_trainers.py"
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "accelerate_configs"
 TRAINERS = ["grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
             "resets_oppo", "process"]
+ZERO2_ONLY = ["prime", "prime_lora"]  # PRIME refuses ZeRO-3 (its PRM is trained outside the engine)
 
 
 def _launch(launch, out_dir, names):
@@ -45,21 +48,23 @@ def _reports(out_dir, failure, name):
 @pytest.fixture(scope="module")
 def ddp_run(tiny_model_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    return out, _launch(lambda o, n: run_torchrun(SCRIPT, tiny_model_path, o, n), out, TRAINERS)
+    return out, _launch(lambda o, n: run_torchrun(SCRIPT, tiny_model_path, o, n), out, TRAINERS + ZERO2_ONLY)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
 def zero_run(request, tiny_model_path, tmp_path_factory):
     stage = request.param
     out = tmp_path_factory.mktemp(f"zero{stage}")
-    names = TRAINERS + (["lora"] if stage == 3 else [])
+    names = TRAINERS + (["lora"] if stage == 3 else ZERO2_ONLY)
     config = str(CONFIGS / f"zero{stage}_cpu.yaml")
     return stage, out, _launch(lambda o, n: run_accelerate(config, SCRIPT, tiny_model_path, o, n), out, names)
 
 
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name", TRAINERS + ZERO2_ONLY)
 def test_trainer_under_zero_matches_ddp_at_step_one(zero_run, ddp_run, name):
     stage, zero_out, zero_failure = zero_run
+    if stage == 3 and name in ZERO2_ONLY:
+        pytest.skip("PRIME refuses ZeRO-3 (tests/test_prime.py checks the refusal)")
     ddp = _reports(*ddp_run, name)
     zero = _reports(zero_out, zero_failure, name)
     for rank, (d, z) in enumerate(zip(ddp, zero)):
@@ -75,6 +80,13 @@ def test_trainer_under_zero_matches_ddp_at_step_one(zero_run, ddp_run, name):
         assert z["losses"][0] == pytest.approx(d["losses"][0], rel=1e-4, abs=1e-7)
     # a comparison of all-zero advantages would show nothing
     assert any(abs(a) > 1e-3 for report in ddp for row in report["rows"] for a in row["advantages"])
+    if name in ZERO2_ONLY:  # the PRM's update (its own AdamW, gradients summed over processes) is DDP's
+        for d, z in zip(ddp, zero):
+            assert d["prm"] and len(z["prm"]) == len(d["prm"])
+            for (sum_d, abs_d, head_d), (sum_z, abs_z, head_z) in zip(d["prm"], z["prm"]):
+                assert (sum_z, abs_z) == pytest.approx((sum_d, abs_d), rel=1e-5, abs=1e-6)
+                assert head_z == pytest.approx(head_d, rel=1e-5, abs=1e-6)
+        assert ddp[0]["prm"] == ddp[1]["prm"]  # every process took the same step
 
 
 def test_lora_adapter_saved_complete_under_zero3(zero_run):

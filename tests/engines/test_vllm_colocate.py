@@ -69,7 +69,7 @@ def rollout_calls(report: dict, step: int) -> list[dict]:
         r["temperature"] == 1.0 and r["max_tokens"] == CAP and not r["stop"] for r in c["rows"])]
 
 
-@pytest.mark.parametrize("case", ["grpo", "cue_grpo", "oppo", "process"])
+@pytest.mark.parametrize("case", ["grpo", "cue_grpo", "oppo", "process", "prime", "prime_lora"])
 def test_group_trainers_generate_their_rollouts_on_vllm(case, vllm_model, tmp_path):
     result, report = run_case(case, vllm_model, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -60,8 +60,11 @@ def build(case: str, model: str, output_dir: str):
                               train_dataset=dataset)
         assert case == "grpo_trl_push" or fix_colocate_push(trainer)
         return trainer
-    if case == "srpo_generate_lora":
+    if case in ("srpo_generate_lora", "prime_lora"):
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    # PRIME: the paper's prompt filter without its truncation test (the tiny model truncates most rows at 12 tokens);
+    # with LoRA the PRM is a second adapter, which must never reach vLLM (the push checks vLLM holds the policy's)
+    prime = dict(credit="implicit_prm", prime_learning_rate=1e-2, prime_filter_truncated=False)
     trainer_name, config_name, fields = {
         "cue_grpo": ("CueGRPOTrainer", "CueGRPOConfig", {}),
         "oppo": ("OPPOTrainer", "OPPOConfig", {}),
@@ -71,6 +74,8 @@ def build(case: str, model: str, output_dir: str):
         "resets_oppo": ("CreditTrainer", "CreditConfig", dict(srpo, rollout="resets", credit="oppo")),
         "process": ("CreditTrainer", "CreditConfig",
                     dict(credit="process", process_step_reward="engines_step_parity", process_thought_delimiter=" ")),
+        "prime": ("CreditTrainer", "CreditConfig", prime),
+        "prime_lora": ("CreditTrainer", "CreditConfig", prime),
     }[case]
     if case == "process":
         from trl_credit.process import register_step_reward

@@ -11,7 +11,9 @@ and completion ids, advantages, per token when they are), the logged losses and 
 The users' scenario: two reward functions (an accuracy-like verifier first, a format reward second). The frozen
 helpers are loaded by the user after the config, as the docs show (``cue_judge``: a Cue-GRPO judge model;
 ``datpo``: ``load_default_embedder()``): under ZeRO-3 they are born partitioned. NAME ``lora``
-trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_adapter``.
+trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_adapter``. NAME ``prime`` /
+``prime_lora``: PRIME (``credit="implicit_prm"``) with its PRM as a model copy / a second LoRA adapter (ZeRO-2 and DDP
+only: ZeRO-3 is refused); their report also holds the PRM's parameters after its first update (``prm``).
 """
 
 import json
@@ -22,7 +24,7 @@ from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package 
 from trl_credit.tasks.data import make_arithmetic_dataset
 
 NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
-         "resets_oppo", "process", "lora")
+         "resets_oppo", "process", "lora", "prime", "prime_lora")
 
 
 def accuracy_reward(completions, completion_ids, **kwargs):
@@ -97,6 +99,14 @@ def build(name, model_dir, out_dir):
         config = CreditConfig(credit="process", **args)
         return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset,
                              credit=ProcessCredit(step_reward=step_reward))
+    if name in ("prime", "prime_lora"):
+        from peft import LoraConfig
+
+        # the paper's prompt filter on, its truncation test off: the tiny model truncates most rows at 12 tokens
+        config = CreditConfig(credit="implicit_prm", prime_learning_rate=1e-2, prime_filter_truncated=False, **args)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset,
+                             **({"peft_config": lora} if name == "prime_lora" else {}))
     if name == "lora":
         from peft import LoraConfig
 
@@ -108,7 +118,7 @@ def build(name, model_dir, out_dir):
 
 def run(name, model_dir, out_dir):
     trainer = build(name, model_dir, out_dir)
-    first = []
+    first, prm = [], []
     generate = trainer._generate_and_score_completions
 
     def recording(inputs):  # the first generation batch, as this process will train it (made by the initial policy)
@@ -122,6 +132,10 @@ def run(name, model_dir, out_dir):
                     "completion": output["completion_ids"][i][mask].tolist(),
                     "advantages": (advantages[mask] if advantages.dim() else advantages.reshape(1)).tolist(),
                 })
+            if name.startswith("prime"):  # the PRM after its first update (update, then score: inside the batch)
+                for p in trainer.credit.prm.parameters:
+                    values = p.detach().double().flatten()
+                    prm.append([float(values.sum()), float(values.abs().sum()), values[:8].tolist()])
         return output
 
     trainer._generate_and_score_completions = recording
@@ -133,6 +147,7 @@ def run(name, model_dir, out_dir):
         "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else 0,
         "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
         "rows": first,
+        "prm": prm,
     }
     if name == "lora":
         trainer.save_model(os.path.join(out_dir, "lora_adapter"))

@@ -3,10 +3,14 @@
 "Implicit process rewards").
 Per generation batch:
 
-- The credited rows (scorable, in a group, their group free of ±inf rewards; a truncated row too: TRL masks its
-  loss, not its reward) are scored by the reference π_ref; the implicit PRM π_φ takes ``prime_updates_per_batch``
-  AdamW steps of L_CE on their outcome labels (the verifier's verdicts, ``success_reward``) before
-  (``prime_update="before"``, the paper) or after scoring them.
+- The credited rows (scorable, in a group, their group free of ±inf rewards and, in training, kept by the paper's
+  prompt filter (:mod:`.filter`); a truncated row too unless the filter drops its group: TRL masks its loss, not its
+  reward) are scored by the reference π_ref (or TRL's reference log-probs reused); the implicit PRM π_φ takes
+  ``prime_updates_per_batch`` AdamW steps of L_CE on their outcome labels (the verifier's verdicts,
+  ``success_reward``) before (``prime_update="before"``) or after (``"after"``, scored by the update's forward)
+  scoring them.
+- Only the model's own tokens carry rewards, the CE and the statistics: tokens that tools, environments or a
+  rollout_func's ``env_mask`` inserted (TRL's ``tool_mask`` 0) are context for the forwards, nothing more.
 - Token rewards r_t = β log π_φ / π_ref (:func:`~.advantages.token_rewards`), optionally scaled by the batch's
   largest |return|; the leave-one-out baseline of each row from the other rows' mean token rewards; the process
   returns plus the RLOO outcome advantage of TRL's weighted total reward (:mod:`.advantages`), optionally whitened
@@ -26,7 +30,6 @@ from trl_credit.core.batch import NO_GROUP, RowBatch, generated_lengths
 from trl_credit.core.context import BatchContext
 from trl_credit.core.logs import nonfinite_reward_groups
 from trl_credit.core.registry import only, register_part
-from trl_credit.core.setup import check_single_turn
 from trl_credit.core.success import total_rewards
 from trl_credit.core.trainer import Credit
 from trl_credit.prime.advantages import (
@@ -44,6 +47,7 @@ from trl_credit.prime.advantages import (
     whitened,
 )
 from trl_credit.prime.config import PrimeFields
+from trl_credit.prime.filter import kept_rows, truncated_rows
 from trl_credit.prime.prm import ImplicitPRM, checkpoint_callback
 
 __all__ = ["ImplicitPRMCredit", "SIGN_TOLERANCE"]
@@ -68,16 +72,25 @@ class ImplicitPRMCredit(Credit):
         self.prm = None
 
     def setup(self, trainer) -> None:
-        check_single_turn(trainer, "credit='implicit_prm'")
-        for flag, what in (("is_deepspeed_enabled", "DeepSpeed"), ("is_fsdp_enabled", "FSDP")):
-            if getattr(trainer, flag, False):
-                raise ValueError(f"credit='implicit_prm' does not run under {what}: its implicit PRM is updated "
-                                 "outside the policy's engine (a LoRA adapter or a model copy with its own optimizer). "
-                                 "Use DDP (accelerate launch without a DeepSpeed/FSDP config).")
+        # Tools, environments and a user's rollout_func are accepted: PRIME generates nothing itself, and the tokens
+        # they insert (TRL's tool_mask 0) are no action of the model's: no implicit reward, no CE, no advantage.
+        # ZeRO-1/2 shard the policy's optimizer state and gradients, not its weights: the PRM (an adapter of the
+        # policy, frozen to the policy's optimizer, or a copy outside the engine) computes and steps with whole
+        # weights there. ZeRO-3 and FSDP shard the weights themselves, the PRM adapter's too once the engine wraps the
+        # policy, and the PRM's own optimizer cannot step on shards it does not own.
+        stage = getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
+        for sharded, what in ((getattr(trainer, "is_deepspeed_enabled", False) and stage == 3, "DeepSpeed ZeRO-3"),
+                              (getattr(trainer, "is_fsdp_enabled", False), "FSDP")):
+            if sharded:
+                raise ValueError(
+                    f"credit='implicit_prm' does not run under {what}: it shards the model's weights, the implicit "
+                    "PRM's (a LoRA adapter on the policy or a model copy) included once the engine wraps the policy, "
+                    "while the PRM is trained by its own optimizer outside the engine, which needs whole weights. "
+                    "Use DeepSpeed ZeRO-2 (or ZeRO-1) or DDP.")
         if not hasattr(trainer.args, "success_reward"):
             raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
                              "success_reward names the verifier), not a plain GRPOConfig.")
-        self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate)
+        self.prm = ImplicitPRM(trainer, trainer.args.prime_learning_rate, trainer.args.prime_grad_clip)
         trainer.add_callback(checkpoint_callback(self.prm))  # saved with every checkpoint, restored on resume
 
     def advantages(self, ctx: BatchContext, batch: RowBatch, inputs, output: dict):
@@ -92,17 +105,24 @@ class ImplicitPRMCredit(Credit):
             ctx, batch.rewards_per_func[grouped.to(batch.rewards_per_func.device)], batch.group_ids[grouped],
             "prime/nonfinite_reward_rate").cpu()
         credited = (batch.scorable.cpu() & grouped & ~nonfinite)
+        if batch.success is None:
+            raise ValueError("credit='implicit_prm': the batch has no verifier verdicts (success_reward).")
+        # A truncated row's tokens too (mask_truncated_completions zeroes its completion_mask, not its reward).
+        generated = generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id)
+        if args.prime_prompt_filter and ctx.mode == "train":
+            credited = self._filtered(ctx, batch, credited, generated)
         local = batch.local_rows(credited)
         rows_here = local.nonzero().flatten().tolist()
         index = torch.tensor(rows_here, dtype=torch.long, device=device)
-        # A truncated row's tokens too (mask_truncated_completions zeroes its completion_mask, not its reward).
-        lengths = torch.tensor(generated_lengths(completion_ids, batch.completion_mask, ctx.pad_token_id),
-                               device=device)
+        lengths = torch.tensor(generated, device=device)
         full_mask = (torch.arange(num_tokens, device=device)[None] < lengths[:, None]).long()
+        # The forwards attend to every generated token (tool results are context); the model's own tokens (TRL's
+        # tool_mask: 1, from tools, environments or a rollout_func's env_mask) carry the rewards, the CE and the
+        # statistics.
         rows = (batch.prompt_ids[index], batch.prompt_mask[index], completion_ids[index], full_mask[index])
         mask = full_mask[index].double()
-        if batch.success is None:
-            raise ValueError("credit='implicit_prm': the batch has no verifier verdicts (success_reward).")
+        if output.get("tool_mask") is not None:
+            mask = mask * output["tool_mask"][index].double()
         labels = batch.local_rows(batch.success.cpu())[local].double().to(device)
         num_credited = int(credited.sum())
         size = args.per_device_train_batch_size
@@ -110,10 +130,13 @@ class ImplicitPRMCredit(Credit):
         def sum_across_processes(tensor):
             return ctx.gather(tensor[None]).sum(dim=0)
 
-        reference = self.prm.reference_logps(rows, size, ctx.autocast).double()
         beta, updates = args.prime_beta, args.prime_updates_per_batch
         if ctx.mode != "train":
             updates = 0  # evaluation batches are scored by the PRM, never learned from
+        # Whether the PRM scoring this batch has taken a step (before it, or on an earlier batch): it then differs from
+        # its reference by more than two kernels' rounding, and TRL's reference log-probs can stand for PRIME's.
+        moved = bool(self.prm.optimizer.state) or (args.prime_update == "before" and updates > 0 and num_credited > 0)
+        reference = self._reference_logps(ctx, batch, output, rows, index, lengths, moved)
         first = None  # the first update's loss and pre-step sequence rewards: the PRM as it met this batch
 
         def learn():
@@ -125,10 +148,11 @@ class ImplicitPRMCredit(Credit):
 
         if args.prime_update == "before":
             learn()
-        prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
-        rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
-        if args.prime_update == "after":
+            prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
+        else:  # "after": the update's own forward (before its step) scores the batch, as verl's single forward
             learn()
+            prm = (first["logps"] if first is not None else self.prm.prm_logps(rows, size, ctx.autocast)).double()
+        rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
         self._log_prm(ctx, batch, rows_here, labels, rewards, first)
 
         if args.prime_process_norm == "batch_max":
@@ -146,21 +170,64 @@ class ImplicitPRMCredit(Credit):
         values = prime_advantages(returns, outcome.to(device), mask, compared, args.prime_process_coef,
                                   args.prime_outcome_coef)
         if args.prime_whiten:
-            trained = mask * batch.loss_mask[index].double()  # the whitening's statistics: tokens TRL trains
+            # Over the rows that have a baseline only: a row without one (alone in its group after unscorable rows)
+            # keeps advantage 0, and its zeros stay out of the moments of every other row.
+            compared_mask = mask * compared.double()[:, None]
+            trained = compared_mask * batch.loss_mask[index].double()  # the statistics: tokens TRL trains
             moments = sum_across_processes(torch.tensor(
                 [float((values * trained).sum()), float((values * values * trained).sum()), float(trained.sum())],
                 dtype=torch.float64, device=device))
-            values = whitened(values, mask, *moments.tolist())
+            values = whitened(values, compared_mask, *moments.tolist())
 
         advantages = torch.zeros(num_local, num_tokens, dtype=torch.float64, device=device)
         if rows_here:
             advantages[index] = values
-        sequence = ctx.gather_rows(advantages[:, 0].tolist())  # a row's first token's advantage, every row
+        # a row's first own token's advantage (its first token, unless a rollout_func's row opens with an env token)
+        own = full_mask * output["tool_mask"] if output.get("tool_mask") is not None else full_mask
+        first = own.float().argmax(dim=1)
+        sequence = ctx.gather_rows(advantages[torch.arange(num_local, device=device), first].tolist())
         batch.log_advantages(sequence)
         batch.sequence_signs = torch.tensor(
             [0.0 if abs(s) <= SIGN_TOLERANCE else (1.0 if s > 0 else -1.0) for s in sequence], dtype=torch.float64)
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
+
+    def _reference_logps(self, ctx, batch, output, rows, index, lengths, moved: bool) -> torch.Tensor:
+        """log π_ref of the credited rows of this process. With TRL's ``beta > 0`` TRL has scored these rows with the
+        same model (``ref_per_token_logps``): reused when its distribution is PRIME's (temperature 1: TRL's log-probs
+        are of logits / temperature), TRL attended to every generated token of them (``mask_truncated_completions``
+        hides a truncated row's) and the PRM has ``moved`` from its initialization. Until then π_φ = π_ref and the
+        implicit rewards must be exactly 0, which only the same forward on both sides gives (TRL's fused LM head
+        rounds differently from PRIME's, ~5e-7 per log-prob, and the batch_max scaling would blow that up). Else
+        one forward of PRIME's reference."""
+        trl_reference = output.get("ref_per_token_logps")
+        if (moved and trl_reference is not None and self.prm.reference_is_trls and ctx.args.temperature == 1.0
+                and bool((batch.completion_mask[index].sum(dim=1) == lengths[index]).all())):
+            return trl_reference[index].double()
+        return self.prm.reference_logps(rows, ctx.args.per_device_train_batch_size, ctx.autocast).double()
+
+    @staticmethod
+    def _filtered(ctx, batch, credited, generated) -> torch.Tensor:
+        """Algorithm 1's prompt filter (:mod:`.filter`): the credited rows of the groups that pass; the others get
+        advantage 0 and no PRM label. Logs the share of groups dropped; warns once when a batch keeps none."""
+        args = ctx.args
+        last = [int(ids[n - 1]) if n else None for ids, n in zip(batch.completion_ids.tolist(), generated)]
+        truncated = torch.tensor(ctx.gather_rows(truncated_rows(last, [*ctx.eos_token_ids, ctx.pad_token_id])))
+        kept, num_groups, num_dropped = kept_rows(
+            batch.group_ids, credited, batch.success.cpu(), truncated, args.prime_filter_accuracy_lower,
+            args.prime_filter_accuracy_upper, args.prime_filter_truncated)
+        if num_groups:
+            ctx.metric("prime/filtered_group_rate", num_dropped / num_groups)
+        if num_groups and num_dropped == num_groups:
+            why = " or holds a truncated row" if args.prime_filter_truncated else ""
+            ctx.warn("prime_all_filtered", (
+                f"{ctx.speaker()}: every group of a generation batch was dropped by PRIME's prompt filter (its "
+                f"accuracy is not strictly between prime_filter_accuracy_lower={args.prime_filter_accuracy_lower} "
+                f"and prime_filter_accuracy_upper={args.prime_filter_accuracy_upper}{why}): the batch trains "
+                "nothing, policy or PRM. prime/filtered_group_rate logs the share every step. Train on prompts of "
+                "mixed difficulty, raise max_completion_length, widen the bounds, or set "
+                "prime_prompt_filter=False."))
+        return kept
 
     @staticmethod
     def _log_prm(ctx, batch, rows_here, labels, rewards, first) -> None:

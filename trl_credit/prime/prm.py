@@ -7,7 +7,8 @@
 - Otherwise the PRM is a full copy of the policy, and its reference TRL's reference model (``beta > 0``) or a frozen
   copy of the policy's initial weights.
 
-The PRM has its own AdamW (no weight decay, gradient norm clipped at 1.0, as the released recipe) over its own
+The PRM has its own AdamW (no weight decay, gradient norm clipped at ``prime_grad_clip``: the released recipe's
+10.0) over its own
 parameters only; they are frozen (``requires_grad=False``) outside its update, so the policy's optimizer, DDP and
 TRL's gradient accumulation never see them. With several processes each computes the loss of its rows and the
 gradients are summed across processes (one gather) before the step, so every process takes the same step.
@@ -23,12 +24,10 @@ import torch
 
 from trl_credit.prime.advantages import cross_entropy_loss
 
-__all__ = ["ADAPTER", "CHECKPOINT_FILE", "GRAD_CLIP", "ImplicitPRM", "checkpoint_callback", "completion_logps"]
+__all__ = ["ADAPTER", "CHECKPOINT_FILE", "ImplicitPRM", "checkpoint_callback", "completion_logps"]
 
 #: The PRM adapter's name on a PEFT policy.
 ADAPTER = "implicit_prm"
-#: The PRM's gradient clipping (verl recipe/prime: ``grad_clip: 1.0``).
-GRAD_CLIP = 1.0
 #: The file, in each of the trainer's checkpoint folders, holding the PRM's parameters and AdamW state.
 CHECKPOINT_FILE = "implicit_prm.pt"
 
@@ -58,7 +57,8 @@ def _detached_copy(model):
 class ImplicitPRM:
     """π_φ and π_ref for one trainer (module docstring). Built in the credit's ``setup(trainer)``."""
 
-    def __init__(self, trainer, learning_rate: float):
+    def __init__(self, trainer, learning_rate: float, grad_clip: float):
+        self.grad_clip = grad_clip
         policy = trainer.model  # not wrapped yet: DDP / DeepSpeed wrap it when training starts
         self.peft = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")  # a PeftModel
         if self.peft:
@@ -94,12 +94,24 @@ class ImplicitPRM:
                     "pi_adapter / pi_base instead of 0.", UserWarning, stacklevel=3)
             self.model = None
             self.reference = None
+            # TRL's reference under PEFT (beta > 0) is the same base model with the adapters disabled, unless the
+            # policy carries a "ref" adapter (an initial copy of a trained adapter), which TRL reads instead.
+            self.reference_is_trls = "ref" not in policy.peft_config
         else:
             self.policy = None
             self.model = _detached_copy(policy)
             self.model.requires_grad_(False)
             self.parameters = [p for p in self.model.parameters() if p.is_floating_point()]
             reference = getattr(trainer, "ref_model", None)
+            if reference is not None and getattr(trainer.args, "sync_ref_model", False):
+                # TRL moves its reference toward the policy every ref_model_sync_steps: the PRM's π_ref must stay the
+                # initial weights (its implicit rewards are log π_φ / π_ref of a fixed π_ref).
+                warnings.warn(
+                    "credit='implicit_prm' with sync_ref_model=True: TRL's reference model drifts toward the policy, "
+                    "so the PRM keeps its own frozen copy of the initial weights as its reference (one more copy of "
+                    "the model's weights, and one more reference forward per batch).", UserWarning, stacklevel=3)
+                reference = None
+            self.reference_is_trls = reference is not None
             if reference is None:
                 reference = _detached_copy(policy).eval()
                 reference.requires_grad_(False)
@@ -178,9 +190,10 @@ class ImplicitPRM:
                sum_across_processes) -> dict:
         """One AdamW step of L_CE (§3.2) over this process's ``rows`` (``labels`` r_o, the credited rows only;
         ``mask`` the tokens of each completion) for a batch of ``num_rows`` credited rows on all processes. Returns
-        this process's summed loss and the sequence rewards r_φ(y) it was computed from (before the step)."""
+        this process's summed loss, the sequence rewards r_φ(y) it was computed from and the token log-probs of that
+        forward (before the step: ``prime_update="after"`` scores the batch with them)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, sequence_rewards = 0.0, []
+        loss_sum, sequence_rewards, token_logps = 0.0, [], []
         # TRL scores a generation batch under torch.no_grad(): the PRM's update needs its gradients back.
         with torch.enable_grad(), self._prm() as model:
             for p in self.parameters:
@@ -195,6 +208,7 @@ class ImplicitPRM:
                     (loss / max(num_rows, 1)).backward()
                     loss_sum += float(loss.detach())
                     sequence_rewards.append(rewards.detach())
+                    token_logps.append(logps.detach())
             finally:
                 for p in self.parameters:
                     p.requires_grad_(False)
@@ -204,11 +218,12 @@ class ImplicitPRM:
         for p in self.parameters:
             p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
             offset += p.numel()
-        torch.nn.utils.clip_grad_norm_(self.parameters, GRAD_CLIP)
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         rewards = torch.cat(sequence_rewards) if sequence_rewards else ref_logps.new_zeros(0)
-        return {"loss_sum": loss_sum, "sequence_rewards": rewards}
+        logps = torch.cat(token_logps) if token_logps else rows[2].new_zeros(rows[2].shape, dtype=torch.float32)
+        return {"loss_sum": loss_sum, "sequence_rewards": rewards, "logps": logps}
 
 
 def checkpoint_callback(prm: ImplicitPRM):

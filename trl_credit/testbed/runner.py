@@ -71,8 +71,12 @@ def method_spec(name: str) -> dict:
     if name == "prime":  # the implicit PRM learned from the outcome labels alone (Cui et al. 2025); its learning
         # rate keeps the released recipe's ratio to the policy's (1e-6 / 5e-7): a 1e-6 PRM on a from-scratch model
         # trained at 1e-3 would barely move, and its token rewards would stay ~0
+        # The settings the committed "prime" rows were measured with, pinned since the defaults moved (issue 62):
+        # every group trains (no prompt filter) and the PRM's gradient is clipped at 1.0. benchmarks/tiny/tiny_grid.py's
+        # "prime_filter" runs the current defaults (the paper's prompt filter, the recipe's clip of 10.0).
         return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
-                    fields=dict(credit="implicit_prm"), kwargs={}, lr_scaled=dict(prime_learning_rate=2.0))
+                    fields=dict(credit="implicit_prm", prime_prompt_filter=False, prime_grad_clip=1.0), kwargs={},
+                    lr_scaled=dict(prime_learning_rate=2.0))
     raise ValueError(f"unknown testbed method {name!r}; choose from {list(METHODS)}")
 
 
