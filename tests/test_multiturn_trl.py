@@ -65,6 +65,8 @@ TRAINERS.update({
     "process": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
         credit="process", process_step_reward="tool_call_steps", process_outcome="final_step",
         process_thought_delimiter="\n")),
+    "implicit_prm": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+        credit="implicit_prm", prime_learning_rate=1e-2, prime_prompt_filter=False)),  # (3 rows: no 0.2-0.8 group)
 })
 
 #: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
