@@ -20,11 +20,10 @@ own token budget) or `server` (CUDA, after `trl vllm-serve --model <model>`; doc
 `--vllm_max_model_length` (branch prompts contain a prefix of a rollout).
 """
 
-from trl_credit import DATPOConfig, DATPOTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit datpo` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-DEFAULTS = offline_defaults("datpo", num_generations=4, per_device_train_batch_size=4, loss_type="dapo",
-                            temperature=1.0)
+DEFAULTS = method_defaults("datpo")  # the offline run's settings: trl_credit.train.METHODS["datpo"]
 
 if __name__ == "__main__":
-    main(DATPOTrainer, DATPOConfig, DEFAULTS)
+    train("datpo")

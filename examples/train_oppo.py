@@ -20,12 +20,10 @@ vLLM: generation is TRL's own, so `--use_vllm --vllm_mode colocate` (or `server`
 <model>`; docs/platforms.md) works unchanged.
 """
 
-from trl_credit import OPPOConfig, OPPOTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit oppo` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-# loss_type "grpo": the paper's objective (Eq. 22: each completion's token mean, then the mean over completions);
-# OPPOConfig keeps GRPOConfig's default "dapo".
-DEFAULTS = offline_defaults("oppo", num_generations=4, per_device_train_batch_size=8, loss_type="grpo")
+DEFAULTS = method_defaults("oppo")  # the offline run's settings: trl_credit.train.METHODS["oppo"]
 
 if __name__ == "__main__":
-    main(OPPOTrainer, OPPOConfig, DEFAULTS)
+    train("oppo")

@@ -93,15 +93,19 @@ def offline_defaults(method: str, **overrides) -> dict:
         temperature=0.7,
         top_p=0.95,
         logging_steps=1,
-        save_strategy="no",
         report_to="none",
         seed=42,
     )
     import torch
 
-    if not torch.cuda.is_available():
-        # GRPOConfig turns bf16 on by default and refuses it without a GPU: run on the CPU in fp32.
-        defaults.update(use_cpu=True, bf16=False)
+    if torch.cuda.is_available():
+        # A GPU run is worth resuming (`--resume_from_checkpoint last`): a checkpoint every 50 steps, the newest two
+        # kept (an interrupted save never leaves no complete checkpoint behind).
+        defaults.update(save_strategy="steps", save_steps=50, save_total_limit=2)
+    else:
+        # GRPOConfig turns bf16 on by default and refuses it without a GPU: run on the CPU in fp32. A few-minute
+        # CPU run saves its result at the end only.
+        defaults.update(use_cpu=True, bf16=False, save_strategy="no")
     defaults.update(overrides)
     return defaults
 
@@ -140,9 +144,22 @@ def _checkpointing_defaults(config_class, defaults: dict, argv: list[str] | None
     return defaults
 
 
+# An offline default that would override what a recipe or the command line asks for through another name: `max_steps`
+# > 0 overrides `num_train_epochs`, `save_strategy="no"` ignores `save_steps`. Such a default yields to those names.
+_YIELDING_DEFAULTS = {"max_steps": ("num_train_epochs",), "save_strategy": ("save_steps",)}
+
+
+def _yield_to_user(defaults: dict, argv: list[str] | None) -> dict:
+    return {name: value for name, value in defaults.items()
+            if not any(_user_sets(argv, other) for other in _YIELDING_DEFAULTS.get(name, ()))}
+
+
 def make_parser(config_class, defaults: dict | None = None, argv: list[str] | None = None) -> TrlParser:
+    """TrlParser over the script arguments, ``config_class`` and ``ModelConfig``, with ``defaults`` below what the
+    ``--config`` recipe and the command line of ``argv`` set (the offline run length and saving yield to the
+    epochs and checkpoints they ask for)."""
     parser = TrlParser((CreditScriptArguments, config_class, ModelConfig))
-    defaults = _checkpointing_defaults(config_class, defaults or {}, argv)
+    defaults = _checkpointing_defaults(config_class, _yield_to_user(defaults or {}, argv), argv)
     if defaults:
         parser.set_defaults_with_config(**defaults)
     return parser
