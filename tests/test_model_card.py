@@ -133,7 +133,7 @@ def test_saved_adapter_records_hub_base_and_reloads_offline(offline_default_is_t
 def test_main_prints_summary(offline_default_is_tiny, tmp_path, capsys):
     _run_default_model(tmp_path, extra=["--max_steps", "1"])
     printed = capsys.readouterr().out
-    assert "== Demo run finished: 1 optimizer steps ==" in printed and "trl-credit-eval" in printed
+    assert "== Demo run finished: 1 optimizer step ==" in printed and "trl-credit-eval" in printed
 
 
 def test_method_metric_names_skip_trl_groups():

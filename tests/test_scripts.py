@@ -314,7 +314,8 @@ def test_summary_of_other_rollouts_and_tasks(tmp_path):
                                CreditScriptArguments(dataset_name="chain", chain_num_test=4),
                                ModelConfig(model_name_or_path="m", use_peft=False))
     assert "--rollout_template" not in summary and "does not build the chain task" not in summary
-    assert "Is it working? 1 of 1 checked metrics ended outside" in summary  # every group had equal rewards
+    # every group had equal rewards; one metric reads as one ("1 checked metric", "its")
+    assert "Is it working? 1 of 1 checked metric ended outside its healthy range (<<):" in summary
     commands = [line.strip() for line in summary.splitlines() if "trl-credit-eval" in line]
     out = str(tmp_path / "run")
     assert commands == [
@@ -325,4 +326,5 @@ def test_summary_of_other_rollouts_and_tasks(tmp_path):
     ]
     healthy = training_summary(_finished_run(tmp_path, [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 0.5}]),
                                CreditScriptArguments(), ModelConfig(model_name_or_path="m", use_peft=True))
-    assert "Is it working? The 1 checked metrics ended inside their healthy ranges." in healthy
+    assert "Is it working? The 1 checked metric ended inside its healthy range." in healthy
+    assert "== resets x oppo x cue run finished: 1 optimizer step ==" in healthy

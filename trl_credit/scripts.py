@@ -212,9 +212,56 @@ def main(trainer_class, config_class, defaults: dict | None = None, argv: list[s
         return _main(trainer_class, config_class, defaults, argv)
 
 
+# The accelerate configs whose distributed type joins machines (examples/accelerate_configs/MULTI_NODE.md).
+JOINING_CONFIGS = ("ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml")
+
+
+def refuse_unjoined_processes(environ=None) -> None:
+    """Refuse a launch that asked for several machines (or processes) with a distributed type that cannot join them.
+
+    ``accelerate launch`` with distributed type ``NO`` (``cpu.yaml``) and ``--num_machines 2`` (or ``--num_processes
+    2``) starts one plain process per machine and sets only ``MASTER_ADDR``/``MASTER_PORT``: each machine would train
+    alone and save its own model. A joined process (torchrun, DeepSpeed, MPI) has a world size.
+    """
+    env = os.environ if environ is None else environ
+    launched_plain = "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env  # accelerate's simple launcher, >1 asked
+    joined = any(name in env for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if launched_plain and not joined:
+        raise SystemExit(
+            "accelerate launch asked for several machines or processes (it set MASTER_ADDR) with a distributed type "
+            "that cannot join them (distributed_type NO, e.g. examples/accelerate_configs/cpu.yaml): each process "
+            "would train alone and save its own model. Use a config that joins machines: "
+            f"{', '.join(JOINING_CONFIGS)} of examples/accelerate_configs (MULTI_NODE.md), with --num_machines, "
+            "--machine_rank, --main_process_ip and --main_process_port; or drop --num_machines/--num_processes for "
+            "one process."
+        )
+
+
+def resolve_resume(resume_from_checkpoint, output_dir: str, is_main: bool = True):
+    """``--resume_from_checkpoint last``: the newest ``checkpoint-<step>`` in ``output_dir``, or a fresh start when
+    there is none (verl's ``resume_mode: auto``); any other value is Trainer's (a path, True, None)."""
+    if not isinstance(resume_from_checkpoint, str) or resume_from_checkpoint.lower() != "last":
+        return resume_from_checkpoint
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if is_main:
+        print(f"--resume_from_checkpoint last: resuming from {last}" if last else
+              f"--resume_from_checkpoint last: no checkpoint in {output_dir} yet, starting from step 0", flush=True)
+    return last
+
+
+_launch_checked = []
+
+
 def _main(trainer_class, config_class, defaults, argv):
+    if not _launch_checked:  # the launch's environment: once, before a trainer sets MASTER_ADDR itself (vLLM colocate)
+        refuse_unjoined_processes()
+        _launch_checked.append(True)
     parser = make_parser(config_class, defaults, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir,
+                            is_main=training_args.process_index == 0)
 
     model_path = resolve_model_name(model_args.model_name_or_path)
     model_init_kwargs = dict(
@@ -238,7 +285,7 @@ def _main(trainer_class, config_class, defaults, argv):
         eval_dataset=dataset[eval_split] if training_args.eval_strategy != "no" and eval_split in dataset else None,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume)
     if training_args.push_to_hub:
         # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
         # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
@@ -251,7 +298,8 @@ def _main(trainer_class, config_class, defaults, argv):
             model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
             dataset_name=script_args.dataset_name,
         )
-    trainer.accelerator.print(training_summary(trainer, script_args, model_args))
+    if training_args.should_save:  # where the model was saved: another machine's local main process saved nothing
+        print(training_summary(trainer, script_args, model_args), flush=True)
     return trainer
 
 
@@ -291,6 +339,10 @@ def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[
     return columns, notes
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def training_summary(trainer, script_args: CreditScriptArguments, model_args: ModelConfig) -> str:
     """A closing summary: steps, reward and method metrics (first -> last logged step), each "is it working" metric
     marked when its last value lies outside its healthy range (:mod:`trl_credit.evaluation.health`), where the result is
@@ -300,7 +352,7 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
     history = [entry for entry in trainer.state.log_history if "step" in entry]
     out = args.output_dir
     lines = ["", f"== {getattr(trainer, '_name', type(trainer).__name__)} run finished: "
-             f"{trainer.state.global_step} optimizer steps =="]
+             f"{_count(trainer.state.global_step, 'optimizer step')} =="]
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
     span = f"(step {logged_steps[0]} -> step {logged_steps[-1]})" if logged_steps else ""
     keys = ["reward", "frac_reward_zero_std", *method_metric_names(history)]
@@ -313,14 +365,17 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
             lines.append((f"  {key:<{width}}  {shown:<16}" + (f"  {span}" if key == "reward" else marker)).rstrip())
     checked = sum(bool(marker) for marker in markers)
     if notes:
-        lines.append(f"Is it working? {len(notes)} of {checked} checked metrics ended outside their healthy range "
-                     "(<<):")
+        lines.append(f"Is it working? {len(notes)} of {_count(checked, 'checked metric')} ended outside "
+                     f"{'their' if checked > 1 else 'its'} healthy range (<<):")
         lines += notes
+    elif checked == 1:
+        lines.append("Is it working? The 1 checked metric ended inside its healthy range.")
     elif checked:
         lines.append(f"Is it working? The {checked} checked metrics ended inside their healthy ranges.")
     what = "Adapter" if model_args.use_peft else "Model"
     base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
-    lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
+    if getattr(args, "should_save", True):  # only where the save happened (not on another machine's main process)
+        lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
     if args.push_to_hub and getattr(trainer, "hub_model_id", None):
         # The Hub the push went to: Trainer.push_to_hub uploads to huggingface_hub's default endpoint, which is
         # HF_ENDPOINT when set (a mirror, a private Hub), https://huggingface.co otherwise.
