@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_credit.evaluation.health import health_check
-from trl_credit.model_card import trained_rollout_template
+from trl_credit.model_card import MethodModelCardMixin, trained_rollout_template
+from trl_credit.run_results import first_last, method_metric_names
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.tasks.chain import chain_format_reward
 from trl_credit.tasks.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
@@ -286,41 +287,22 @@ def _main(trainer_class, config_class, defaults, argv):
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=resume)
+    if isinstance(trainer, MethodModelCardMixin):  # our card states the dataset's config and split (TRL's has no place)
+        trainer.card_dataset_config = script_args.dataset_config
+        trainer.card_dataset_split = script_args.dataset_train_split
+    card = dict(dataset_name=script_args.dataset_name)
     if training_args.push_to_hub:
         # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
         # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
         # Trainer.save_model pushes on its own ("Model save").
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.push_to_hub(**card)
     else:
         trainer.save_model(training_args.output_dir)
-        # The card names the method, its paper and hyperparameters, and the base model.
-        trainer.create_model_card(
-            model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
-            dataset_name=script_args.dataset_name,
-        )
+        # The card names the method, its paper and hyperparameters, the base model, and what the run did.
+        trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)), **card)
     if training_args.should_save:  # where the model was saved: another machine's local main process saved nothing
         print(training_summary(trainer, script_args, model_args), flush=True)
     return trainer
-
-
-# TRL's own metric groups; any other "<prefix>/<name>" metric is the method's (srpo/, oppo/, datpo/, cue/, ...).
-_TRL_METRIC_PREFIXES = {"completions", "rewards", "clip_ratio", "sampling", "tools", "vespo"}
-
-
-def _first_last(log_history: list[dict], key: str) -> tuple[float, float] | None:
-    values = [entry[key] for entry in log_history if isinstance(entry.get(key), (int, float))]
-    return (values[0], values[-1]) if values else None
-
-
-def method_metric_names(log_history: list[dict]) -> list[str]:
-    """Metric names a method logs on top of TRL's: every ``prefix/name`` whose prefix is not one of TRL's groups."""
-    names = []
-    for entry in log_history:
-        for key in entry:
-            prefix = key.split("/", 1)[0]
-            if "/" in key and prefix not in _TRL_METRIC_PREFIXES and not key.startswith("eval_") and key not in names:
-                names.append(key)
-    return names
 
 
 def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[str]]:
@@ -328,7 +310,7 @@ def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[
     healthy range of :mod:`trl_credit.evaluation.health`, with the range), and the notes explaining each marked one."""
     columns, notes = [], []
     for key in keys:
-        check, values = health_check(key), _first_last(history, key)
+        check, values = health_check(key), first_last(history, key)
         if check is None or values is None:
             columns.append("")
         elif check.holds(values[1]):
@@ -356,7 +338,7 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
     span = f"(step {logged_steps[0]} -> step {logged_steps[-1]})" if logged_steps else ""
     keys = ["reward", "frac_reward_zero_std", *method_metric_names(history)]
-    rows = [(key, _first_last(history, key)) for key in keys]
+    rows = [(key, first_last(history, key)) for key in keys]
     markers, notes = _health_rows(history, keys)
     width = max(len(key) for key, _ in rows)
     for (key, values), marker in zip(rows, markers):
