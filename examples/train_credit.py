@@ -1,7 +1,7 @@
 """A composed method: one rollout, one credit and any modifiers, chosen on the command line (docs/composition.md).
 
-Installed (`pip install`), `trl-credit credit [the same flags]` runs this script from the wheel: `trl-credit credit --config
-examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+After `pip install`, `trl-credit credit [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit credit --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
 
     --rollout   groups (GRPO) | resets (SRPO / RRPO) | trees (DATPO)
     --credit    outcome (GRPO's group-normalized outcome) | oppo (OPPO's value recursion) | blocks (DATPO, with trees)

