@@ -290,16 +290,16 @@ def _main(trainer_class, config_class, defaults, argv):
     if isinstance(trainer, MethodModelCardMixin):  # our card states the dataset's config and split (TRL's has no place)
         trainer.card_dataset_config = script_args.dataset_config
         trainer.card_dataset_split = script_args.dataset_train_split
-    card = dict(dataset_name=script_args.dataset_name)
     if training_args.push_to_hub:
         # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
         # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
         # Trainer.save_model pushes on its own ("Model save").
-        trainer.push_to_hub(**card)
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
     else:
         trainer.save_model(training_args.output_dir)
         # The card names the method, its paper and hyperparameters, the base model, and what the run did.
-        trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)), **card)
+        trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
+                                  dataset_name=script_args.dataset_name)
     if training_args.should_save:  # where the model was saved: another machine's local main process saved nothing
         print(training_summary(trainer, script_args, model_args), flush=True)
     return trainer
