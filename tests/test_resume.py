@@ -61,3 +61,15 @@ def test_last_without_a_checkpoint_starts_from_step_0(tmp_path, capsys):
     (tmp_path / "checkpoint-12").mkdir()
     assert resolve_resume("last", str(tmp_path)) == str(tmp_path / "checkpoint-12")  # the newest step, not the name
     assert resolve_resume("some/path", str(tmp_path)) == "some/path" and resolve_resume(None, str(tmp_path)) is None
+
+
+def test_the_scripts_checkpoint_by_default_on_a_gpu_and_save_at_the_end_on_a_cpu(monkeypatch):
+    from trl_credit.scripts import offline_defaults
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = offline_defaults("srpo")
+    assert (gpu["save_strategy"], gpu["save_steps"], gpu["save_total_limit"]) == ("steps", 50, 2)
+    assert "use_cpu" not in gpu and "bf16" not in gpu  # GRPOConfig's bf16 default stands on a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = offline_defaults("srpo")
+    assert (cpu["save_strategy"], cpu["use_cpu"], cpu["bf16"]) == ("no", True, False)
