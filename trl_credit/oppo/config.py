@@ -45,9 +45,11 @@ class OPPOFields:
             "'{\"dtype\": \"bfloat16\"}' or a quantization_config."
         },
     )
-    answer_column: str = field(
-        default="answer",
-        metadata={"help": "Dataset column with the ground-truth answer y* that conditions the oracle."},
+    answer_column: str | None = field(
+        default=None,
+        metadata={"help": "Dataset column with the ground-truth answer y* that conditions the oracle. None: `answer` "
+                  "if the training dataset has it, else `solution` (TRL's datasets and trl.rewards.accuracy_reward), "
+                  "said once at construction."},
     )
     oracle_template: str = field(
         default=DEFAULT_ORACLE_TEMPLATE,
@@ -119,8 +121,9 @@ class OPPOFields:
                 "`teacher_model_init_kwargs` must be a dict (or a JSON string of one), got "
                 f"{type(self.teacher_model_init_kwargs).__name__}."
             )
-        if not isinstance(self.answer_column, str) or not self.answer_column:
-            raise ValueError(f"`answer_column` must be a non-empty column name, got {self.answer_column!r}.")
+        if self.answer_column is not None and (not isinstance(self.answer_column, str) or not self.answer_column):
+            raise ValueError(f"`answer_column` must be a non-empty column name or None (`answer`, else `solution`), "
+                             f"got {self.answer_column!r}.")
         if "{answer}" not in self.oracle_template:
             raise ValueError(f"`oracle_template` must contain the placeholder '{{answer}}', got {self.oracle_template!r}.")
         try:
@@ -154,7 +157,8 @@ class OPPOConfig(OPPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
         the trainer, name or instance).
     teacher_model_init_kwargs (`dict` or `None`): `from_pretrained` kwargs for a teacher given by name (e.g.
         `{"dtype": "bfloat16"}`, a `quantization_config`).
-    answer_column (`str`, defaults to `"answer"`): dataset column holding the ground-truth answer y*.
+    answer_column (`str` or `None`, defaults to `None`): dataset column holding the ground-truth answer y*. `None`:
+        `answer` if the training dataset has it, else `solution` (TRL's convention), said once at construction.
     oracle_template (`str`): text with `{answer}` appended to the last user message to build the oracle prompt.
     plain_logps (`str`, defaults to `"auto"`): where the self-oracle's plain log-probs s_t come from. `"auto"`: from
         what already exists with a float32 LM head, like o_t's (docs/oppo.md#evidence), so the extra no-grad pass

@@ -34,7 +34,7 @@ from trl_credit.core.batch import NO_GROUP, RowBatch
 from trl_credit.core.context import BatchContext
 from trl_credit.core.trainer import Credit, GroupOutcome
 from trl_credit.generation.hooks import GenerationRecorder, runs_hf_generate
-from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer
+from trl_credit.oppo.answers import answer_problem, check_answers, refuse_answer, resolve_answer_column
 from trl_credit.oppo.config import OPPOFields
 from trl_credit.trl_bridge import privates as bridge
 from trl_credit.oppo.oracle import (
@@ -184,6 +184,7 @@ class ValueRecursion(Credit):
         bind_success(trainer)
         # OPPOTrainer checks the answer column before loading any model; a composed trainer checks it here.
         who, config = speaker(trainer, self), type(trainer.args).__name__
+        resolve_answer_column(trainer.args, trainer.train_dataset, who, config)
         check_answers(trainer.train_dataset, trainer.args.answer_column, "train_dataset", who, config)
         check_answers(trainer.eval_dataset, trainer.args.answer_column, "eval_dataset", who, config)
         if bridge.is_vlm(trainer):

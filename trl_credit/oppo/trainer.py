@@ -12,7 +12,7 @@ import textwrap
 
 from trl_credit.core.setup import resolve_method_args
 from trl_credit.core.trainer import CreditTrainer, GroupRollout
-from trl_credit.oppo.answers import check_answers
+from trl_credit.oppo.answers import check_answers, resolve_answer_column
 from trl_credit.oppo.config import OPPOConfig
 from trl_credit.oppo.parts import ValueRecursion
 from trl_credit.trl_bridge.compat import require_trl
@@ -64,6 +64,7 @@ class OPPOTrainer(CreditTrainer):
     ):
         args = resolve_method_args(args, OPPOConfig, model, "OPPOTrainer", "OPPO")
         # Fail before loading any model.
+        resolve_answer_column(args, train_dataset)
         check_answers(train_dataset, args.answer_column, "train_dataset")
         check_answers(eval_dataset, args.answer_column, "eval_dataset")
         if args.use_liger_kernel:  # before 1.15 Liger computes log-probs from the head's weight, under autocast
