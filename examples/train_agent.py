@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 from trl import get_peft_config
 
-from trl_credit.scripts import make_parser, method_metric_names
+from trl_credit.run_results import method_metric_names
+from trl_credit.scripts import make_parser
 from trl_credit.testbed.tool_model import TOOL_MODEL, tool_model_path
 from trl_credit.trl_bridge.compat import hidden_library_deprecations
 
@@ -218,7 +219,8 @@ def summary(trainer) -> str:
     """Steps, then reward, tool calls and the method's metrics from the first to the last logged step."""
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     name = getattr(trainer, "_name", type(trainer).__name__)
-    lines = ["", f"== {name} agent run finished: {trainer.state.global_step} optimizer steps =="]
+    steps = trainer.state.global_step
+    lines = ["", f"== {name} agent run finished: {steps} optimizer step{'' if steps == 1 else 's'} =="]
     keys = ["reward", "tools/call_frequency", "tools/failure_frequency", *method_metric_names(history)]
     for key in keys:
         values = [entry[key] for entry in history if isinstance(entry.get(key), (int, float))]

@@ -82,7 +82,7 @@ def test_one_grpo_step_on_the_warm_started_tiny_tool_model(agent, tmp_path, monk
     assert build["warm_start"]["conversations"] == 8 and build["warm_start"]["steps"] == 2
     assert "model.safetensors" in os.listdir(tmp_path / "out")
     printed = capsys.readouterr().out
-    assert "== GRPO agent run finished: 1 optimizer steps ==" in printed and "tools/call_frequency" in printed
+    assert "== GRPO agent run finished: 1 optimizer step ==" in printed and "tools/call_frequency" in printed
 
 
 def test_every_method_flag_names_a_trainer(agent):

@@ -63,7 +63,8 @@ def check_answers(dataset, column: str, argument: str, who: str = "OPPOTrainer",
         raise ValueError(
             f"{who}: OPPO conditions its oracle on the ground-truth answer, read from the column `{column}` "
             f"({config}.answer_column), but `{argument}` has columns {columns}. Add that column or set "
-            f"`answer_column` to the column holding the answers."
+            f"`answer_column` to the column holding the answers (with an environment_factory that owns the data, "
+            f"give a dataset whose rows hold each episode's answer: docs/multiturn.md#oppo)."
         )
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         return
@@ -98,7 +99,8 @@ def resolve_answer_column(args, dataset, who: str = "OPPOTrainer", config: str =
         raise ValueError(
             f"{who}: OPPO conditions its oracle on the ground-truth answer, read from the column `answer`, else "
             f"`solution` ({config}.answer_column) when none is named, but `train_dataset` has columns {columns}. Add "
-            "one of them or set `answer_column` to the column holding the answers."
+            "one of them or set `answer_column` to the column holding the answers (with an environment_factory that "
+            "owns the data, give a dataset whose rows hold each episode's answer: docs/multiturn.md#oppo)."
         )
     args.answer_column = found[0] if found else ANSWER_COLUMNS[0]
     message = (f"{who}: OPPO reads the ground-truth answer y* from the column `{args.answer_column}` "
