@@ -55,8 +55,12 @@ def _tool_call_steps(prompt, completion, steps, **row):
     return [float('"b":' in step or '"step":' in step or '"text":' in step) for step in steps]
 
 
-if "tool_call_steps" not in STEP_REWARDS:
+@pytest.fixture(autouse=True, scope="module")
+def _tool_call_steps_registered():
+    """The step-reward function, registered for this module's tests only (the registry is global)."""
     register_step_reward("tool_call_steps", _tool_call_steps)
+    yield
+    STEP_REWARDS.pop("tool_call_steps", None)
 
 TRAINERS.update({
     # OPPO's oracle pass reads the answer column (the datasets here carry "answer"; where the environment owns the data
