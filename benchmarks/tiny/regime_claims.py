@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import statistics
 
+from multiplicity import adjust_family, holm_note
 from tiny_report import LABELS, interval, verdict
 
 #: (claim, method A, method B, problems): A - B per seed; "hard" = the base's all-fail problems
@@ -80,13 +81,25 @@ def paired_diffs(runs: dict, a: str, b: str, name: str, problems: list[int] | No
     return diffs
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float], tested: tuple = (None, None)) -> str:
+    """mean ± half-width: verdict, and whether a significant verdict survives Holm (``tested``: (p, adjusted p))."""
     if not values:
         return "-"
     mean, half = interval(values)
     if len(values) < 2:
         return f"{mean:+.3f}"
-    return f"{mean:+.3f} ± {half:.3f}: {verdict(values).split(' (')[0]}"
+    note = holm_note(*tested)
+    return f"{mean:+.3f} ± {half:.3f}: {verdict(values).split(' (')[0]}" + (f"; {note}" if note else "")
+
+
+def claims_family(claims: list[dict]) -> dict:
+    """{(claim, metric): (p, Holm-adjusted p)} over every cell of the claims table with 2 or more paired seeds: the
+    table's family of comparisons (multiplicity.py; paired t-test over seeds)."""
+    return adjust_family({(c["claim"], m): d for c in claims for m, d in c["diffs"].items()})
+
+
+def family_size(family: dict) -> int:
+    return sum(p is not None for p, _ in family.values())
 
 
 def claim_diffs(runs: dict, base_eval: dict) -> list[dict]:
@@ -100,12 +113,21 @@ def claim_diffs(runs: dict, base_eval: dict) -> list[dict]:
 def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) -> str:
     """The claims table (``claims``: :func:`claim_diffs`, computed here when not given)."""
     hard = hard_problems(base_eval)
-    measured = {c["claim"]: c["diffs"] for c in (claims if claims is not None else claim_diffs(runs, base_eval))}
+    claims = claims if claims is not None else claim_diffs(runs, base_eval)
+    measured = {c["claim"]: c["diffs"] for c in claims}
+    family = claims_family(claims)
+    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
+    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
     drawn = {r["curve"][-1].get("passk_problems") for by_seed in runs.values() for r in by_seed.values()} - {None}
     lines = [f"Hard problems: the {len(hard)} of {len(base_eval['correct_per_problem'])} held-out problems the "
              f"untrained model fails in all 8 samples at T=1 (pass@64 on those among the first "
              f"{'/'.join(str(d) for d in sorted(drawn)) or '-'}). Each cell: paired "
              "difference A - B, mean ± 95% t half-width over seeds, and its verdict.", "",
+             f"**Comparisons: {family_size(family)}** (every cell with 2 or more paired seeds). A verdict that holds or "
+             "shows the reverse is significant unadjusted (its 95% interval excludes 0, i.e. the two-sided paired "
+             "t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted p-value over all "
+             f"{family_size(family)} comparisons is <= 0.05 too, \"unadjusted only\" one that does not. "
+             f"{unadjusted} verdicts are significant unadjusted, {survive} survive Holm.", "",
              "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@64 | accuracy at T=1 |",
              "| --- | --- | --- | --- | --- | --- |"]
     for claim, a, b, which in CLAIMS:
@@ -115,7 +137,7 @@ def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) 
         cells = [measured[claim][m] for m in METRICS]
         seeds = max(len(c) for c in cells)
         lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | {seeds} | "
-                     + " | ".join(_cell(c) for c in cells) + " |")
+                     + " | ".join(_cell(measured[claim][m], family[(claim, m)]) for m in METRICS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -219,6 +241,7 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
     """The markdown section and its numbers (for summary.json)."""
     shares = all_fail_over_training(runs)
     claims = claim_diffs(runs, base_eval)
+    family = claims_family(claims)
     gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
     text = ["### Levels after training, on all held-out problems and on the hard ones (mean over seeds)", "",
             levels_table(runs, base_eval),
@@ -237,8 +260,10 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
                         f"{g['prime_gain'][0]:+.3f} ± {g['prime_gain'][1]:.3f}, process - GRPO "
                         f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
     numbers = dict(hard_problems=len(hard_problems(base_eval)), all_fail_over_training=shares,
-                   prime_share_of_oracle_gain=gain,
+                   prime_share_of_oracle_gain=gain, comparisons=family_size(family),
                    claims=[dict(claim=c["claim"], a=c["a"], b=c["b"], problems=c["problems"],
-                                **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()})
+                                **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()},
+                                paired_t_p={m: family[(c["claim"], m)][0] for m in c["diffs"]},
+                                holm_p={m: family[(c["claim"], m)][1] for m in c["diffs"]})
                            for c in claims])
     return "\n".join(text), numbers

@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from multiplicity import adjust_family, holm_note  # noqa: E402
+
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "tiny")
 ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "srpo_oracle", "srpo_oppo", "process",
          "prime"]
@@ -36,6 +38,8 @@ COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo"
           "datpo_matched": "tab:olive", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_oracle": "tab:pink",
           "srpo_oppo": "tab:brown", "process": "tab:gray", "prime": "tab:cyan"}
 THRESHOLD = 0.85  # held-out accuracy a run must reach for "steps / tokens to threshold"
+#: the sweep seeds the committed grids' learning rates were chosen on (later sweep seeds are reported beside them)
+GRID_SWEEP_SEEDS = (100, 101)
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -71,15 +75,16 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
     return None
 
 
-def sweep_choices(sweep_dir: str, rates=None, select_by: str = "auc") -> dict:
+def sweep_choices(sweep_dir: str, rates=None, select_by: str = "auc", seeds=None) -> dict:
     """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
-    grid trained with: benchmarks/tiny/tiny_grid.py); ``select_by`` "greedy_auc" ranks by the greedy-accuracy curve."""
+    grid trained with: benchmarks/tiny/tiny_grid.py); ``select_by`` "greedy_auc" ranks by the greedy-accuracy curve;
+    ``seeds``: only these sweep seeds (default: every one run)."""
     aucs: dict[str, dict[float, list[float]]] = {}
     for name in sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []:
         if name.endswith(".json") and "_seed" in name:
             with open(os.path.join(sweep_dir, name)) as f:
                 run = json.load(f)
-            if rates is None or run["learning_rate"] in rates:
+            if (rates is None or run["learning_rate"] in rates) and (seeds is None or run["seed"] in seeds):
                 aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run[select_by])
     chosen = {}
     for method, by_rate in aucs.items():
@@ -220,8 +225,10 @@ def localization_verdict(srpo: dict, rrpo: dict) -> str:
 
 
 def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None) -> str:
-    """One row per paper claim: the claim, the test here, the number, the verdict."""
+    """One row per paper claim: the claim, the test here, the number, the verdict; the rows read from paired seeds
+    form the table's family of comparisons, and a significant verdict says whether it survives Holm over them."""
     rows = []
+    tested: dict[int, list[float]] = {}  # row index -> paired differences (the family of comparisons)
 
     def add(claim, test, values, higher=True, digits=3):
         if not values:
@@ -229,6 +236,7 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
             return
         mean, half = interval(values)
         number = f"{mean:+.{digits}f} ± {half:.{digits}f}" if len(values) > 1 else f"{mean:+.{digits}f}"
+        tested[len(rows)] = values
         rows.append((claim, test, number, verdict(values, higher)))
 
     add("OPPO improves over GRPO (abstract, §5)", "final held-out accuracy, OPPO - GRPO per seed",
@@ -291,7 +299,21 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
             "final accuracy, PRIME - GRPO", paired(runs, "prime", "grpo", final_accuracy))
         add("... and reaches the process oracle", "final accuracy, PRIME - process credit",
             paired(runs, "prime", "process", final_accuracy))
-    lines = ["| claim (paper section) | test on the tiny testbed | number (mean ± 95% t-interval) | verdict |",
+    family = adjust_family(tested)
+    count = sum(p is not None for p, _ in family.values())
+    for index, (p, adjusted) in family.items():
+        note = holm_note(p, adjusted)
+        if note:
+            claim, test, number, said = rows[index]
+            rows[index] = (claim, test, number, f"{said}; {note}")
+    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
+    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    lines = [f"**Comparisons: {count}** (the rows read from paired seeds; the mechanism rows are readings, not tests). "
+             "A verdict that holds or shows the reverse is significant unadjusted (its 95% interval excludes 0: the "
+             "two-sided paired t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted "
+             f"p-value over the {count} comparisons is <= 0.05 too, \"unadjusted only\" one that does not. "
+             f"{unadjusted} verdicts are significant unadjusted, {survive} survive Holm.", "",
+             "| claim (paper section) | test on the tiny testbed | number (mean ± 95% t-interval) | verdict |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(lines) + "\n"
@@ -437,7 +459,7 @@ def main(argv=None):
     if profile is None and os.path.exists(profile_path):
         with open(profile_path) as f:
             profile = json.load(f)
-    rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by)
+    rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by, seeds=GRID_SWEEP_SEEDS)
     summary = summarize(runs)
     base_summary = dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"])
     if profile:  # the base at each temperature and the sharpening baseline (trl_credit.testbed.profile)
