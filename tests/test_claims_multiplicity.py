@@ -64,9 +64,25 @@ def test_regime_claims_table_states_its_comparison_count_and_marks_holm():
                      2: _run([1, 1, 1, 0], [1, 1, 1, 1])}}
     base = dict(correct_per_problem=[0, 1, 1, 1])  # problem 0 is hard
     table = regime_claims.claims_table(runs, base)
-    # 2 claims ran (SRPO - GRPO on hard and on all problems) x greedy and T=1 (pass@64 not drawn: no values) = 4
-    assert "**Comparisons: 4**" in table
+    # 2 claims ran (SRPO - GRPO on hard and on all problems) x greedy, pass@8 and T=1 = 6 (pass@64 is no claim)
+    assert "**Comparisons: 6**" in table
     # all problems, greedy: diffs 0.5, 0.5, 0.75: mean 0.5833, sd 0.1443, se 0.0833, t = 7.0, df 2:
-    # p = 1 - 7 / sqrt(51) = 0.019787; its rank among the 4: the smallest p (the T=1 diffs are 0: p = 1; hard greedy
-    # diffs 1, 0, 1: t = 2.0, p = 1 - 2 / sqrt(6) = 0.1835) -> adjusted 4 x 0.019787 = 0.079: unadjusted only
-    assert "+0.583 ± 0.359: holds; unadjusted only: not after Holm (adj. p 0.079)" in table
+    # p = 1 - 7 / sqrt(51) = 0.019787; the smallest of the 6 (pass@8 and T=1 diffs are 0: p = 1; hard greedy
+    # diffs 1, 0, 1: t = 2.0, p = 1 - 2 / sqrt(6) = 0.1835) -> adjusted 6 x 0.019787 = 0.119: unadjusted only
+    assert "+0.583 ± 0.359: holds; unadjusted only: not after Holm (adj. p 0.12)" in table
+
+
+def test_all_fail_share_against_grpo_is_paired_per_seed_and_step():
+    def run(at10, at20):  # all-fail = correct 0 of the samples, 4 problems
+        return dict(curve=[dict(step=0, correct_per_problem=[0, 0, 1, 1]), dict(step=10, correct_per_problem=at10),
+                           dict(step=20, correct_per_problem=at20)])
+    runs = {"grpo": {0: run([0, 0, 1, 1], [0, 1, 1, 1]), 1: run([0, 1, 1, 1], [0, 1, 1, 1])},
+            "srpo": {0: run([0, 1, 1, 1], [1, 1, 1, 1]), 1: run([1, 1, 1, 1], [0, 1, 1, 1]), 5: run([0] * 4, [0] * 4)}}
+    paired = regime_claims.all_fail_vs_grpo(runs)
+    # step 10: seed 0 0.25 - 0.5, seed 1 0.0 - 0.25; step 20: seed 0 0.0 - 0.25, seed 1 0.25 - 0.25; seed 5 unpaired
+    assert paired == {"srpo": {10: [-0.25, -0.25], 20: [-0.25, 0.0]}}
+    table, family = regime_claims.all_fail_vs_grpo_table(paired)
+    # step 10: no spread, every seed fewer -> p 0 (adjusted 0): fewer, survives; step 20: mean -0.125, sd 0.1768,
+    # se 0.125, t = -1, df 1: p = 0.5 -> adjusted max(0, 1 x 0.5) = 0.5
+    assert family[("srpo", 10)] == (0.0, 0.0) and family[("srpo", 20)] == pytest.approx((0.5, 0.5))
+    assert "**Comparisons: 2**" in table and "-0.250 ± 0.000: fewer; survives Holm (adj. p 0)" in table
