@@ -21,6 +21,8 @@ oracle's gain. Called by ``tiny_report.py``; every number is recomputed from the
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import statistics
 
@@ -274,6 +276,75 @@ def share_of_gain(runs: dict, name: str, resamples: int = 10_000, seed: int = 0)
                 prime_gain=interval([p for p, _ in rows]), oracle_gain=interval([o for _, o in rows]))
 
 
+def load_same_rate(directory: str) -> dict[tuple[str, float], dict[int, dict]]:
+    """The runs of ``same_rate.py`` in ``directory``: {(method, learning rate): {seed: run}}."""
+    runs: dict[tuple[str, float], dict[int, dict]] = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name.endswith(".json") and "_seed" in name:
+            with open(os.path.join(directory, name)) as f:
+                run = json.load(f)
+            runs.setdefault((run["method"], run["learning_rate"]), {})[run["seed"]] = run
+    return runs
+
+
+def same_rate_claims(runs: dict, same_rate: dict, base_eval: dict) -> list[dict]:
+    """Per claim of :data:`CLAIMS` whose two methods ran the grid at different rates, and per rate at which both
+    have runs (a grid run at its own rate or a ``same_rate.py`` run): the paired differences per metric."""
+    hard = hard_problems(base_eval)
+    by_rate: dict[tuple[str, float], dict[int, dict]] = dict(same_rate)
+    for method, by_seed in runs.items():
+        by_rate.setdefault((method, next(iter(by_seed.values()))["learning_rate"]), by_seed)
+    out = []
+    for claim, a, b, which in CLAIMS:
+        if a not in runs or b not in runs:
+            continue
+        rate_a, rate_b = (next(iter(runs[m].values()))["learning_rate"] for m in (a, b))
+        if rate_a == rate_b:
+            continue
+        for rate in sorted({r for m, r in by_rate if m == a} & {r for m, r in by_rate if m == b}):
+            pair = {a: by_rate[(a, rate)], b: by_rate[(b, rate)]}
+            out.append(dict(claim=claim, a=a, b=b, problems=which, rate=rate, grid_rates=(rate_a, rate_b),
+                            diffs={m: paired_diffs(pair, a, b, m, hard if which == "hard" else None)
+                                   for m in METRICS}))
+    return out
+
+
+def same_rate_table(pairs: list[dict]) -> tuple[str, dict]:
+    """The claims whose pair differs in rate in the grid, read at one common rate, with Holm over this table's
+    cells; the table and {(claim, rate, metric): (p, Holm p)}."""
+    family = adjust_family({(c["claim"], c["rate"], m): d for c in pairs for m, d in c["diffs"].items()})
+    count = family_size(family)
+    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
+    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    lines = ["Claims whose two methods trained the grid at different learning rates, with both at one rate (the "
+             "grid's run where its rate is that one, else a run of `benchmarks/tiny/same_rate.py` on the same seeds). "
+             f"**Comparisons: {count}**; {unadjusted} significant unadjusted, {survive} survive Holm over them.", "",
+             "| claim | A - B (problems) | grid rates A / B | common rate | seeds | greedy accuracy | pass@8 (T=1) | "
+             "accuracy at T=1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in pairs:
+        cells = [_cell(c["diffs"][m], family[(c["claim"], c["rate"], m)]) for m in METRICS]
+        seeds = max(len(d) for d in c["diffs"].values())
+        lines.append(f"| {c['claim']} | {LABELS.get(c['a'], c['a'])} - {LABELS.get(c['b'], c['b'])} ({c['problems']}) "
+                     f"| {c['grid_rates'][0]:g} / {c['grid_rates'][1]:g} | {c['rate']:g} | {seeds} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", family
+
+
+def sweep_seeds_table(two: dict, every: dict) -> str:
+    """Each method's learning rate chosen on the first two sweep seeds (what the grid trained with) and on every
+    sweep seed run, with the mean sweep AUC per rate and the seeds behind it (``tiny_report.sweep_choices``)."""
+    lines = ["| method | chosen on seeds 100-101 (grid) | chosen on every sweep seed | seeds per rate | sweep AUC per "
+             "rate, every seed |", "| --- | --- | --- | --- | --- |"]
+    for method in sorted(every, key=lambda m: LABELS.get(m, m)):
+        runs = sorted(set(every[method]["sweep_runs"].values()))
+        aucs = ", ".join(f"{r}: {a:.3f}" for r, a in every[method]["sweep_auc"].items())
+        old = two.get(method, {}).get("learning_rate")
+        new = every[method]["learning_rate"]
+        lines.append(f"| {LABELS.get(method, method)} | {'-' if old is None else f'{old:g}'} | {new:g}"
+                     f"{'' if old is None or old == new else ' (changed)'} | {'/'.join(map(str, runs))} | {aucs} |")
+    return "\n".join(lines) + "\n"
+
+
 def resets_landing(summary: dict) -> str:
     """Where the resets of SRPO, RRPO and the oracle land against the checker's first wrong thought h*, from the
     training logs: on h* (exact), before it (a clean prefix, not h*), after it (the prefix keeps the error)."""
@@ -303,8 +374,10 @@ def mechanism_lines(mechanisms: dict | None) -> str:
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
-def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) -> tuple[str, dict]:
-    """The markdown section and its numbers (for summary.json)."""
+def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, same_rate: dict | None = None,
+           sweeps: tuple[dict, dict] | None = None) -> tuple[str, dict]:
+    """The markdown section and its numbers (for summary.json); ``same_rate``: :func:`load_same_rate`'s runs,
+    ``sweeps``: the sweep's choices on seeds 100-101 and on every sweep seed (tiny_report.sweep_choices)."""
     shares = all_fail_over_training(runs)
     claims = claim_diffs(runs, base_eval)
     family = claims_family(claims)
@@ -316,6 +389,19 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
             "### Claims, by greedy accuracy, pass@8 and T=1", "", claims_table(runs, base_eval, claims),
             "### All-fail share over training (held-out problems, 8 samples at T=1)", "", all_fail_table(shares),
             "### All-fail share against GRPO's, paired over seeds", "", fail_table]
+    numbers_extra = {}
+    if sweeps and any(max(c["sweep_runs"].values()) > 2 for c in sweeps[1].values()):
+        text += ["### The learning rates on 2 sweep seeds and on every sweep seed run", "",
+                 sweep_seeds_table(*sweeps)]
+        numbers_extra["sweep_every_seed"] = sweeps[1]
+    pairs = same_rate_claims(runs, same_rate or {}, base_eval)
+    if pairs:
+        table, pair_family = same_rate_table(pairs)
+        text += ["### Claims whose pair trained at different rates, at one rate", "", table]
+        numbers_extra["same_rate"] = [dict(claim=c["claim"], a=c["a"], b=c["b"], problems=c["problems"], rate=c["rate"],
+                                           **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()},
+                                           holm_p={m: pair_family[(c["claim"], c["rate"], m)][1] for m in METRICS})
+                                      for c in pairs]
     landing = resets_landing(summary)
     if landing:
         text += ["### Where the resets land (training logs, against the checker's first wrong thought h*)", "", landing]
@@ -337,5 +423,5 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None) 
                                 **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()},
                                 paired_t_p={m: family[(c["claim"], m)][0] for m in METRICS},
                                 holm_p={m: family[(c["claim"], m)][1] for m in METRICS})
-                           for c in claims])
+                           for c in claims], **numbers_extra)
     return "\n".join(text), numbers

@@ -390,7 +390,10 @@ def main(argv=None):
     import regime_claims  # greedy, pass@64 and T=1 per claim, hard problems, all-fail share, PRIME's share
 
     if runs.get("grpo") and all("greedy_correct" in run["curve"][-1] for run in runs["grpo"].values()):
-        section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms)
+        sweep_dir = os.path.join(args.results_dir, "sweep")
+        sweeps = (rates, sweep_choices(sweep_dir, select_by=args.select_by))  # seeds 100-101 and every sweep seed
+        same_rate = regime_claims.load_same_rate(os.path.join(args.results_dir, "same_rate"))
+        section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms, same_rate, sweeps)
         text += section
     else:  # a grid whose GRPO runs predate greedy evaluation: its claims at T=1
         import tiny_claims
