@@ -1,7 +1,8 @@
-"""benchmarks/tiny/same_rate.py and regime_claims' same-rate pairs: a claim whose two methods trained at different
-rates, read with both at one rate, hand-worked."""
+"""benchmarks/tiny/same_rate.py and claims_controls.py: a claim whose two methods trained at different
+rates, read with both at one rate, and DATPO's claims at equal generated tokens, hand-worked."""
 
 import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
+import claims_controls
 import regime_claims
 import same_rate
 
@@ -28,12 +29,37 @@ def test_same_rate_claims_pair_the_grid_run_at_its_rate_with_the_added_run():
             "rrpo": {0: _run(6e-4, [0, 0]), 1: _run(6e-4, [0, 1])},
             "srpo_oracle": {0: _run(6e-4, [1, 1]), 1: _run(6e-4, [1, 1])}}  # same rate as RRPO: not re-paired
     added = {("srpo", 6e-4): {0: _run(6e-4, [1, 0]), 1: _run(6e-4, [1, 1])}}
-    pairs = regime_claims.same_rate_claims(runs, added, dict(correct_per_problem=[0, 1]))
+    pairs = claims_controls.same_rate_claims(runs, added, dict(correct_per_problem=[0, 1]))
     # SRPO - RRPO on all and on the hard problem (problem 0), at 6e-4: SRPO's added runs against RRPO's grid runs
     assert [(c["claim"][:33], c["rate"], c["problems"]) for c in pairs] == [
         ("SRPO outperforms RRPO: localizati", 6e-4, "all"), ("... on the hard prompts", 6e-4, "hard")]
     # greedy, all problems: seed 0 0.5 - 0.0, seed 1 1.0 - 0.5; hard: seed 0 1 - 0, seed 1 1 - 0
     assert pairs[0]["diffs"]["greedy"] == [0.5, 0.5] and pairs[1]["diffs"]["greedy"] == [1.0, 1.0]
-    table, family = regime_claims.same_rate_table(pairs)
+    table, family = claims_controls.same_rate_table(pairs)
     assert "| 0.0003 / 0.0006 | 0.0006 | 2 | +0.500 ± 0.000: holds" in table
     assert "**Comparisons: 6**" in table  # 2 pairs x greedy, pass@8, T=1
+
+
+def _curve_run(points):
+    """A run evaluated at (step, generated tokens, greedy verdicts on 2 problems)."""
+    return dict(settings=dict(eval_samples=2), curve=[
+        dict(step=s, generated_tokens=t, greedy_correct=g, correct_per_problem=[2 * x for x in g],
+             pass_at_k={"1": 0, "2": 0}) for s, t, g in points])
+
+
+def test_metric_at_tokens_is_linear_between_the_evaluations_around_the_count():
+    run = _curve_run([(0, 0, [0, 0]), (10, 100, [1, 0]), (20, 300, [1, 1])])
+    # greedy 0.0 at 0 tokens, 0.5 at 100, 1.0 at 300: at 200 tokens 0.5 + 0.5 x (100 / 200) = 0.75
+    assert claims_controls.metric_at_tokens(run, "greedy", None, 200) == 0.75
+    assert claims_controls.metric_at_tokens(run, "greedy", None, 50) == 0.25
+    assert claims_controls.metric_at_tokens(run, "greedy", None, 300) == 1.0
+    assert claims_controls.metric_at_tokens(run, "greedy", None, 301) is None  # past the run: no extrapolation
+
+
+def test_token_matched_diffs_read_the_larger_run_at_the_smaller_runs_budget():
+    runs = {"datpo": {0: _curve_run([(0, 0, [0, 0]), (10, 400, [1, 0]), (20, 800, [1, 1])])},
+            "grpo": {0: _curve_run([(0, 0, [0, 0]), (10, 200, [0, 0]), (20, 600, [1, 0])])}}
+    # budget min(800, 600) = 600: DATPO at 600 tokens 0.5 + 0.5 x (200 / 400) = 0.75, GRPO at its end 0.5
+    diffs, budgets = claims_controls.token_matched_diffs(runs, "datpo", "grpo", "greedy", None)
+    assert diffs == [0.25] and budgets == [600]
+    assert regime_claims.token_ratio(runs, "datpo", "grpo") == "1.33x"  # 800 / 600

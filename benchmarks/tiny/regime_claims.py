@@ -21,8 +21,6 @@ oracle's gain. Called by ``tiny_report.py``; every number is recomputed from the
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import statistics
 
@@ -58,11 +56,11 @@ def hard_problems(base_eval: dict) -> list[int]:
     return [i for i, correct in enumerate(base_eval["correct_per_problem"]) if correct == 0]
 
 
-def metric(run: dict, name: str, problems: list[int] | None) -> float | None:
-    """A run's last evaluation on ``problems`` (None: all): greedy accuracy, pass@64 (problems among the first
-    ``passk_problems``; pass@64 of 64 samples = at least one correct), accuracy at T=1, or pass@n of its n samples at
-    T=1 ("pass8": at least one of the evaluation's samples correct)."""
-    last = run["curve"][-1]
+def metric(run: dict, name: str, problems: list[int] | None, point: dict | None = None) -> float | None:
+    """A run's last evaluation (or the curve ``point`` given) on ``problems`` (None: all): greedy accuracy, pass@64
+    (problems among the first ``passk_problems``; pass@64 of 64 samples = at least one correct), accuracy at T=1,
+    or pass@n of its n samples at T=1 ("pass8": at least one of the evaluation's samples correct)."""
+    last = run["curve"][-1] if point is None else point
     if name == "greedy":
         values = last.get("greedy_correct")
     elif name == "t1":
@@ -78,6 +76,22 @@ def metric(run: dict, name: str, problems: list[int] | None) -> float | None:
     chosen = range(len(values)) if problems is None else [i for i in problems if i < len(values)]
     chosen = list(chosen)
     return statistics.fmean(float(values[i]) for i in chosen) if chosen else None
+
+
+def run_tokens(run: dict) -> float | None:
+    """Generated tokens over the whole run (every generation call: the last evaluation's cumulative count)."""
+    return run["curve"][-1].get("generated_tokens")
+
+
+def mean_tokens(by_seed: dict) -> float | None:
+    values = [t for t in (run_tokens(r) for r in by_seed.values()) if t is not None]
+    return statistics.fmean(values) if values else None
+
+
+def token_ratio(runs: dict, a: str, b: str) -> str:
+    """"<A's mean generated tokens / B's>x" over the run, "-" where either is unknown."""
+    ta, tb = mean_tokens(runs.get(a, {})), mean_tokens(runs.get(b, {}))
+    return f"{ta / tb:.2f}x" if ta and tb else "-"
 
 
 def paired_diffs(runs: dict, a: str, b: str, name: str, problems: list[int] | None) -> list[float]:
@@ -140,16 +154,18 @@ def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) 
              "t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted p-value over all "
              f"{family_size(family)} comparisons is <= 0.05 too, \"unadjusted only\" one that does not. "
              f"{unadjusted} verdicts are significant unadjusted, {survive} survive Holm.", "",
-             "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@8 (T=1) | accuracy at T=1 |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@8 (T=1) | accuracy at T=1 | "
+             "generated tokens A / B |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for claim, a, b, which in CLAIMS:
         if claim not in measured:
-            lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | 0 | not run | | |")
+            lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | 0 | not run | | | |")
             continue
         cells = [measured[claim][m] for m in METRICS]
         seeds = max(len(c) for c in cells)
         lines.append(f"| {claim} | {LABELS.get(a, a)} - {LABELS.get(b, b)} ({which}) | {seeds} | "
-                     + " | ".join(_cell(measured[claim][m], family[(claim, m)]) for m in METRICS) + " |")
+                     + " | ".join(_cell(measured[claim][m], family[(claim, m)]) for m in METRICS)
+                     + f" | {token_ratio(runs, a, b)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -158,8 +174,8 @@ def levels_table(runs: dict, base_eval: dict) -> str:
     row first: its greedy and T=1 from the base evaluation)."""
     hard = hard_problems(base_eval)
     base_run = dict(settings={}, curve=[base_eval])  # its samples per problem: len(pass_at_k)
-    lines = ["| method | greedy (all / hard) | pass@64 (all / hard) | T=1 (all / hard) | pass@8 at T=1 (all / hard) |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| method | greedy (all / hard) | pass@64 (all / hard) | T=1 (all / hard) | pass@8 at T=1 (all / hard) | "
+             "generated tokens over the run (x GRPO's) |", "| --- | --- | --- | --- | --- | --- |"]
     rows = [("untrained", {0: base_run})] + [(LABELS.get(m, m), by_seed) for m, by_seed in runs.items()]
     for label, by_seed in rows:
         cells = []
@@ -169,6 +185,10 @@ def levels_table(runs: dict, base_eval: dict) -> str:
                 values = [v for v in (metric(r, name, problems) for r in by_seed.values()) if v is not None]
                 pair.append(f"{statistics.fmean(values):.3f}" if values else "-")
             cells.append(" / ".join(pair))
+        tokens = mean_tokens(by_seed)
+        grpo = mean_tokens(runs.get("grpo", {}))
+        cells.append("0" if label == "untrained" else "-" if tokens is None else
+                     f"{tokens:.0f}" + (f" ({tokens / grpo:.2f}x)" if grpo else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -233,7 +253,7 @@ def _fewer_cell(values: list[float], tested: tuple) -> str:
     return f"{mean:+.3f} ± {half:.3f}: {said}" + (f"; {note}" if note else "")
 
 
-def all_fail_vs_grpo_table(paired: dict) -> tuple[str, dict]:
+def all_fail_vs_grpo_table(paired: dict, runs: dict | None = None) -> tuple[str, dict]:
     """The paired differences of :func:`all_fail_vs_grpo` with their verdicts and Holm over the table's cells; the
     table and {(method, step): (p, Holm p)}."""
     family = adjust_family({(m, step): d for m, by_step in paired.items() for step, d in by_step.items()})
@@ -243,11 +263,12 @@ def all_fail_vs_grpo_table(paired: dict) -> tuple[str, dict]:
     unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
     lines = [f"Method - GRPO per seed, mean ± 95% t half-width over seeds (negative: fewer all-fail problems than "
              f"GRPO's). **Comparisons: {count}**; {unadjusted} significant unadjusted, {survive} survive Holm over "
-             "them.", "", "| method | " + " | ".join(f"step {s}: method - GRPO" for s in steps) + " |",
-             "| --- |" + " --- |" * len(steps)]
+             "them.", "", "| method | " + " | ".join(f"step {s}: method - GRPO" for s in steps)
+             + " | generated tokens vs GRPO's |", "| --- |" + " --- |" * (len(steps) + 1)]
     for method, by_step in paired.items():
         cells = [_fewer_cell(by_step[s], family[(method, s)]) if s in by_step else "-" for s in steps]
-        lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {LABELS.get(method, method)} | " + " | ".join(cells)
+                     + f" | {token_ratio(runs or {}, method, 'grpo')} |")
     return "\n".join(lines) + "\n", family
 
 
@@ -274,75 +295,6 @@ def share_of_gain(runs: dict, name: str, resamples: int = 10_000, seed: int = 0)
     low, high = boots[int(0.025 * len(boots))], boots[int(0.975 * len(boots)) - 1]
     return dict(seeds=len(rows), share=ratio(rows), low=low, high=high,
                 prime_gain=interval([p for p, _ in rows]), oracle_gain=interval([o for _, o in rows]))
-
-
-def load_same_rate(directory: str) -> dict[tuple[str, float], dict[int, dict]]:
-    """The runs of ``same_rate.py`` in ``directory``: {(method, learning rate): {seed: run}}."""
-    runs: dict[tuple[str, float], dict[int, dict]] = {}
-    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-        if name.endswith(".json") and "_seed" in name:
-            with open(os.path.join(directory, name)) as f:
-                run = json.load(f)
-            runs.setdefault((run["method"], run["learning_rate"]), {})[run["seed"]] = run
-    return runs
-
-
-def same_rate_claims(runs: dict, same_rate: dict, base_eval: dict) -> list[dict]:
-    """Per claim of :data:`CLAIMS` whose two methods ran the grid at different rates, and per rate at which both
-    have runs (a grid run at its own rate or a ``same_rate.py`` run): the paired differences per metric."""
-    hard = hard_problems(base_eval)
-    by_rate: dict[tuple[str, float], dict[int, dict]] = dict(same_rate)
-    for method, by_seed in runs.items():
-        by_rate.setdefault((method, next(iter(by_seed.values()))["learning_rate"]), by_seed)
-    out = []
-    for claim, a, b, which in CLAIMS:
-        if a not in runs or b not in runs:
-            continue
-        rate_a, rate_b = (next(iter(runs[m].values()))["learning_rate"] for m in (a, b))
-        if rate_a == rate_b:
-            continue
-        for rate in sorted({r for m, r in by_rate if m == a} & {r for m, r in by_rate if m == b}):
-            pair = {a: by_rate[(a, rate)], b: by_rate[(b, rate)]}
-            out.append(dict(claim=claim, a=a, b=b, problems=which, rate=rate, grid_rates=(rate_a, rate_b),
-                            diffs={m: paired_diffs(pair, a, b, m, hard if which == "hard" else None)
-                                   for m in METRICS}))
-    return out
-
-
-def same_rate_table(pairs: list[dict]) -> tuple[str, dict]:
-    """The claims whose pair differs in rate in the grid, read at one common rate, with Holm over this table's
-    cells; the table and {(claim, rate, metric): (p, Holm p)}."""
-    family = adjust_family({(c["claim"], c["rate"], m): d for c in pairs for m, d in c["diffs"].items()})
-    count = family_size(family)
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
-    lines = ["Claims whose two methods trained the grid at different learning rates, with both at one rate (the "
-             "grid's run where its rate is that one, else a run of `benchmarks/tiny/same_rate.py` on the same seeds). "
-             f"**Comparisons: {count}**; {unadjusted} significant unadjusted, {survive} survive Holm over them.", "",
-             "| claim | A - B (problems) | grid rates A / B | common rate | seeds | greedy accuracy | pass@8 (T=1) | "
-             "accuracy at T=1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for c in pairs:
-        cells = [_cell(c["diffs"][m], family[(c["claim"], c["rate"], m)]) for m in METRICS]
-        seeds = max(len(d) for d in c["diffs"].values())
-        lines.append(f"| {c['claim']} | {LABELS.get(c['a'], c['a'])} - {LABELS.get(c['b'], c['b'])} ({c['problems']}) "
-                     f"| {c['grid_rates'][0]:g} / {c['grid_rates'][1]:g} | {c['rate']:g} | {seeds} | "
-                     + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n", family
-
-
-def sweep_seeds_table(two: dict, every: dict) -> str:
-    """Each method's learning rate chosen on the first two sweep seeds (what the grid trained with) and on every
-    sweep seed run, with the mean sweep AUC per rate and the seeds behind it (``tiny_report.sweep_choices``)."""
-    lines = ["| method | chosen on seeds 100-101 (grid) | chosen on every sweep seed | seeds per rate | sweep AUC per "
-             "rate, every seed |", "| --- | --- | --- | --- | --- |"]
-    for method in sorted(every, key=lambda m: LABELS.get(m, m)):
-        runs = sorted(set(every[method]["sweep_runs"].values()))
-        aucs = ", ".join(f"{r}: {a:.3f}" for r, a in every[method]["sweep_auc"].items())
-        old = two.get(method, {}).get("learning_rate")
-        new = every[method]["learning_rate"]
-        lines.append(f"| {LABELS.get(method, method)} | {'-' if old is None else f'{old:g}'} | {new:g}"
-                     f"{'' if old is None or old == new else ' (changed)'} | {'/'.join(map(str, runs))} | {aucs} |")
-    return "\n".join(lines) + "\n"
 
 
 def resets_landing(summary: dict) -> str:
@@ -377,26 +329,36 @@ def mechanism_lines(mechanisms: dict | None) -> str:
 def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, same_rate: dict | None = None,
            sweeps: tuple[dict, dict] | None = None) -> tuple[str, dict]:
     """The markdown section and its numbers (for summary.json); ``same_rate``: :func:`load_same_rate`'s runs,
-    ``sweeps``: the sweep's choices on seeds 100-101 and on every sweep seed (tiny_report.sweep_choices)."""
+    ``sweeps``: the sweep's choices on seeds 100-101 and on every sweep seed (tiny_report.sweep_choices); their tables
+    are claims_controls.py's."""
     shares = all_fail_over_training(runs)
     claims = claim_diffs(runs, base_eval)
     family = claims_family(claims)
     fail_paired = all_fail_vs_grpo(runs)
-    fail_table, fail_family = all_fail_vs_grpo_table(fail_paired)
+    fail_table, fail_family = all_fail_vs_grpo_table(fail_paired, runs)
     gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
     text = ["### Levels after training, on all held-out problems and on the hard ones (mean over seeds)", "",
             levels_table(runs, base_eval),
             "### Claims, by greedy accuracy, pass@8 and T=1", "", claims_table(runs, base_eval, claims),
             "### All-fail share over training (held-out problems, 8 samples at T=1)", "", all_fail_table(shares),
             "### All-fail share against GRPO's, paired over seeds", "", fail_table]
+    import claims_controls  # the same claims at one learning rate and at equal generated tokens
+
     numbers_extra = {}
+    matched_text, matched = claims_controls.token_matched_table(runs, base_eval)
+    if matched:
+        text += ["### DATPO's claims at equal generated tokens", "", matched_text]
+        numbers_extra["equal_tokens"] = [dict(claim=r["claim"], a=r["a"], b=r["b"], problems=r["problems"],
+                                              budget=r["budget"], holm_p=r["holm_p"],
+                                              **{m: (list(interval(d)) if d else None) for m, d in r["diffs"].items()})
+                                         for r in matched]
     if sweeps and any(max(c["sweep_runs"].values()) > 2 for c in sweeps[1].values()):
         text += ["### The learning rates on 2 sweep seeds and on every sweep seed run", "",
-                 sweep_seeds_table(*sweeps)]
+                 claims_controls.sweep_seeds_table(*sweeps)]
         numbers_extra["sweep_every_seed"] = sweeps[1]
-    pairs = same_rate_claims(runs, same_rate or {}, base_eval)
+    pairs = claims_controls.same_rate_claims(runs, same_rate or {}, base_eval)
     if pairs:
-        table, pair_family = same_rate_table(pairs)
+        table, pair_family = claims_controls.same_rate_table(pairs)
         text += ["### Claims whose pair trained at different rates, at one rate", "", table]
         numbers_extra["same_rate"] = [dict(claim=c["claim"], a=c["a"], b=c["b"], problems=c["problems"], rate=c["rate"],
                                            **{m: (list(interval(d)) if d else None) for m, d in c["diffs"].items()},

@@ -280,12 +280,15 @@ def beyond_sharpening(summary: dict, base: dict) -> str:
              f"problems x 64 samples at T=1); training prompts all-fail in their group of 8: "
              f"{base['train_all_fail_share']:.3f}. " + named, "",
              "| method | T=1 accuracy | greedy | greedy vs GRPO (z) | pass@64 | pass@64 vs GRPO | above the sharpening "
-             "baseline? (lower 95% bound of its better of greedy and T=1) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "baseline? (lower 95% bound of its better of greedy and T=1) | gen. tokens/step (x GRPO's) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    grpo_tokens = summary.get("grpo", {}).get("tokens_per_step")
     for method, s in summary.items():
+        tokens = f"{s['tokens_per_step']:.0f}" + (f" ({s['tokens_per_step'] / grpo_tokens:.2f}x)" if grpo_tokens else "")
         if "greedy" not in s:  # runs made before the runner measured greedy accuracy and pass@64
             low = s["final"][0] - s["final"][1]
             lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | not measured | - | not measured | "
-                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) |")
+                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) | {tokens} |")
             continue
         z = s.get("z_diff_greedy")
         diff = "-" if method == "grpo" or s.get("diff_greedy") is None else (
@@ -294,7 +297,7 @@ def beyond_sharpening(summary: dict, base: dict) -> str:
         lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | {_abs(s['greedy'])} | {diff} | "
                      f"{_abs(s.get('pass64'))} | "
                      f"{'-' if method == 'grpo' or not s.get('diff_pass64') else _fmt(s['diff_pass64'])} | "
-                     f"{'yes' if low > sharp['accuracy'] else 'no'} |")
+                     f"{'yes' if low > sharp['accuracy'] else 'no'} | {tokens} |")
     return "\n".join(lines) + "\n"
 
 
@@ -392,7 +395,9 @@ def main(argv=None):
     if runs.get("grpo") and all("greedy_correct" in run["curve"][-1] for run in runs["grpo"].values()):
         sweep_dir = os.path.join(args.results_dir, "sweep")
         sweeps = (rates, sweep_choices(sweep_dir, select_by=args.select_by))  # seeds 100-101 and every sweep seed
-        same_rate = regime_claims.load_same_rate(os.path.join(args.results_dir, "same_rate"))
+        import claims_controls
+
+        same_rate = claims_controls.load_same_rate(os.path.join(args.results_dir, "same_rate"))
         section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms, same_rate, sweeps)
         text += section
     else:  # a grid whose GRPO runs predate greedy evaluation: its claims at T=1
