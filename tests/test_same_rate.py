@@ -63,3 +63,13 @@ def test_token_matched_diffs_read_the_larger_run_at_the_smaller_runs_budget():
     diffs, budgets = claims_controls.token_matched_diffs(runs, "datpo", "grpo", "greedy", None)
     assert diffs == [0.25] and budgets == [600]
     assert regime_claims.token_ratio(runs, "datpo", "grpo") == "1.33x"  # 800 / 600
+
+
+def test_token_matched_a_at_least_reading_gives_a_at_least_bs_tokens():
+    datpo = _curve_run([(0, 0, [0, 0]), (10, 400, [1, 0]), (20, 800, [1, 1])])
+    grpo = _curve_run([(0, 0, [0, 0]), (10, 200, [0, 0]), (20, 600, [1, 0])])
+    # A larger: budget 600, DATPO at its first evaluation at or past 600 tokens (step 20, 1.0) - GRPO's end 0.5
+    runs = {"datpo": {0: datpo}, "grpo": {0: grpo}}
+    assert claims_controls.token_matched_diffs(runs, "datpo", "grpo", "greedy", None, "a_at_least")[0] == [0.5]
+    # B larger: A = GRPO (600 tokens) against B = DATPO read at its last evaluation at or before 600 (step 10, 0.5)
+    assert claims_controls.token_matched_diffs(runs, "grpo", "datpo", "greedy", None, "a_at_least")[0] == [0.0]

@@ -349,6 +349,7 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, 
     if matched:
         text += ["### DATPO's claims at equal generated tokens", "", matched_text]
         numbers_extra["equal_tokens"] = [dict(claim=r["claim"], a=r["a"], b=r["b"], problems=r["problems"],
+                                              reading=r["reading"],
                                               budget=r["budget"], holm_p=r["holm_p"],
                                               **{m: (list(interval(d)) if d else None) for m, d in r["diffs"].items()})
                                          for r in matched]
