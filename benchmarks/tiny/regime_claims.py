@@ -143,12 +143,14 @@ def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) 
     survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
     unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
     drawn = {r["curve"][-1].get("passk_problems") for by_seed in runs.values() for r in by_seed.values()} - {None}
+    untrained64 = base_eval.get("pass_at_k_large", {}).get("64")
+    untrained64 = "-" if untrained64 is None else f"{untrained64:.3f}"
     lines = [f"Hard problems: the {len(hard)} of {len(base_eval['correct_per_problem'])} held-out problems the "
              f"untrained model fails in all 8 samples at T=1 (their pass@8 is 0 before training). pass@64 is not a "
-             f"claim here: the untrained model's is 1.000 on the held-out problems the runs draw it on (the first "
-             f"{'/'.join(str(d) for d in sorted(drawn)) or '-'}), so no run can show a gain in it; coverage is read at "
-             "pass@8 of the 8 samples at T=1. Each cell: paired difference A - B, mean ± 95% t half-width over seeds, "
-             "and its verdict.", "",
+             f"claim here: the untrained model's is {untrained64} on the held-out problems the runs draw it on (the "
+             f"first {'/'.join(str(d) for d in sorted(drawn)) or '-'}), so no run can show a gain in it; coverage is "
+             "read at pass@8 of the 8 samples at T=1. Each cell: paired difference A - B, mean ± 95% t half-width over "
+             "seeds, and its verdict.", "",
              f"**Comparisons: {family_size(family)}** (every cell with 2 or more paired seeds). A verdict that holds or "
              "shows the reverse is significant unadjusted (its 95% interval excludes 0, i.e. the two-sided paired "
              "t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted p-value over all "
