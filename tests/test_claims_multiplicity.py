@@ -86,3 +86,18 @@ def test_all_fail_share_against_grpo_is_paired_per_seed_and_step():
     # se 0.125, t = -1, df 1: p = 0.5 -> adjusted max(0, 1 x 0.5) = 0.5
     assert family[("srpo", 10)] == (0.0, 0.0) and family[("srpo", 20)] == pytest.approx((0.5, 0.5))
     assert "**Comparisons: 2**" in table and "-0.250 ± 0.000: fewer; survives Holm (adj. p 0)" in table
+
+
+def test_tiny_claims_table_counts_the_tested_rows_and_gives_tokens_a_over_b():
+    import tiny_claims
+
+    def run(final):
+        return dict(curve=[dict(accuracy=final, pass_at_k={"2": 0.0}, structures={})])
+
+    runs = {"grpo": {s: run(0.0) for s in range(3)}, "oppo": {0: run(0.5), 1: run(0.5), 2: run(0.75)}}
+    summary = {"grpo": dict(tokens_per_step=100.0), "oppo": dict(tokens_per_step=200.0)}
+    table = tiny_claims.claims_table(runs, summary, {}, None)
+    # one row read from paired seeds (OPPO - GRPO; every other pair did not run): diffs 0.5, 0.5, 0.75, p = 0.019787
+    # (test above), the family of 1 leaves it unadjusted: 0.0198 <= 0.05 survives; tokens 200 / 100 per step
+    assert "**Comparisons: 1**" in table
+    assert "| +0.583 ± 0.359 | holds (3 seeds; preliminary); survives Holm (adj. p 0.02) | 2.00x |" in table
