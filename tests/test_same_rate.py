@@ -73,3 +73,14 @@ def test_token_matched_a_at_least_reading_gives_a_at_least_bs_tokens():
     assert claims_controls.token_matched_diffs(runs, "datpo", "grpo", "greedy", None, "a_at_least")[0] == [0.5]
     # B larger: A = GRPO (600 tokens) against B = DATPO read at its last evaluation at or before 600 (step 10, 0.5)
     assert claims_controls.token_matched_diffs(runs, "grpo", "datpo", "greedy", None, "a_at_least")[0] == [0.0]
+
+
+def test_sweep_table_compares_rates_only_on_equal_seeds():
+    two = {"srpo": dict(learning_rate=3e-4), "oppo": dict(learning_rate=3e-4)}
+    every = {"srpo": dict(learning_rate=6e-4, sweep_auc={"0.0003": 0.75, "0.0006": 0.76},
+                          sweep_runs={"0.0003": 4, "0.0006": 4}),
+             "oppo": dict(learning_rate=1e-3, sweep_auc={"0.0003": 0.75, "0.001": 0.77},
+                          sweep_runs={"0.0003": 3, "0.001": 2})}
+    table = claims_controls.sweep_seeds_table(two, every)
+    assert "| SRPO (self) | 0.0003 | 0.0006 (changed) | 4 |" in table
+    assert "| OPPO (self) | 0.0003 | - (rates on uneven seeds) | 2/3 |" in table

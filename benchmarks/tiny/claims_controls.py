@@ -175,6 +175,10 @@ def sweep_seeds_table(two: dict, every: dict) -> str:
         aucs = ", ".join(f"{r}: {a:.3f}" for r, a in every[method]["sweep_auc"].items())
         old = two.get(method, {}).get("learning_rate")
         new = every[method]["learning_rate"]
-        lines.append(f"| {LABELS.get(method, method)} | {'-' if old is None else f'{old:g}'} | {new:g}"
-                     f"{'' if old is None or old == new else ' (changed)'} | {'/'.join(map(str, runs))} | {aucs} |")
+        if len(runs) > 1:  # rates swept on different numbers of seeds: their means are not compared
+            chosen = "- (rates on uneven seeds)"
+        else:
+            chosen = f"{new:g}" + ("" if old is None or old == new else " (changed)")
+        lines.append(f"| {LABELS.get(method, method)} | {'-' if old is None else f'{old:g}'} | {chosen} | "
+                     f"{'/'.join(map(str, runs))} | {aucs} |")
     return "\n".join(lines) + "\n"
