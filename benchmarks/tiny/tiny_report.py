@@ -36,6 +36,8 @@ COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo"
           "datpo_matched": "tab:olive", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_oracle": "tab:pink",
           "srpo_oppo": "tab:brown", "process": "tab:gray", "prime": "tab:cyan"}
 THRESHOLD = 0.85  # held-out accuracy a run must reach for "steps / tokens to threshold"
+#: the sweep seeds the committed grids' learning rates were chosen on (later sweep seeds are reported beside them)
+GRID_SWEEP_SEEDS = (100, 101)
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -71,15 +73,16 @@ def first_reaching(curve: list[dict], key: str, threshold: float) -> float | Non
     return None
 
 
-def sweep_choices(sweep_dir: str, rates=None, select_by: str = "auc") -> dict:
+def sweep_choices(sweep_dir: str, rates=None, select_by: str = "auc", seeds=None) -> dict:
     """Per method in the sweep, the mean validation AUC per learning rate and the rate with the best one (what the
-    grid trained with: benchmarks/tiny/tiny_grid.py); ``select_by`` "greedy_auc" ranks by the greedy-accuracy curve."""
+    grid trained with: benchmarks/tiny/tiny_grid.py); ``select_by`` "greedy_auc" ranks by the greedy-accuracy curve;
+    ``seeds``: only these sweep seeds (default: every one run)."""
     aucs: dict[str, dict[float, list[float]]] = {}
     for name in sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []:
         if name.endswith(".json") and "_seed" in name:
             with open(os.path.join(sweep_dir, name)) as f:
                 run = json.load(f)
-            if rates is None or run["learning_rate"] in rates:
+            if (rates is None or run["learning_rate"] in rates) and (seeds is None or run["seed"] in seeds):
                 aucs.setdefault(run["method"], {}).setdefault(run["learning_rate"], []).append(run[select_by])
     chosen = {}
     for method, by_rate in aucs.items():
@@ -207,96 +210,6 @@ def verdict(values: list[float], higher_is_claimed: bool = True) -> str:
     return f"not shown: the interval covers 0 (MDE {shown})" + tail
 
 
-def localization_verdict(srpo: dict, rrpo: dict) -> str:
-    """Better than the uniform draw on both counts (exact h_o and a clean prefix), or say which count is not."""
-    exact = srpo["srpo/localization_exact_rate"] > rrpo["srpo/localization_exact_rate"]
-    clean = srpo["srpo/localization_clean_rate"] > rrpo["srpo/localization_clean_rate"]
-    if exact and clean:
-        return "holds (mechanism), by little" if srpo["srpo/localization_exact_rate"] < 2 * rrpo[
-            "srpo/localization_exact_rate"] else "holds (mechanism)"
-    if exact or clean:
-        return f"mixed: better on {'exact h_o' if exact else 'clean prefix'}, not on the other"
-    return "does not hold: no better than a uniform draw"
-
-
-def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None) -> str:
-    """One row per paper claim: the claim, the test here, the number, the verdict."""
-    rows = []
-
-    def add(claim, test, values, higher=True, digits=3):
-        if not values:
-            rows.append((claim, test, "-", "not tested yet (no paired runs)"))
-            return
-        mean, half = interval(values)
-        number = f"{mean:+.{digits}f} ± {half:.{digits}f}" if len(values) > 1 else f"{mean:+.{digits}f}"
-        rows.append((claim, test, number, verdict(values, higher)))
-
-    add("OPPO improves over GRPO (abstract, §5)", "final held-out accuracy, OPPO - GRPO per seed",
-        paired(runs, "oppo", "grpo", final_accuracy))
-    if mechanisms and "oppo" in mechanisms:
-        o, g = mechanisms["oppo"]["slips"], mechanisms.get("grpo", {}).get("slips", {})
-        rows.append(("OPPO's recursion concentrates credit on pivotal tokens (§3.3, Fig. 1a)",
-                     "share of an incorrect completion's negative advantage on its slip line (the checker's first "
-                     "wrong line), starting model",
-                     f"OPPO {o['mass_on']:.2f} vs GRPO {g.get('mass_on', float('nan')):.2f}, tokens {o['tokens_on']:.2f} "
-                     f"({o['completions']} slipped completions)",
-                     "holds (mechanism)" if o["mass_on"] > 2 * o["tokens_on"] else "not shown"))
-    add("SRPO outperforms GRPO (abstract, §5)", "final accuracy, SRPO - GRPO", paired(runs, "srpo", "grpo",
-                                                                                     final_accuracy))
-    add("SRPO outperforms RRPO (abstract, §5)", "final accuracy, SRPO - RRPO", paired(runs, "srpo", "rrpo",
-                                                                                     final_accuracy))
-    add("Resets at the credit-assignment oracle beat random resets (§3, CPI analysis)",
-        "final accuracy, SRPO with oracle resets - RRPO", paired(runs, "srpo_oracle", "rrpo", final_accuracy))
-    for method in ("srpo", "rrpo"):
-        entry = summary.get(method, {})
-        if "srpo/correction_rate_clean_prefix" in entry:
-            rows.append((f"Suffixes after a clean prefix are corrected more often than after an erroneous one "
-                         f"(Fig. 4; {LABELS[method]})", "training logs: correction rate of suffix rows by prefix",
-                         f"clean {entry['srpo/correction_rate_clean_prefix']:.2f} vs erroneous "
-                         f"{entry.get('srpo/correction_rate_erroneous_prefix', float('nan')):.2f}",
-                         "holds (mechanism)" if entry["srpo/correction_rate_clean_prefix"] >
-                         entry.get("srpo/correction_rate_erroneous_prefix", 1) else "does not hold"))
-    if "srpo/localization_exact_rate" in summary.get("srpo", {}) and "rrpo" in summary:
-        srpo, rrpo = summary["srpo"], summary["rrpo"]
-        rows.append(("The policy self-localizes the first erroneous thought (§4.2)",
-                     "h* = the checker's first wrong thought, SRPO's decoded pick vs RRPO's uniform draw",
-                     f"exact {srpo['srpo/localization_exact_rate']:.2f} vs {rrpo['srpo/localization_exact_rate']:.2f}; "
-                     f"clean prefix {srpo['srpo/localization_clean_rate']:.2f} vs "
-                     f"{rrpo['srpo/localization_clean_rate']:.2f}",
-                     localization_verdict(srpo, rrpo)))
-    add("Cue-GRPO improves repeated sampling, most at high k (abstract, §5)",
-        "pass@2 (pass@8 is 1.0 for the starting model: no room), Cue-GRPO - GRPO",
-        paired(runs, "cue_grpo", "grpo", final_pass(2)))
-    add("Cue-GRPO keeps rare correct structures (§3-4)", "share of backward (rare) samples, Cue-GRPO - GRPO",
-        paired(runs, "cue_grpo", "grpo", backward_share))
-    add("DATPO outperforms GRPO, especially in pass@k (abstract)", "pass@2, DATPO (adaptive) - GRPO",
-        paired(runs, "datpo", "grpo", final_pass(2)))
-    add("... at GRPO's budget (compute-matched: <= G leaves a prompt)", "final accuracy, DATPO (<= G leaves) - GRPO",
-        paired(runs, "datpo_matched", "grpo", final_accuracy))
-    if mechanisms and "datpo_forks" in mechanisms:
-        f = mechanisms["datpo_forks"]
-        after, uniform = f["fork_share"]["after"], f["line_start_share"]["after"]
-        rows.append(("DATPO forks where the outcome is decided: high-entropy sentence starts (§3.2, App. D.1)",
-                     "share of the forks of incorrect rollouts after the checker's first wrong line, vs the line "
-                     "starts there (a uniform choice), starting model",
-                     f"{after:.2f} vs {uniform:.2f} ({f['forks']} forks); branches correct before/on/after "
-                     + " / ".join(f"{f['branch_correct_rate'][r]:.2f}" for r in ("before", "on", "after")),
-                     "holds (mechanism)" if after < uniform else "does not hold"))
-    add("Process supervision (DeepSeekMath §4.1.3) beats outcome supervision: the oracle token credit",
-        "final accuracy, process credit (the step checker) - GRPO", paired(runs, "process", "grpo", final_accuracy))
-    add("Composition: SRPO's resets with OPPO's credit beat each alone", "final accuracy, SRPO x OPPO - OPPO",
-        paired(runs, "srpo_oppo", "oppo", final_accuracy))
-    if "prime" in runs:
-        add("PRIME's implicit PRM (outcome labels only) beats outcome supervision (Cui et al. 2025, §4)",
-            "final accuracy, PRIME - GRPO", paired(runs, "prime", "grpo", final_accuracy))
-        add("... and reaches the process oracle", "final accuracy, PRIME - process credit",
-            paired(runs, "prime", "process", final_accuracy))
-    lines = ["| claim (paper section) | test on the tiny testbed | number (mean ± 95% t-interval) | verdict |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _share(structures: dict, name: str) -> float:
     total = sum(count for _, count in structures.values())
     return structures.get(name, [0, 0])[1] / total if total else 0.0
@@ -345,25 +258,37 @@ def markdown(summary: dict, base: dict, rates: dict) -> str:
 
 def beyond_sharpening(summary: dict, base: dict) -> str:
     """Each method's final accuracy at the training temperature, greedy accuracy and pass@64 beside the untrained
-    model's sharpening baseline (its best temperature): a gain below the baseline is sharpening."""
+    model's sharpening baseline (its best temperature, or its best decoding where base_decodings.py measured them): a
+    gain below the baseline is sharpening."""
     if "sharpening_baseline" not in base:
         return ("Greedy accuracy, pass@64 and the sharpening baseline were not measured for these runs (made before "
                 "the runner measured them): rerun the grid, or `python -m trl_credit.testbed.profile --results "
                 "<results-dir>/base_profile.json` for the baseline.\n")
     sharp = base["sharpening_baseline"]
     temps = ", ".join(f"T={t} {a:.3f}" for t, a in base["accuracy_by_temperature"].items())
+    if "decoding" in sharp:  # the best of a wider set of decodings (base_decodings.py)
+        named = (f"**Sharpening baseline** (the untrained model at its best of {len(sharp['decodings'])} decodings: "
+                 "greedy, temperatures, top-p 0.9, min-p 0.1, each sampled and by majority vote of 8; "
+                 f"benchmarks/tiny/base_decodings.py): {sharp['decoding']} {sharp['accuracy']:.3f} (at its best "
+                 f"temperature alone, {sharp['best_temperature']['temperature']}: "
+                 f"{sharp['best_temperature']['accuracy']:.3f}).")
+    else:
+        named = (f"**Sharpening baseline** (the untrained model at its best temperature, {sharp['temperature']}): "
+                 f"{sharp['accuracy']:.3f}.")
     lines = [f"Base model: greedy {base['greedy_accuracy']:.3f}; {temps}; pass@64 "
              f"{base['pass_at_k_large'].get('64', float('nan')):.3f} (first {base['passk_problems']} held-out "
              f"problems x 64 samples at T=1); training prompts all-fail in their group of 8: "
-             f"{base['train_all_fail_share']:.3f}. **Sharpening baseline** (the untrained model at its best "
-             f"temperature, {sharp['temperature']}): {sharp['accuracy']:.3f}.", "",
+             f"{base['train_all_fail_share']:.3f}. " + named, "",
              "| method | T=1 accuracy | greedy | greedy vs GRPO (z) | pass@64 | pass@64 vs GRPO | above the sharpening "
-             "baseline? (lower 95% bound of its better of greedy and T=1) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "baseline? (lower 95% bound of its better of greedy and T=1) | gen. tokens/step (x GRPO's) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    grpo_tokens = summary.get("grpo", {}).get("tokens_per_step")
     for method, s in summary.items():
+        tokens = f"{s['tokens_per_step']:.0f}" + (f" ({s['tokens_per_step'] / grpo_tokens:.2f}x)" if grpo_tokens else "")
         if "greedy" not in s:  # runs made before the runner measured greedy accuracy and pass@64
             low = s["final"][0] - s["final"][1]
             lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | not measured | - | not measured | "
-                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) |")
+                         f"- | {'yes' if low > sharp['accuracy'] else 'no'} (T=1 accuracy) | {tokens} |")
             continue
         z = s.get("z_diff_greedy")
         diff = "-" if method == "grpo" or s.get("diff_greedy") is None else (
@@ -372,8 +297,21 @@ def beyond_sharpening(summary: dict, base: dict) -> str:
         lines.append(f"| {LABELS.get(method, method)} | {_abs(s['final'])} | {_abs(s['greedy'])} | {diff} | "
                      f"{_abs(s.get('pass64'))} | "
                      f"{'-' if method == 'grpo' or not s.get('diff_pass64') else _fmt(s['diff_pass64'])} | "
-                     f"{'yes' if low > sharp['accuracy'] else 'no'} |")
+                     f"{'yes' if low > sharp['accuracy'] else 'no'} | {tokens} |")
     return "\n".join(lines) + "\n"
+
+
+def wider_baseline(by_temperature: dict, decodings: dict) -> dict:
+    """The sharpening baseline as the best of the base profile's (greedy or a temperature) and base_decodings.py's
+    decodings (sampled accuracy and maj@n of each): ``decoding``, ``accuracy``, ``decodings`` (every option) and
+    ``best_temperature`` (the profile's baseline)."""
+    name = "greedy" if by_temperature["temperature"] == "greedy" else f"T={by_temperature['temperature']}"
+    options = {f"{name} (profile)": by_temperature["accuracy"]}
+    for row in decodings["decodings"]:
+        options[f"{row['decoding']} (sampled)"] = row["accuracy"]
+        options[f"{row['decoding']} (maj@{decodings['samples']})"] = row["maj"]
+    best = max(options, key=options.get)
+    return dict(decoding=best, accuracy=options[best], decodings=options, best_temperature=by_temperature)
 
 
 def plot_curves(runs: dict, base: dict, path: str) -> None:
@@ -437,13 +375,17 @@ def main(argv=None):
     if profile is None and os.path.exists(profile_path):
         with open(profile_path) as f:
             profile = json.load(f)
-    rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by)
+    rates = sweep_choices(os.path.join(args.results_dir, "sweep"), select_by=args.select_by, seeds=GRID_SWEEP_SEEDS)
     summary = summarize(runs)
     base_summary = dict(accuracy=base["accuracy"], pass_at_k=base["pass_at_k"])
     if profile:  # the base at each temperature and the sharpening baseline (trl_credit.testbed.profile)
         base_summary.update({k: profile[k] for k in ("greedy_accuracy", "accuracy_by_temperature",
                                                      "sharpening_baseline", "pass_at_k_large", "passk_problems",
                                                      "train_all_fail_share", "test_all_fail_in_8")})
+    decodings_path = os.path.join(args.results_dir, "base_decodings.json")
+    if profile and os.path.exists(decodings_path):  # benchmarks/tiny/base_decodings.py: the baseline taken wide
+        with open(decodings_path) as f:
+            base_summary["sharpening_baseline"] = wider_baseline(base_summary["sharpening_baseline"], json.load(f))
     mechanisms_path = os.path.join(args.results_dir, "mechanisms.json")
     mechanisms = json.load(open(mechanisms_path))["methods"] if os.path.exists(mechanisms_path) else None
     text = markdown(summary, base, rates) + "\n" + beyond_sharpening(summary, base_summary) + "\n"
@@ -451,10 +393,17 @@ def main(argv=None):
     import regime_claims  # greedy, pass@64 and T=1 per claim, hard problems, all-fail share, PRIME's share
 
     if runs.get("grpo") and all("greedy_correct" in run["curve"][-1] for run in runs["grpo"].values()):
-        section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms)
+        sweep_dir = os.path.join(args.results_dir, "sweep")
+        sweeps = (rates, sweep_choices(sweep_dir, select_by=args.select_by))  # seeds 100-101 and every sweep seed
+        import claims_controls
+
+        same_rate = claims_controls.load_same_rate(os.path.join(args.results_dir, "same_rate"))
+        section, saved["claims"] = regime_claims.report(runs, base, summary, mechanisms, same_rate, sweeps)
         text += section
     else:  # a grid whose GRPO runs predate greedy evaluation: its claims at T=1
-        text += claims_table(runs, summary, base, mechanisms)
+        import tiny_claims
+
+        text += tiny_claims.claims_table(runs, summary, base, mechanisms)
         share = regime_claims.share_of_gain(runs, "t1")
         if share:
             saved["prime_share_of_oracle_gain_t1"] = share
