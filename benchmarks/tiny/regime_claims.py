@@ -44,6 +44,9 @@ CLAIMS = (
      "process", "grpo", "all"),
     ("PRIME's implicit PRM beats outcome supervision (Cui et al. 2025, §4)", "prime", "grpo", "all"),
     ("... and reaches the process oracle", "prime", "process", "all"),
+    ("PRIME with the paper's prompt filter (Algorithm 1) beats outcome supervision", "prime_filter", "grpo", "all"),
+    ("PRIME with the prompt filter reaches the process oracle", "prime_filter", "process", "all"),
+    ("PRIME with the prompt filter beats PRIME without it", "prime_filter", "prime", "all"),
 )
 #: the claims' metrics (pass@64 left out: the untrained model's is 1.000 where the runs draw it); the levels' too
 METRICS = ("greedy", "pass8", "t1")
@@ -274,15 +277,16 @@ def all_fail_vs_grpo_table(paired: dict, runs: dict | None = None) -> tuple[str,
     return "\n".join(lines) + "\n", family
 
 
-def share_of_gain(runs: dict, name: str, resamples: int = 10_000, seed: int = 0) -> dict | None:
+def share_of_gain(runs: dict, name: str, resamples: int = 10_000, seed: int = 0, prime: str = "prime") -> dict | None:
     """mean(PRIME - GRPO) / mean(process - GRPO) on ``name`` over the seeds all three ran, with a paired bootstrap
-    95% interval (seeds resampled together); None when a method is missing."""
-    if not all(m in runs for m in ("prime", "process", "grpo")):
+    95% interval (seeds resampled together); None when a method is missing. ``prime``: the PRIME run's method name
+    ("prime_filter": with the paper's prompt filter)."""
+    if not all(m in runs for m in (prime, "process", "grpo")):
         return None
-    seeds = sorted(set(runs["prime"]) & set(runs["process"]) & set(runs["grpo"]))
+    seeds = sorted(set(runs[prime]) & set(runs["process"]) & set(runs["grpo"]))
     rows = []
     for s in seeds:
-        values = [metric(runs[m][s], name, None) for m in ("prime", "process", "grpo")]
+        values = [metric(runs[m][s], name, None) for m in (prime, "process", "grpo")]
         if None not in values:
             rows.append((values[0] - values[2], values[1] - values[2]))
     if len(rows) < 2:
@@ -339,6 +343,7 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, 
     fail_paired = all_fail_vs_grpo(runs)
     fail_table, fail_family = all_fail_vs_grpo_table(fail_paired, runs)
     gain = {m: share_of_gain(runs, m) for m in ("greedy", "t1")}
+    gain_filter = {m: share_of_gain(runs, m, prime="prime_filter") for m in ("greedy", "t1")}
     text = ["### Levels after training, on all held-out problems and on the hard ones (mean over seeds)", "",
             levels_table(runs, base_eval),
             "### Claims, by greedy accuracy, pass@8 and T=1", "", claims_table(runs, base_eval, claims),
@@ -373,14 +378,16 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, 
     mech = mechanism_lines(mechanisms)
     if mech:
         text += ["### Token credit on the trap step (starting model's rollouts)", "", mech]
-    for name, g in gain.items():
-        if g:
-            text.append(f"PRIME's share of the process oracle's gain over GRPO ({METRIC_NAMES[name]}, {g['seeds']} "
-                        f"seeds): {g['share']:.2f} (95% bootstrap {g['low']:.2f} to {g['high']:.2f}); PRIME - GRPO "
-                        f"{g['prime_gain'][0]:+.3f} ± {g['prime_gain'][1]:.3f}, process - GRPO "
-                        f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
+    for label, shares_of in (("PRIME", gain), ("PRIME with the prompt filter", gain_filter)):
+        for name, g in shares_of.items():
+            if g:
+                text.append(f"{label}'s share of the process oracle's gain over GRPO ({METRIC_NAMES[name]}, "
+                            f"{g['seeds']} seeds): {g['share']:.2f} (95% bootstrap {g['low']:.2f} to {g['high']:.2f}); "
+                            f"{label} - GRPO {g['prime_gain'][0]:+.3f} ± {g['prime_gain'][1]:.3f}, process - GRPO "
+                            f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
     numbers = dict(hard_problems=len(hard_problems(base_eval)), all_fail_over_training=shares,
-                   prime_share_of_oracle_gain=gain, comparisons=family_size(family),
+                   prime_share_of_oracle_gain=gain, prime_filter_share_of_oracle_gain=gain_filter,
+                   comparisons=family_size(family),
                    all_fail_vs_grpo={m: {str(step): dict(interval=list(interval(d)), paired_t_p=fail_family[(m, step)][0],
                                                          holm_p=fail_family[(m, step)][1])
                                          for step, d in by_step.items()} for m, by_step in fail_paired.items()},

@@ -31,7 +31,7 @@ ORDER = ["grpo", "cue_grpo", "oppo", "datpo", "datpo_matched", "srpo", "rrpo", "
 LABELS = {"grpo": "GRPO", "cue_grpo": "Cue-GRPO (structure)", "oppo": "OPPO (self)", "datpo": "DATPO (adaptive)",
           "datpo_matched": "DATPO (<= G leaves)", "srpo": "SRPO (self)", "rrpo": "RRPO", "srpo_oracle":
           "SRPO (oracle reset)", "srpo_oppo": "SRPO x OPPO", "process": "process credit (oracle)",
-          "prime": "PRIME (implicit PRM)"}
+          "prime": "PRIME (implicit PRM)", "prime_filter": "PRIME with the prompt filter"}
 COLORS = {"grpo": "black", "cue_grpo": "tab:blue", "oppo": "tab:orange", "datpo": "tab:green",
           "datpo_matched": "tab:olive", "srpo": "tab:red", "rrpo": "tab:purple", "srpo_oracle": "tab:pink",
           "srpo_oppo": "tab:brown", "process": "tab:gray", "prime": "tab:cyan"}
