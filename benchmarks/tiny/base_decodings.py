@@ -51,23 +51,10 @@ def majority_accuracy(keys: list[list[str | None]], answers: list[str]) -> float
 def sample(model, tokenizer, prompts, seed: int, temperature: float, extra: dict, batch_size: int = 512,
            max_new_tokens: int = 48) -> list[str]:
     """runner._sample with extra sampling arguments (top_p, min_p), the global random state kept."""
-    import torch
+    from trl_credit.testbed.runner import _RandomState, _sample
 
-    from trl_credit.testbed.runner import _RandomState
-
-    texts = []
     with _RandomState():
-        torch.manual_seed(seed)
-        generate = type(model).generate
-        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-        sampling.update(extra)
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
-                              add_special_tokens=False)
-            out = generate(model, **batch, **sampling, max_new_tokens=max_new_tokens,
-                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            texts += tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
-    return texts
+        return _sample(model, tokenizer, prompts, seed, batch_size, max_new_tokens, temperature, extra)
 
 
 def main(argv=None):

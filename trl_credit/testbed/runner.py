@@ -128,13 +128,14 @@ class _RandomState:
 
 
 def _sample(model, tokenizer, prompts: list[str], seed: int, batch_size: int, max_new_tokens: int,
-            temperature: float | None) -> list[str]:
-    """Completions of ``prompts``: sampled at ``temperature`` from ``seed``, or greedy when it is None."""
+            temperature: float | None, extra: dict | None = None) -> list[str]:
+    """Completions of ``prompts``: sampled at ``temperature`` from ``seed`` (``extra``: more sampling arguments,
+    e.g. ``top_p``, ``min_p``), or greedy when it is None."""
     texts = []
     torch.manual_seed(seed)
     generate = type(model).generate  # the class's own: not the token-counting wrapper on the instance
-    sampling = dict(do_sample=False) if temperature is None else dict(do_sample=True, temperature=temperature,
-                                                                       top_p=1.0, top_k=0)
+    sampling = dict(do_sample=False) if temperature is None else {
+        **dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0), **(extra or {})}
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
                           add_special_tokens=False)
