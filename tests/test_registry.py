@@ -223,7 +223,7 @@ def test_removing_the_process_registration_removes_the_process_credit_cleanly():
         config = Config("x", use_cpu=True, rollout="resets", credit="oppo", modifiers=["cue"])
         print(len(process), config.credit)
     """)
-    assert out.split() == ["3", "oppo"]
+    assert out.split() == ["4", "oppo"]  # process_step_reward, _thought_delimiter, _steps, _outcome
 
 
 def test_removing_the_prime_registration_removes_the_implicit_prm_credit_cleanly():
