@@ -116,13 +116,12 @@ class ImplicitPRMCredit(Credit):
         index = torch.tensor(rows_here, dtype=torch.long, device=device)
         lengths = torch.tensor(generated, device=device)
         full_mask = (torch.arange(num_tokens, device=device)[None] < lengths[:, None]).long()
-        # The forwards attend to every generated token (tool results are context); the model's own tokens (TRL's
-        # tool_mask: 1, from tools, environments or a rollout_func's env_mask) carry the rewards, the CE and the
-        # statistics.
+        # The forwards attend to every generated token (tool results are context); the model's own tokens (the record's
+        # model_mask: TRL's tool_mask of tools, environments or a rollout_func's env_mask) carry the rewards, the CE
+        # and the statistics.
         rows = (batch.prompt_ids[index], batch.prompt_mask[index], completion_ids[index], full_mask[index])
         mask = full_mask[index].double()
-        if output.get("tool_mask") is not None:
-            mask = mask * output["tool_mask"][index].double()
+        mask = mask * batch.model_mask[index].double()
         labels = batch.local_rows(batch.success.cpu())[local].double().to(device)
         num_credited = int(credited.sum())
         size = args.per_device_train_batch_size
@@ -183,7 +182,7 @@ class ImplicitPRMCredit(Credit):
         if rows_here:
             advantages[index] = values
         # a row's first own token's advantage (its first token, unless a rollout_func's row opens with an env token)
-        own = full_mask * output["tool_mask"] if output.get("tool_mask") is not None else full_mask
+        own = full_mask * batch.model_mask
         first = own.float().argmax(dim=1)
         sequence = ctx.gather_rows(advantages[torch.arange(num_local, device=device), first].tolist())
         batch.log_advantages(sequence)
