@@ -175,8 +175,12 @@ def sweep_seeds_table(two: dict, every: dict) -> str:
         aucs = ", ".join(f"{r}: {a:.3f}" for r, a in every[method]["sweep_auc"].items())
         old = two.get(method, {}).get("learning_rate")
         new = every[method]["learning_rate"]
-        if len(runs) > 1:  # rates swept on different numbers of seeds: their means are not compared
-            chosen = "- (rates on uneven seeds)"
+        if len(runs) > 1:  # rates swept on different numbers of seeds: only the rates on the most seeds compete
+            most = max(runs)
+            full = {r: a for r, a in every[method]["sweep_auc"].items() if every[method]["sweep_runs"][r] == most}
+            best = max(full, key=full.get)
+            changed = "" if old is None or float(best) == old else " (changed)"
+            chosen = f"{float(best):g}{changed} (among the rates on {most} seeds)"
         else:
             chosen = f"{new:g}" + ("" if old is None or old == new else " (changed)")
         lines.append(f"| {LABELS.get(method, method)} | {'-' if old is None else f'{old:g}'} | {chosen} | "
