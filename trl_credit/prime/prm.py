@@ -13,10 +13,11 @@ parameters only; they are frozen (``requires_grad=False``) outside its update, s
 TRL's gradient accumulation never see them. With several processes each computes the loss of its rows and the
 gradients are summed across processes (one gather) before the step, so every process takes the same step.
 
-Under DeepSpeed ZeRO-3 (docs/process.md#engines) the policy's weights are partitioned across processes:
+Under DeepSpeed ZeRO-3 (docs/process.md#the-prms-weights, "Engines") the policy's weights are partitioned across
+processes:
 
 - The PRM copy (and its own reference copy) is made whole on each process from the gathered policy
-  (:func:`_whole_detached_copy`) and trained as under DDP, outside the engine.
+  (:func:`_whole_detached_copies`) and trained as under DDP, outside the engine.
 - The PRM adapter lives in the engine's module and the engine partitions it too: its forwards run inside the engine
   (parameters gathered by the engine's hooks), and its AdamW steps on whole copies of its parameters
   (``parameters``), written back into the partitioned adapter after each step (``GatheredParameters``, every process
@@ -304,7 +305,7 @@ class ImplicitPRM:
         flat = sum_across_processes(torch.cat([g.reshape(-1).float() for g in grads]))
         offset = 0
         for p in self.parameters:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            p.grad = flat[offset:offset + p.numel()].view_as(p).to(device=p.device, dtype=p.dtype)
             offset += p.numel()
         torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip)
         self.optimizer.step()
