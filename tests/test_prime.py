@@ -266,10 +266,11 @@ def test_rollouts_other_than_groups_are_refused_by_name(rollout):
         CreditConfig("out", use_cpu=True, **extra)
 
 
-@pytest.mark.parametrize("stage,fsdp,refused", [(3, False, "DeepSpeed ZeRO-3"), (0, True, "FSDP"), (2, False, None)])
-def test_sharded_weights_are_refused_and_zero2_is_not(stage, fsdp, refused):
-    """ZeRO-3 and FSDP shard the weights the PRM's own optimizer steps on: refused by name, before anything is built.
-    ZeRO-2 shards only the policy's optimizer state and gradients: setup goes on (here to its next check)."""
+@pytest.mark.parametrize("stage,fsdp,refused", [(0, True, "FSDP"), (2, False, None), (3, False, None)])
+def test_fsdp_is_refused_and_deepspeed_is_not(stage, fsdp, refused):
+    """FSDP shards the weights the PRM's own optimizer steps on: refused by name, before anything is built. DeepSpeed
+    ZeRO-2 and ZeRO-3 run (tests/engines/test_deepspeed.py trains both PRM kinds under each, against DDP): setup goes
+    on here to its next check."""
     from types import SimpleNamespace
 
     from trl_credit.prime.parts import ImplicitPRMCredit

@@ -5,8 +5,8 @@ Each launch trains the trainers of tests/mp_scripts/engine_trainers.py one after
 generation, rewards [accuracy, format]); the first generation batch (made by the initial policy, the same on every
 launcher) must have the same completions and, within float round-off, the same advantages, and the first step the same
 loss. ZeRO-3 also trains and saves a LoRA adapter. PRIME (``prime``: its PRM a model copy, ``prime_lora``: a second
-LoRA adapter) runs under ZeRO-2 (ZeRO-3 shards the PRM's weights: refused, tests/test_prime.py), and its PRM's
-parameters after the first update equal DDP's. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
+LoRA adapter, partitioned with the policy under ZeRO-3) runs under both stages, and its PRM's parameters after the
+first update equal DDP's. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
 from the default run): ``python -m pytest -m deepspeed tests/engines/test_deepspeed.py``.
 """
 
@@ -26,7 +26,7 @@ SCRIPT = "tests/mp_scripts/engine_trainers.py"
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "accelerate_configs"
 TRAINERS = ["grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
             "resets_oppo", "process"]
-ZERO2_ONLY = ["prime", "prime_lora"]  # PRIME refuses ZeRO-3 (its PRM is trained outside the engine)
+PRIME = ["prime", "prime_lora"]  # PRIME's PRM is trained by its own AdamW outside the engine
 
 
 def _launch(launch, out_dir, names):
@@ -48,23 +48,21 @@ def _reports(out_dir, failure, name):
 @pytest.fixture(scope="module")
 def ddp_run(tiny_model_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    return out, _launch(lambda o, n: run_torchrun(SCRIPT, tiny_model_path, o, n), out, TRAINERS + ZERO2_ONLY)
+    return out, _launch(lambda o, n: run_torchrun(SCRIPT, tiny_model_path, o, n), out, TRAINERS + PRIME)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
 def zero_run(request, tiny_model_path, tmp_path_factory):
     stage = request.param
     out = tmp_path_factory.mktemp(f"zero{stage}")
-    names = TRAINERS + (["lora"] if stage == 3 else ZERO2_ONLY)
+    names = TRAINERS + PRIME + (["lora"] if stage == 3 else [])
     config = str(CONFIGS / f"zero{stage}_cpu.yaml")
     return stage, out, _launch(lambda o, n: run_accelerate(config, SCRIPT, tiny_model_path, o, n), out, names)
 
 
-@pytest.mark.parametrize("name", TRAINERS + ZERO2_ONLY)
+@pytest.mark.parametrize("name", TRAINERS + PRIME)
 def test_trainer_under_zero_matches_ddp_at_step_one(zero_run, ddp_run, name):
     stage, zero_out, zero_failure = zero_run
-    if stage == 3 and name in ZERO2_ONLY:
-        pytest.skip("PRIME refuses ZeRO-3 (tests/test_prime.py checks the refusal)")
     ddp = _reports(*ddp_run, name)
     zero = _reports(zero_out, zero_failure, name)
     for rank, (d, z) in enumerate(zip(ddp, zero)):
@@ -74,19 +72,29 @@ def test_trainer_under_zero_matches_ddp_at_step_one(zero_run, ddp_run, name):
         assert len(z["losses"]) == 2 and all(math.isfinite(loss) for loss in z["losses"])
         assert [r["prompt"] for r in z["rows"]] == [r["prompt"] for r in d["rows"]], f"rank {rank}"
         assert [r["completion"] for r in z["rows"]] == [r["completion"] for r in d["rows"]], f"rank {rank}"
+        # PRIME's LoRA PRM under ZeRO-3: its float32 gradients through the partitioned model round differently
+        # (~1e-9 relative), AdamW's first step scales each by 1 / (|g| + eps), and the whitening scales the PRM's small
+        # token rewards up: measured 2.2e-6 (7.7e-6 with seed 0) on advantages up to 2.3, hence a relative bound too.
+        rel = 1e-5 if (stage == 3 and name in PRIME) else None
         for row_ddp, row_zero in zip(d["rows"], z["rows"]):
-            assert row_zero["advantages"] == pytest.approx(row_ddp["advantages"], abs=1e-5)
+            assert row_zero["advantages"] == pytest.approx(row_ddp["advantages"], rel=rel, abs=1e-5)
         # The first step trains the same batch from the same weights: the same loss up to float round-off.
         assert z["losses"][0] == pytest.approx(d["losses"][0], rel=1e-4, abs=1e-7)
     # a comparison of all-zero advantages would show nothing
     assert any(abs(a) > 1e-3 for report in ddp for row in report["rows"] for a in row["advantages"])
-    if name in ZERO2_ONLY:  # the PRM's update (its own AdamW, gradients summed over processes) is DDP's
+    if name in PRIME:  # the PRM's update (its own AdamW, gradients summed over processes) is DDP's
         for d, z in zip(ddp, zero):
             assert d["prm"] and len(z["prm"]) == len(d["prm"])
             for (sum_d, abs_d, head_d), (sum_z, abs_z, head_z) in zip(d["prm"], z["prm"]):
-                assert (sum_z, abs_z) == pytest.approx((sum_d, abs_d), rel=1e-5, abs=1e-6)
+                assert abs_z == pytest.approx(abs_d, rel=1e-5, abs=1e-6)
+                # a sum of terms of both signs rounds on the scale of its terms' total: 6.6e-7 measured on a sum of
+                # 3.9e-4 whose terms total 0.64 (prime_lora under ZeRO-3)
+                assert sum_z == pytest.approx(sum_d, rel=1e-5, abs=max(1e-6, 1e-5 * abs_d))
                 assert head_z == pytest.approx(head_d, rel=1e-5, abs=1e-6)
         assert ddp[0]["prm"] == ddp[1]["prm"]  # every process took the same step
+        assert zero[0]["prm"] == zero[1]["prm"]
+    if name == "prime_lora":  # one process has no credited row: under ZeRO-3 it runs filler forwards (else: a hang)
+        assert any(all(a == 0 for row in report["rows"] for a in row["advantages"]) for report in ddp)
 
 
 def test_lora_adapter_saved_complete_under_zero3(zero_run):

@@ -74,19 +74,17 @@ class ImplicitPRMCredit(Credit):
     def setup(self, trainer) -> None:
         # Tools, environments and a user's rollout_func are accepted: PRIME generates nothing itself, and the tokens
         # they insert (TRL's tool_mask 0) are no action of the model's: no implicit reward, no CE, no advantage.
-        # ZeRO-1/2 shard the policy's optimizer state and gradients, not its weights: the PRM (an adapter of the
-        # policy, frozen to the policy's optimizer, or a copy outside the engine) computes and steps with whole
-        # weights there. ZeRO-3 and FSDP shard the weights themselves, the PRM adapter's too once the engine wraps the
-        # policy, and the PRM's own optimizer cannot step on shards it does not own.
-        stage = getattr(getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0)
-        for sharded, what in ((getattr(trainer, "is_deepspeed_enabled", False) and stage == 3, "DeepSpeed ZeRO-3"),
-                              (getattr(trainer, "is_fsdp_enabled", False), "FSDP")):
-            if sharded:
-                raise ValueError(
-                    f"credit='implicit_prm' does not run under {what}: it shards the model's weights, the implicit "
-                    "PRM's (a LoRA adapter on the policy or a model copy) included once the engine wraps the policy, "
-                    "while the PRM is trained by its own optimizer outside the engine, which needs whole weights. "
-                    "Use DeepSpeed ZeRO-2 (or ZeRO-1) or DDP.")
+        # DeepSpeed ZeRO-1/2 shard the policy's optimizer state and gradients, not its weights: the PRM (an adapter of
+        # the policy, frozen to the policy's optimizer, or a copy outside the engine) computes and steps with whole
+        # weights. ZeRO-3 partitions the weights, the PRM adapter's too: the PRM copy is made whole, the adapter is
+        # stepped on whole copies written back into it, and every process runs the same forwards (prime/prm.py).
+        # FSDP shards the weights too, and wraps the policy's modules in its own units: not supported.
+        if getattr(trainer, "is_fsdp_enabled", False):
+            raise ValueError(
+                "credit='implicit_prm' does not run under FSDP: it shards the model's weights, the implicit PRM's (a "
+                "LoRA adapter on the policy or a model copy) included once FSDP wraps the policy, while the PRM is "
+                "trained by its own optimizer outside FSDP, which needs whole weights. Use DeepSpeed (ZeRO-1, 2 or "
+                "3) or DDP.")
         if not hasattr(trainer.args, "success_reward"):
             raise ValueError("credit='implicit_prm' learns from the verifier's verdicts: use CreditConfig (its "
                              "success_reward names the verifier), not a plain GRPOConfig.")
@@ -129,28 +127,33 @@ class ImplicitPRMCredit(Credit):
         def sum_across_processes(tensor):
             return ctx.gather(tensor[None]).sum(dim=0)
 
+        # Under ZeRO-3 a forward of the policy is a collective call: the PRM's and the reference's forwards run as
+        # many times on every process (fillers where a process has fewer credited rows).
+        chunks = max(ctx.gather_counts(-(-len(rows_here) // size))) if ctx.collective_forward else 0
+
         beta, updates = args.prime_beta, args.prime_updates_per_batch
         if ctx.mode != "train":
             updates = 0  # evaluation batches are scored by the PRM, never learned from
         # Whether the PRM scoring this batch has taken a step (before it, or on an earlier batch): it then differs from
         # its reference by more than two kernels' rounding, and TRL's reference log-probs can stand for PRIME's.
         moved = bool(self.prm.optimizer.state) or (args.prime_update == "before" and updates > 0 and num_credited > 0)
-        reference = self._reference_logps(ctx, batch, output, rows, index, lengths, moved)
+        reference = self._reference_logps(ctx, batch, output, rows, index, lengths, moved, chunks)
         first = None  # the first update's loss and pre-step sequence rewards: the PRM as it met this batch
 
         def learn():
             nonlocal first
             for _ in range(updates if num_credited else 0):
                 step = self.prm.update(rows, mask, reference, labels, beta, num_credited, size, ctx.autocast,
-                                       sum_across_processes)
+                                       sum_across_processes, chunks)
                 first = first or step
 
         if args.prime_update == "before":
             learn()
-            prm = self.prm.prm_logps(rows, size, ctx.autocast).double()
+            prm = self.prm.prm_logps(rows, size, ctx.autocast, chunks).double()
         else:  # "after": the update's own forward (before its step) scores the batch, as verl's single forward
             learn()
-            prm = (first["logps"] if first is not None else self.prm.prm_logps(rows, size, ctx.autocast)).double()
+            prm = (first["logps"] if first is not None else self.prm.prm_logps(rows, size, ctx.autocast, chunks))
+            prm = prm.double()
         rewards = token_rewards(prm, reference, mask, beta)  # (C, T): the credited rows of this process
         self._log_prm(ctx, batch, rows_here, labels, rewards, first)
 
@@ -191,19 +194,25 @@ class ImplicitPRMCredit(Credit):
         batch.sequence_anchors = torch.tensor(sequence, dtype=torch.float64)
         return advantages.to(dtype=output["advantages"].dtype, device=output["advantages"].device)
 
-    def _reference_logps(self, ctx, batch, output, rows, index, lengths, moved: bool) -> torch.Tensor:
+    def _reference_logps(self, ctx, batch, output, rows, index, lengths, moved: bool, chunks: int) -> torch.Tensor:
         """log π_ref of the credited rows of this process. With TRL's ``beta > 0`` TRL has scored these rows with the
         same model (``ref_per_token_logps``): reused when its distribution is PRIME's (temperature 1: TRL's log-probs
         are of logits / temperature), TRL attended to every generated token of them (``mask_truncated_completions``
         hides a truncated row's) and the PRM has ``moved`` from its initialization. Until then π_φ = π_ref and the
         implicit rewards must be exactly 0, which only the same forward on both sides gives (TRL's fused LM head
         rounds differently from PRIME's, ~5e-7 per log-prob, and the batch_max scaling would blow that up). Else
-        one forward of PRIME's reference."""
+        one forward of PRIME's reference (at least ``chunks``: collective under ZeRO-3, where the processes also
+        decide together, all reusing TRL's or none)."""
         trl_reference = output.get("ref_per_token_logps")
-        if (moved and trl_reference is not None and self.prm.reference_is_trls and ctx.args.temperature == 1.0
-                and bool((batch.completion_mask[index].sum(dim=1) == lengths[index]).all())):
+        reusable = (moved and trl_reference is not None and self.prm.reference_is_trls
+                    and ctx.args.temperature == 1.0)
+        if reusable:
+            reusable = bool((batch.completion_mask[index].sum(dim=1) == lengths[index]).all())
+            if ctx.collective_forward:
+                reusable = all(ctx.gather_rows([reusable]))
+        if reusable:
             return trl_reference[index].double()
-        return self.prm.reference_logps(rows, ctx.args.per_device_train_batch_size, ctx.autocast).double()
+        return self.prm.reference_logps(rows, ctx.args.per_device_train_batch_size, ctx.autocast, chunks).double()
 
     @staticmethod
     def _filtered(ctx, batch, credited, generated) -> torch.Tensor:

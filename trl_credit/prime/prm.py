@@ -12,6 +12,18 @@ The PRM has its own AdamW (no weight decay, gradient norm clipped at ``prime_gra
 parameters only; they are frozen (``requires_grad=False``) outside its update, so the policy's optimizer, DDP and
 TRL's gradient accumulation never see them. With several processes each computes the loss of its rows and the
 gradients are summed across processes (one gather) before the step, so every process takes the same step.
+
+Under DeepSpeed ZeRO-3 (docs/process.md#the-prms-weights, "Engines") the policy's weights are partitioned across
+processes:
+
+- The PRM copy (and its own reference copy) is made whole on each process from the gathered policy
+  (:func:`_whole_detached_copies`) and trained as under DDP, outside the engine.
+- The PRM adapter lives in the engine's module and the engine partitions it too: its forwards run inside the engine
+  (parameters gathered by the engine's hooks), and its AdamW steps on whole copies of its parameters
+  (``parameters``), written back into the partitioned adapter after each step (``GatheredParameters``, every process
+  holding the same values). Its gradients are the whole parameters' (the engine reduces only its own optimizer's).
+- A forward of the partitioned model is a collective call: every process runs the same number of PRM (and
+  reference) forwards and backwards, a process with fewer rows a one-row filler whose result it drops.
 """
 
 from __future__ import annotations
@@ -54,12 +66,34 @@ def _detached_copy(model):
     return duplicate
 
 
+def _partitioned(parameters) -> list:
+    """The parameters DeepSpeed ZeRO-3 has partitioned (deepspeed's ``is_zero_param``: they carry a ``ds_id``)."""
+    return [p for p in parameters if hasattr(p, "ds_id")]
+
+
+def _whole_detached_copies(model, count: int) -> list:
+    """``count`` :func:`_detached_copy` of ``model`` with whole weights on each process. A policy that ZeRO-3 created
+    partitioned (``zero.Init``: transformers under ``accelerate launch`` with a ZeRO-3 config) holds an empty
+    placeholder per parameter: its parameters are gathered once (a collective: every process builds the trainer) and
+    copied while whole; a deep copy of a parameter is an ordinary ``Parameter`` of its data, so the copies are plain
+    modules outside the engine. Elsewhere plain deep copies."""
+    partitioned = _partitioned(model.parameters())
+    if not partitioned:
+        return [_detached_copy(model) for _ in range(count)]
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+        return [_detached_copy(model) for _ in range(count)]
+
+
 class ImplicitPRM:
     """π_φ and π_ref for one trainer (module docstring). Built in the credit's ``setup(trainer)``."""
 
     def __init__(self, trainer, learning_rate: float, grad_clip: float):
         self.grad_clip = grad_clip
         policy = trainer.model  # not wrapped yet: DDP / DeepSpeed wrap it when training starts
+        zero3 = bool(getattr(trainer, "is_deepspeed_enabled", False)) and getattr(
+            getattr(trainer.accelerator.state, "deepspeed_plugin", None), "zero_stage", 0) == 3
         self.peft = hasattr(policy, "peft_config") and hasattr(policy, "disable_adapter")  # a PeftModel
         if self.peft:
             self.policy = policy
@@ -86,6 +120,12 @@ class ImplicitPRM:
                             parameter.copy_(source)
                         parameter.requires_grad_(False)
                         self.parameters.append(parameter)
+            # Under ZeRO-3 the engine partitions the adapter with the rest of the policy when training starts: the
+            # AdamW steps on whole copies, written back into the adapter after each step (module docstring).
+            self.adapter_parameters = self.parameters
+            if zero3:
+                self.parameters = [torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+                                   for p in self.adapter_parameters]
             if any(p.abs().max() > 0 for n, p in own.items() if "lora_B" in n and suffix in n):
                 warnings.warn(
                     "credit='implicit_prm': the policy's LoRA adapter is not at its identity initialization (lora_B "
@@ -99,10 +139,13 @@ class ImplicitPRM:
             self.reference_is_trls = "ref" not in policy.peft_config
         else:
             self.policy = None
-            self.model = _detached_copy(policy)
-            self.model.requires_grad_(False)
-            self.parameters = [p for p in self.model.parameters() if p.is_floating_point()]
             reference = getattr(trainer, "ref_model", None)
+            own_reference = reference is None or getattr(trainer.args, "sync_ref_model", False)
+            copies = _whole_detached_copies(policy, 2 if own_reference else 1)  # whole weights even under ZeRO-3
+            self.model = copies[0]
+            self.model.requires_grad_(False)
+            self.adapter_parameters = None
+            self.parameters = [p for p in self.model.parameters() if p.is_floating_point()]
             if reference is not None and getattr(trainer.args, "sync_ref_model", False):
                 # TRL moves its reference toward the policy every ref_model_sync_steps: the PRM's π_ref must stay the
                 # initial weights (its implicit rewards are log π_φ / π_ref of a fixed π_ref).
@@ -113,7 +156,7 @@ class ImplicitPRM:
                 reference = None
             self.reference_is_trls = reference is not None
             if reference is None:
-                reference = _detached_copy(policy).eval()
+                reference = copies[1].eval()
                 reference.requires_grad_(False)
             self.reference = reference
         self.optimizer = torch.optim.AdamW(self.parameters, lr=learning_rate, weight_decay=0.0)
@@ -143,28 +186,47 @@ class ImplicitPRM:
             finally:
                 self.policy.set_adapter(self.policy_adapter)
 
-    def prm_logps(self, rows, batch_size: int, autocast) -> torch.Tensor:
-        """No-grad log π_φ over ``rows`` (prompt_ids, prompt_mask, completion_ids, completion_mask)."""
+    def prm_logps(self, rows, batch_size: int, autocast, chunks: int = 0) -> torch.Tensor:
+        """No-grad log π_φ over ``rows`` (prompt_ids, prompt_mask, completion_ids, completion_mask), in at least
+        ``chunks`` forwards where the PRM runs in the engine's partitioned model (:meth:`_pieces`)."""
         with torch.no_grad(), self._prm() as model:
-            return self._chunked(model, rows, batch_size, autocast)
+            return self._chunked(model, rows, batch_size, autocast, chunks if self.peft else 0)
 
-    def reference_logps(self, rows, batch_size: int, autocast) -> torch.Tensor:
-        """No-grad log π_ref over ``rows``."""
+    def reference_logps(self, rows, batch_size: int, autocast, chunks: int = 0) -> torch.Tensor:
+        """No-grad log π_ref over ``rows``, in at least ``chunks`` forwards where π_ref is the engine's model (the
+        policy's base, or TRL's reference model)."""
         with torch.no_grad():
             if self.peft:
                 with self.policy.disable_adapter():
-                    return self._chunked(self.policy, rows, batch_size, autocast)
-            return self._chunked(self.reference, rows, batch_size, autocast)
+                    return self._chunked(self.policy, rows, batch_size, autocast, chunks)
+            return self._chunked(self.reference, rows, batch_size, autocast, chunks if self.reference_is_trls else 0)
 
     @staticmethod
-    def _chunked(model, rows, batch_size: int, autocast) -> torch.Tensor:
+    def _pieces(rows, batch_size: int, chunks: int):
+        """``(rows of one forward, whether they are real)``: ``batch_size`` rows at a time, then one-row fillers up to
+        ``chunks`` forwards. Under ZeRO-3 a forward of the partitioned model gathers its parameters, a collective
+        call: every process must run as many as the process with the most rows (the caller's ``chunks``)."""
+        total = rows[0].size(0)
+        starts = range(0, total, batch_size)
+        for start in starts:
+            yield tuple(x[start:start + batch_size] for x in rows), True
+        if len(starts) < chunks:
+            # one token of prompt, one of completion: the cheapest forward that gathers every parameter
+            filler = tuple(x.new_ones((1, 1)) for x in rows)
+            for _ in range(chunks - len(starts)):
+                yield filler, False
+
+    @classmethod
+    def _chunked(cls, model, rows, batch_size: int, autocast, chunks: int = 0) -> torch.Tensor:
         was_training = model.training
         model.eval()  # no dropout in a scoring pass (TRL's log-prob passes run the same way)
         try:
             pieces = []
-            for start in range(0, rows[0].size(0), batch_size):
+            for piece, real in cls._pieces(rows, batch_size, chunks):
                 with autocast():
-                    pieces.append(completion_logps(model, *(x[start:start + batch_size] for x in rows)))
+                    logps = completion_logps(model, *piece)
+                if real:
+                    pieces.append(logps)
             return torch.cat(pieces) if pieces else rows[2].new_zeros(rows[2].shape, dtype=torch.float32)
         finally:
             model.train(was_training)
@@ -184,43 +246,71 @@ class ImplicitPRM:
             for parameter, value in zip(self.parameters, saved):
                 parameter.copy_(value.to(parameter.device, parameter.dtype))
         self.optimizer.load_state_dict(state["optimizer"])
+        self._write_adapter()
+
+    def _write_adapter(self) -> None:
+        """Under ZeRO-3, the whole parameters the AdamW steps on into the PRM adapter the engine partitioned (every
+        process holds the same values: rank 0's are broadcast, each process keeps its partition). Elsewhere the
+        optimizer steps on the adapter itself: nothing to do."""
+        if self.adapter_parameters is None or self.adapter_parameters is self.parameters:
+            return
+        import deepspeed
+
+        partitioned = _partitioned(self.adapter_parameters)
+        with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0, enabled=bool(partitioned)), \
+                torch.no_grad():
+            for adapter, whole in zip(self.adapter_parameters, self.parameters):
+                adapter.data.copy_(whole.data)
 
     # ---- the update
     def update(self, rows, mask, ref_logps, labels, beta: float, num_rows: int, batch_size: int, autocast,
-               sum_across_processes) -> dict:
+               sum_across_processes, chunks: int = 0) -> dict:
         """One AdamW step of L_CE (§3.2) over this process's ``rows`` (``labels`` r_o, the credited rows only;
-        ``mask`` the tokens of each completion) for a batch of ``num_rows`` credited rows on all processes. Returns
-        this process's summed loss, the sequence rewards r_φ(y) it was computed from and the token log-probs of that
-        forward (before the step: ``prime_update="after"`` scores the batch with them)."""
+        ``mask`` the tokens of each completion) for a batch of ``num_rows`` credited rows on all processes, in at
+        least ``chunks`` forwards and backwards where the PRM is an adapter of the engine's model (:meth:`_pieces`).
+        Returns this process's summed loss, the sequence rewards r_φ(y) it was computed from and the token log-probs
+        of that forward (before the step: ``prime_update="after"`` scores the batch with them)."""
         self.optimizer.zero_grad(set_to_none=True)
+        trained = self.parameters if self.adapter_parameters is None else self.adapter_parameters  # in the forward
+        for p in trained:
+            p.grad = None
         loss_sum, sequence_rewards, token_logps = 0.0, [], []
         # TRL scores a generation batch under torch.no_grad(): the PRM's update needs its gradients back.
         with torch.enable_grad(), self._prm() as model:
-            for p in self.parameters:
+            for p in trained:
                 p.requires_grad_(True)
             try:
-                for start in range(0, rows[0].size(0), batch_size):
-                    piece = slice(start, start + batch_size)
+                start = 0
+                for piece, real in self._pieces(rows, batch_size, chunks if self.peft else 0):
                     with autocast():
-                        logps = completion_logps(model, *(x[piece] for x in rows))
-                    rewards = (beta * (logps - ref_logps[piece]) * mask[piece]).sum(dim=1)
-                    loss = cross_entropy_loss(rewards, labels[piece])
+                        logps = completion_logps(model, *piece)
+                    if not real:  # a filler: the same gathers in its backward, no gradient
+                        (logps.sum() * 0.0).backward()
+                        continue
+                    taken = slice(start, start + logps.size(0))
+                    start = taken.stop
+                    rewards = (beta * (logps - ref_logps[taken]) * mask[taken]).sum(dim=1)
+                    loss = cross_entropy_loss(rewards, labels[taken])
                     (loss / max(num_rows, 1)).backward()
                     loss_sum += float(loss.detach())
                     sequence_rewards.append(rewards.detach())
                     token_logps.append(logps.detach())
             finally:
-                for p in self.parameters:
+                for p in trained:
                     p.requires_grad_(False)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        # Whole gradients (under ZeRO-3 the engine reduces only its own optimizer's parameters, not the adapter's).
+        grads = [t.grad if t.grad is not None else torch.zeros_like(p) for t, p in zip(trained, self.parameters)]
+        for t in trained:
+            t.grad = None
         flat = sum_across_processes(torch.cat([g.reshape(-1).float() for g in grads]))
         offset = 0
         for p in self.parameters:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            p.grad = flat[offset:offset + p.numel()].view_as(p).to(device=p.device, dtype=p.dtype)
             offset += p.numel()
         torch.nn.utils.clip_grad_norm_(self.parameters, self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._write_adapter()
         rewards = torch.cat(sequence_rewards) if sequence_rewards else ref_logps.new_zeros(0)
         logps = torch.cat(token_logps) if token_logps else rows[2].new_zeros(rows[2].shape, dtype=torch.float32)
         return {"loss_sum": loss_sum, "sequence_rewards": rewards, "logps": logps}
