@@ -79,7 +79,8 @@ def transcript_texts(ids: EpisodeIds, spans, tokenizer, delimiter: str) -> list[
             continue
         for message in messages:
             content = message.get("content")
-            texts[before] += f"\nTool result: {content if isinstance(content, str) else content!r}"
+            shown = content if isinstance(content, str) else repr(content)  # a content list (images): as a repr
+            texts[before] += f"\nTool result: {shown}"
     return texts
 
 
