@@ -1,4 +1,4 @@
-"""Multi-turn rollouts a part generates itself (docs/multiturn.md#resets-inside-a-multi-turn-rollout): TRL's tool loop
+"""Multi-turn rollouts a part generates itself (docs/multiturn.md#srpo--rrpo-resets): TRL's tool loop
 resumed from a prefix of a recorded rollout, and an environment's state rebuilt at that prefix by replay.
 
 - :class:`Episode`: a multi-turn completion as TRL's tool loop leaves it: token ids, the model mask (1 on the model's

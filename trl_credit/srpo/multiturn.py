@@ -1,5 +1,5 @@
 """SRPO / RRPO inside multi-turn rollouts (TRL's ``tools`` or ``environment_factory``; docs/srpo.md#multi-turn-rollouts,
-docs/multiturn.md#resets-inside-a-multi-turn-rollout).
+docs/multiturn.md#srpo--rrpo-resets).
 
 Every rollout of the step (base rows, seed candidates, suffixes) is a multi-turn episode generated through TRL's tool
 loop (:func:`trl_credit.core.tool_loop.continue_tool_loop`). What changes from a single-turn step:
