@@ -24,7 +24,7 @@ from __future__ import annotations
 from trl_credit.core.steps import span_texts, step_spans, tool_result_spans
 from trl_credit.core.tool_loop import Episode, Resume
 
-__all__ = ["EpisodeIds", "generate_episodes", "episode_steps", "transcript_texts", "resume_resets",
+__all__ = ["EpisodeIds", "generate_episodes", "generated_tokens", "episode_steps", "transcript_texts", "resume_resets",
            "loss_mask"]
 
 
@@ -53,6 +53,13 @@ def generate_episodes(ctx, prompt_ids: list[list[int]], prompts: list, rows: lis
     episodes = ctx.continue_tool_loop(resumes)
     ids = [EpisodeIds(episode, environment) for episode, environment in zip(episodes, environments)]
     return ids, None if logprobs is None else [episode.logprobs for episode in episodes]
+
+
+def generated_tokens(ids) -> int:
+    """The tokens the model generated in a rollout: all of a single-turn one, the model's turns of an
+    :class:`EpisodeIds` (tool results are not generated: the ``srpo/tokens_*`` metrics count what TRL's
+    ``completions/mean_length`` counts)."""
+    return sum(ids.episode.model_mask) if isinstance(ids, EpisodeIds) else len(ids)
 
 
 def episode_steps(ids: EpisodeIds, tokenizer, delimiter: str) -> list[tuple[int, int]]:
@@ -127,7 +134,7 @@ def resume_resets(ctx, resets, prompt_ids, group_prompts, group_inputs, stats, p
                                          list(prefix.model_mask) + [1] * len(continuations[i]),
                                          list(prefix.messages), None)
         suffixes.append(EpisodeIds(episode, environment))
-    stats.suffix_tokens = sum(len(ids) - len(plan[1].ids) for ids, plan in zip(suffixes, plans))
+    stats.suffix_tokens = sum(sum(ids.episode.model_mask[len(plan[1].ids):]) for ids, plan in zip(suffixes, plans))
     return suffixes, None if logprobs is None else [ids.episode.logprobs for ids in suffixes]
 
 

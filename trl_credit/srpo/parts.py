@@ -45,7 +45,8 @@ from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
 from trl_credit.core.tool_loop import BuiltRows
-from trl_credit.srpo.multiturn import EpisodeIds, episode_steps, generate_episodes, loss_mask, resume_resets
+from trl_credit.srpo.multiturn import EpisodeIds, episode_steps, generate_episodes, generated_tokens, loss_mask
+from trl_credit.srpo.multiturn import resume_resets
 from trl_credit.srpo.multiturn import transcript_texts
 
 __all__ = ["Resets", "ResetRows"]
@@ -283,8 +284,8 @@ class Resets(Rollout):
             stats.scored_candidates += len(new_rollouts)
             rounds += 1
         stats.seeds = sum(len(s) for s in seeds)
-        stats.base_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in base[g])
-        stats.seed_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g])
+        stats.base_tokens = sum(generated_tokens(ids) for g in range(num_groups) for ids, _ in base[g])
+        stats.seed_tokens = sum(generated_tokens(ids) for g in range(num_groups) for ids, _ in candidates[g])
         stats.iid_rollouts = sum(len(base[g]) + len(candidates[g]) for g in range(num_groups))
         return base, candidates, seeds, rounds
 
@@ -366,14 +367,17 @@ class Resets(Rollout):
         one per training row), the others (seed candidates) in fresh instances. Returns ``(ids, logprobs)``."""
         if not ctx.sampling.tool_loop:
             return ctx.generate([prompt_ids[g] for g in owners])
-        environments = ctx.fresh_environments([group_inputs[g] for g in owners])
-        batch_environments = ctx.environments
-        if batch_environments is not None and first_round:
-            base_size, seen = ctx.args.num_base_generations, defaultdict(int)
+        environments, batch_environments = [None] * len(owners), ctx.environments
+        if batch_environments is not None:
+            base_size, seen, fresh = ctx.args.num_base_generations if first_round else 0, defaultdict(int), []
             for index, g in enumerate(owners):
-                if seen[g] < base_size:
+                if seen[g] < base_size:  # a base row: its training row's own environment (TRL's, already reset)
                     environments[index] = batch_environments[g * ctx.group_size + seen[g]]
+                else:
+                    fresh.append(index)
                 seen[g] += 1
+            for index, environment in zip(fresh, ctx.fresh_environments([group_inputs[owners[i]] for i in fresh])):
+                environments[index] = environment
         wrapped = ctx.scratch(self)["wrapped_prompts"]
         return generate_episodes(ctx, [prompt_ids[g] for g in owners], [wrapped[g] for g in owners],
                                  [group_inputs[g] for g in owners], environments)
