@@ -75,9 +75,10 @@ def tokenizer(tiny_tool_model_path):
     return AutoTokenizer.from_pretrained(tiny_tool_model_path)
 
 
-def train(model_path, tmp_path, tokenizer, step, max_steps=1, **kwargs):
-    """SRPO with an oracle reset at ``step`` (1-indexed), trained on the scripted rollouts above. Returns the trainer,
-    the loss inputs, the records (on_credit) and the thoughts the step checker was shown."""
+def train(model_path, tmp_path, tokenizer, step, max_steps=1, config=None, script=None, **kwargs):
+    """SRPO with an oracle reset at ``step`` (1-indexed), trained on the scripted rollouts above (``config``: other
+    SRPOConfig settings; ``script``: a ScriptedGeneration to record the calls). Returns the trainer, the loss inputs,
+    the records (on_credit) and the thoughts the step checker was shown."""
     shown = []
 
     def checker(question, thoughts):
@@ -85,17 +86,19 @@ def train(model_path, tmp_path, tokenizer, step, max_steps=1, **kwargs):
         return step
 
     records = []
-    args = trl_credit.SRPOConfig(
+    settings = dict(
         output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=4, num_generations=4,
         max_completion_length=128, max_steps=max_steps, logging_steps=1, report_to="none", save_strategy="no",
         use_cpu=True, bf16=False, seed=0, disable_tqdm=True, reset="oracle", reset_groups=1, suffixes_per_reset=2,
         seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="none",
         thought_delimiter=".", reset_seed=0)
+    args = trl_credit.SRPOConfig(**{**settings, **(config or {})})
     trainer = trl_credit.SRPOTrainer(model_path, says_twelve, args=args, train_dataset=prompts_dataset(),
                                      step_checker=checker, **kwargs)
     trainer.add_credit_callback(records.append)
     batches = record_loss_inputs(trainer)
-    script = ScriptedGeneration(tokenizer, [ANSWER, SEED, SEED, ANSWER], after_tool=DONE, continuation=CONTINUATION)
+    script = script or ScriptedGeneration(tokenizer, [ANSWER, SEED, SEED, ANSWER], after_tool=DONE,
+                                          continuation=CONTINUATION)
     with patch.object(trainer.model, "generate", side_effect=script):
         trainer.train()
     return trainer, batches, records, shown
@@ -239,3 +242,32 @@ def test_the_tool_dicts_are_those_trl_builds(tiny_tool_model_path, tokenizer, tm
         sync, asynchronous = tool_dicts(trainer, environment)
         assert sync.keys() == trainer._sync_tool_dicts[row].keys() == {"increment"} and asynchronous == {}
         assert sync["increment"] == trainer._sync_tool_dicts[row]["increment"]
+
+
+@pytest.mark.parametrize("localization", ["generate", "scored"])
+@patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
+def test_self_localization_reads_the_transcript_without_the_tool_schema(localization, tiny_tool_model_path, tokenizer,
+                                                                         tmp_path):
+    # SRPO (reset="self") on the same seed: the policy is asked for the first wrong step of the whole transcript. The
+    # decoded localization prompt is a generation call's row: it numbers the model's 3 steps, shows the tool result
+    # after step 2, and is rendered without the tools' schema (the qwen3 template writes "# Tools" and "<tools>" into
+    # the system turn when given tools, as the rollouts' prompts have it).
+    script = ScriptedGeneration(tokenizer, [ANSWER, SEED, SEED, ANSWER], after_tool=DONE, continuation=CONTINUATION)
+    trainer, _, records, _ = train(tiny_tool_model_path, tmp_path, tokenizer, step=None, script=script,
+                                   config=dict(reset="self", localization=localization, localization_max_tokens=4),
+                                   environment_factory=Counter)
+    rows = [text for call in script.calls for _, text in call]
+    assert "<tools>" in rows[0]  # a rollout's prompt has the schema
+    asked = [text for text in rows if "Step 2:" in text]
+    if localization == "generate":
+        (prompt,) = asked
+        steps = ('Step 1: Step one\nStep 2: <tool_call>\n{"name": "increment", "arguments": {"step": 2}}\n'
+                 "</tool_call>\nTool result: 2\nStep 3: Done!")
+        assert steps in prompt and "<tools>" not in prompt
+    else:
+        assert asked == []  # scored: read off the policy's probabilities, no generation call
+    log = step_logs(trainer)[-1]
+    # the one seed (3 steps) was localized by the policy: decoded, or scored (the scripted answer to the prompt,
+    # "Twelve.", names no step: the scored choice)
+    assert log["srpo/localization_source/generated"] + log["srpo/localization_source/scored"] == 1.0
+    assert records[0].record.row_kinds.tolist() == [0, 0, 1, 1]  # base, base, suffix, suffix: the reset trained
