@@ -271,3 +271,38 @@ def test_self_localization_reads_the_transcript_without_the_tool_schema(localiza
     # "Twelve.", names no step: the scored choice)
     assert log["srpo/localization_source/generated"] + log["srpo/localization_source/scored"] == 1.0
     assert records[0].record.row_kinds.tolist() == [0, 0, 1, 1]  # base, base, suffix, suffix: the reset trained
+
+
+# ---------------------------------------------------------------------------------------------------- two processes
+def _environment_run(model_path, out_dir, nproc):
+    import json
+
+    from tests.mp import run_torchrun
+
+    os.makedirs(out_dir)
+    run_torchrun("tests/mp_scripts/srpo_environment_two_processes.py", model_path, out_dir, nproc=nproc, timeout=600)
+    reports = [json.load(open(os.path.join(out_dir, f"result_{rank}.json"))) for rank in range(nproc)]
+    assert all(report["world"] == nproc and report["steps"] == 1 for report in reports)
+    assert all(report["logs"] == reports[0]["logs"] for report in reports)  # metrics over the global batch
+    rows = {row: rest for report in reports for row, *rest in report["records"] if row != "counters"}
+    counters = [record[1] for report in reports for record in report["records"] if record[0] == "counters"]
+    return rows, [n for c in counters for n in c], reports[0]["logs"]
+
+
+@pytest.mark.multiprocess
+def test_environment_resets_in_two_processes_match_one(tiny_tool_model_path, tmp_path):
+    """2 prompts, one per process (or both in one): the same training rows, masks, environment states and metrics.
+    Per prompt as in the single-process tests: rows base ANSWER, base 2-turn, then 2 suffixes reset after the tool
+    result (turn 1 and "2" kept, "Done!" trained), every environment replayed to 2."""
+    rows_two, counters_two, logs_two = _environment_run(tiny_tool_model_path, str(tmp_path / "two"), 2)
+    rows_one, counters_one, logs_one = _environment_run(tiny_tool_model_path, str(tmp_path / "one"), 1)
+    assert rows_two == rows_one and len(rows_one) == 8
+    assert counters_two == counters_one == [0, 2, 2, 2] * 2
+    seed_text = SEED + TOOL_SPAN.format(result="2") + DONE
+    assert [rows_one[row][0] for row in range(8)] == [ANSWER, SEED + TOOL_SPAN.format(result="2") + DONE,
+                                                     seed_text, seed_text] * 2
+    for row in (2, 3, 6, 7):  # suffix rows: trained on "Done!" only; the model mask 0 on the tool result only
+        text, loss, model = rows_one[row]
+        assert loss.count(1) == model[::-1].index(0) and 0 in model and loss[-1] == 1
+    assert logs_two == pytest.approx(logs_one, rel=1e-6)
+    assert logs_one[0]["srpo/replay_mismatch_rate"] == 0.0 and logs_one[0]["tools/call_frequency"] == 0.75
