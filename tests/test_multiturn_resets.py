@@ -133,6 +133,32 @@ def test_turns_rounds_and_prefixes_of_a_2_turn_completion():
     assert (prefix.ids, prefix.messages, start) == ([10], [], 0)
 
 
+def test_replay_renders_results_and_errors_as_trls_loop_writes_them():
+    # A prefix of 2 rounds: increment(2) and an unknown tool in one turn, increment(1) in the next. TRL's loop wrote
+    # "2", its error for the unknown tool (as in TRL's tests: "{'error': 'Tool decrement not found.'}") and "3".
+    from types import SimpleNamespace
+
+    from trl_credit.core.tool_loop import replay_environment
+
+    def calls(*named):
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": name, "arguments": arguments}} for name, arguments in named]}
+
+    def result(name, content):
+        return {"role": "tool", "name": name, "content": content}
+
+    messages = [calls(("increment", {"step": 2}), ("decrement", {"step": 1})), result("increment", "2"),
+                result("decrement", "{'error': 'Tool decrement not found.'}"), calls(("increment", {"step": 1})),
+                result("increment", "3")]
+    trainer = SimpleNamespace(_multi_environment=False, _standalone_tools=[])
+    environment = Counter()
+    environment._counter = 40  # whatever state it had: reset() first
+    assert replay_environment(trainer, environment, {"prompt": []}, messages)
+    assert environment._counter == 3  # 0 + 2 + 1
+    messages[-1] = result("increment", "4")  # a recorded result the replay does not give
+    assert not replay_environment(trainer, environment, {"prompt": []}, messages)
+
+
 # ---------------------------------------------------------------------------------------------------- resets
 @patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
 def test_reset_at_the_turn_after_a_tool_result_replays_the_environment(tiny_tool_model_path, tokenizer, tmp_path):

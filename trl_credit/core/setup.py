@@ -88,7 +88,8 @@ MULTI_TURN_ALTERNATIVES = ("credit='outcome' (GRPO)", "credit='oppo'", "credit='
                            "modifiers=['cue']")
 
 
-def check_single_turn(trainer, method: str, why: str = "it generates its own rollouts", tool_loop: bool = False) -> None:
+def check_single_turn(trainer, method: str, why: str = "it generates its own rollouts",
+                      tool_loop: bool = False) -> None:
     """Refuse TRL's multi-turn rollouts for a part that generates rows itself (DATPO's trees): a tool loop, an
     environment or a user's ``rollout_func`` would bypass or replace its generation. ``method``: who refuses
     (:func:`speaker`); ``why``: what it generates itself; ``tool_loop``: the part runs TRL's tool loop in its own rows

@@ -32,8 +32,8 @@ from trl import GRPOTrainer
 
 from trl_credit.trl_bridge.compat import parse_response
 
-__all__ = ["Episode", "Resume", "BuiltRows", "tool_call_counts", "continue_tool_loop", "replay_environment", "fresh_environments",
-           "tool_rounds", "turn_of", "tool_dicts", "reset_kwargs"]
+__all__ = ["Episode", "Resume", "BuiltRows", "tool_call_counts", "continue_tool_loop", "replay_environment",
+           "fresh_environments", "tool_rounds", "turn_of", "tool_dicts", "reset_kwargs"]
 
 
 @dataclasses.dataclass

@@ -45,9 +45,8 @@ from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
 from trl_credit.core.tool_loop import BuiltRows
-from trl_credit.srpo.multiturn import EpisodeIds, episode_steps, generate_episodes, generated_tokens, loss_mask
-from trl_credit.srpo.multiturn import resume_resets
-from trl_credit.srpo.multiturn import transcript_texts
+from trl_credit.srpo.multiturn import (EpisodeIds, episode_steps, generate_episodes, generated_tokens, loss_mask,
+                                       resume_resets, transcript_texts)
 
 __all__ = ["Resets", "ResetRows"]
 
@@ -362,9 +361,10 @@ class Resets(Rollout):
 
     def _rollouts(self, ctx, owners: list[int], prompt_ids, group_prompts, group_inputs, first_round: bool = False):
         """One rollout per entry of ``owners`` (a prompt group each), from the prompt: one generation call
-        (``ctx.generate``) or, in a multi-turn run, a whole episode through TRL's tool loop (srpo/multiturn.py): in the
-        ``first_round``, the first ``num_base_generations`` rollouts of each group are its base rows and run in the batch's own environments (TRL's,
-        one per training row), the others (seed candidates) in fresh instances. Returns ``(ids, logprobs)``."""
+        (``ctx.generate``) or, in a multi-turn run, a whole episode through TRL's tool loop (srpo/multiturn.py). With
+        an environment, in the ``first_round`` the first ``num_base_generations`` rollouts of each group are its base
+        rows and run in the batch's own environments (TRL's, one per training row); seed candidates run in fresh
+        instances. Returns ``(ids, logprobs)``."""
         if not ctx.sampling.tool_loop:
             return ctx.generate([prompt_ids[g] for g in owners])
         environments, batch_environments = [None] * len(owners), ctx.environments

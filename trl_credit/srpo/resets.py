@@ -54,7 +54,8 @@ class Reset:
     """Multi-turn seeds: where each step starts (steps are not contiguous: tool results lie between turns); None for
     a single-turn seed, whose thought ``k`` starts where thought ``k - 1`` ends."""
     skipped: bool = False
-    """The reset state could not be rebuilt (an environment's replay differed): the reset group trains as fallback rows."""
+    """The reset state could not be rebuilt (an environment's replay differed): the reset group trains as fallback
+    rows."""
 
     def prefix_length(self) -> int:
         """Tokens of the seed kept in the reset state x* (everything before step h*)."""

@@ -79,10 +79,10 @@ def log_step_stats(ctx, local: StepStats, rounds: int, log_sources: bool, has_ch
         if s.replay_mismatches:
             ctx.warn(
                 "srpo/replay_mismatch",
-                f"{ctx.speaker('resets')}: {s.replay_mismatches:.0f} of {s.replayed:.0f} resets were skipped: replaying "
-                "the seed's tool calls on a fresh environment (reset(), then the same calls in order) gave other "
-                "results than the seed's rollout got, so the environment is not deterministic and its state at the "
-                "reset point cannot be rebuilt. Those reset groups train as fallback rows (no loss, advantage 0; "
+                f"{ctx.speaker('resets')}: {s.replay_mismatches:.0f} of {s.replayed:.0f} resets were skipped: "
+                "replaying the seed's tool calls on a fresh environment (reset(), then the same calls in order) "
+                "gave other results than the seed's rollout got, so the environment is not deterministic and its "
+                "state at the reset point cannot be rebuilt. Those reset groups train as fallback rows (no loss, advantage 0; "
                 "srpo/replay_mismatch_rate). Make reset() and the tools deterministic in the row's columns (seed any "
                 "randomness from them), or train this environment with rollout='groups'.",
             )
