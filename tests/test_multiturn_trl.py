@@ -83,6 +83,13 @@ TRAINERS.update({
         reset="random", reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2,
         max_seed_rounds=1, rollout_template="none", thought_delimiter="\n", localization_max_tokens=4,
         reset_seed=0)),
+    # resets x the process credit (model turns as steps; a suffix row's steps inside its prefix stay out of the
+    # statistics, docs/process.md)
+    "resets_process": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+        rollout="resets", credit="process", process_step_reward="tool_call_steps", process_outcome="final_step",
+        process_thought_delimiter="\n", num_generations=4, per_device_train_batch_size=4, reset="random",
+        reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1,
+        rollout_template="none", thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
 })
 
 #: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
@@ -91,7 +98,7 @@ NEEDS_ANSWER_COLUMN = {"oppo", "resets_oppo"}
 
 #: The resets rollouts (SRPO's): they run TRL's tool loop in their own rows, so tools and environments train, and
 #: refuse a user's rollout_func by name (it would replace their generation).
-RESETS = {"srpo", "resets_oppo"}
+RESETS = {"srpo", "resets_oppo", "resets_process"}
 
 #: The scripted first turn (index into a test's ``first_turns``) that training row ``i`` holds. TRL's tests lay a
 #: batch out as 3 generations, row i answering with turn i % 3. A resets trainer trains on 4 rows per prompt: 2 base
@@ -99,7 +106,7 @@ RESETS = {"srpo", "resets_oppo"}
 #: candidates, turns 2, 0), then 2 suffix rows. In every test here the seed is the first failing candidate, turn 2
 #: (no tool call: scored 0 by each test's reward), which is one thought (no "\n"), so it resets at the question:
 #: the suffixes are the first two rows of the suffix generation call, turns 0, 1 again.
-ROW_TURNS = {"srpo": (0, 1, 0, 1), "resets_oppo": (0, 1, 0, 1)}
+ROW_TURNS = {name: (0, 1, 0, 1) for name in ("srpo", "resets_oppo", "resets_process")}
 
 
 def row_turn(name, i):
