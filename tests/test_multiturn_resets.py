@@ -299,6 +299,18 @@ def test_self_localization_reads_the_transcript_without_the_tool_schema(localiza
     assert records[0].record.row_kinds.tolist() == [0, 0, 1, 1]  # base, base, suffix, suffix: the reset trained
 
 
+@patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
+def test_evaluation_runs_trls_tool_loop(tiny_tool_model_path, tokenizer, tmp_path):
+    # Evaluation batches are iid rollouts (no resets): the first turns come from the rollout, TRL's own loop runs the
+    # tools. 4 eval rows answer turns ANSWER, SEED, SEED, ANSWER: 2 call increment(2), the script then says "Done!".
+    trainer, _, _, _ = train(tiny_tool_model_path, tmp_path, tokenizer, step=3, environment_factory=Counter,
+                             config=dict(eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4),
+                             eval_dataset=prompts_dataset(4))
+    evaluation = [entry for entry in trainer.state.log_history if "eval_loss" in entry or "eval_reward" in entry]
+    assert evaluation and evaluation[-1]["eval_tools/call_frequency"] == pytest.approx(2 / 4)
+    assert evaluation[-1]["eval_reward"] == pytest.approx(2 / 4)  # ANSWER rows say "Twelve"
+
+
 # ---------------------------------------------------------------------------------------------------- two processes
 def _environment_run(model_path, out_dir, nproc):
     import json
