@@ -71,15 +71,6 @@ TRAINERS.update({
         process_thought_delimiter="\n")),
     "implicit_prm": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
         credit="implicit_prm", prime_learning_rate=1e-2, prime_prompt_filter=False)),  # (3 rows: no 0.2-0.8 group)
-})
-
-#: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
-#: (an environment that owns the data) is refused at construction, naming ``answer_column``.
-NEEDS_ANSWER_COLUMN = {"oppo"}
-
-#: Rollouts that generate rows themselves (resets, trees): they refuse tools, environments and a user's rollout_func by
-#: name at construction (docs/multiturn.md), each with the settings it trains with on this model without tools.
-REFUSING = {
     # SRPO: the budget num_generations = base + reset_groups * suffixes_per_reset (base 0 or >= 2); 4 rows per
     # prompt = 2 base rows + 1 reset group of 2 suffixes; the prompts as they are (an agent's task), lines as
     # thoughts, a short localization.
@@ -87,15 +78,50 @@ REFUSING = {
         num_generations=4, per_device_train_batch_size=4, reset="random", reset_groups=1, suffixes_per_reset=2,
         seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1, rollout_template="none",
         thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
-    # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
-    "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
-        max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
-        use_diversity=False, rows_per_forward=8)),
     "resets_oppo": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
         rollout="resets", credit="oppo", oracle="self", num_generations=4, per_device_train_batch_size=4,
         reset="random", reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2,
         max_seed_rounds=1, rollout_template="none", thought_delimiter="\n", localization_max_tokens=4,
         reset_seed=0)),
+    # resets x the process credit (model turns as steps; a suffix row's steps inside its prefix stay out of the
+    # statistics, docs/process.md)
+    "resets_process": (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+        rollout="resets", credit="process", process_step_reward="tool_call_steps", process_outcome="final_step",
+        process_thought_delimiter="\n", num_generations=4, per_device_train_batch_size=4, reset="random",
+        reset_groups=1, suffixes_per_reset=2, seed_source="fresh", seed_candidates_per_round=2, max_seed_rounds=1,
+        rollout_template="none", thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
+})
+
+#: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
+#: (an environment that owns the data) is refused at construction, naming ``answer_column``.
+NEEDS_ANSWER_COLUMN = {"oppo", "resets_oppo"}
+
+#: The resets rollouts (SRPO's): they run TRL's tool loop in their own rows, so tools and environments train, and
+#: refuse a user's rollout_func by name (it would replace their generation).
+RESETS = {"srpo", "resets_oppo", "resets_process"}
+
+#: The scripted first turn (index into a test's ``first_turns``) that training row ``i`` holds. TRL's tests lay a
+#: batch out as 3 generations, row i answering with turn i % 3. A resets trainer trains on 4 rows per prompt: 2 base
+#: rows, the first two rollouts of its round-1 generation call (turns 0, 1; the call's rows 2, 3 are the seed
+#: candidates, turns 2, 0), then 2 suffix rows. In every test here the seed is the first failing candidate, turn 2
+#: (no tool call: scored 0 by each test's reward), which is one thought (no "\n"), so it resets at the question:
+#: the suffixes are the first two rows of the suffix generation call, turns 0, 1 again.
+ROW_TURNS = {name: (0, 1, 0, 1) for name in ("srpo", "resets_oppo", "resets_process")}
+
+
+def row_turn(name, i):
+    """The scripted first turn of training row ``i`` (:data:`ROW_TURNS`; TRL's i % 3 otherwise)."""
+    return ROW_TURNS[name][i % len(ROW_TURNS[name])] if name in ROW_TURNS else i % 3
+
+
+#: Rollouts that generate rows themselves without a tool loop (trees): they refuse tools, environments and a user's
+#: rollout_func by name at construction (docs/multiturn.md), each with the settings it trains with on this model
+#: without tools.
+REFUSING = {
+    # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
+    "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
+        max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
+        use_diversity=False, rows_per_forward=8)),
 }
 
 
@@ -168,6 +194,7 @@ def make_trainer(name, model_path, tmp_path, reward_funcs, **kwargs):
     )
     values.update(kwargs.pop("args", {}))
     values.update(settings)
+    values.update(kwargs.pop("last", {}))  # a test's settings for one trainer's layout, over the trainer's own
     return trainer_class(model_path, reward_funcs, args=config_class(**values), **kwargs)
 
 
@@ -211,7 +238,9 @@ def tool_spans(batches, tokenizer) -> list[str]:
 
     Per row: the ``tool_mask`` = 0 positions form one contiguous span inside the completion (each scripted rollout
     calls tools at most once), the ``tool_mask`` = 1 tokens hold no tool response, and where the advantage is
-    per-token it is 0 on every ``tool_mask`` = 0 position. Returns the decoded spans ("" for a row without one)."""
+    per-token it is 0 on every ``tool_mask`` = 0 position. Returns the decoded spans ("" for a row without one). A
+    row whose ``tool_mask`` is 0 everywhere trains nothing (a resets trainer's fallback row, a copy of a candidate kept
+    for TRL's group size): it has no span and is left out."""
     spans = []
     for batch in batches:
         assert "tool_mask" in batch, "a multi-turn batch reached the loss without TRL's tool_mask"
@@ -220,6 +249,8 @@ def tool_spans(batches, tokenizer) -> list[str]:
         if advantages.dim() == 2:  # per-token: nothing of a tool result may carry credit, even outside the loss mask
             assert torch.all(advantages[tool_mask == 0] == 0), "a tool-result token got an advantage"
         for ids, tools, kept in zip(batch["completion_ids"], tool_mask, completion_mask):
+            if not torch.any((tools == 1) & (kept == 1)):
+                continue  # trains nothing: no span
             outside = ((tools == 0) & (kept == 1)).nonzero().flatten().tolist()
             if outside:
                 assert outside == list(range(outside[0], outside[-1] + 1)), "the tool result is not one span"
@@ -263,14 +294,17 @@ def test_train_with_tools(name, tools, tiny_tool_model_path, tool_tokenizer, tmp
     script, batches = train_scripted(trainer, tool_tokenizer, first_turns)
 
     rows = trainer.args.per_device_train_batch_size  # one generation batch per step (steps_per_generation = 1)
-    calls = sum(i % 3 != 2 for i in range(rows))  # rows 0, 1 of every 3 call the tool
-    failures = sum(i % 3 == 1 for i in range(rows))  # row 1 of every 3 names argument "c"
+    calls = sum(row_turn(name, i) != 2 for i in range(rows))  # turns 0 and 1 call the tool (srpo: 4 / 4)
+    failures = sum(row_turn(name, i) == 1 for i in range(rows))  # turn 1 names argument "c" (srpo: 2 / 4)
     assert trainer.state.log_history[-1]["train_loss"] is not None
     log = last_step_log(trainer)
     assert log["tools/call_frequency"] == pytest.approx(calls / rows)  # TRL: 2 / 3
     assert log["tools/failure_frequency"] == pytest.approx(failures / calls)  # TRL: 1 / 2
-    # The regeneration after the tools: one row per tool call, each after a tool response.
-    assert [kind for kind, _ in script.calls[1]] == ["after_tool"] * calls
+    # The regeneration after the tools: one row per tool call, each after a tool response (resets: the round-1 call's
+    # rollouts with a call, turns 0, 1, 2, 0 -> 3 rows; the suffixes' regeneration is the last call, turns 0, 1).
+    assert [kind for kind, _ in script.calls[1]] == ["after_tool"] * (3 if name in RESETS else calls)
+    if name in RESETS:
+        assert [kind for kind, _ in script.calls[-1]] == ["after_tool"] * 2
 
     # The tool results are TRL's tool_mask = 0 span: the product for the valid call, the error for the wrong one.
     spans = sorted(span for span in tool_spans(batches, tool_tokenizer) if span)
@@ -296,7 +330,10 @@ def test_train_with_malformed_tool_calls(name, tiny_tool_model_path, tool_tokeni
     assert len(script.calls) == 1, "a malformed tool call started a second turn"  # TRL: generate called once
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert last_step_log(trainer)["tools/call_frequency"] == 0.0
-    assert tool_spans(batches, tool_tokenizer) == [""] * trainer.args.per_device_train_batch_size  # no tool tokens
+    # no tool tokens; resets: the round-1 candidates (turns 2, 0) both hold "<tool_call>", so no seed: the reset
+    # group's 2 rows are fallback rows, which train nothing (left out of the spans)
+    trained = 2 if name in RESETS else trainer.args.per_device_train_batch_size
+    assert tool_spans(batches, tool_tokenizer) == [""] * trained
     assert_params_changed(previous, trainer)
 
 
@@ -348,15 +385,15 @@ def test_train_with_environment_factory(name, tiny_tool_model_path, tool_tokeniz
     script, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
     rows = trainer.args.per_device_train_batch_size
-    results = [["1", "{'error': 'Tool decrement not found.'}", None][i % 3] for i in range(rows)]  # per row
-    calls, failures = sum(r is not None for r in results), sum(i % 3 == 1 for i in range(rows))
+    results = [["1", "{'error': 'Tool decrement not found.'}", None][row_turn(name, i)] for i in range(rows)]  # per row
+    calls, failures = sum(r is not None for r in results), sum(row_turn(name, i) == 1 for i in range(rows))
     assert trainer.state.log_history[-1]["train_loss"] is not None
     log = last_step_log(trainer)
     assert log["tools/call_frequency"] == pytest.approx(calls / rows)  # TRL: 2 / 3
     assert log["tools/failure_frequency"] == pytest.approx(failures / calls)  # TRL: 1 / 2
     # Each rollout has its own environment: incremented once by the valid call, untouched by the failed call and by
     # the row without a call.
-    assert [env._counter for env in trainer.environments] == [[1, 0, 0][i % 3] for i in range(rows)]
+    assert [env._counter for env in trainer.environments] == [[1, 0, 0][row_turn(name, i)] for i in range(rows)]
     spans = [span for span in tool_spans(batches, tool_tokenizer) if span]
     assert sorted(spans) == sorted(TOOL_SPAN.format(result=r) for r in results if r is not None)
     assert_params_changed(previous, trainer)
@@ -375,9 +412,9 @@ def test_train_with_environment_owned_reward(name, tiny_tool_model_path, tool_to
     previous = parameters(trainer)
     _, batches = train_scripted(trainer, tool_tokenizer, COUNTER_TURNS)
 
-    # Counters 1, 0, 0 -> rewards 1.0, 0.0, 0.0: mean 1/3 (TRL).
+    # Counters 1, 0, 0 -> rewards 1.0, 0.0, 0.0: mean 1/3 (TRL; resets: turns 0, 1, 0, 1 -> 1/2).
     rows = trainer.args.per_device_train_batch_size
-    mean = sum([1.0, 0.0, 0.0][i % 3] for i in range(rows)) / rows
+    mean = sum([1.0, 0.0, 0.0][row_turn(name, i)] for i in range(rows)) / rows
     assert last_step_log(trainer)["rewards/RewardedCounterEnvironment/mean"] == pytest.approx(mean)
     assert last_step_log(trainer)["reward"] == pytest.approx(mean)
     tool_spans(batches, tool_tokenizer)
@@ -520,9 +557,11 @@ def test_train_with_multiple_environments(name, tiny_tool_model_path, tool_token
         return [float(any(m["role"] == "tool" for m in c)) for c in completions]
 
     dataset = Dataset.from_dict({"environment": ["counter", "echo"] * 8})
+    # resets: 4 generations per prompt, so a batch of 8 = [counter] * 4 + [echo] * 4 (after the trainer's settings)
     trainer = make_or_refuse(name, tiny_tool_model_path, tmp_path, answered_reward, train_dataset=dataset,
                            environment_factory={"counter": Counter, "echo": Echo},
-                           args=dict(per_device_train_batch_size=4, num_generations=2, shuffle_dataset=False))
+                           args=dict(per_device_train_batch_size=4, num_generations=2, shuffle_dataset=False),
+                           last=dict(per_device_train_batch_size=8) if name in RESETS else {})
     if trainer is None:
         return
     assert [tool.__name__ for tool in trainer._env_tools["counter"]] == ["increment"]
@@ -537,12 +576,25 @@ def test_train_with_multiple_environments(name, tiny_tool_model_path, tool_token
     assert trainer.state.log_history[-1]["train_loss"] is not None
     log = last_step_log(trainer)
     assert tool_calls_made["increment"] and tool_calls_made["shout"]
-    assert log["tools/call_frequency"] == pytest.approx(2 / 4)
-    assert log["tools/failure_frequency"] == pytest.approx(0.0)
     assert reset_kwargs_seen["counter"] and reset_kwargs_seen["echo"]
     assert all("environment" not in kwargs for kwargs in reset_kwargs_seen["counter"] + reset_kwargs_seen["echo"])
-    assert sorted(s for s in tool_spans(batches, tool_tokenizer) if s) == sorted(
-        [TOOL_SPAN.format(result="1"), TOOL_SPAN.format(result="HI")])
+    spans = sorted(s for s in tool_spans(batches, tool_tokenizer) if s)
+    if name not in RESETS:
+        assert log["tools/call_frequency"] == pytest.approx(2 / 4)
+        assert log["tools/failure_frequency"] == pytest.approx(0.0)
+        assert spans == sorted([TOOL_SPAN.format(result="1"), TOOL_SPAN.format(result="HI")])
+    else:
+        # The round-1 call's 8 rows answer turns 0-3, 0-3: counter base (increment, won't), candidates (shout: not
+        # a counter tool, an error result but a tool message, so 1.0; done: 0.0 -> the seed); echo base (increment:
+        # not an echo tool, an error; won't), candidates (shout; done -> the seed). Both seeds are one thought: reset
+        # at the question; the 4-row suffix call answers turns 0-3: counter (increment, won't), echo (shout, done).
+        # Training rows: counter increment, won't, increment, won't; echo increment (error), won't, shout, done:
+        # 4 calls in 8 rows, 1 failure in 4 calls.
+        assert log["tools/call_frequency"] == pytest.approx(4 / 8)
+        assert log["tools/failure_frequency"] == pytest.approx(1 / 4)
+        error = "{'error': 'Tool increment not found.'}"
+        assert spans == sorted([TOOL_SPAN.format(result="1")] * 2 + [TOOL_SPAN.format(result=error),
+                                                                    TOOL_SPAN.format(result="HI")])
     assert_params_changed(previous, trainer)
 
 
@@ -580,7 +632,7 @@ def test_train_with_environment_owned_data(name, tiny_tool_model_path, tool_toke
 
 
 # ---------------------------------------------------------------------------------------------------- rollout_func
-@pytest.mark.parametrize("name", list(TRAINERS))
+@pytest.mark.parametrize("name", sorted(set(TRAINERS) - RESETS))  # resets refuse a rollout_func (below)
 def test_train_with_rollout_func_env_mask(name, tiny_tool_model_path, tool_tokenizer, tmp_path):
     # Not one of TRL's tests (TRL checks rollout_func with mocks): a user's rollout_func returning an env_mask, the
     # environment's tokens between two model turns. TRL takes env_mask as its tool_mask; the environment's tokens
@@ -638,8 +690,9 @@ def test_the_loss_check_catches_credit_or_loss_on_tool_tokens(tool_tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("argument", ["tools", "environment_factory", "rollout_func"])
-@pytest.mark.parametrize("name", list(REFUSING))
+@pytest.mark.parametrize(("name", "argument"), [(name, argument) for name in REFUSING
+                                                 for argument in ("tools", "environment_factory", "rollout_func")]
+                         + [(name, "rollout_func") for name in sorted(RESETS)])
 @patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
 def test_rollouts_that_generate_themselves_refuse_multi_turn_by_name(name, argument, tiny_tool_model_path, tmp_path):
     class Environment:

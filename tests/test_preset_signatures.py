@@ -35,8 +35,9 @@ def test_positional_parameters_are_grpo_trainers(trainer_class):
 
 
 def test_a_grpo_argument_given_positionally_reaches_its_place(tiny_dataset, tmp_path):
-    # environment_factory is GRPOTrainer's 14th argument: given positionally, SRPO refuses it before loading a model
-    # (it used to land in step_checker).
+    # environment_factory is GRPOTrainer's 14th argument: given positionally, SRPO reads it before loading a model
+    # (it used to land in step_checker): an environment may own the reward, so without reward_funcs SRPO refuses
+    # only when no environment is given, and with one it goes on to load the model (which does not exist).
     args = trl_credit.SRPOConfig(str(tmp_path), use_cpu=True)
     position = [p.name for p in GRPO].index("environment_factory")
     pargs = [None] * (position - 3)
@@ -47,8 +48,10 @@ def test_a_grpo_argument_given_positionally_reaches_its_place(tiny_dataset, tmp_
         def reset(self, **kwargs):
             return None
 
-    with pytest.raises(ValueError, match="SRPOTrainer does not support `environment_factory`"):
-        SRPOTrainer("not/loaded", lambda completions, **kw: [0.0] * len(completions), args, *pargs, Environment)
+    with pytest.raises(ValueError, match="No reward source provided"):
+        SRPOTrainer("not/loaded", None, args, *pargs)
+    with pytest.raises(OSError):  # offline: the model "not/loaded" is not found, past the reward-source check
+        SRPOTrainer("not/loaded", None, args, *pargs, Environment)
     with pytest.raises(TypeError, match="unexpected keyword argument 'train_datasets'"):
         SRPOTrainer("not/loaded", lambda completions, **kw: [0.0] * len(completions), args, train_datasets=[])
 

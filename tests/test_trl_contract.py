@@ -120,7 +120,10 @@ def test_our_overrides_keep_trls_signatures():
 
 
 # Attributes set outside GRPOTrainer.__init__, or only in some modes (vLLM).
-_MODE_DEPENDENT = {"_last_loaded_step", "vllm_generation"}
+# set only in some modes, or per batch: vLLM's; the tool loop's per-batch state (tools or environments), the
+# environments' tool lists
+_MODE_DEPENDENT = {"_last_loaded_step", "vllm_generation", "_async_tool_dicts", "_sync_tool_dicts",
+                   "_batch_environments", "_env_tools"}
 
 
 def _assigned_in(module) -> set:

@@ -579,16 +579,10 @@ def test_odd_and_small_group_sizes_train(generations, tiny_model_path, tiny_data
     assert len(calls[0]["rows"]) == base + 1
 
 
-def test_environment_factory_and_missing_rewards_refusals(tiny_model_path, tiny_dataset, tmp_path):
+def test_missing_rewards_refusal(tiny_model_path, tiny_dataset, tmp_path):
+    # (An environment_factory trains: its resets replay the environment, tests/test_multiturn_trl.py and
+    # tests/test_multiturn_resets.py; its get_reward may then be the only reward.)
     args = SRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
-
-    class Environment:
-        def reset(self, **kwargs):
-            return None
-
-    with pytest.raises(ValueError, match="environment_factory"):
-        SRPOTrainer(model=tiny_model_path, reward_funcs=parity_reward, args=args, train_dataset=tiny_dataset,
-                    environment_factory=Environment)
     with pytest.raises(ValueError, match="No reward source provided"):
         SRPOTrainer(model=tiny_model_path, args=args, train_dataset=tiny_dataset)
 

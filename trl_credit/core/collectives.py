@@ -101,6 +101,8 @@ def rewards_of_extra_rows(
     completion_ids: Sequence,
     filler: tuple,
     counts: list[int] | None = None,
+    completions: list | None = None,
+    environments: list | None = None,
 ) -> list[torch.Tensor]:
     """Reward matrices of rollouts outside TRL's batch (DATPO branches, SRPO seed candidates), through TRL's own
     ``_calculate_rewards``, so every reward function, its weights and its kwargs apply as for the batch.
@@ -109,18 +111,27 @@ def rewards_of_extra_rows(
     every process, so each process pads its rows to the largest count with ``filler`` = ``(input, prompt,
     prompt_ids, completion_ids)`` of one real row, and the padding is dropped. What reward functions log through
     ``log_extra``/``log_metric`` during the call is discarded: those rows are not the batch TRL's table describes.
+    Multi-turn rows (TRL's tool loop) give their ``completions`` (the messages reward functions get) and, with an
+    ``environment_factory``, their ``environments`` (TRL's ``environments`` for the call, as reward functions and an
+    environment's ``get_reward`` read them); ``filler`` then ends with a real row's completion and environment.
     Returns the ``(rows of process q, num_reward_funcs)`` matrix of every process q, in process order.
     """
     counts = counts if counts is not None else gather_counts(trainer, len(completion_ids))
     most = max(counts)
     if most == 0:
         return [torch.zeros(0, len(trainer.reward_funcs), device=trainer.accelerator.device) for _ in counts]
-    filler_input, filler_prompt, filler_prompt_ids, filler_completion_ids = filler
+    filler_input, filler_prompt, filler_prompt_ids, filler_completion_ids, *filler_turns = filler
     inputs = fill_rows(inputs, most, filler_input)
     prompts = fill_rows(prompts, most, filler_prompt)
     prompt_ids = fill_rows(prompt_ids, most, filler_prompt_ids)
     completion_ids = fill_rows([list(ids) for ids in completion_ids], most, list(filler_completion_ids))
-    completions = decode_completions(trainer, prompts, prompt_ids, completion_ids)
+    if completions is None:
+        completions = decode_completions(trainer, prompts, prompt_ids, completion_ids)
+    else:
+        completions = fill_rows(list(completions), most, filler_turns[0])
+    saved_environments = getattr(trainer, "environments", None)
+    if environments is not None:
+        trainer.environments = fill_rows(list(environments), most, filler_turns[1])
     saved = trainer._pending_extra_logs, trainer._pending_metrics
     trainer._pending_extra_logs, trainer._pending_metrics = defaultdict(list), defaultdict(list)
     try:
@@ -128,6 +139,8 @@ def rewards_of_extra_rows(
         rewards_per_func = GRPOTrainer._calculate_rewards(trainer, inputs, prompts, completions, completion_ids)
     finally:
         trainer._pending_extra_logs, trainer._pending_metrics = saved
+        if environments is not None:
+            trainer.environments = saved_environments
     return [rewards_per_func[q * most : q * most + count] for q, count in enumerate(counts)]
 
 

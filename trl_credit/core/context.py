@@ -218,11 +218,35 @@ class BatchContext:
 
         return None if self._trainer is None else bridge.environments(self._trainer)
 
-    def tokenize(self, prompts):
-        """``GRPOTrainer._tokenize_prompts(prompts)`` (bridge): ``(prompt_ids, images, multimodal_fields)``."""
+    def tokenize(self, prompts, tools: bool = True):
+        """``GRPOTrainer._tokenize_prompts(prompts)`` (bridge): ``(prompt_ids, images, multimodal_fields)``.
+        ``tools=False``: rendered without the tools' schema (a prompt of the method's own, e.g. SRPO's localization,
+        any number of rows)."""
         from trl_credit.trl_bridge import privates as bridge
 
-        return bridge.tokenize_prompts(self._needs_trainer("tokenize"), prompts)
+        trainer = self._needs_trainer("tokenize")
+        return bridge.tokenize_prompts(trainer, prompts) if tools else bridge.tokenize_without_tools(trainer, prompts)
+
+    def continue_tool_loop(self, resumes) -> list:
+        """Multi-turn rollouts continued through TRL's tool loop (``core.tool_loop.continue_tool_loop``: each
+        :class:`~trl_credit.core.tool_loop.Resume` to its whole :class:`~trl_credit.core.tool_loop.Episode`)."""
+        from trl_credit.core.tool_loop import continue_tool_loop
+
+        return continue_tool_loop(self._needs_trainer("continue_tool_loop"), resumes)
+
+    def fresh_environments(self, rows) -> list:
+        """An environment instance per dataset row of an extra rollout, reset with its columns
+        (``core.tool_loop.fresh_environments``); None per row without an ``environment_factory``."""
+        from trl_credit.core.tool_loop import fresh_environments
+
+        return fresh_environments(self._needs_trainer("fresh_environments"), rows)
+
+    def replay_environment(self, environment, row, messages) -> bool:
+        """``environment`` reset with ``row`` and the tool calls of ``messages`` replayed; True when every result
+        equals the recorded one (``core.tool_loop.replay_environment``)."""
+        from trl_credit.core.tool_loop import replay_environment
+
+        return replay_environment(self._needs_trainer("replay_environment"), environment, row, messages)
 
     def generate(self, prefix_ids, **overrides) -> tuple[list[list[int]], list[list[float]] | None]:
         """Extra generation calls from token prefixes through TRL's generation path and every part's
@@ -240,14 +264,15 @@ class BatchContext:
 
         return bridge.trl_generate_and_score(self._needs_trainer("trl_batch"), inputs)
 
-    def score(self, inputs, prompts, prompt_ids, completion_ids, filler, counts=None) -> list[torch.Tensor]:
+    def score(self, inputs, prompts, prompt_ids, completion_ids, filler, counts=None, completions=None,
+              environments=None) -> list[torch.Tensor]:
         """Reward matrices of rows outside TRL's batch through TRL's own ``_calculate_rewards``
-        (``collectives.rewards_of_extra_rows``, which saves and restores TRL's ``_pending_*`` log buffers). A
-        collective call."""
+        (``collectives.rewards_of_extra_rows``, which saves and restores TRL's ``_pending_*`` log buffers; multi-turn
+        rows pass their ``completions`` (messages) and ``environments``). A collective call."""
         from trl_credit.core.collectives import rewards_of_extra_rows
 
         return rewards_of_extra_rows(self._needs_trainer("score"), inputs, prompts, prompt_ids, completion_ids,
-                                     filler, counts)
+                                     filler, counts, completions=completions, environments=environments)
 
     def logprobs(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, model=None,
                  compute_entropy: bool = False, batch_size: int | None = None):

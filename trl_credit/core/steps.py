@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "split_thoughts", "thought_token_spans", "thought_texts", "reset_prefix_length", "model_turn_spans",
-    "is_multi_turn", "step_spans", "span_texts", "STEP_UNITS",
+    "is_multi_turn", "step_spans", "span_texts", "STEP_UNITS", "tool_result_spans",
 ]
 
 
@@ -155,6 +155,12 @@ def model_turn_spans(model_mask: Sequence[int]) -> list[tuple[int, int]]:
     if start is not None:
         spans.append((start, len(model_mask)))
     return spans
+
+
+def tool_result_spans(model_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The tool results (or environment spans) of a completion: the maximal runs of 0 in ``model_mask``, in order (one
+    per round of TRL's tool loop)."""
+    return model_turn_spans([0 if value else 1 for value in model_mask])
 
 
 def is_multi_turn(model_mask: Sequence[int]) -> bool:

@@ -93,6 +93,12 @@ class Part:
 class Rollout(Part):
     """Which rows a generation batch holds."""
 
+    resumes_tool_loop = False
+    """True for a rollout that builds its rows itself (:meth:`rollout_rows`) and runs TRL's tool loop in them
+    (SRPO's resets: ``core.tool_loop``): it accepts ``tools`` and an ``environment_factory``, and in training
+    returns its finished multi-turn rows with ``tool_loop`` (:class:`~trl_credit.core.tool_loop.BuiltRows`), which
+    the core hands TRL in place of its own tool loop over them. Otherwise such a rollout refuses both."""
+
     builds_rows = False
     """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core
     then has :meth:`training_batch` build them (marked with ``row_count.NUM_ROWS``, the same count on every process)
@@ -328,7 +334,8 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             # The rollout's own rows (Rollout.rollout_rows) through TRL's rollout_func, set here and nowhere else; a
             # user's rollout_func, tools or environments would replace or bypass them: refused first.
             check_single_turn(self, speaker(self, self.rollout), "its rollout builds the rows itself (SRPO's resets "
-                              "generate a second group from a prefix of a failed rollout)")
+                              "generate a second group from a prefix of a failed rollout)",
+                              tool_loop=self.rollout.resumes_tool_loop)
             self.rollout_func = self._rollout_func_of_parts
         for part in self.parts:
             part.setup(self)
@@ -358,6 +365,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # Each TRL name below is overridden here and nowhere else (tests/test_trl_overrides.py); what several concerns
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
+    _built_tool_loop = None  # a rollout's finished multi-turn rows, for TRL's _generate (core.tool_loop.BuiltRows)
     _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _hook_context: tuple | None = None  # ((step, mode), context) of hooks outside a batch (context.hook_context)
 
@@ -389,7 +397,11 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
         calls ``rollout_func(prompts, self)`` (trl 1.14.2 to 1.16); the rollout gets the generation batch's context
         instead of the trainer (outside a batch, which TRL never does, a context without one)."""
         ctx = self._batch_context if self._batch_context is not None else hook_context(self)
-        return self.rollout.rollout_rows(ctx, prompts)
+        output = self.rollout.rollout_rows(ctx, prompts)
+        # finished multi-turn rows: TRL's _generate runs its tool loop over a rollout_func's rows when it has tools,
+        # so _tool_call_loop hands it these instead (Rollout.resumes_tool_loop)
+        self._built_tool_loop = output.pop("tool_loop", None)
+        return output
 
     def _trl_generate_and_score_completions(self, inputs):
         """TRL's own generation batch, for rollouts; kept in the batch's capture with a copy of its advantages (what
@@ -434,6 +446,15 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
             self._rollout_capture.generated = result
             self._rollout_capture.generated_prompts = list(prompts)
         return result
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        # Rows a rollout finished itself, tool loop included (Rollout.resumes_tool_loop: SRPO's resets), are what TRL's
+        # loop returns for them; any other call is TRL's loop.
+        built, self._built_tool_loop = self._built_tool_loop, None
+        if built is None:
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images,
+                                           multimodal_fields)
+        return built.as_tool_loop_result(completion_ids, logprobs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

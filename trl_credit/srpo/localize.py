@@ -250,4 +250,5 @@ def _localization_prompt_ids(ctx, chains: list[tuple[str, list[str], bool]]) -> 
     as a user message when the dataset's prompts are conversational, as plain text when they are text."""
     texts = [localization_prompt(q, thoughts, ctx.args.localization_template) for q, thoughts, _ in chains]
     rows = [text if plain else [{"role": "user", "content": text}] for text, (_, _, plain) in zip(texts, chains)]
-    return [list(map(int, x)) for x in ctx.tokenize(rows)[0]] if rows else []
+    # the method's own prompt: rendered without the tools' schema (a multi-turn run's tools are not its to call)
+    return [list(map(int, x)) for x in ctx.tokenize(rows, tools=False)[0]] if rows else []

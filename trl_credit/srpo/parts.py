@@ -44,6 +44,9 @@ from trl_credit.srpo.prompts import check_prompt_format, question_of, resolve_ro
 from trl_credit.srpo.resets import Reset, incorrect_indices, prompt_rows, random_reset_step
 from trl_credit.srpo.step_metrics import StepStats, log_step_stats
 from trl_credit.core.steps import reset_prefix_length, split_thoughts, thought_texts
+from trl_credit.core.tool_loop import BuiltRows
+from trl_credit.srpo.multiturn import (EpisodeIds, episode_steps, generate_episodes, generated_tokens, loss_mask,
+                                       resume_resets, transcript_texts)
 
 __all__ = ["Resets", "ResetRows"]
 
@@ -74,6 +77,7 @@ class Resets(Rollout):
     this process's rows' prompts as generated from (wrapped in the rollout template)."""
 
     name = "resets"
+    resumes_tool_loop = True  # multi-turn rollouts: TRL's tool loop resumed from the reset state (srpo/multiturn.py)
 
     def __init__(self, step_checker=None):
         self._step_checker_arg = step_checker
@@ -87,8 +91,9 @@ class Resets(Rollout):
     def setup(self, trainer) -> None:
         args = trainer.args
         who = speaker(trainer, self)
-        # tools, environments and a user's rollout_func: refused by the core, which installs rollout_rows as TRL's
-        # rollout_func (CreditTrainer, Rollout.rollout_rows)
+        # a user's rollout_func: refused by the core, which installs rollout_rows as TRL's rollout_func
+        # (CreditTrainer, Rollout.rollout_rows); tools and environments run TRL's tool loop in the rows
+        # (resumes_tool_loop, srpo/multiturn.py)
         bind_success(trainer)
         per_process = args.per_device_train_batch_size * args.steps_per_generation
         if per_process % trainer.num_generations != 0:
@@ -97,7 +102,8 @@ class Resets(Rollout):
                 f"steps_per_generation ({per_process}) must be a multiple of num_generations ({trainer.num_generations})."
             )
         self.rollout_template = resolve_rollout_template(args.rollout_template)
-        check_prompt_format(trainer.train_dataset, self.rollout_template, who)
+        check_prompt_format(trainer.train_dataset, self.rollout_template, who,
+                            environments=trainer.environment_factories is not None)
         # question + thoughts -> first wrong thought (srpo/localization.py): oracle resets and quality metrics.
         checker = self._step_checker_arg
         self.step_checker = resolve_step_checker(checker if checker is not None else args.step_checker)
@@ -133,14 +139,15 @@ class Resets(Rollout):
         rewards_per_func = capture.rewards(ctx.speaker(self))
         # The prompts this process's rows were generated from (the rollout template's), for credits that score
         # the completions under their own prompts (OPPO's oracle prompts).
-        prompts = [wrap_prompt(x["prompt"], self.rollout_template) for x in inputs]
+        prompts = ctx.scratch(self).get("row_prompts") or [wrap_prompt(x["prompt"], self.rollout_template)
+                                                            for x in inputs]
         rows = ctx.scratch(self).get("rows")
         if rows is None:  # evaluation: TRL's iid groups
             batch = trl_groups(ctx, rewards_per_func, output["completion_ids"].size(0))
             batch.prompts = prompts
             return output, batch
         # Each row's kind, reset-prefix flag and prefix length, of every process (one collective call).
-        local = torch.tensor(list(zip(*rows)), dtype=torch.long, device=ctx.device).view(-1, 3)
+        local = torch.tensor(list(zip(*rows[:3])), dtype=torch.long, device=ctx.device).view(-1, 3)
         kinds, clean, prefix_lengths = ctx.gather(local).cpu().unbind(dim=1)
         if kinds.numel() != rewards_per_func.size(0):
             raise RuntimeError(f"{ctx.speaker(self)}: {kinds.numel()} row kinds for {rewards_per_func.size(0)} "
@@ -161,7 +168,9 @@ class Resets(Rollout):
             prefix_lengths=prefix_lengths,
             prompts=prompts,
             # the env_mask of these rows masks their shared prefixes, which the model generated: every token is its own
-            model_mask=torch.ones_like(output["completion_mask"]),
+            # but, in multi-turn rows, the tool results (rows[3]: each row's model mask)
+            model_mask=torch.ones_like(output["completion_mask"]) if len(rows) == 3 else _padded(
+                rows[3], output["completion_mask"]),
         )
         batch.attach(ResetRows(prefix_clean=clean))
         self._log_pass_rates(ctx, batch)
@@ -187,6 +196,8 @@ class Resets(Rollout):
     def rollout_rows(self, ctx, prompts: list) -> dict[str, Any]:
         """TRL's ``rollout_func`` (installed by the core): this process's rows of the generation batch."""
         wrapped = [wrap_prompt(prompt, self.rollout_template) for prompt in prompts]
+        if ctx.sampling.tool_loop:  # TRL's prompts (an environment's reset() observation appended), wrapped
+            ctx.scratch(self)["row_prompts"] = wrapped
         if ctx.mode == "eval":
             # Evaluation: iid rollouts from the thought-MDP prompt, as GRPO would sample them.
             prompt_ids = [list(ids) for ids in ctx.tokenize(wrapped)[0]]
@@ -201,12 +212,13 @@ class Resets(Rollout):
         stats = StepStats(prompts=len(prompt_ids), reset_groups=len(prompt_ids) * ctx.args.reset_groups)
         base, candidates, seeds, rounds = self._sample_seeds(ctx, group_prompts, group_inputs, prompt_ids, stats)
         resets = self._choose_resets(ctx, seeds, group_prompts, stats)
-        suffixes, suffix_logprobs = self._resample(ctx, resets, prompt_ids, stats)
+        suffixes, suffix_logprobs = self._resample(ctx, resets, prompt_ids, group_inputs, stats)
         output = self._training_rows(ctx, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids)
         args = ctx.args
         paper_mode = args.localization == "generate" and args.localization_fallback == "random"
         log_sources = args.reset == "self" and not paper_mode  # paper's mode: the parse rate is the split
-        log_step_stats(ctx, stats, rounds, log_sources, self.step_checker is not None)
+        log_step_stats(ctx, stats, rounds, log_sources, self.step_checker is not None,
+                       replays=ctx.environments is not None)
         return output
 
     def _prompt_groups(self, ctx, prompts: list, wrapped: list) -> tuple[list, list, list[list[int]]]:
@@ -226,7 +238,11 @@ class Resets(Rollout):
                 )
         group_prompts = [prompts[g * size] for g in range(num_groups)]
         group_inputs = [ctx.inputs[g * size] for g in range(num_groups)]
-        tokenized = ctx.tokenize([wrapped[g * size] for g in range(num_groups)])[0]
+        ctx.scratch(self)["wrapped_prompts"] = [wrapped[g * size] for g in range(num_groups)]
+        if ctx.environments is None:
+            tokenized = ctx.tokenize([wrapped[g * size] for g in range(num_groups)])[0]
+        else:  # TRL renders each row with its environment's tools: every row of the batch, in order
+            tokenized = ctx.tokenize(wrapped)[0][::size]
         return group_prompts, group_inputs, [list(map(int, ids)) for ids in tokenized]
 
     def _sample_seeds(self, ctx, group_prompts, group_inputs, prompt_ids, stats: StepStats):
@@ -238,9 +254,9 @@ class Resets(Rollout):
         from_base = args.seed_source == "base"
         per_round = 0 if from_base else args.seed_candidates_per_round
         # Round 1: the base group and the first seed candidates, in one generation call.
-        completions, logprobs = ctx.generate(
-            [prompt_ids[g] for g in range(num_groups) for _ in range(base_size + per_round)]
-        )
+        completions, logprobs = self._rollouts(
+            ctx, [g for g in range(num_groups) for _ in range(base_size + per_round)], prompt_ids, group_prompts,
+            group_inputs, first_round=True)
         rollouts = [(ids, logprobs[i] if logprobs is not None else None) for i, ids in enumerate(completions)]
         width = base_size + per_round
         base = [rollouts[g * width : g * width + base_size] for g in range(num_groups)]
@@ -257,7 +273,7 @@ class Resets(Rollout):
             if sum(ctx.gather_counts(len(needy))) == 0:
                 break  # every process is done: all stop together
             owners = [g for g in needy for _ in range(per_round)]
-            new_completions, new_logprobs = ctx.generate([prompt_ids[g] for g in owners])
+            new_completions, new_logprobs = self._rollouts(ctx, owners, prompt_ids, group_prompts, group_inputs)
             new_rollouts = []
             for i, g in enumerate(owners):
                 rollout = (new_completions[i], new_logprobs[i] if new_logprobs is not None else None)
@@ -267,8 +283,8 @@ class Resets(Rollout):
             stats.scored_candidates += len(new_rollouts)
             rounds += 1
         stats.seeds = sum(len(s) for s in seeds)
-        stats.base_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in base[g])
-        stats.seed_tokens = sum(len(ids) for g in range(num_groups) for ids, _ in candidates[g])
+        stats.base_tokens = sum(generated_tokens(ids) for g in range(num_groups) for ids, _ in base[g])
+        stats.seed_tokens = sum(generated_tokens(ids) for g in range(num_groups) for ids, _ in candidates[g])
         stats.iid_rollouts = sum(len(base[g]) + len(candidates[g]) for g in range(num_groups))
         return base, candidates, seeds, rounds
 
@@ -279,12 +295,21 @@ class Resets(Rollout):
         tokenizer, delimiter = ctx.tokenizer, args.thought_delimiter
         resets = []
         for g, group_seeds in enumerate(seeds):
-            for ids, logprobs in group_seeds:
-                resets.append(Reset(g, ids, logprobs, split_thoughts(ids, tokenizer, delimiter)))
+            for slot, (ids, logprobs) in enumerate(group_seeds):
+                if isinstance(ids, EpisodeIds):  # multi-turn: thoughts inside the model's turns
+                    spans = episode_steps(ids, tokenizer, delimiter)
+                    resets.append(Reset(g, ids, logprobs, [end for _, end in spans], slot=slot,
+                                        starts=[start for start, _ in spans]))
+                else:
+                    resets.append(Reset(g, ids, logprobs, split_thoughts(ids, tokenizer, delimiter), slot=slot))
         checker = self.step_checker
         if checker is not None or args.reset != "random":
             for reset in resets:
-                reset.texts = thought_texts(reset.ids, reset.ends, tokenizer, delimiter)
+                if reset.starts is not None:  # the whole transcript: each step with the tool results after it
+                    spans = list(zip(reset.starts, reset.ends))
+                    reset.texts = transcript_texts(reset.ids, spans, tokenizer, delimiter)
+                else:
+                    reset.texts = thought_texts(reset.ids, reset.ends, tokenizer, delimiter)
         if checker is not None:
             for reset in resets:
                 reset.oracle = checked_step(checker, question_of(group_prompts[reset.group]), reset.texts)
@@ -315,9 +340,13 @@ class Resets(Rollout):
         stats.add_quality(quality)
         return resets
 
-    def _resample(self, ctx, resets: list[Reset], prompt_ids, stats: StepStats):
+    def _resample(self, ctx, resets: list[Reset], prompt_ids, group_inputs, stats: StepStats):
         """``suffixes_per_reset`` iid continuations of every reset state x* = question + thoughts 1..h*-1, each
-        with the budget ``max_completion_length`` minus its prefix, so prefix + suffix fits the row."""
+        with the budget ``max_completion_length`` minus its prefix, so prefix + suffix fits the row (multi-turn:
+        TRL's tool loop resumed, srpo/multiturn.py)."""
+        if ctx.sampling.tool_loop:
+            wrapped = ctx.scratch(self)["wrapped_prompts"]
+            return resume_resets(ctx, resets, prompt_ids, wrapped, group_inputs, stats, part=self)
         num_suffixes, max_length = ctx.args.suffixes_per_reset, ctx.args.max_completion_length
         rows, budgets = [], []
         for reset in resets:
@@ -330,6 +359,29 @@ class Resets(Rollout):
         stats.suffix_tokens = sum(len(ids) for ids in suffixes)
         return suffixes, logprobs
 
+    def _rollouts(self, ctx, owners: list[int], prompt_ids, group_prompts, group_inputs, first_round: bool = False):
+        """One rollout per entry of ``owners`` (a prompt group each), from the prompt: one generation call
+        (``ctx.generate``) or, in a multi-turn run, a whole episode through TRL's tool loop (srpo/multiturn.py). With
+        an environment, in the ``first_round`` the first ``num_base_generations`` rollouts of each group are its base
+        rows and run in the batch's own environments (TRL's, one per training row); seed candidates run in fresh
+        instances. Returns ``(ids, logprobs)``."""
+        if not ctx.sampling.tool_loop:
+            return ctx.generate([prompt_ids[g] for g in owners])
+        environments, batch_environments = [None] * len(owners), ctx.environments
+        if batch_environments is not None:
+            base_size, seen, fresh = ctx.args.num_base_generations if first_round else 0, defaultdict(int), []
+            for index, g in enumerate(owners):
+                if seen[g] < base_size:  # a base row: its training row's own environment (TRL's, already reset)
+                    environments[index] = batch_environments[g * ctx.group_size + seen[g]]
+                else:
+                    fresh.append(index)
+                seen[g] += 1
+            for index, environment in zip(fresh, ctx.fresh_environments([group_inputs[owners[i]] for i in fresh])):
+                environments[index] = environment
+        wrapped = ctx.scratch(self)["wrapped_prompts"]
+        return generate_episodes(ctx, [prompt_ids[g] for g in owners], [wrapped[g] for g in owners],
+                                 [group_inputs[g] for g in owners], environments)
+
     def _training_rows(self, ctx, base, candidates, seeds, resets, suffixes, suffix_logprobs, prompt_ids) -> dict:
         """The rows TRL trains on: per prompt, base rows then each reset group's rows (``prompt_rows``), with the
         loss mask as ``env_mask``. Records each row's kind, its masked shared prefix (suffix rows) and, with a step
@@ -339,35 +391,52 @@ class Resets(Rollout):
         num_suffixes, max_length = args.suffixes_per_reset, args.max_completion_length
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
         kinds, clean, prefix_lengths, cursor = [], [], [], 0
+        multi_turn = ctx.sampling.tool_loop
+        model_masks, messages, tool_masks = [], [], []  # multi-turn rows (srpo/multiturn.py)
         for g in range(len(prompt_ids)):
-            slots, slot_clean = [], []
+            slots, slot_clean, episodes = [], [], [ids.episode for ids, _ in base[g]] if multi_turn else []
+            # The fallback filler is a rollout already sampled with no incorrect verdict (the last non-empty
+            # candidate).
+            filler = next((c for c in reversed(candidates[g]) if c[0]), None) or base[g][-1]
             for slot in range(args.reset_groups):
-                if slot >= len(seeds[g]):
+                if slot >= len(seeds[g]) or resets[cursor].skipped:
+                    cursor += slot < len(seeds[g])  # a skipped reset (its replay differed) has suffixes, unused
                     slots.append(None)  # no incorrect seed: fallback rows
+                    episodes += [filler[0].episode] * num_suffixes if multi_turn else []
                     continue
                 reset, first = resets[cursor], cursor * num_suffixes
-                keep = reset_prefix_length(reset.ends, reset.step)
+                keep = reset.prefix_length()
+                # multi-turn suffixes are whole completions (srpo/multiturn.py): the rows take what follows the prefix
+                cut = keep if multi_turn else 0
                 rollouts = [
-                    (suffixes[row], suffix_logprobs[row] if suffix_logprobs is not None else None)
+                    (suffixes[row][cut:], suffix_logprobs[row][cut:] if suffix_logprobs is not None else None)
                     for row in range(first, first + num_suffixes)
                 ]
+                episodes += [suffixes[row].episode for row in range(first, first + num_suffixes)] if multi_turn else []
                 prefix_logprobs = reset.logprobs[:keep] if reset.logprobs is not None else None
                 slots.append((reset.ids[:keep], prefix_logprobs, rollouts))
                 slot_clean.append(-1 if reset.oracle is None else int(reset.step <= reset.oracle))
                 cursor += 1
-            # The fallback filler is a rollout already sampled with no incorrect verdict (the last non-empty
-            # candidate).
-            filler = next((c for c in reversed(candidates[g]) if c[0]), None) or base[g][-1]
             suffix_flags = iter(flag for flag in slot_clean for _ in range(num_suffixes))
-            for completion, mask, lps, kind in prompt_rows(base[g], slots, num_suffixes, filler, max_length):
+            rows = prompt_rows(base[g], slots, num_suffixes, filler, max_length)
+            for index, (completion, mask, lps, kind) in enumerate(rows):
                 for key, value in zip(out, (prompt_ids[g], completion, lps, mask)):
                     out[key].append(value)
                 kinds.append(kind)
                 clean.append(next(suffix_flags) if kind == ROW_SUFFIX else -1)
                 prefix_lengths.append(mask.count(0) if kind == ROW_SUFFIX else 0)  # a suffix row masks its prefix
-        ctx.scratch(self)["rows"] = (kinds, clean, prefix_lengths)
+                if multi_turn:  # the loss mask also leaves out the tool results
+                    episode = episodes[index]
+                    model_masks.append(episode.model_mask[: len(completion)])
+                    messages.append(episode.messages)
+                    tool_masks.append(loss_mask(mask, model_masks[-1]))
+        ctx.scratch(self)["rows"] = (kinds, clean, prefix_lengths, model_masks) if multi_turn else (
+            kinds, clean, prefix_lengths)
         if all(lps is None for lps in out["logprobs"]):  # HF generate: no sampling log-probs
             out["logprobs"] = None
+        if multi_turn:  # TRL's tool loop runs over rollout_func rows: the core hands it these (BuiltRows)
+            out.pop("env_mask")
+            out["tool_loop"] = BuiltRows(tool_mask=tool_masks, completions=messages)
         return out
 
     def _collect_seeds(self, ctx, rollouts, group_prompts, group_inputs, prompt_ids, seeds, num_resets) -> int:
@@ -396,12 +465,29 @@ class Resets(Rollout):
         candidates, through TRL's reward path (``rewards_of_extra_rows``, a collective call padded with a real
         rollout), so every reward function runs with its kwargs as for the batch."""
         dummy_group, dummy_ids = ctx.scratch(self)["dummy"]
+        filler = (group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids)
+        turns = {}
+        if isinstance(dummy_ids, EpisodeIds):  # multi-turn: the messages and environments reward functions read
+            filler += (dummy_ids.episode.messages, dummy_ids.environment)
+            turns["completions"] = [ids.episode.messages for ids in completion_ids]
+            if ctx.environments is not None:
+                turns["environments"] = [ids.environment for ids in completion_ids]
         per_process = ctx.score(
             [group_inputs[g] for g in row_groups],
             [group_prompts[g] for g in row_groups],
             [prompt_ids[g] for g in row_groups],
             completion_ids,
-            filler=(group_inputs[dummy_group], group_prompts[dummy_group], prompt_ids[dummy_group], dummy_ids),
+            filler=filler,
+            **turns,
         )
         mine = per_process[ctx.process_index]
         return mine[:, ctx.success_index].tolist()
+
+
+def _padded(rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
+    """Per-row 0/1 lists as a tensor shaped and placed like TRL's ``completion_mask`` (padded with 1, as TRL pads its
+    ``tool_mask``)."""
+    out = torch.ones_like(like)
+    for index, values in enumerate(rows):
+        out[index, : len(values)] = torch.tensor(values, dtype=like.dtype)
+    return out

@@ -174,14 +174,18 @@ def stop_strings(max_steps: int) -> list[str]:
     return [f"\\boxed{{{step}}}" for step in range(1, max(1, int(max_steps)) + 1)]
 
 
-def check_prompt_format(dataset, template: str | None, who: str = "SRPOTrainer") -> None:
+def check_prompt_format(dataset, template: str | None, who: str = "SRPOTrainer", environments: bool = False) -> None:
     """Fail at construction, not mid-training, on prompts SRPO cannot wrap or localize (first row checked); ``who``
-    names the trainer (and part) in the errors."""
+    names the trainer (and part) in the errors. ``environments``: an ``environment_factory`` may own the data (TRL
+    then generates from an empty user message with the environment's ``reset()`` observation), so the ``prompt``
+    column is optional."""
     if dataset is None or not hasattr(dataset, "column_names") or isinstance(dataset, dict):
         return
     if dataset.column_names is None:  # an IterableDataset with unknown features: checked at the first batch
         return
     if "prompt" not in dataset.column_names:
+        if environments:
+            return
         raise ValueError(f"{who} needs a `prompt` column in train_dataset (chat messages or text).")
     images = [name for name in ("image", "images") if name in dataset.column_names]
     if images:

@@ -48,6 +48,22 @@ class Reset:
     step: int | None = None
     source: str | None = None
     oracle: int | None = None
+    slot: int = 0
+    """Which of the prompt's reset groups this seed's suffixes fill (0-indexed, in seed order)."""
+    starts: list[int] | None = None
+    """Multi-turn seeds: where each step starts (steps are not contiguous: tool results lie between turns); None for
+    a single-turn seed, whose thought ``k`` starts where thought ``k - 1`` ends."""
+    skipped: bool = False
+    """The reset state could not be rebuilt (an environment's replay differed): the reset group trains as fallback
+    rows."""
+
+    def prefix_length(self) -> int:
+        """Tokens of the seed kept in the reset state x* (everything before step h*)."""
+        if self.starts is not None:
+            return int(self.starts[self.step - 1])
+        from trl_credit.core.steps import reset_prefix_length
+
+        return reset_prefix_length(self.ends, self.step)
 
 
 def incorrect_indices(rewards: Sequence[float], success_threshold: float, limit: int) -> list[int]:

@@ -50,6 +50,8 @@ class StepStats:
     exact: float = 0
     clean: float = 0
     deviation_sum: float = 0
+    replayed: float = 0  # multi-turn resets whose environments were replayed to the reset point (environment_factory)
+    replay_mismatches: float = 0  # ... whose replayed tool results differed from the recorded ones (reset skipped)
 
     def summed(self, ctx) -> StepStats:
         """The counts summed over processes (collective)."""
@@ -63,7 +65,8 @@ class StepStats:
             setattr(self, name, getattr(self, name) + getattr(quality, name))
 
 
-def log_step_stats(ctx, local: StepStats, rounds: int, log_sources: bool, has_checker: bool) -> None:
+def log_step_stats(ctx, local: StepStats, rounds: int, log_sources: bool, has_checker: bool,
+                   replays: bool = False) -> None:
     """Sum ``local`` over processes and log the step's ``srpo/`` metrics (docs/srpo.md#metrics), with the warnings
     they call for (once each). ``log_sources``: log ``srpo/localization_source/*`` (SRPO outside the paper's
     generate-then-uniform mode, where ``srpo/localization_parse_rate`` already is the split)."""
@@ -71,6 +74,18 @@ def log_step_stats(ctx, local: StepStats, rounds: int, log_sources: bool, has_ch
     s = local.summed(ctx)
     fallbacks = s.reset_groups - s.seeds
     ctx.metric("srpo/fallback_rate", fallbacks / s.reset_groups)
+    if replays:  # environment_factory: resets whose environment replay differed, skipped (srpo/multiturn.py)
+        ctx.metric("srpo/replay_mismatch_rate", s.replay_mismatches / s.replayed if s.replayed else 0.0)
+        if s.replay_mismatches:
+            ctx.warn(
+                "srpo/replay_mismatch",
+                f"{ctx.speaker('resets')}: {s.replay_mismatches:.0f} of {s.replayed:.0f} resets were skipped: "
+                "replaying the seed's tool calls on a fresh environment (reset(), then the same calls in order) "
+                "gave other results than the seed's rollout got, so the environment is not deterministic and its "
+                "state at the reset point cannot be rebuilt. Those reset groups train as fallback rows (no loss, advantage 0; "
+                "srpo/replay_mismatch_rate). Make reset() and the tools deterministic in the row's columns (seed any "
+                "randomness from them), or train this environment with rollout='groups'.",
+            )
     ctx.metric("srpo/seed_rounds", rounds)
     empty_rate = s.empty_candidates / s.scored_candidates if s.scored_candidates else 0.0
     ctx.metric("srpo/empty_candidate_rate", empty_rate)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from trl_credit.core.setup import MULTI_TURN_ALTERNATIVES, resolve_method_args
-from trl_credit.core.setup import grpo_arguments
+from trl_credit.core.setup import grpo_arguments, resolve_method_args
 from trl_credit.core.trainer import CreditTrainer, GroupOutcome
 from trl_credit.srpo.config import SRPOConfig
 from trl_credit.srpo.parts import Resets
@@ -56,12 +55,8 @@ class SRPOTrainer(CreditTrainer):
         **kwargs,
     ):
         args = resolve_method_args(args, SRPOConfig, model, "SRPOTrainer", "SRPO")
-        if grpo_arguments(model, reward_funcs, args, pargs, kwargs).get("environment_factory") is not None:
-            # before GRPOTrainer.__init__ builds the environments (the core's check_single_turn says the same later)
-            raise ValueError("SRPOTrainer does not support `environment_factory`: its resets generate a second group "
-                             "from a prefix of a failed rollout, and do not yet resume an environment's episode from a "
-                             f"prefix. Multi-turn rollouts train with {', '.join(MULTI_TURN_ALTERNATIVES)}.")
-        if reward_funcs is None:
+        environment = grpo_arguments(model, reward_funcs, args, pargs, kwargs).get("environment_factory")
+        if reward_funcs is None and environment is None:  # an environment's get_reward may be the reward (TRL's)
             # TRL's wording, so scripts and tests that match it keep working.
             raise ValueError(
                 "No reward source provided. Pass `reward_funcs`: SRPOTrainer's seeds are the rollouts the "

@@ -208,6 +208,12 @@ OVERRIDDEN: dict[str, Hook] = {
     "_calculate_rewards": Hook(
         params=("inputs", "prompts", "completions", "completion_ids_list"), users="CreditTrainer (the global rewards of the batch captured for the parts)"
     ),
+    "_tool_call_loop": Hook(
+        params=("prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields"),
+        returns=7,  # tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images
+        users="CreditTrainer (a rollout's finished multi-turn rows handed to TRL's _generate: SRPO's resets); "
+              "core.tool_loop calls GRPOTrainer's own to resume rollouts from a prefix",
+    ),
     "_prepare_inputs": Hook(params=("generation_batch",), users="CreditTrainer -> parts' prepare_inputs: DATPO (variable row count)"),
     "_compute_loss": Hook(params=("model", "inputs"), users="CreditTrainer (sequence anchors: OPPO, process) -> parts' loss: DATPO (alpha, renormalization)"),
     "compute_loss": Hook(
@@ -257,6 +263,9 @@ ATTRIBUTES: tuple[str, ...] = (
     # private
     "_buffered_inputs", "_entropy_bonus_enabled", "_is_vlm", "_last_loaded_step", "_logs", "_metrics",
     "_pending_extra_logs", "_pending_metrics", "_step", "_tokenizer",
+    # the tool loop's (core.tool_loop: per-row tool dicts, environment names, TRL's round budget)
+    "_async_tool_dicts", "_batch_environments", "_env_tools", "_multi_environment", "_standalone_tools",
+    "_sync_tool_dicts", "max_tool_calling_iterations",
     # public but undocumented
     "aux_loss_enabled", "environment_factories", "environments", "eos_token_ids", "generation_config", "generation_kwargs", "loss_type",
     "mask_truncated_completions", "max_completion_length", "min_p", "multi_objective_aggregation",

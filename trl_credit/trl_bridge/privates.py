@@ -27,6 +27,7 @@ __all__ = [
     "success_index",
     "success_reward_name",
     "tokenize_prompts",
+    "tokenize_without_tools",
     "tokenizer",
     "trl_generate_and_score",
 ]
@@ -47,6 +48,17 @@ def tokenize_prompts(trainer, prompts):
     """``GRPOTrainer._tokenize_prompts(prompts)``: ``(prompt_ids, images, multimodal_fields)``, with TRL's chat
     template and truncation."""
     return trainer._tokenize_prompts(prompts)
+
+
+def tokenize_without_tools(trainer, prompts):
+    """``GRPOTrainer._tokenize_prompts(prompts)`` with no tool schema rendered and any number of rows: TRL's
+    ``tools`` and ``environment_factories`` (whose per-row rendering needs the batch's rows) are hidden for the call."""
+    saved = trainer.tools, trainer.environment_factories
+    trainer.tools, trainer.environment_factories = None, None
+    try:
+        return trainer._tokenize_prompts(prompts)
+    finally:
+        trainer.tools, trainer.environment_factories = saved
 
 
 def generate_single_turn(trainer, prompt_ids, images, multimodal_fields, num_generations):
