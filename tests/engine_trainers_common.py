@@ -29,7 +29,8 @@ class Engine:
       incorrect read the first), a format reward second;
     - ``srpo``: the settings of SRPO's resets (SRPO's trainers and ``rollout="resets"``), over ``args``;
     - ``lora``: ``peft.LoraConfig`` keyword arguments of the ``NAME_lora`` trainers;
-    - ``step_reward``: the process credit's step-reward function;
+    - ``step_reward``: the process credit's step-reward function (or a registered name: ``"environment"``, the
+      environment's turn rewards);
     - ``overrides``: per trainer name, fields this engine sets last (over the method's own).
     """
 
@@ -37,7 +38,7 @@ class Engine:
     rewards: list
     srpo: dict
     lora: dict
-    step_reward: Callable
+    step_reward: Callable | str
     overrides: dict = field(default_factory=dict)
 
 
@@ -66,7 +67,8 @@ def _embedder(model, config):
     return {"embedder": load_default_embedder(device="cpu")}  # the documented way: loaded by the user and passed
 
 
-# PRIME: the paper's prompt filter without its truncation test (the tiny models truncate most rows at a dozen tokens)
+# PRIME: the paper's prompt filter without its truncation test (the tiny models truncate most rows at a dozen tokens);
+# with LoRA (prime_lora) the PRM is a second adapter, which must never reach vLLM (the vLLM suite's push check)
 _PRIME = dict(credit="implicit_prm", prime_learning_rate=1e-2, prime_filter_truncated=False)
 
 TRAINERS: dict[str, Trainer] = {
