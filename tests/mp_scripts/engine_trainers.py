@@ -14,12 +14,15 @@ helpers are loaded by the user after the config, as the docs show (``cue_judge``
 ``datpo``: ``load_default_embedder()``): under ZeRO-3 they are born partitioned. NAME ``lora``
 trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_adapter``. NAME ``prime`` /
 ``prime_lora``: PRIME (``credit="implicit_prm"``) with its PRM as a model copy / a second LoRA adapter (ZeRO-2 and DDP
-only: ZeRO-3 is refused); their report also holds the PRM's parameters after its first update (``prm``).
+only: ZeRO-3 is refused); their report also holds the PRM's parameters after its first update (``prm``). NAME
+``env_process`` / ``env_oppo``: the process credit / OPPO with TRL's ``environment_factory`` on the tool-calling tiny
+model (tests/tiny_tools.py); their rows also hold TRL's ``tool_mask``.
 """
 
 import json
 import os
 import sys
+from dataclasses import replace
 
 from tests.engine_trainers_common import Engine
 from tests.engine_trainers_common import build as build_trainer
@@ -27,6 +30,8 @@ from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package 
 
 NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
          "resets_oppo", "process", "lora", "prime", "prime_lora")
+#: Multi-turn: ``env_NAME`` trains NAME with TRL's environment_factory (MODEL_DIR: the tool-calling tiny model).
+ENVIRONMENT_NAMES = ("env_process", "env_oppo")
 
 
 def accuracy_reward(completions, completion_ids, **kwargs):
@@ -64,9 +69,21 @@ ENGINE = Engine(
 )
 
 
+#: The environment runs (``env_NAME``): tests/tiny_tools.py's MultiplyEnvironment, one per rollout, on "What is A
+#: times B?"; room for a tool call (~30 tokens), its result and the answer; the process credit's steps are the model's
+#: turns, scored by the environment's turn rewards, the outcome as a last step (docs/multiturn.md#turn-rewards).
+ENVIRONMENT_ENGINE = replace(ENGINE, args={**ENGINE.args, "max_completion_length": 96}, step_reward="environment",
+                             overrides={"process": dict(process_outcome="final_step")})
+
+
 def build(name, model_dir, out_dir):
+    if name in ENVIRONMENT_NAMES:
+        from tests.tiny_tools import MultiplyEnvironment, multiply_dataset
+
+        return build_trainer(name[len("env_"):], model_dir, os.path.join(out_dir, name), ENVIRONMENT_ENGINE,
+                             train_dataset=multiply_dataset(8, seed=0), environment_factory=MultiplyEnvironment)
     if name not in NAMES:
-        raise ValueError(f"NAME must be among {NAMES}, got {name!r}")
+        raise ValueError(f"NAME must be among {NAMES + ENVIRONMENT_NAMES}, got {name!r}")
     return build_trainer(name, model_dir, os.path.join(out_dir, name), ENGINE)
 
 
@@ -86,6 +103,8 @@ def run(name, model_dir, out_dir):
                     "completion": output["completion_ids"][i][mask].tolist(),
                     "advantages": (advantages[mask] if advantages.dim() else advantages.reshape(1)).tolist(),
                 })
+                if "tool_mask" in output:  # multi-turn: 0 on the environment's results
+                    first[-1]["tool_mask"] = output["tool_mask"][i][mask].tolist()
             if name.startswith("prime"):  # the PRM after its first update (update, then score: inside the batch)
                 for p in trainer.credit.prm.parameters:
                     values = p.detach().double().flatten()
