@@ -74,3 +74,93 @@ class ScriptedGeneration:
         width = max(len(c) for c in completions)
         padded = torch.tensor([c + [pad] * (width - len(c)) for c in completions], device=input_ids.device)
         return torch.cat([input_ids, padded], dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------- a model that calls
+# The engine tests (vLLM colocate, DeepSpeed) generate with the engine itself, so no script can stand in for the
+# model: there the tiny tool model is warm-started (trl_credit.testbed.tool_model.warm_start_tool_calls) to call one
+# tool, ``multiply``, on "What is A times B?" prompts, then answer with the product.
+MULTIPLY_QUESTION = "What is {a} times {b}? Use the tool."
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The product of the two integers.
+    """
+    return a * b
+
+
+class MultiplyEnvironment:
+    """``multiply`` as an ``environment_factory`` environment (one per rollout): the same tool, the same schema, and
+    the process credit's turn rewards (docs/multiturn.md#turn-rewards): a call is right when it multiplies the
+    row's two numbers; the closing answer turn is left to the outcome (None)."""
+
+    def reset(self, a: int, b: int, **row) -> None:
+        self.factors = sorted((a, b))
+        self.calls = []
+        self.turn_rewards = [None]
+
+    def multiply(self, a: int, b: int) -> int:
+        """
+        Multiplies two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+
+        Returns:
+            The product of the two integers.
+        """
+        self.calls.append((a, b))
+        self.turn_rewards.insert(-1, float(sorted((a, b)) == self.factors))
+        return a * b
+
+
+def multiply_dataset(num_rows: int, seed: int = 0):
+    """Conversational prompts ``What is A times B? Use the tool.`` (A, B from 2 to 9) with the ``answer`` column
+    (OPPO's oracle reads it) and the factors ``a``, ``b`` (an environment's ``reset`` receives them)."""
+    import random
+
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    pairs = [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(num_rows)]
+    return Dataset.from_dict({
+        "prompt": [[{"role": "user", "content": MULTIPLY_QUESTION.format(a=a, b=b)}] for a, b in pairs],
+        "answer": [str(a * b) for a, b in pairs], "a": [a for a, _ in pairs], "b": [b for _, b in pairs],
+    })
+
+
+def multiply_episodes(num_episodes: int, seed: int = 0) -> list[dict]:
+    """Warm-start conversations: the question, a ``multiply`` call with its two numbers, the tool's result, and the
+    answer (a third of them answer a wrong number, so an outcome reward has something to tell apart)."""
+    rows = multiply_dataset(num_episodes, seed)
+    episodes = []
+    for i, row in enumerate(rows):
+        product = row["a"] * row["b"]
+        call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": row["a"], "b": row["b"]}}}
+        answer = product + 1 if i % 3 == 2 else product
+        episodes.append({"messages": [
+            *row["prompt"],
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "multiply", "content": str(product)},
+            {"role": "assistant", "content": f"The answer is {answer}."},
+        ], "tools": [multiply]})
+    return episodes
+
+
+def build_tool_calling_model(save_dir: str, head_dim: int = 8, steps: int = 150, seed: int = 0) -> str:
+    """The tiny tool model (hidden size 64) warm-started on :func:`multiply_episodes` so that it calls ``multiply``
+    when sampled (``head_dim=32`` for vLLM's CPU attention). Deterministic (one thread, seeded)."""
+    from trl_credit.testbed.tool_model import warm_start_tool_calls
+
+    build_tool_model(save_dir, seed=seed, hidden_size=64, head_dim=head_dim)
+    warm_start_tool_calls(save_dir, multiply_episodes(64, seed), steps=steps, batch_size=8, seed=seed)
+    return save_dir

@@ -6,7 +6,8 @@ generation, rewards [accuracy, format]); the first generation batch (made by the
 launcher) must have the same completions and, within float round-off, the same advantages, and the first step the same
 loss. ZeRO-3 also trains and saves a LoRA adapter. PRIME (``prime``: its PRM a model copy, ``prime_lora``: a second
 LoRA adapter, partitioned with the policy under ZeRO-3) runs under both stages, and its PRM's parameters after the
-first update equal DDP's. Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
+first update equal DDP's. The process credit and OPPO also train with TRL's ``environment_factory`` under ZeRO-3
+against DDP (``env_process``, ``env_oppo``). Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
 from the default run): ``python -m pytest -m deepspeed tests/engines/test_deepspeed.py``.
 """
 
@@ -115,3 +116,43 @@ def test_lora_adapter_saved_complete_under_zero3(zero_run):
     assert {k: tuple(v.shape) for k, v in adapter.items()} == expected
     # lora_B starts at zero: non-zero values mean the trained (gathered) weights were written, not empty shards
     assert all(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+
+
+# ---------------------------------------------------------------------------------------------------- environment
+# TRL's environment_factory under ZeRO-3 (the policy gathered for each turn's generation; the environment's results
+# between the turns): the process credit (the environment's turn rewards) and OPPO on the tool-calling tiny model,
+# their own launches (another model), compared with DDP as above.
+ENVIRONMENT = ["env_process", "env_oppo"]
+
+
+@pytest.fixture(scope="module")
+def environment_runs(tmp_path_factory):
+    from tests.tiny_tools import build_tool_calling_model
+
+    model = build_tool_calling_model(str(tmp_path_factory.mktemp("tool_calling_model")))
+    ddp, zero3 = tmp_path_factory.mktemp("env_ddp"), tmp_path_factory.mktemp("env_zero3")
+    config = str(CONFIGS / "zero3_cpu.yaml")
+    return ((ddp, _launch(lambda o, n: run_torchrun(SCRIPT, model, o, n), ddp, ENVIRONMENT)),
+            (zero3, _launch(lambda o, n: run_accelerate(config, SCRIPT, model, o, n), zero3, ENVIRONMENT)))
+
+
+@pytest.mark.parametrize("name", ENVIRONMENT)
+def test_environment_trainer_under_zero3_matches_ddp_at_step_one(environment_runs, name):
+    (ddp_out, ddp_failure), (zero_out, zero_failure) = environment_runs
+    ddp, zero = _reports(ddp_out, ddp_failure, name), _reports(zero_out, zero_failure, name)
+    for rank, (d, z) in enumerate(zip(ddp, zero)):
+        assert (d["deepspeed"], d["world"], z["deepspeed"], z["zero_stage"], z["world"]) == (False, 2, True, 3, 2)
+        assert d["steps"] == z["steps"] == 2 and all(math.isfinite(loss) for loss in z["losses"])
+        # the same turns (the environment's results between them), the same advantages, the same first loss
+        assert [r["completion"] for r in z["rows"]] == [r["completion"] for r in d["rows"]], f"rank {rank}"
+        assert [r["tool_mask"] for r in z["rows"]] == [r["tool_mask"] for r in d["rows"]], f"rank {rank}"
+        for row_ddp, row_zero in zip(d["rows"], z["rows"]):
+            assert row_zero["advantages"] == pytest.approx(row_ddp["advantages"], abs=1e-5)
+        assert z["losses"][0] == pytest.approx(d["losses"][0], rel=1e-4, abs=1e-7)
+    rows = [row for report in ddp for row in report["rows"]]
+    # the environment answered in the rollouts (tool_mask 0), and its results carry no advantage; the model's do
+    assert sum(0 in row["tool_mask"] for row in rows) >= 2, [row["tool_mask"] for row in rows]
+    for row in rows:
+        assert len(row["advantages"]) == len(row["tool_mask"])  # per-token advantages
+        assert all(a == 0.0 for a, m in zip(row["advantages"], row["tool_mask"]) if m == 0)
+    assert any(abs(a) > 1e-3 for row in rows for a in row["advantages"])

@@ -9,7 +9,14 @@ does): ``python tests/engines/vllm_run.py CASE MODEL_DIR OUT_JSON``. It writes w
   (embeddings, head, norms) equal to the policy's in vLLM's dtype, and vLLM's log-probs of a fixed probe sequence
   (which go through the repacked linear layers) against the policy's now and at the start;
 - ``batches``: per generation batch, how far vLLM's sampling log-probs are from the trainer's own (``old``) ones on
-  the completion tokens, and whether every completion token has one.
+  the completion tokens (the model's: not on a tool result), and whether every one has one;
+  with tools, each row's tool-result text and model text, and the per-token advantages on each
+  (``model_mask_is_tool_mask``: our trainers' record marks the model's tokens as TRL's ``tool_mask`` does).
+
+CASE is a trainer of tests/engine_trainers_common.py (built with this suite's ``ENGINE``), ``grpo_trl_push`` (TRL's
+push, without the bridge's fix), or ``tools_NAME``: trainer NAME with TRL's ``tools=[multiply]`` on the tool-calling
+tiny model (MODEL_DIR: tests/tiny_tools.py's ``build_tool_calling_model``); a trainer that refuses tools writes
+``{"refused": message}``.
 """
 
 from __future__ import annotations
@@ -17,12 +24,19 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: tiny.py's helpers
 
+from tests.engine_trainers_common import Engine  # noqa: E402
+from tests.engine_trainers_common import build as build_trainer  # noqa: E402
+
 PROBE = list(range(5, 37))  # token ids of the probe sequence (the tiny vocabulary has 448)
+#: The tools cases' probe: a tool call as the tool-calling model writes it. Its log-probs are near 0 where the random
+#: probe's are large and negative, which vLLM's bf16 rounds by 0.056 on that sharper model.
+TOOL_PROBE_TEXT = '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>'
 
 
 def accuracy_like(completions, **kwargs):  # "accuracy" first: variance on random text (parity of the length)
@@ -37,53 +51,53 @@ def step_parity(prompt, completion, steps, **row):  # process credit's step rewa
     return [float(len(step) % 2) for step in steps]
 
 
-def build(case: str, model: str, output_dir: str):
-    import trl_credit
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
+def token_parity(completion_ids, **kwargs):  # the tools cases' "accuracy": variance whatever the model answers
+    return [float(sum(ids) % 2) for ids in completion_ids]
 
-    from trl_credit.tasks.data import make_arithmetic_dataset
+
+def tool_answered(completions, **kwargs):  # the tools cases' "format": the row called the tool and got its result
+    return [float(any(m["role"] == "tool" for m in c)) for c in completions]
+
+
+#: The vLLM suite's engine settings (tests/engine_trainers_common.py builds every trainer from them): 2 prompts x 4
+#: generations a step, a large learning rate (the weight pushes must move vLLM visibly), vLLM colocated.
+COMMON = dict(
+    report_to="none", use_cpu=True, bf16=False, seed=0, max_steps=2, logging_steps=1, save_strategy="no",
+    per_device_train_batch_size=8, num_generations=4, max_completion_length=12, learning_rate=5e-2, use_vllm=True,
+    vllm_mode="colocate", vllm_max_model_length=2048, vllm_gpu_memory_utilization=0.05,
+)
+ENGINE = Engine(
+    args=COMMON,
+    rewards=[accuracy_like, format_like],
+    # thoughts split at spaces: the random tiny model writes no newlines, and a one-thought seed needs no localization
+    srpo=dict(num_generations=8, thought_delimiter=" ", localization_max_tokens=6),
+    lora=dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    step_reward=step_parity,
+    overrides={"process": dict(process_thought_delimiter=" ")},
+)
+#: The tools cases (``tools_NAME``): the tool-calling tiny model (tests/tiny_tools.py) on "What is A times B?" with
+#: TRL's ``tools=[multiply]``: a call (~30 tokens), its result, the answer fit in TOOLS_CAP. A 100x smaller learning
+#: rate: at 5e-2 (or 5e-3) one step wipes out the warm start and the second step's rollouts call no tool.
+TOOLS_CAP = 96
+TOOLS_ENGINE = replace(ENGINE, args={**COMMON, "max_completion_length": TOOLS_CAP, "learning_rate": 5e-4},
+                       rewards=[token_parity, tool_answered])
+
+
+def build(case: str, model: str, output_dir: str):
     from trl_credit.trl_bridge.vllm_push import fix_colocate_push
 
-    dataset = make_arithmetic_dataset(num_train=8, num_test=2, seed=0)["train"]
-    common = dict(
-        output_dir=output_dir, report_to="none", use_cpu=True, bf16=False, seed=0, max_steps=2, logging_steps=1,
-        save_strategy="no", per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
-        learning_rate=5e-2, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=2048,
-        vllm_gpu_memory_utilization=0.05,
-    )
-    # thoughts split at spaces: the random tiny model writes no newlines, and a one-thought seed needs no localization
-    srpo = dict(num_generations=8, thought_delimiter=" ", localization_max_tokens=6)
-    peft_config = None
-    if case in ("grpo", "grpo_trl_push"):  # TRL's own trainer: with the bridge's push fix (the control), or without
-        trainer = GRPOTrainer(model=model, reward_funcs=[accuracy_like, format_like], args=GRPOConfig(**common),
-                              train_dataset=dataset)
-        assert case == "grpo_trl_push" or fix_colocate_push(trainer)
-        return trainer
-    if case in ("srpo_generate_lora", "prime_lora"):
-        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    # PRIME: the paper's prompt filter without its truncation test (the tiny model truncates most rows at 12 tokens);
-    # with LoRA the PRM is a second adapter, which must never reach vLLM (the push checks vLLM holds the policy's)
-    prime = dict(credit="implicit_prm", prime_learning_rate=1e-2, prime_filter_truncated=False)
-    trainer_name, config_name, fields = {
-        "cue_grpo": ("CueGRPOTrainer", "CueGRPOConfig", {}),
-        "oppo": ("OPPOTrainer", "OPPOConfig", {}),
-        "datpo": ("DATPOTrainer", "DATPOConfig", {}),
-        "srpo_scored": ("SRPOTrainer", "SRPOConfig", dict(srpo, localization="scored")),
-        "srpo_generate_lora": ("SRPOTrainer", "SRPOConfig", dict(srpo, localization="generate")),
-        "resets_oppo": ("CreditTrainer", "CreditConfig", dict(srpo, rollout="resets", credit="oppo")),
-        "process": ("CreditTrainer", "CreditConfig",
-                    dict(credit="process", process_step_reward="engines_step_parity", process_thought_delimiter=" ")),
-        "prime": ("CreditTrainer", "CreditConfig", prime),
-        "prime_lora": ("CreditTrainer", "CreditConfig", prime),
-    }[case]
-    if case == "process":
-        from trl_credit.process import register_step_reward
+    if case.startswith("tools_"):
+        from tiny_tools import multiply, multiply_dataset
 
-        register_step_reward("engines_step_parity", step_parity)
-    args = getattr(trl_credit, config_name)(**{**common, **fields})
-    return getattr(trl_credit, trainer_name)(model=model, reward_funcs=[accuracy_like, format_like], args=args,
-                                             train_dataset=dataset, peft_config=peft_config)
+        name = case[len("tools_"):]
+        trainer = build_trainer(name, model, output_dir, TOOLS_ENGINE, train_dataset=multiply_dataset(8, seed=0),
+                                tools=[multiply])
+    else:  # grpo_trl_push: TRL's own trainer without the bridge's push fix (grpo: with it, the control)
+        name = case
+        trainer = build_trainer("grpo" if case == "grpo_trl_push" else case, model, output_dir, ENGINE)
+    if name == "grpo":  # our trainers install the fix themselves
+        assert fix_colocate_push(trainer)
+    return trainer
 
 
 def params_of(sampling_params) -> dict:
@@ -91,17 +105,46 @@ def params_of(sampling_params) -> dict:
             "stop": list(sampling_params.stop or []), "logprobs": sampling_params.logprobs, "n": sampling_params.n}
 
 
-def policy_probe_logps(trainer) -> torch.Tensor:
+def policy_probe_logps(trainer, probe: list[int]) -> torch.Tensor:
     model = trainer.accelerator.unwrap_model(trainer.model)
     with torch.no_grad():
-        logits = model(torch.tensor([PROBE])).logits.float()
-    return torch.log_softmax(logits[0, :-1], -1).gather(-1, torch.tensor(PROBE[1:])[:, None])[:, 0]
+        logits = model(torch.tensor([probe])).logits.float()
+    return torch.log_softmax(logits[0, :-1], -1).gather(-1, torch.tensor(probe[1:])[:, None])[:, 0]
+
+
+def tool_entry(trainer, output) -> dict:
+    """A multi-turn batch: per row, the text of its tool results (the completion's ``tool_mask`` = 0 tokens) and of
+    the model's tokens; with per-token advantages, the largest one on the tool results and on the model's tokens (a
+    per-sequence advantage is kept off the tool results by ``tool_mask`` in TRL's loss)."""
+    tokenizer = trainer.processing_class
+    completion, model = output["completion_mask"].bool(), output["tool_mask"].bool()
+    tools = completion & ~model
+    entry = {
+        "tool_spans": [tokenizer.decode(ids[row].tolist()) for ids, row in zip(output["completion_ids"], tools)],
+        "model_texts": [tokenizer.decode(ids[row].tolist())
+                        for ids, row in zip(output["completion_ids"], completion & model)],
+        "per_token": output["advantages"].dim() == 2,
+    }
+    if entry["per_token"]:
+        advantages = output["advantages"].abs()
+        entry["max_advantage_on_tools"] = float(advantages[tools].max()) if tools.any() else 0.0
+        entry["max_advantage_on_model"] = float(advantages[completion & model].max())
+    return entry
 
 
 def main(case: str, model_dir: str, out_path: str) -> None:
     from vllm import SamplingParams
 
-    trainer = build(case, model_dir, os.path.join(os.path.dirname(out_path), f"out_{case}"))
+    # A trainer that refuses tools: the test checks what it said. One a process: TRL's __init__ started the engine
+    # before the refusal, and a second engine in the same process finds no memory left for its cache.
+    try:
+        trainer = build(case, model_dir, os.path.join(os.path.dirname(out_path), f"out_{case}"))
+    except ValueError as error:
+        if not case.startswith("tools_"):
+            raise
+        with open(out_path, "w") as handle:
+            json.dump({"refused": str(error)}, handle)
+        return
     vllm_generation = trainer.vllm_generation
     llm = vllm_generation.llm
     engine_generate = llm.generate
@@ -121,7 +164,10 @@ def main(case: str, model_dir: str, out_path: str) -> None:
         return outputs
 
     llm.generate = recording_generate
-    initial = policy_probe_logps(trainer)
+    probe_ids = PROBE
+    if case.startswith("tools_"):
+        probe_ids = trainer.processing_class.encode(TOOL_PROBE_TEXT, add_special_tokens=False)
+    initial = policy_probe_logps(trainer, probe_ids)
     push = vllm_generation.sync_weights
 
     def checked_push():
@@ -134,11 +180,11 @@ def main(case: str, model_dir: str, out_path: str) -> None:
                 continue  # repacked (CPU linear layers) or fused (qkv, gate_up): checked through the probe
             readable += 1
             equal += int(torch.equal(held, tensor.to(held.dtype)))
-        probe = engine_generate([{"prompt_token_ids": PROBE}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+        probe = engine_generate([{"prompt_token_ids": probe_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
                                 use_tqdm=False)[0]
         engine_logps = torch.tensor([next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob
-                                     for d, t in zip(probe.prompt_logprobs[1:], PROBE[1:])])
-        now = policy_probe_logps(trainer)
+                                     for d, t in zip(probe.prompt_logprobs[1:], probe_ids[1:])])
+        now = policy_probe_logps(trainer, probe_ids)
         report["pushes"].append({
             "step": trainer.state.global_step, "readable": readable, "equal": equal,
             "probe_vs_policy": float((engine_logps - now).abs().max()),
@@ -152,9 +198,13 @@ def main(case: str, model_dir: str, out_path: str) -> None:
     def recording_batch(inputs):
         output = trl_method(inputs)
         mask = output["completion_mask"].bool()
+        entry = {"step": trainer.state.global_step, "rows": int(mask.size(0))}
+        if "tool_mask" in output:  # vLLM sampled the model's tokens only: a tool result has no sampling log-prob
+            entry.update(tool_entry(trainer, output))
+            mask = mask & output["tool_mask"].bool()
         sampling = output.get("sampling_per_token_logps")
         old = output.get("old_per_token_logps")
-        entry = {"step": trainer.state.global_step, "rows": int(mask.size(0)), "has_sampling": sampling is not None}
+        entry["has_sampling"] = sampling is not None
         if sampling is not None:
             entry["sampling_finite"] = bool(torch.isfinite(sampling[mask]).all())
             if old is not None:
@@ -163,6 +213,14 @@ def main(case: str, model_dir: str, out_path: str) -> None:
         return output
 
     trainer._generate_and_score_completions = recording_batch
+    if hasattr(trainer, "add_credit_callback"):  # our trainers: the record's model mask, as the credit read it
+        def record_model_mask(step):
+            if step.record is not None and "tool_mask" in step.output:
+                report["model_mask_is_tool_mask"].append(bool(torch.equal(
+                    step.record.model_mask.to(step.output["tool_mask"].dtype), step.output["tool_mask"])))
+
+        report["model_mask_is_tool_mask"] = []
+        trainer.add_credit_callback(record_model_mask)
     trainer.train()
     report["global_step"] = trainer.state.global_step
     report["logged"] = sorted({key for log in trainer.state.log_history for key in log})

@@ -3,6 +3,7 @@
 usage: engine_trainers.py MODEL_DIR OUT_DIR NAME[,NAME...]
 Launched under 2-process DDP (torchrun) or under ZeRO-2 / ZeRO-3 (``accelerate launch --config_file
 examples/accelerate_configs/zero{2,3}_cpu.yaml``), with the same settings, so the runs can be compared row by row.
+The trainers are built by tests/engine_trainers_common.py (the vLLM suite's too) with this suite's settings (``ENGINE``).
 Each trainer trains 2 steps with sampled generation (TRL's own path: under ZeRO-3 the policy's weights are gathered
 for generation, and DATPO's branches, SRPO's seeds / suffixes / localization and OPPO's oracle pass run as collective
 forwards). It writes ``OUT_DIR/NAME.rank<R>.json``: the first generation batch as this process trains it (prompt
@@ -15,18 +16,23 @@ trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_
 ``prime_lora``: PRIME (``credit="implicit_prm"``) with its PRM as a model copy / a second LoRA adapter; their report
 also holds the PRM's parameters after its first update (``prm``). ``prime_lora`` runs with seed 2, whose first batch
 leaves one process without a credited row (the prompt filter drops its group): under ZeRO-3 that process runs filler
-PRM forwards to match the other's.
+PRM forwards to match the other's. NAME ``env_process`` / ``env_oppo``: the process credit / OPPO with TRL's
+``environment_factory`` on the tool-calling tiny model (tests/tiny_tools.py); their rows also hold TRL's ``tool_mask``.
 """
 
 import json
 import os
 import sys
+from dataclasses import replace
 
+from tests.engine_trainers_common import Engine
+from tests.engine_trainers_common import build as build_trainer
 from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package importable under the launchers)
-from trl_credit.tasks.data import make_arithmetic_dataset
 
 NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
          "resets_oppo", "process", "lora", "prime", "prime_lora")
+#: Multi-turn: ``env_NAME`` trains NAME with TRL's environment_factory (MODEL_DIR: the tool-calling tiny model).
+ENVIRONMENT_NAMES = ("env_process", "env_oppo")
 
 
 def accuracy_reward(completions, completion_ids, **kwargs):
@@ -43,81 +49,43 @@ def step_reward(prompt, completion, steps, **row):
     return [float(len(step) % 2) for step in steps]
 
 
-def common_args(out_dir, name):
+def common_args():
     # Identical under DDP and DeepSpeed. use_cpu / bf16=False: what trl_credit.scripts.offline_defaults sets on a
     # CPU (under DeepSpeed, use_cpu=True also makes accelerate start gloo: without it each process runs alone).
     return dict(
-        output_dir=os.path.join(out_dir, name), per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=12, max_steps=2, learning_rate=1e-3, seed=0, report_to="none", use_cpu=True,
-        bf16=False, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=12, max_steps=2, learning_rate=1e-3,
+        seed=0, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, disable_tqdm=True,
     )
 
 
+#: The DeepSpeed suite's engine settings (tests/engine_trainers_common.py builds every trainer from them).
+ENGINE = Engine(
+    args=common_args(),
+    rewards=[accuracy_reward, format_reward],
+    srpo=dict(seed_candidates_per_round=2, max_seed_rounds=2, thought_delimiter=" ", rollout_template="{question}",
+              localization_template="{question}\n{steps}\n1-{num_steps}?", localization_max_tokens=4),
+    lora=dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    step_reward=step_reward,
+    overrides={"resets_oppo": dict(reset="random"), "prime_lora": dict(seed=2)},  # prime_lora: module docstring
+)
+
+
+#: The environment runs (``env_NAME``): tests/tiny_tools.py's MultiplyEnvironment, one per rollout, on "What is A
+#: times B?"; room for a tool call (~30 tokens), its result and the answer; the process credit's steps are the model's
+#: turns, scored by the environment's turn rewards, the outcome as a last step (docs/multiturn.md#turn-rewards).
+ENVIRONMENT_ENGINE = replace(ENGINE, args={**ENGINE.args, "max_completion_length": 96}, step_reward="environment",
+                             overrides={"process": dict(process_outcome="final_step")})
+
+
 def build(name, model_dir, out_dir):
-    from trl import GRPOConfig, GRPOTrainer
+    if name in ENVIRONMENT_NAMES:
+        from tests.tiny_tools import MultiplyEnvironment, multiply_dataset
 
-    from trl_credit import (CreditConfig, CueGRPOConfig, CueGRPOTrainer, DATPOConfig, DATPOTrainer, OPPOConfig,
-                            OPPOTrainer, SRPOConfig, SRPOTrainer)
-    from trl_credit.core.trainer import CreditTrainer
-    from trl_credit.process.parts import ProcessCredit
-
-    dataset = make_arithmetic_dataset(num_train=8, num_test=2)["train"]
-    rewards = [accuracy_reward, format_reward]
-    args = common_args(out_dir, name)
-    srpo = dict(seed_candidates_per_round=2, max_seed_rounds=2, thought_delimiter=" ",
-                rollout_template="{question}", localization_template="{question}\n{steps}\n1-{num_steps}?",
-                localization_max_tokens=4)
-    if name == "grpo":
-        return GRPOTrainer(model=model_dir, reward_funcs=rewards, args=GRPOConfig(**args), train_dataset=dataset)
-    if name == "cue_grpo":
-        return CueGRPOTrainer(model=model_dir, reward_funcs=rewards, args=CueGRPOConfig(**args), train_dataset=dataset)
-    if name == "cue_judge":
-        from transformers import AutoModelForCausalLM
-
-        config = CueGRPOConfig(cue_partition="judge", cue_judge_max_new_tokens=8, **args)
-        judge = AutoModelForCausalLM.from_pretrained(model_dir)  # loaded by the user, after the config
-        return CueGRPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset,
-                              judge_model=judge)
-    if name == "oppo":
-        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=OPPOConfig(**args), train_dataset=dataset)
-    if name == "oppo_teacher":
-        config = OPPOConfig(oracle="teacher", teacher_model_name_or_path=model_dir, **args)
-        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset)
-    if name == "datpo":
-        from trl_credit.models import load_default_embedder
-
-        config = DATPOConfig(**args)
-        # The documented way: the user loads the embedder (after the config, as a script does) and passes it.
-        embedder = load_default_embedder(device="cpu")
-        return DATPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset,
-                            embedder=embedder)
-    if name in ("srpo_scored", "srpo_generate"):
-        config = SRPOConfig(localization=name.split("_")[1], **srpo, **args)
-        return SRPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=dataset)
-    if name == "resets_oppo":
-        config = CreditConfig(credit="oppo", rollout="resets", reset="random", **{**srpo, **args})
-        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset)
-    if name == "process":
-        config = CreditConfig(credit="process", **args)
-        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset,
-                             credit=ProcessCredit(step_reward=step_reward))
-    if name in ("prime", "prime_lora"):
-        from peft import LoraConfig
-
-        # the paper's prompt filter on, its truncation test off: the tiny model truncates most rows at 12 tokens
-        if name == "prime_lora":
-            args["seed"] = 2  # one process without credited rows in the first batch (module docstring)
-        config = CreditConfig(credit="implicit_prm", prime_learning_rate=1e-2, prime_filter_truncated=False, **args)
-        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-        return CreditTrainer(model_dir, rewards, args=config, train_dataset=dataset,
-                             **({"peft_config": lora} if name == "prime_lora" else {}))
-    if name == "lora":
-        from peft import LoraConfig
-
-        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-        return OPPOTrainer(model=model_dir, reward_funcs=rewards, args=OPPOConfig(**args), train_dataset=dataset,
-                           peft_config=lora)
-    raise ValueError(f"NAME must be among {NAMES}, got {name!r}")
+        return build_trainer(name[len("env_"):], model_dir, os.path.join(out_dir, name), ENVIRONMENT_ENGINE,
+                             train_dataset=multiply_dataset(8, seed=0), environment_factory=MultiplyEnvironment)
+    if name not in NAMES:
+        raise ValueError(f"NAME must be among {NAMES + ENVIRONMENT_NAMES}, got {name!r}")
+    return build_trainer(name, model_dir, os.path.join(out_dir, name), ENGINE)
 
 
 def run(name, model_dir, out_dir):
@@ -136,6 +104,8 @@ def run(name, model_dir, out_dir):
                     "completion": output["completion_ids"][i][mask].tolist(),
                     "advantages": (advantages[mask] if advantages.dim() else advantages.reshape(1)).tolist(),
                 })
+                if "tool_mask" in output:  # multi-turn: 0 on the environment's results
+                    first[-1]["tool_mask"] = output["tool_mask"][i][mask].tolist()
             if name.startswith("prime"):  # the PRM after its first update (update, then score: inside the batch)
                 for p in trainer.credit.prm.parameters:
                     values = p.detach().double().flatten()

@@ -112,10 +112,12 @@ def build_tool_tokenizer(save_dir: str | None = None):
     return fast
 
 
-def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2) -> str:
+def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
+                     head_dim: int = 8) -> str:
     """Save a random ``Qwen3ForCausalLM`` (``num_layers`` layers of ``hidden_size``, 4 query and 2 key/value heads of
-    8 dimensions, 2048 positions: the tool schema of the system prompt is a few hundred tokens) and the tokenizer of
-    :func:`build_tool_tokenizer` to ``save_dir``; returns the path."""
+    ``head_dim`` dimensions, 2048 positions: the tool schema of the system prompt is a few hundred tokens) and the
+    tokenizer of :func:`build_tool_tokenizer` to ``save_dir``; returns the path. vLLM's CPU attention refuses heads
+    under 32 dimensions ("Unsupported CPU attention configuration: head_dim=8"): ``head_dim=32`` for a vLLM run."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -128,7 +130,7 @@ def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_la
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
+        head_dim=head_dim,
         max_position_embeddings=2048,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
