@@ -7,7 +7,7 @@ is written here once, so a trainer added here reaches both engines (CONTRIBUTING
 Names: :data:`TRAINERS` (``oppo``, ``srpo_scored``, ``prime``, ...); ``NAME_lora`` is the same trainer with the engine's
 LoRA adapter (``prime_lora``: PRIME's PRM is then a second adapter); ``lora`` is ``oppo_lora`` (the DeepSpeed suite's
 adapter-saving run). Multi-turn runs pass TRL's ``tools=`` / ``environment_factory=`` through ``build``'s
-``trainer_kwargs``; the trainers whose rollouts generate rows themselves (:data:`REFUSE_MULTI_TURN`) refuse them by
+``trainer_kwargs``; the trainers whose rollouts cannot resume the tool loop (:data:`REFUSE_MULTI_TURN`: trees) refuse them by
 name at construction (docs/multiturn.md).
 """
 
@@ -92,7 +92,7 @@ TRAINERS: dict[str, Trainer] = {
 
 #: Trainers whose rollouts generate rows themselves (resets, trees): they refuse ``tools``, ``environment_factory``
 #: and ``rollout_func`` by name at construction (docs/multiturn.md).
-REFUSE_MULTI_TURN = ("datpo", "srpo_scored", "srpo_generate", "resets_oppo")
+REFUSE_MULTI_TURN = ("datpo",)  # SRPO's resets resume TRL's tool loop (docs/multiturn.md); trees do not
 
 _ALIASES = {"lora": "oppo_lora"}
 

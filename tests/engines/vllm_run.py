@@ -79,8 +79,10 @@ ENGINE = Engine(
 #: TRL's ``tools=[multiply]``: a call (~30 tokens), its result, the answer fit in TOOLS_CAP. A 100x smaller learning
 #: rate: at 5e-2 (or 5e-3) one step wipes out the warm start and the second step's rollouts call no tool.
 TOOLS_CAP = 96
+#: SRPO's resets roll out the chat prompt as it is (rollout_template "none"): the warm start taught tool calls after
+#: the chat prompt, not after SRPO's paper template.
 TOOLS_ENGINE = replace(ENGINE, args={**COMMON, "max_completion_length": TOOLS_CAP, "learning_rate": 5e-4},
-                       rewards=[token_parity, tool_answered])
+                       rewards=[token_parity, tool_answered], srpo={**ENGINE.srpo, "rollout_template": "none"})
 
 
 def build(case: str, model: str, output_dir: str):
@@ -216,10 +218,18 @@ def main(case: str, model_dir: str, out_path: str) -> None:
     if hasattr(trainer, "add_credit_callback"):  # our trainers: the record's model mask, as the credit read it
         def record_model_mask(step):
             if step.record is not None and "tool_mask" in step.output:
-                report["model_mask_is_tool_mask"].append(bool(torch.equal(
-                    step.record.model_mask.to(step.output["tool_mask"].dtype), step.output["tool_mask"])))
+                model_mask, tool_mask = step.record.model_mask.bool(), step.output["tool_mask"].bool()
+                report["model_mask_is_tool_mask"].append(bool(torch.equal(model_mask, tool_mask)))
+                # a reset row's tool_mask (its loss mask) also hides its prefix: the model's tokens, not trained
+                report["model_mask_covers_tool_mask"].append(bool((model_mask | ~tool_mask).all()))
+                results = step.output["completion_mask"].bool() & ~model_mask  # the tool results, and only those
+                advantages = step.output["advantages"]
+                if advantages.dim() == 2:
+                    report["max_advantage_on_tool_results"].append(
+                        float(advantages.abs()[results].max()) if results.any() else 0.0)
 
-        report["model_mask_is_tool_mask"] = []
+        report["model_mask_is_tool_mask"], report["model_mask_covers_tool_mask"] = [], []
+        report["max_advantage_on_tool_results"] = []
         trainer.add_credit_callback(record_model_mask)
     trainer.train()
     report["global_step"] = trainer.state.global_step
