@@ -1,24 +1,26 @@
 """The tool regime's task: follow a chain of keys through a ``lookup`` tool, then ``submit`` the answer it ends in.
 
-An episode is a store of key -> text entries the model cannot see and a start key (docs/testbed.md#the-tool-regime).
-The model calls ``lookup(key)``; the store answers ``key K`` (the next key) or ``answer A`` (the end of the chain),
-and the model hands ``A`` in with ``submit(answer)``. A chain has 3-6 keys, so an episode is 4-7 tool calls and a
+An episode is a store of key -> word entries the model cannot see and a start key (docs/testbed.md#the-tool-regime).
+The model calls ``lookup(key)``; the store answers with the next key, or with an answer (a colour: the end of the
+chain), which the model hands in with ``submit(answer)``. A chain has 3-6 keys, so an episode is 4-7 tool calls and a
 closing turn::
 
-    user       Follow the keys from 417 and submit the answer.
-    assistant  <tool_call> lookup {"key": 417}      -> key 352
-    assistant  <tool_call> lookup {"key": 352}      -> key 168
-    assistant  <tool_call> lookup {"key": 168}      -> answer 52
-    assistant  <tool_call> submit {"answer": 52}    -> ok
+    user       Follow the keys from "oak" and submit the answer.
+    assistant  <tool_call> lookup {"key": "oak"}      -> fern
+    assistant  <tool_call> lookup {"key": "fern"}     -> lime
+    assistant  <tool_call> lookup {"key": "lime"}     -> teal
+    assistant  <tool_call> submit {"answer": "teal"}  -> ok
     assistant  Done.
 
-Keys have three digits 1-9; an answer two. **The planted error**: a *trap key* holds one 8, and the supervised
-episodes (:func:`scripted_episode`) copy that 8 as a 9 ``trap_error_rate`` of the time (``lookup(169)`` for
-``lookup(168)``). The store holds that mis-copied key too (a *decoy*), whose own chain of the same length, free of
-traps, ends in another answer: the error is silent, as a wrong record ID in a real agent, and the episode runs to a
-wrong submission. Every other call is copied right. A chain holds 0-3 trap keys (:data:`TRAP_COUNTS`), so greedy
-decoding (which takes the majority, the mis-copy) solves about the trap-free chains only, while sampling copies a
-trap key right a fifth of the time: headroom that lowering the temperature does not reach.
+Keys are plant names (:data:`KEYS`) and fruits (:data:`TRAPS`), answers colours (:data:`ANSWERS`), each one token of
+the regime's tokenizer, so a call copies one token of the last result. **The planted error**: a *trap key* is a
+fruit, and the supervised episodes (:func:`scripted_episode`) copy it as its twin fruit ``trap_error_rate`` of the
+time (``lookup("lemon")`` for ``lookup("lime")``). The store holds the twin too (a *decoy*), whose own chain of the
+same length, free of traps, ends in another colour: the error is silent, as a wrong record ID in a real agent, and
+the episode runs to a wrong submission. Every other call is copied right. A chain holds 0-3 trap keys
+(:data:`TRAP_COUNTS`), so greedy decoding (which takes the majority, the mis-copy) solves about the trap-free chains
+only, while sampling copies a trap key right a fifth of the time: headroom that lowering the temperature does not
+reach.
 
 :func:`first_wrong_call` is the checker: the expected calls are ``lookup`` of every key of the chain in order, then
 ``submit`` of its answer; the first call that differs (or the missing one, when the episode stops short) is wrong,
@@ -33,8 +35,10 @@ import json
 import random
 
 __all__ = [
-    "TRAP_DIGIT",
-    "MISCOPY_DIGIT",
+    "KEYS",
+    "TRAPS",
+    "ANSWERS",
+    "WORDS",
     "TRAP_COUNTS",
     "CHAIN_LENGTHS",
     "QUESTION",
@@ -48,68 +52,57 @@ __all__ = [
     "scripted_episode",
 ]
 
-#: The digit of a trap key, and what the supervised episodes copy it as.
-TRAP_DIGIT, MISCOPY_DIGIT = "8", "9"
+#: The keys that are copied right.
+KEYS = ("oak", "elm", "ash", "fir", "yew", "bay", "cedar", "pine", "birch", "maple", "hazel", "alder", "rose", "iris",
+        "lily", "fern", "moss", "reed", "sage", "mint", "dill", "kale", "leek", "corn", "rice", "bean", "pea", "nut",
+        "seed", "root", "leaf", "bark", "twig", "bud", "stem", "vine", "bush", "herb", "weed", "palm")
+#: The trap keys and the twin each is mis-copied as (the twin is the decoy's first key).
+TRAPS = {"lime": "lemon", "plum": "prune", "pear": "peach", "fig": "date", "kiwi": "mango", "apple": "grape",
+         "melon": "berry", "olive": "cherry"}
+#: The chains' ends.
+ANSWERS = ("red", "blue", "green", "gold", "gray", "pink", "black", "white", "brown", "cyan", "teal", "navy", "tan",
+           "rust", "jade", "ruby")
+#: Every word of the task: one token each in the regime's tokenizer (trl_credit.testbed.tool_regime).
+WORDS = (*KEYS, *TRAPS, *TRAPS.values(), *ANSWERS)
 #: How many trap keys a chain holds, with their probabilities (capped by the chain's length).
 TRAP_COUNTS = {0: 0.4, 1: 0.3, 2: 0.2, 3: 0.1}
 #: Keys per chain (the episode is one more call: the submission).
 CHAIN_LENGTHS = (3, 4, 5, 6)
-QUESTION = "Follow the keys from {start} and submit the answer."
+QUESTION = 'Follow the keys from "{start}" and submit the answer.'
 #: The closing turn after a submission.
 CLOSING = "Done."
-_KEY_DIGITS = "1234567" + MISCOPY_DIGIT  # every digit but the trap digit
 
 
-def miscopy(key: int) -> int:
-    """The planted error's argument: ``key`` with its trap digit written as :data:`MISCOPY_DIGIT`."""
-    return int(str(key).replace(TRAP_DIGIT, MISCOPY_DIGIT))
-
-
-def _fresh_key(rng: random.Random, used: set, trap: bool) -> int:
-    while True:
-        digits = [rng.choice(_KEY_DIGITS) for _ in range(3)]
-        if trap:
-            digits[rng.randrange(3)] = TRAP_DIGIT
-        key = int("".join(digits))
-        if key not in used and (not trap or miscopy(key) not in used):
-            used.add(key)
-            if trap:
-                used.add(miscopy(key))  # reserved for the decoy
-            return key
-
-
-def _fresh_answer(rng: random.Random, taken: set) -> int:
-    while True:
-        answer = int(rng.choice("1234567" + MISCOPY_DIGIT) + rng.choice("0" + _KEY_DIGITS))
-        if answer not in taken:
-            taken.add(answer)
-            return answer
+def miscopy(key: str) -> str:
+    """The planted error's argument: a trap key's twin (any other key unchanged)."""
+    return TRAPS.get(key, key)
 
 
 def make_episode(rng: random.Random) -> dict:
-    """One episode: ``{"start", "answer", "store"}`` (the store's keys as strings, JSON-ready), a chain of
-    :data:`CHAIN_LENGTHS` keys with :data:`TRAP_COUNTS` trap keys at random places, and a decoy chain behind every
-    trap key's mis-copy."""
+    """One episode: ``{"start", "answer", "store"}``, a chain of :data:`CHAIN_LENGTHS` distinct keys with
+    :data:`TRAP_COUNTS` trap keys at random places, and a decoy chain of fresh plain keys behind every trap key's
+    twin, as long as what is left of the true chain, ending in another answer."""
     length = rng.choice(CHAIN_LENGTHS)
     traps = min(length, rng.choices(list(TRAP_COUNTS), weights=list(TRAP_COUNTS.values()))[0])
     trap_at = set(rng.sample(range(length), traps))
-    used: set = set()
-    chain = [_fresh_key(rng, used, trap=i in trap_at) for i in range(length)]
-    answers: set = set()
-    answer = _fresh_answer(rng, answers)
+    trap_keys = iter(rng.sample(sorted(TRAPS), traps))
+    plain = iter(rng.sample(KEYS, len(KEYS)))
+    chain = [next(trap_keys) if i in trap_at else next(plain) for i in range(length)]
+    answers = iter(rng.sample(ANSWERS, traps + 1))
+    answer = next(answers)
     store = {}
     for i, key in enumerate(chain):
-        store[str(key)] = f"key {chain[i + 1]}" if i + 1 < length else f"answer {answer}"
-    for i in sorted(trap_at):  # the decoy: as many keys as the true chain has left, then another answer
-        decoy = [miscopy(chain[i])] + [_fresh_key(rng, used, trap=False) for _ in range(length - i - 1)]
-        wrong = _fresh_answer(rng, answers)
+        store[key] = chain[i + 1] if i + 1 < length else answer
+    for i in sorted(trap_at):
+        decoy = [miscopy(chain[i])] + [next(plain) for _ in range(length - i - 1)]
+        wrong = next(answers)
         for j, key in enumerate(decoy):
-            store[str(key)] = f"key {decoy[j + 1]}" if j + 1 < len(decoy) else f"answer {wrong}"
+            store[key] = decoy[j + 1] if j + 1 < len(decoy) else wrong
     return {"start": chain[0], "answer": answer, "store": store}
 
 
 def make_dataset(num_train: int = 2000, num_test: int = 256, seed: int = 0):
-    """``DatasetDict`` with ``train``/``test`` splits: ``prompt`` (one user message), ``start``, ``answer`` (text, the
+    """``DatasetDict`` with ``train``/``test`` splits: ``prompt`` (one user message), ``start``, ``answer`` (the
     column OPPO reads), ``store`` (JSON) and ``traps`` (the chain's trap keys). The test split is drawn first."""
     from datasets import Dataset, DatasetDict
 
@@ -118,9 +111,9 @@ def make_dataset(num_train: int = 2000, num_test: int = 256, seed: int = 0):
     def rows(count):
         episodes = [make_episode(rng) for _ in range(count)]
         return {"prompt": [[{"role": "user", "content": QUESTION.format(start=e["start"])}] for e in episodes],
-                "start": [e["start"] for e in episodes], "answer": [str(e["answer"]) for e in episodes],
+                "start": [e["start"] for e in episodes], "answer": [e["answer"] for e in episodes],
                 "store": [json.dumps(e["store"]) for e in episodes],
-                "traps": [sum(TRAP_DIGIT in str(k) for k, _ in expected_calls(e["store"], e["start"])[:-1])
+                "traps": [sum(k in TRAPS for _, k in expected_calls(e["store"], e["start"])[:-1])
                           for e in episodes]}
 
     test = rows(num_test)
@@ -131,22 +124,21 @@ def _store(store) -> dict:
     return json.loads(store) if isinstance(store, str) else store
 
 
-def expected_calls(store, start: int) -> list[tuple[str, int]]:
+def expected_calls(store, start: str) -> list[tuple[str, str]]:
     """The right episode's calls: ``("lookup", key)`` along the chain from ``start``, then ``("submit", answer)``."""
-    store, calls, key = _store(store), [], int(start)
+    store, calls, key = _store(store), [], start
     while True:
         calls.append(("lookup", key))
-        kind, value = store[str(key)].split()
-        if kind == "answer":
-            return calls + [("submit", int(value))]
-        key = int(value)
+        key = store[key]
+        if key in ANSWERS:
+            return calls + [("submit", key)]
 
 
-def first_wrong_call(store, start: int, calls: list[tuple[str, object]]) -> tuple[int | None, str | None]:
+def first_wrong_call(store, start: str, calls: list[tuple[str, object]]) -> tuple[int | None, str | None]:
     """``(k, kind)``: the 1-indexed first call of ``calls`` (``(tool name, argument)`` pairs) that is not the right
     episode's, or None when every call is right and the submission made. ``kind``:
 
-    - ``"planted"``: a ``lookup`` of the trap key's mis-copy (:func:`miscopy`) where the trap key was due;
+    - ``"planted"``: a ``lookup`` of the trap key's twin (:func:`miscopy`) where the trap key was due;
     - ``"argument"``: the right tool with another argument; ``"tool"``: another tool (e.g. submitting early);
     - ``"extra"``: a call after the right submission; ``"missing"``: the calls stop short, ``k`` one past the last.
     """
@@ -158,7 +150,7 @@ def first_wrong_call(store, start: int, calls: list[tuple[str, object]]) -> tupl
         if name != due_name:
             return index, "tool"
         if argument != due:
-            planted = name == "lookup" and TRAP_DIGIT in str(due) and argument == miscopy(due)
+            planted = name == "lookup" and due in TRAPS and argument == miscopy(due)
             return index, "planted" if planted else "argument"
     if len(calls) < len(expected):
         return len(calls) + 1, "missing"
@@ -177,12 +169,12 @@ class KeyChainEnvironment:
 
     def reset(self, store, start, **row) -> None:
         self._store = _store(store)
-        self._start = int(start)
+        self._start = start
         self.calls: list[tuple[str, object]] = []
         self.submitted = None
         return None  # the prompt asks the question
 
-    def lookup(self, key: int) -> str:
+    def lookup(self, key: str) -> str:
         """
         Look up a key.
 
@@ -190,11 +182,11 @@ class KeyChainEnvironment:
             key: The key.
         """
         self.calls.append(("lookup", key))
-        if str(key) not in self._store:
+        if key not in self._store:
             raise KeyError(f"no key {key}")
-        return self._store[str(key)]
+        return self._store[key]
 
-    def submit(self, answer: int) -> str:
+    def submit(self, answer: str) -> str:
         """
         Submit the answer.
 
@@ -211,7 +203,7 @@ class KeyChainEnvironment:
         return float(self.submitted is not None and self.submitted == self._answer)
 
     @property
-    def _answer(self) -> int:
+    def _answer(self) -> str:
         return expected_calls(self._store, self._start)[-1][1]
 
     @property
@@ -229,7 +221,7 @@ class KeyChainEnvironment:
 
 def scripted_episode(row: dict, trap_error_rate: float, rng: random.Random) -> dict:
     """A supervised episode played through the environment's own tools: each key copied from the last result (the
-    start key from the question), a trap key copied as its mis-copy with probability ``trap_error_rate`` (the episode
+    start key from the question), a trap key copied as its twin with probability ``trap_error_rate`` (the episode
     then follows the decoy), the answer submitted, :data:`CLOSING`. ``{"messages": [...], "tools": [...]}`` for
     :func:`trl_credit.testbed.tool_model.warm_start_tool_calls`."""
     env = KeyChainEnvironment()
@@ -241,17 +233,16 @@ def scripted_episode(row: dict, trap_error_rate: float, rng: random.Random) -> d
 
     messages = list(row["prompt"]) if "prompt" in row else [
         {"role": "user", "content": QUESTION.format(start=row["start"])}]
-    key = int(row["start"])
+    key = row["start"]
     while True:
-        if TRAP_DIGIT in str(key) and rng.random() < trap_error_rate:
+        if key in TRAPS and rng.random() < trap_error_rate:
             key = miscopy(key)
         result = env.lookup(key)
         messages += [call("lookup", {"key": key}), {"role": "tool", "name": "lookup", "content": result}]
-        kind, value = result.split()
-        if kind == "answer":
+        if result in ANSWERS:
             break
-        key = int(value)
-    messages += [call("submit", {"answer": int(value)}),
-                 {"role": "tool", "name": "submit", "content": env.submit(int(value))},
+        key = result
+    messages += [call("submit", {"answer": result}),
+                 {"role": "tool", "name": "submit", "content": env.submit(result)},
                  {"role": "assistant", "content": CLOSING}]
     return {"messages": messages, "tools": [env.lookup, env.submit]}
