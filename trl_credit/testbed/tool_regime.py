@@ -119,7 +119,7 @@ def tool_regime_model_path(recipe: ToolRecipe | None = None, build: bool = True)
 
 
 def tool_rollouts(model, dataset, samples: int, temperature: float = 1.0, greedy: bool = False, seed: int = 0,
-                  batch_rollouts: int = 64) -> list[dict]:
+                  batch_rollouts: int = 256) -> list[dict]:
     """Play ``samples`` episodes of every row of ``dataset`` (a :func:`keychain.make_dataset` split) with TRL's
     generation and tool loop: the evaluation pass of a ``GRPOTrainer`` with ``environment_factory=``
     :class:`keychain.KeyChainEnvironment`, whose extra reward function records each rollout's environment. Sampled at
@@ -193,24 +193,26 @@ def _per_row(rollouts: list[dict]) -> list[int]:
     return [correct[i] for i in sorted(correct)]
 
 
-def tool_profile(model, test, train, group: int = 8, train_rows: int = 256, passk_samples: int = 32,
-                 passk_rows: int = 64, seed: int = 0) -> dict:
+def tool_profile(model, test, train, group: int = 8, train_rows: int = 256, test_rows: int = 128,
+                 passk_samples: int = 32, passk_rows: int = 32, seed: int = 0) -> dict:
     """The start statistics (module docstring): greedy on every ``test`` row; ``group`` samples at temperature 1 on
-    the first ``train_rows`` of ``train`` (all-fail share, as GRPO's groups of ``group`` see them) and on every
-    ``test`` row (accuracy, pass@1..group); ``passk_samples`` samples on the first ``passk_rows`` test rows (pass@k up
-    to k = ``passk_samples``)."""
+    the first ``train_rows`` of ``train`` (all-fail share, as GRPO's groups of ``group`` see them) and on the first
+    ``test_rows`` test rows (accuracy, pass@1..group); ``passk_samples`` samples on the first ``passk_rows`` test rows
+    (pass@k up to k = ``passk_samples``)."""
     start = time.process_time()
     greedy = tool_rollouts(model, test, 1, greedy=True, seed=seed)
     groups = tool_rollouts(model, train.select(range(min(train_rows, len(train)))), group, seed=seed + 1)
-    sampled = tool_rollouts(model, test, group, seed=seed + 2)
+    sampled = tool_rollouts(model, test.select(range(min(test_rows, len(test)))), group, seed=seed + 2)
     many = tool_rollouts(model, test.select(range(min(passk_rows, len(test)))), passk_samples, seed=seed + 3)
     per_group, per_test, per_many = _per_row(groups), _per_row(sampled), _per_row(many)
     traps = list(test["traps"])
     by_traps = {}
     for count in sorted(set(traps)):
         rows = [i for i, t in enumerate(traps) if t == count]
+        sampled_rows = [i for i in rows if i < len(per_test)]
         by_traps[str(count)] = dict(rows=len(rows), greedy=sum(greedy[i]["reward"] for i in rows) / len(rows),
-                                    sampled=sum(per_test[i] for i in rows) / (group * len(rows)))
+                                    sampled=sum(per_test[i] for i in sampled_rows) / (group * len(sampled_rows))
+                                    if sampled_rows else None)
     ks = [2**i for i in range(int(math.log2(passk_samples)) + 1)]
     return dict(
         greedy_accuracy=sum(r["reward"] for r in greedy) / len(greedy),
@@ -232,7 +234,8 @@ def main(argv=None):
     parser.add_argument("--model", default=None, help="a tool regime model folder (default: the regime's build)")
     parser.add_argument("--results", default=None, help="write the profile here (JSON)")
     parser.add_argument("--train-rows", type=int, default=256)
-    parser.add_argument("--passk-rows", type=int, default=64)
+    parser.add_argument("--test-rows", type=int, default=128)
+    parser.add_argument("--passk-rows", type=int, default=32)
     args = parser.parse_args(argv)
     import torch
 
@@ -241,7 +244,8 @@ def main(argv=None):
         print(json.dumps(build_tool_regime_model(ToolRecipe(), args.build), indent=1))
     path = args.model or args.build or tool_regime_model_path()
     data = keychain.make_dataset()
-    profile = tool_profile(path, data["test"], data["train"], train_rows=args.train_rows, passk_rows=args.passk_rows)
+    profile = tool_profile(path, data["test"], data["train"], train_rows=args.train_rows,
+                           test_rows=args.test_rows, passk_rows=args.passk_rows)
     with open(os.path.join(path, "build.json")) as f:
         profile.update(regime="tools", weights_sha256=json.load(f)["weights_sha256"])
     short = {k: v for k, v in profile.items() if not k.endswith("_correct") and not k.endswith("per_row")}
