@@ -191,8 +191,8 @@ def test_one_process_credit_step_reads_one_turn_reward_per_model_turn(tmp_path):
 def test_the_committed_model_meets_the_start_conditions():
     """The committed build (benchmarks/results/tools/model), measured through TRL's tool loop as
     benchmarks/results/tools/base_profile.json records, on fewer rows (~2 CPU-minutes): greedy <= 0.6, >= 15% of
-    training groups of 8 all-fail at T=1, pass@8 and pass@16 below 1, greedy episodes of 3-8 tool calls, the planted
-    error the commonest first wrong call, and greedy failing where a trap key is."""
+    training groups of 8 all-fail at T=1, pass@8 and pass@16 below 1, episodes of 3-8 tool calls, the planted error
+    the commonest first wrong call, and greedy failing where (and only where) a trap key is."""
     from trl_credit.testbed.tool_regime import tool_profile
 
     data = keychain.make_dataset()
@@ -201,11 +201,12 @@ def test_the_committed_model_meets_the_start_conditions():
     assert profile["greedy_accuracy"] <= 0.6
     assert profile["train_all_fail_share"] >= 0.15
     assert profile["pass_at_k"]["8"] < 1.0 and profile["pass_at_k_large"]["16"] < 1.0
-    greedy = profile["greedy"]["calls_histogram"]
-    assert sum(n for calls, n in greedy.items() if 3 <= int(calls) <= 8) / sum(greedy.values()) >= 0.8
+    for reading, share in (("greedy", 0.95), ("t1_test", 0.9)):  # measured: 1.0 and 0.98 (base_profile.json)
+        calls = profile[reading]["calls_histogram"]
+        assert sum(n for k, n in calls.items() if 3 <= int(k) <= 8) / sum(calls.values()) >= share, reading
     for reading in ("greedy", "t1_test", "t1_train"):
         kinds = dict(profile[reading]["first_wrong_kinds"], right=0)
         assert max(kinds, key=kinds.get) == "planted", reading
-    # systematic: greedy solves most trap-free chains and none with a trap key
-    assert profile["by_trap_keys"]["0"]["greedy"] >= 0.6
+    # systematic: greedy solves the trap-free chains and none with a trap key
+    assert profile["by_trap_keys"]["0"]["greedy"] >= 0.9
     assert all(profile["by_trap_keys"][n]["greedy"] <= 0.1 for n in profile["by_trap_keys"] if n != "0")
