@@ -210,8 +210,12 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
     many samples on the first ``passk_problems`` held-out problems (0: not measured)."""
     from transformers import LlamaForCausalLM, PrinterCallback, TrainerCallback
 
-    from trl_credit.testbed.regimes import regime_recipe
+    from trl_credit.testbed.regimes import SUMS_REGIMES, regime_recipe
 
+    if regime_recipe(regime) and regime not in SUMS_REGIMES:
+        raise ValueError(f"run(regime={regime!r}): this runner trains the sums regimes {list(SUMS_REGIMES)}; the "
+                         f"{regime!r} regime plays its own task through TRL's tool loop (environment_factory, "
+                         "trl_credit.testbed.tool_regime), which this runner does not drive yet.")
     model_path = model_path or testbed_model_path(regime_recipe(regime))
     data = sums.make_dataset()
     test = data["test"] if test is None else test

@@ -85,8 +85,10 @@ def qwen3_chat_template(training: bool = False) -> str:
     return (Path(trl.__file__).parent / "chat_templates" / name).read_text(encoding="utf-8")
 
 
-def build_tool_tokenizer(save_dir: str | None = None):
-    """The Qwen-format byte-level BPE tokenizer (saved to ``save_dir`` when given)."""
+def build_tool_tokenizer(save_dir: str | None = None, extra_words: tuple[str, ...] = ()):
+    """The Qwen-format byte-level BPE tokenizer (saved to ``save_dir`` when given). ``extra_words``: words a task
+    needs as single tokens (the tool regime's keys and answers), added to the BPE corpus often enough to be merged
+    whole, with room in the vocabulary for them; without them the tokenizer is the one it always was."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -98,9 +100,10 @@ def build_tool_tokenizer(save_dir: str | None = None):
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=_VOCAB_SIZE + 8 * len(extra_words), special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    tok.train_from_iterator(_CORPUS + ["\n".join(extra_words)] * 40 if extra_words else _CORPUS, trainer=trainer)
     # Added after training so the BPE merges never split them; normalized=False as in Qwen's tokenizer.json.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
@@ -113,16 +116,17 @@ def build_tool_tokenizer(save_dir: str | None = None):
 
 
 def build_tool_model(save_dir: str, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
-                     head_dim: int = 8) -> str:
+                     head_dim: int = 8, extra_words: tuple[str, ...] = ()) -> str:
     """Save a random ``Qwen3ForCausalLM`` (``num_layers`` layers of ``hidden_size``, 4 query and 2 key/value heads of
     ``head_dim`` dimensions, 2048 positions: the tool schema of the system prompt is a few hundred tokens) and the
-    tokenizer of :func:`build_tool_tokenizer` to ``save_dir``; returns the path. vLLM's CPU attention refuses heads
-    under 32 dimensions ("Unsupported CPU attention configuration: head_dim=8"): ``head_dim=32`` for a vLLM run."""
+    tokenizer of :func:`build_tool_tokenizer` (with ``extra_words``) to ``save_dir``; returns the path. vLLM's CPU
+    attention refuses heads under 32 dimensions ("Unsupported CPU attention configuration: head_dim=8"): ``head_dim=32``
+    for a vLLM run."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     os.makedirs(save_dir, exist_ok=True)
-    tokenizer = build_tool_tokenizer(save_dir)
+    tokenizer = build_tool_tokenizer(save_dir, extra_words=extra_words)
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
