@@ -23,7 +23,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tests.test_multiturn_trl import TOOL_SPAN, prompts_dataset, record_loss_inputs, tool_call, tool_spans
+from tests.test_multiturn_trl import (TOOL_SPAN, CounterEnvironment, prompts_dataset, record_loss_inputs, tool_call,
+                                      tool_spans)
 from tests.tiny_tools import ScriptedGeneration
 
 import trl_credit
@@ -35,24 +36,7 @@ DONE = "Done!<|im_end|>"
 CONTINUATION = tool_call("increment", '{"step": 5}')  # what the script writes inside a turn in progress
 
 
-class Counter:
-    """A counter environment: deterministic in its calls."""
-
-    def reset(self, **kwargs):
-        self._counter = 0
-
-    def increment(self, step: int) -> int:
-        """
-        Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-
-        Returns:
-            The updated counter value.
-        """
-        self._counter += step
-        return self._counter
+Counter = CounterEnvironment  # TRL's counter: deterministic in its calls
 
 
 class DriftingCounter(Counter):
