@@ -101,3 +101,11 @@ def test_tiny_claims_table_counts_the_tested_rows_and_gives_tokens_a_over_b():
     # (test above), the family of 1 leaves it unadjusted: 0.0198 <= 0.05 survives; tokens 200 / 100 per step
     assert "**Comparisons: 1**" in table
     assert "| +0.583 ± 0.359 | holds (3 seeds; preliminary); survives Holm (adj. p 0.02) | 2.00x |" in table
+
+
+def test_family_counts_counts_tested_entries_and_both_thresholds():
+    # (p, Holm p) by hand: an untested entry (one seed) is no comparison; 0.01/0.03 significant unadjusted, of which
+    # only Holm p 0.03 <= 0.05 survives; 0.05 is not below 0.05 unadjusted, and its Holm p 0.05 would survive alone
+    family = {"a": (0.01, 0.03), "b": (0.03, 0.06), "c": (0.2, 0.2), "d": (None, None)}
+    assert multiplicity.family_counts(family) == (3, 2, 1)
+    assert multiplicity.family_counts({"e": (0.05, 0.05)}) == (1, 0, 1)

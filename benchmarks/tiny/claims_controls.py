@@ -10,8 +10,8 @@ import json
 import os
 import statistics
 
-from multiplicity import adjust_family
-from regime_claims import (CLAIMS, METRICS, _cell, family_size, hard_problems, metric, paired_diffs, run_tokens,
+from multiplicity import adjust_family, family_counts
+from regime_claims import (CLAIMS, METRICS, _cell, hard_problems, metric, paired_diffs, run_tokens,
                            token_ratio)
 from tiny_report import LABELS
 
@@ -87,9 +87,7 @@ def token_matched_table(runs: dict, base_eval: dict) -> tuple[str, list[dict]]:
     if not rows:
         return "", []
     family = adjust_family({(r["claim"], r["reading"], m): d for r in rows for m, d in r["diffs"].items()})
-    count = family_size(family)
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    count, unadjusted, survive = family_counts(family)
     lines = ["Per seed, the run that generated fewer tokens is read at its end and the other where it had generated "
              "as many: *linear*, linear in cumulative generated tokens between its two evaluations around that count "
              "(under a curve that rises fastest early, this understates the run read between evaluations); *A at "
@@ -148,9 +146,7 @@ def same_rate_table(pairs: list[dict]) -> tuple[str, dict]:
     """The claims whose pair differs in rate in the grid, read at one common rate, with Holm over this table's
     cells; the table and {(claim, rate, metric): (p, Holm p)}."""
     family = adjust_family({(c["claim"], c["rate"], m): d for c in pairs for m, d in c["diffs"].items()})
-    count = family_size(family)
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    count, unadjusted, survive = family_counts(family)
     lines = ["Claims whose two methods trained the grid at different learning rates, with both at one rate (the "
              "grid's run where its rate is that one, else a run of `benchmarks/tiny/same_rate.py` on the same seeds). "
              f"**Comparisons: {count}**; {unadjusted} significant unadjusted, {survive} survive Holm over them.", "",

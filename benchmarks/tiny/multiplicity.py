@@ -62,3 +62,10 @@ def adjust_family(diffs_by_key: dict) -> dict:
     keys = [key for key, p in tested.items() if p is not None]
     adjusted = dict(zip(keys, holm([tested[k] for k in keys])))
     return {key: (tested[key], adjusted.get(key)) for key in diffs_by_key}
+
+
+def family_counts(family: dict, alpha: float = ALPHA) -> tuple[int, int, int]:
+    """(comparisons, significant unadjusted, surviving Holm) of a family from :func:`adjust_family`: the entries
+    tested (2 or more paired seeds), those with p < ``alpha``, and those whose Holm-adjusted p is <= ``alpha``."""
+    tested = [(p, adjusted) for p, adjusted in family.values() if p is not None]
+    return (len(tested), sum(p < alpha for p, _ in tested), sum(adjusted <= alpha for _, adjusted in tested))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from multiplicity import adjust_family, holm_note
+from multiplicity import adjust_family, family_counts, holm_note
 from tiny_report import LABELS, interval, verdict
 
 #: (claim, method A, method B, problems): A - B per seed; "hard" = the base's all-fail problems
@@ -124,10 +124,6 @@ def claims_family(claims: list[dict]) -> dict:
     return adjust_family({(c["claim"], m): d for c in claims for m, d in c["diffs"].items() if m in METRICS})
 
 
-def family_size(family: dict) -> int:
-    return sum(p is not None for p, _ in family.values())
-
-
 def claim_diffs(runs: dict, base_eval: dict) -> list[dict]:
     """Per claim of :data:`CLAIMS` whose two methods ran: its paired differences per metric (lists over seeds)."""
     hard = hard_problems(base_eval)
@@ -143,8 +139,7 @@ def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) 
     claims = claims if claims is not None else claim_diffs(runs, base_eval)
     measured = {c["claim"]: c["diffs"] for c in claims}
     family = claims_family(claims)
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    count, unadjusted, survive = family_counts(family)
     drawn = {r["curve"][-1].get("passk_problems") for by_seed in runs.values() for r in by_seed.values()} - {None}
     untrained64 = base_eval.get("pass_at_k_large", {}).get("64")
     untrained64 = "-" if untrained64 is None else f"{untrained64:.3f}"
@@ -154,10 +149,10 @@ def claims_table(runs: dict, base_eval: dict, claims: list[dict] | None = None) 
              f"first {'/'.join(str(d) for d in sorted(drawn)) or '-'}), so no run can show a gain in it; coverage is "
              "read at pass@8 of the 8 samples at T=1. Each cell: paired difference A - B, mean ± 95% t half-width over "
              "seeds, and its verdict.", "",
-             f"**Comparisons: {family_size(family)}** (every cell with 2 or more paired seeds). A verdict that holds or "
+             f"**Comparisons: {count}** (every cell with 2 or more paired seeds). A verdict that holds or "
              "shows the reverse is significant unadjusted (its 95% interval excludes 0, i.e. the two-sided paired "
              "t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted p-value over all "
-             f"{family_size(family)} comparisons is <= 0.05 too, \"unadjusted only\" one that does not. "
+             f"{count} comparisons is <= 0.05 too, \"unadjusted only\" one that does not. "
              f"{unadjusted} verdicts are significant unadjusted, {survive} survive Holm.", "",
              "| claim (paper section) | A - B (problems) | seeds | greedy accuracy | pass@8 (T=1) | accuracy at T=1 | "
              "generated tokens A / B |",
@@ -263,9 +258,7 @@ def all_fail_vs_grpo_table(paired: dict, runs: dict | None = None) -> tuple[str,
     table and {(method, step): (p, Holm p)}."""
     family = adjust_family({(m, step): d for m, by_step in paired.items() for step, d in by_step.items()})
     steps = sorted({step for by_step in paired.values() for step in by_step})
-    count = sum(p is not None for p, _ in family.values())
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
+    count, unadjusted, survive = family_counts(family)
     lines = [f"Method - GRPO per seed, mean ± 95% t half-width over seeds (negative: fewer all-fail problems than "
              f"GRPO's). **Comparisons: {count}**; {unadjusted} significant unadjusted, {survive} survive Holm over "
              "them.", "", "| method | " + " | ".join(f"step {s}: method - GRPO" for s in steps)
@@ -387,7 +380,7 @@ def report(runs: dict, base_eval: dict, summary: dict, mechanisms: dict | None, 
                             f"{g['oracle_gain'][0]:+.3f} ± {g['oracle_gain'][1]:.3f}.\n")
     numbers = dict(hard_problems=len(hard_problems(base_eval)), all_fail_over_training=shares,
                    prime_share_of_oracle_gain=gain, prime_filter_share_of_oracle_gain=gain_filter,
-                   comparisons=family_size(family),
+                   comparisons=family_counts(family)[0],
                    all_fail_vs_grpo={m: {str(step): dict(interval=list(interval(d)), paired_t_p=fail_family[(m, step)][0],
                                                          holm_p=fail_family[(m, step)][1])
                                          for step, d in by_step.items()} for m, by_step in fail_paired.items()},

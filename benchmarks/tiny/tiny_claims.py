@@ -6,7 +6,7 @@ runs measured greedy accuracy gets regime_claims.py's table instead.
 
 from __future__ import annotations
 
-from multiplicity import adjust_family, holm_note
+from multiplicity import adjust_family, family_counts, holm_note
 from tiny_report import LABELS, backward_share, final_accuracy, final_pass, interval, paired, verdict
 
 __all__ = ["claims_table", "localization_verdict"]
@@ -105,14 +105,12 @@ def claims_table(runs: dict, summary: dict, base: dict, mechanisms: dict | None)
         add("... and reaches the process oracle", "final accuracy, PRIME - process credit",
             paired(runs, "prime", "process", final_accuracy), pair=("prime", "process"))
     family = adjust_family(tested)
-    count = sum(p is not None for p, _ in family.values())
+    count, unadjusted, survive = family_counts(family)
     for index, (p, adjusted) in family.items():
         note = holm_note(p, adjusted)
         if note:
             claim, test, number, said, tokens = rows[index]
             rows[index] = (claim, test, number, f"{said}; {note}", tokens)
-    survive = sum(1 for p, adj in family.values() if p is not None and adj <= 0.05)
-    unadjusted = sum(1 for p, adj in family.values() if p is not None and p < 0.05)
     lines = [f"**Comparisons: {count}** (the rows read from paired seeds; the mechanism rows are readings, not tests). "
              "A verdict that holds or shows the reverse is significant unadjusted (its 95% interval excludes 0: the "
              "two-sided paired t-test over seeds gives p < 0.05); \"survives Holm\" marks one whose Holm-adjusted "
