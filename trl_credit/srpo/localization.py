@@ -124,7 +124,16 @@ def sums_step_checker(question: str, thoughts: Sequence[str]) -> int | None:
     return step_checker(question, list(thoughts))
 
 
-STEP_CHECKERS: dict[str, StepChecker] = {"chain": chain_step_checker, "sums": sums_step_checker}
+def keychain_step_checker(question: str, thoughts: Sequence[str]) -> int | None:
+    """Step checker of the tool regime's key-chain task (trl_credit/tasks/keychain.py; multi-turn rollouts, one step per
+    model turn): the step of the first call that does not copy the last tool result."""
+    from trl_credit.tasks.keychain import transcript_first_wrong
+
+    return transcript_first_wrong(question, thoughts)
+
+
+STEP_CHECKERS: dict[str, StepChecker] = {"chain": chain_step_checker, "sums": sums_step_checker,
+                                         "keychain": keychain_step_checker}
 
 
 def resolve_step_checker(value) -> StepChecker | None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 __all__ = [
     "KEYS",
@@ -48,6 +49,7 @@ __all__ = [
     "make_dataset",
     "expected_calls",
     "first_wrong_call",
+    "transcript_first_wrong",
     "KeyChainEnvironment",
     "scripted_episode",
 ]
@@ -155,6 +157,52 @@ def first_wrong_call(store, start: str, calls: list[tuple[str, object]]) -> tupl
     if len(calls) < len(expected):
         return len(calls) + 1, "missing"
     return None, None
+
+
+_START = re.compile(r'from "([^"]+)"')
+_CALL = re.compile(r'"name":\s*"(\w+)",\s*"arguments":\s*(\{[^{}]*\})')
+_RESULT = "Tool result: "
+
+
+def transcript_first_wrong(question: str, thoughts) -> int | None:
+    """SRPO's step checker of the task (``step_checker="keychain"``, reset="oracle"): the 1-indexed step of the first
+    wrong call, read from the transcript alone. ``thoughts``: the steps of a multi-turn rollout as SRPO's localization
+    shows them (trl_credit/srpo/multiturn.py: the model's text of the step, then a ``Tool result: ...`` line per tool
+    message after it); ``question``: the prompt, which names the start key.
+
+    The store is not needed: a right call copies the last result (the start key first; ``submit`` once the result
+    is an answer), so the first call that does not is :func:`first_wrong_call`'s first wrong call whenever every call
+    before it was right (tests/test_testbed_tools.py checks the two agree on played episodes). A step whose calls
+    cannot be parsed, or one without a call before the submission, is the missing call; calls after the right
+    submission are extra. None: every call right and the answer submitted."""
+    match = _START.search(question)
+    if match is None:
+        return None
+    due, submitted = match.group(1), False
+    for step, text in enumerate(thoughts, start=1):
+        model_text, *results = text.split("\n" + _RESULT)
+        calls = _CALL.findall(model_text)
+        if not calls:
+            if submitted:
+                continue
+            return step  # stops short of the submission (or a call TRL could not parse)
+        for index, (name, arguments) in enumerate(calls):
+            if submitted:
+                return step  # a call after the right submission
+            try:
+                argument = next(iter(json.loads(arguments).values()), None)
+            except (json.JSONDecodeError, StopIteration):
+                return step
+            wanted = "submit" if due in ANSWERS else "lookup"
+            if name != wanted or argument != due:
+                return step
+            if name == "submit":
+                submitted = True
+            else:
+                due = results[index].strip() if index < len(results) else None
+                if due is None:
+                    return step  # no result recorded for a call: the transcript ended in it
+    return None if submitted else len(thoughts)
 
 
 class KeyChainEnvironment:
