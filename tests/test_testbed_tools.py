@@ -210,3 +210,70 @@ def test_the_committed_model_meets_the_start_conditions():
     # systematic: greedy solves the trap-free chains and none with a trap key
     assert profile["by_trap_keys"]["0"]["greedy"] >= 0.9
     assert all(profile["by_trap_keys"][n]["greedy"] <= 0.1 for n in profile["by_trap_keys"] if n != "0")
+
+
+# SRPO's oracle resets in the regime read the first wrong call from the transcript (keychain.transcript_first_wrong):
+# one step per model turn, as srpo/multiturn.py's transcript_texts shows it (the turn's text, then its tool results).
+QUESTION = keychain.QUESTION.format(start="oak")
+
+
+def _turn(name, argument, result=None):
+    key = "key" if name == "lookup" else "answer"
+    text = f'<tool_call>\n{{"name": "{name}", "arguments": {{"{key}": "{argument}"}}}}\n</tool_call>'
+    return text + (f"\nTool result: {result}" if result is not None else "")
+
+
+def _transcript(calls, closing=True):
+    env = KeyChainEnvironment()
+    env.reset(store=json.dumps(STORE), start="oak")
+    thoughts = []
+    for name, argument in calls:
+        try:
+            result = getattr(env, name)(argument)
+        except Exception as error:  # as TRL's loop records a failed call
+            result = str({"error": str(error)})
+        thoughts.append(_turn(name, argument, result))
+    return thoughts + ([keychain.CLOSING] if closing else [])
+
+
+@pytest.mark.parametrize("calls, step", [
+    (RIGHT, None),  # every call copies the last result, the answer submitted, then the closing turn
+    ([*RIGHT[:2], ("lookup", "lemon"), ("submit", "navy")], 3),  # lemon where the last result said lime
+    ([*RIGHT[:1], ("lookup", "elm")], 2),
+    ([*RIGHT[:3], ("submit", "navy")], 4),
+    ([*RIGHT[:1], ("submit", "teal")], 2),  # a submission where a key was due (the result was fern)
+    (RIGHT[:2], 3),  # stopped after two lookups: the closing turn (step 3) is where the third call was due
+    ([*RIGHT, ("lookup", "oak")], 5),  # a call after the right submission
+])
+def test_transcript_checker_finds_the_first_wrong_call(calls, step):
+    assert keychain.transcript_first_wrong(QUESTION, _transcript(calls)) == step
+
+
+def test_transcript_checker_reads_an_unparsed_call_and_a_cut_transcript_as_the_missing_call():
+    thoughts = _transcript(RIGHT[:2], closing=False) + ['<tool_call>\n{"name": "lookup", "argum']
+    assert keychain.transcript_first_wrong(QUESTION, thoughts) == 3
+    assert keychain.transcript_first_wrong(QUESTION, _transcript(RIGHT[:2], closing=False)) == 2  # ends: the last step
+
+
+def test_transcript_checker_agrees_with_the_environments_checker_on_scripted_episodes():
+    # Independent reference: first_wrong_call, which knows the store; one call per model turn, so call k is step k.
+    rng = random.Random(3)
+    data = keychain.make_dataset(num_train=200, num_test=1)["train"]
+    kinds = set()
+    for row in data:
+        episode = keychain.scripted_episode(row, 0.8, rng)
+        calls, thoughts = [], []
+        messages = episode["messages"][1:]
+        for message in messages:
+            if message["role"] == "assistant" and message.get("tool_calls"):
+                function = message["tool_calls"][0]["function"]
+                calls.append((function["name"], next(iter(function["arguments"].values()))))
+                thoughts.append(_turn(function["name"], calls[-1][1]))
+            elif message["role"] == "tool":
+                thoughts[-1] += f"\nTool result: {message['content']}"
+            else:
+                thoughts.append(message["content"])
+        wrong, kind = first_wrong_call(row["store"], row["start"], calls)
+        kinds.add(kind)
+        assert keychain.transcript_first_wrong(row["prompt"][0]["content"], thoughts) == wrong
+    assert kinds == {None, "planted"}  # both right episodes and planted errors were checked

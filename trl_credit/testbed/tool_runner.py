@@ -32,10 +32,14 @@ TOOL_SHARED = dict(num_generations=8, temperature=1.0, top_p=1.0, max_completion
                    max_tool_calling_iterations=MAX_TOOL_CALLS, loss_type="dapo", beta=0.0)
 TOOL_PROMPTS_PER_STEP = 4
 
+#: The verifier of every method that reads one (success, OPPO's evidence, PRIME's labels, SRPO's failed seeds, DATPO's
+#: V_root): the environment's reward, as TRL names it (the first reward function is the format reward).
+_OUTCOME = "KeyChainEnvironment"
+
 #: SRPO in the regime: a step is a model turn (the delimiter never occurs), resets land at a turn's start, one reset
 #: group of 4 suffixes; the environment is replayed to the reset point (docs/multiturn.md#srpo--rrpo-resets).
 _SRPO = dict(rollout_template="none", thought_delimiter="</thought>", reset_groups=1, suffixes_per_reset=4,
-             step_checker="keychain", success_reward="KeyChainEnvironment")
+             step_checker="keychain", success_reward=_OUTCOME)
 
 TOOL_METHODS = ("grpo", "process", "oppo", "srpo", "rrpo", "srpo_oracle", "prime", "datpo")
 
@@ -60,10 +64,11 @@ def tool_method_spec(name: str) -> dict:
         return dict(trainer=trl.GRPOTrainer, config=trl.GRPOConfig, fields={}, kwargs={})
     if name == "process":  # the oracle: the environment's turn rewards (1 up to the first wrong call, 0 from it on)
         return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
-                    fields=dict(credit="process", process_step_reward="environment"), kwargs={})
+                    fields=dict(credit="process", process_step_reward="environment", success_reward=_OUTCOME),
+                    kwargs={})
     if name == "oppo":  # the policy shown the answer (the chain's colour) as the oracle
         return dict(trainer=trl_credit.OPPOTrainer, config=trl_credit.OPPOConfig,
-                    fields=dict(oracle="self", answer_column="answer"), kwargs={})
+                    fields=dict(oracle="self", answer_column="answer", success_reward=_OUTCOME), kwargs={})
     if name in ("srpo", "rrpo", "srpo_oracle"):
         # self: the policy's scored localization (the model never saw the localization prompt: where its resets land
         # is measured, not assumed); random: RRPO; oracle: the first wrong call, read from the transcript
@@ -72,11 +77,11 @@ def tool_method_spec(name: str) -> dict:
                     fields=dict(_SRPO, reset=reset, localization="scored", localization_max_tokens=12), kwargs={})
     if name == "prime":  # the implicit PRM from the outcome labels, its rate at the released recipe's ratio (2x)
         return dict(trainer=trl_credit.CreditTrainer, config=trl_credit.CreditConfig,
-                    fields=dict(credit="implicit_prm", success_reward="KeyChainEnvironment"), kwargs={},
+                    fields=dict(credit="implicit_prm", success_reward=_OUTCOME), kwargs={},
                     lr_scaled=dict(prime_learning_rate=2.0))
     if name == "datpo":  # G/2 base rollouts, forks inside model turns, branches through the tool loop
         return dict(trainer=trl_credit.DATPOTrainer, config=trl_credit.DATPOConfig,
-                    fields=dict(num_generations=4, success_reward="KeyChainEnvironment"), kwargs={})
+                    fields=dict(num_generations=4, success_reward=_OUTCOME), kwargs={})
     raise ValueError(f"unknown tool regime method {name!r}; choose from {list(TOOL_METHODS)}")
 
 

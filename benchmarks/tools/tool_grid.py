@@ -1,0 +1,173 @@
+"""The tool regime's grid (docs/testbed.md#the-tool-regime, BENCHMARKS.md §8): every method of
+``trl_credit.testbed.tool_runner.TOOL_METHODS`` trained from the regime's model through TRL's tool loop, measured with
+the training prompt. Resumable (a run whose JSON exists with the same settings is skipped), one thread per worker::
+
+    python benchmarks/tools/tool_grid.py sweep  --methods grpo process oppo --rates 3e-4 1e-3 --seeds 100-103
+    python benchmarks/tools/tool_grid.py report --methods grpo process oppo --seeds 0-15   # at each one's sweep rate
+    python benchmarks/tools/tool_grid.py summary                                           # summary.json + tables
+
+The sweep's seeds (100+) are kept apart from the reported ones (0-15); a method's rate is the one with the best mean
+final T=1 accuracy over the sweep seeds it ran at every rate. ``summary`` pairs every method with GRPO on the
+reported seeds it shares with it (the same seed: the same prompts, initial sampling state and evaluation draws).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "tools")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "tiny"))
+
+#: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
+RUN_KEYS = ("steps", "eval_samples", "eval_rows")
+
+
+def _setup_worker():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(1)
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def run_path(phase: str, method: str, rate: float, seed: int) -> str:
+    return os.path.join(RESULTS, phase, f"{method}_lr{rate:g}_seed{seed}.json")
+
+
+def one_run(job: dict) -> dict:
+    _setup_worker()
+    from trl_credit.testbed.tool_runner import run_tools
+
+    result = run_tools(job["method"], job["seed"], job["learning_rate"], steps=job["settings"]["steps"],
+                       eval_samples=job["settings"]["eval_samples"], eval_rows=job["settings"]["eval_rows"])
+    # per-step logs kept short: the rewards and the methods' own metrics, not TRL's whole log line
+    keep = ("reward", "tools/call_frequency", "completions/mean_length", "frac_reward_zero_std")
+    result["logs"] = [{k: v for k, v in log.items() if k in keep or "/" in k and k.split("/")[0] in
+                       ("srpo", "oppo", "process", "prime", "datpo", "rewards")} for log in result["logs"]]
+    saved = dict(method=job["method"], learning_rate=job["learning_rate"], seed=job["seed"],
+                 settings=job["settings"], **result)
+    os.makedirs(os.path.dirname(job["path"]), exist_ok=True)
+    with open(job["path"] + ".tmp", "w") as f:
+        json.dump(saved, f)
+    os.replace(job["path"] + ".tmp", job["path"])
+    return saved
+
+
+def _done(job: dict) -> bool:
+    if not os.path.exists(job["path"]):
+        return False
+    with open(job["path"]) as f:
+        return json.load(f).get("settings") == job["settings"]
+
+
+def run_jobs(jobs: list[dict], workers: int) -> None:
+    jobs = [job for job in jobs if not _done(job)]
+    if not jobs:
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(one_run, job): job for job in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            job = futures[future]
+            try:
+                done = future.result()
+            except Exception as error:  # one failed run is reported and the grid goes on
+                print(f"FAILED {job['method']} lr {job['learning_rate']:g} seed {job['seed']}: {error!r}", flush=True)
+                continue
+            final = done["final"]
+            print(f"{job['method']} lr {job['learning_rate']:g} seed {job['seed']}: greedy "
+                  f"{final['greedy_accuracy']:.3f} T=1 {final['accuracy']:.3f} tokens {done['generated_tokens']} "
+                  f"train {done['train_cpu_seconds']:.0f} CPU s", flush=True)
+
+
+def load(phase: str) -> list[dict]:
+    folder = os.path.join(RESULTS, phase)
+    if not os.path.isdir(folder):
+        return []
+    runs = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                runs.append(json.load(f))
+    return runs
+
+
+def chosen_rates(sweep: list[dict]) -> dict:
+    """Per method, the rate with the best mean final T=1 accuracy over the sweep seeds it ran at every one of its
+    rates (ties: the lower rate); ``{method: {"rate", "means", "seeds"}}``."""
+    by_method: dict = {}
+    for run in sweep:
+        by_method.setdefault(run["method"], {}).setdefault(run["learning_rate"], {})[run["seed"]] = \
+            run["final"]["accuracy"]
+    choices = {}
+    for method, rates in by_method.items():
+        seeds = set.intersection(*(set(s) for s in rates.values()))
+        if not seeds:
+            continue
+        means = {rate: statistics.fmean(runs[s] for s in seeds) for rate, runs in rates.items()}
+        best = max(sorted(means), key=lambda rate: means[rate])
+        choices[method] = dict(rate=best, means={f"{r:g}": round(m, 4) for r, m in sorted(means.items())},
+                               seeds=sorted(seeds))
+    return choices
+
+
+def _seeds(text: str) -> list[int]:
+    seeds = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds += list(range(int(low), int(high or low) + 1))
+    return seeds
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=("sweep", "report", "summary"))
+    parser.add_argument("--methods", nargs="+", default=None)
+    parser.add_argument("--rates", nargs="+", type=float, default=[3e-4, 1e-3])
+    parser.add_argument("--seeds", type=str, default=None, help="e.g. 0-15 or 100-103,107")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--eval-samples", type=int, default=8)
+    parser.add_argument("--eval-rows", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    from trl_credit.testbed.tool_runner import TOOL_METHODS
+
+    methods = args.methods or [m for m in TOOL_METHODS if m != "rrpo"]
+    settings = dict(steps=args.steps, eval_samples=args.eval_samples, eval_rows=args.eval_rows)
+    if args.phase == "summary":
+        import tool_summary
+
+        tool_summary.main(RESULTS, chosen_rates(load("sweep")))
+        return
+    if args.phase == "sweep":
+        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings, path=run_path("sweep", m, r, s))
+                for s in _seeds(args.seeds or "100-103") for m in methods for r in args.rates]
+    else:
+        rates = chosen_rates(load("sweep"))
+        missing = [m for m in methods if m not in rates]
+        if missing:
+            raise SystemExit(f"no sweep for {missing}: run the sweep first")
+        jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings,
+                     path=run_path("runs", m, rates[m]["rate"], s))
+                for s in _seeds(args.seeds or "0-15") for m in methods]
+    run_jobs(jobs, args.workers)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    main()
