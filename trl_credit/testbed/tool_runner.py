@@ -111,15 +111,18 @@ def _count_generated(model, eos_id: int, pad_id: int) -> dict:
     return counted
 
 
-def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: int = 1234) -> dict:
-    """Greedy accuracy on every ``test`` row and ``samples`` episodes at temperature 1 on the first ``sampled_rows``
-    (accuracy = pass@1, pass@k up to ``samples``), with the training prompt through TRL's tool loop; per-row counts
-    for paired statistics, and where the episodes first went wrong."""
+def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: int = 1234,
+                   greedy_rows: int | None = None) -> dict:
+    """Greedy accuracy on every ``test`` row (the first ``greedy_rows``) and ``samples`` episodes at temperature 1 on
+    the first ``sampled_rows`` (accuracy = pass@1, pass@k up to ``samples``), with the training prompt through TRL's
+    tool loop; per-row counts for paired statistics, the share of rows all-fail in ``samples``, and where the
+    episodes first went wrong."""
     from trl_credit.testbed.runner import pass_at_k
 
     state = torch.get_rng_state(), random.getstate()
     try:
-        greedy = tool_rollouts(model, test, 1, greedy=True, seed=seed)
+        greedy_test = test if greedy_rows is None else test.select(range(min(greedy_rows, len(test))))
+        greedy = tool_rollouts(model, greedy_test, 1, greedy=True, seed=seed)
         sampled = tool_rollouts(model, test.select(range(min(sampled_rows, len(test)))), samples, seed=seed + 1)
     finally:
         torch.set_rng_state(state[0])
@@ -136,16 +139,19 @@ def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: 
                 accuracy=sum(correct) / (samples * len(correct)), correct_per_row=correct,
                 pass_at_k={k: sum(pass_at_k(samples, c, k) for c in correct) / len(correct)
                            for k in range(1, samples + 1)},
+                all_fail_share=sum(c == 0 for c in correct) / len(correct),
                 mean_calls=sum(r["calls"] for r in sampled) / len(sampled), first_wrong_kinds=kinds,
                 mean_completion_tokens=sum(r["completion_tokens"] for r in sampled) / len(sampled))
 
 
 def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eval_samples: int = 8,
               eval_rows: int = 64, model_path: str | None = None, on_trainer=None, evaluate_at_end: bool = True,
-              **fields) -> dict:
+              greedy_rows: int | None = None, **fields) -> dict:
     """Train grid method ``method`` (:data:`TOOL_METHODS`) from the regime's model ``steps`` steps at ``learning_rate``
     (``fields`` on top of its settings) and evaluate it at the end (:func:`evaluate_tools`). Returns the final
-    report, the generated model tokens, TRL's logged metrics per step and the CPU seconds of training."""
+    report, the generated model tokens, TRL's logged metrics per step, the all-fail share of the groups (of
+    ``num_generations`` rows as TRL scores them: GRPO's groups; a rollout part's rows in its own order) of every
+    training batch, and the CPU seconds of training."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
     from trl_credit.testbed.runner import method_fields
@@ -164,9 +170,18 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
     settings.update(method_fields(spec, learning_rate))
     settings.update(fields)
     settings["per_device_train_batch_size"] = TOOL_PROMPTS_PER_STEP * settings["num_generations"]
+    outcomes: list[list[float]] = []  # per reward call (a training batch): each rollout's outcome, in TRL's row order
+
+    def format_reward_recording(completions, environments=None, **kwargs):
+        # the format reward, recording the outcomes it does not score (the all-fail share of the batch's groups)
+        if environments is not None:
+            outcomes.append([float(env.get_reward()) for env in environments])
+        return format_reward(completions)
+
+    format_reward_recording.__name__ = "format_reward"
     with hidden_library_deprecations():
         config = spec["config"](**settings)
-        trainer = spec["trainer"](model=model, reward_funcs=[format_reward], args=config,
+        trainer = spec["trainer"](model=model, reward_funcs=[format_reward_recording], args=config,
                                   train_dataset=data["train"], processing_class=tokenizer,
                                   environment_factory=keychain.KeyChainEnvironment, **spec["kwargs"])
     trainer.remove_callback(PrinterCallback)
@@ -177,14 +192,17 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
     train_cpu = time.process_time() - cpu_start
     tokens, calls = counted["tokens"], counted["calls"]
     model.generate = type(model).generate.__get__(model)  # evaluation's tokens are not the run's
-    report = evaluate_tools(model, data["test"], samples=eval_samples, sampled_rows=eval_rows) if evaluate_at_end \
-        else None
+    report = evaluate_tools(model, data["test"], samples=eval_samples, sampled_rows=eval_rows,
+                            greedy_rows=greedy_rows) if evaluate_at_end else None
     logs = [log for log in trainer.state.log_history if "reward" in log]
     if not os.environ.get("TRL_CREDIT_KEEP_OUTPUT"):
         import shutil
 
         shutil.rmtree(settings["output_dir"], ignore_errors=True)
-    return dict(final=report, generated_tokens=tokens, generate_calls=calls, logs=logs, train_cpu_seconds=train_cpu,
+    group = settings["num_generations"]
+    all_fail = [sum(not any(batch[i: i + group]) for i in range(0, len(batch) - group + 1, group))
+                / max(1, len(batch) // group) for batch in outcomes]
+    return dict(final=report, generated_tokens=tokens, train_all_fail_share=all_fail, generate_calls=calls, logs=logs, train_cpu_seconds=train_cpu,
                 wall_seconds=time.perf_counter() - start,
                 eval_cpu_seconds=time.process_time() - cpu_start - train_cpu,
                 settings={k: v for k, v in settings.items() if k != "output_dir"})

@@ -1,0 +1,122 @@
+"""The tool regime grid's summary (``python benchmarks/tools/tool_grid.py summary``): summary.json and report.md under
+benchmarks/results/tools/.
+
+- The sweep: each method's mean final T=1 accuracy per rate over its sweep seeds, and the rate chosen.
+- The claims: every method against GRPO on the reported seeds both ran (paired by seed), on three metrics: greedy
+  accuracy (256 held-out chains), T=1 accuracy and pass@8 (8 samples on the first 64). Each cell is the mean paired
+  difference with its 95% t-interval; the table's comparisons form one family for Holm's correction
+  (benchmarks/tiny/multiplicity.py); a difference the interval does not show gets the smallest one its seeds could
+  detect (80% power, alpha 0.05: the MDE). Generated model tokens are reported beside every row, as a ratio to
+  GRPO's on the same seeds: the methods are compared at equal optimizer steps, not equal tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+import multiplicity
+from tiny_report import interval, minimum_detectable
+
+METRICS = {"greedy": lambda run: run["final"]["greedy_accuracy"], "T=1": lambda run: run["final"]["accuracy"],
+           "pass@8": lambda run: run["final"]["pass_at_k"]["8"] if "8" in run["final"]["pass_at_k"]
+           else run["final"]["pass_at_k"][8]}
+
+
+def by_method(runs: list[dict]) -> dict[str, dict[int, dict]]:
+    out: dict = {}
+    for run in runs:
+        out.setdefault(run["method"], {})[run["seed"]] = run
+    return out
+
+
+def claims(runs: dict) -> list[dict]:
+    """Every method against GRPO, per metric: the paired differences over the seeds both ran."""
+    rows = []
+    for method in sorted(m for m in runs if m != "grpo"):
+        seeds = sorted(set(runs[method]) & set(runs.get("grpo", {})))
+        tokens = [runs[method][s]["generated_tokens"] / runs["grpo"][s]["generated_tokens"] for s in seeds]
+        for metric, value in METRICS.items():
+            diffs = [value(runs[method][s]) - value(runs["grpo"][s]) for s in seeds]
+            rows.append(dict(method=method, metric=metric, seeds=seeds, diffs=diffs,
+                             token_ratio=statistics.fmean(tokens) if tokens else None))
+    return rows
+
+
+def _verdict(diffs: list[float], p, adjusted) -> str:
+    if len(diffs) < 2:
+        return "not tested (fewer than 2 paired seeds)"
+    mean, half = interval(diffs)
+    note = multiplicity.holm_note(p, adjusted)
+    if mean - half > 0:
+        return f"higher than GRPO; {note}"
+    if mean + half < 0:
+        return f"lower than GRPO; {note}"
+    mde = minimum_detectable(diffs)
+    return "not shown (MDE " + ("n/a under 3 seeds" if math.isnan(mde) else f"{mde:.3f}") + ")"
+
+
+def claims_table(rows: list[dict]) -> tuple[str, dict]:
+    family = multiplicity.adjust_family({(r["method"], r["metric"]): r["diffs"] for r in rows})
+    compared, unadjusted, surviving = multiplicity.family_counts(family)
+    lines = [f"{compared} comparisons (every method against GRPO on three metrics): {unadjusted} significant "
+             f"unadjusted, {surviving} after Holm.", "",
+             "| method | metric | seeds | difference vs GRPO (95% CI) | verdict | tokens vs GRPO |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        p, adjusted = family[(r["method"], r["metric"])]
+        mean, half = interval(r["diffs"]) if r["diffs"] else (math.nan, math.nan)
+        ratio = "-" if r["token_ratio"] is None else f"{r['token_ratio']:.2f}x"
+        lines.append(f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {mean:+.3f} ± {half:.3f} | "
+                     f"{_verdict(r['diffs'], p, adjusted)} | {ratio} |")
+    counts = dict(comparisons=compared, significant_unadjusted=unadjusted, surviving_holm=surviving)
+    return "\n".join(lines) + "\n", counts
+
+
+def levels_table(runs: dict) -> str:
+    lines = ["| method | seeds | greedy | T=1 | pass@8 | held-out all-fail | tokens (mean) | train CPU s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for method in sorted(runs, key=lambda m: (m != "grpo", m)):
+        seeds = runs[method]
+        cells = [statistics.fmean(value(r) for r in seeds.values()) for value in METRICS.values()]
+        all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
+        tokens = statistics.fmean(r["generated_tokens"] for r in seeds.values())
+        cpu = statistics.fmean(r["train_cpu_seconds"] for r in seeds.values())
+        lines.append(f"| {method} | {len(seeds)} | " + " | ".join(f"{c:.3f}" for c in cells)
+                     + f" | {all_fail:.3f} | {tokens:,.0f} | {cpu:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_table(choices: dict) -> str:
+    rates = sorted({r for c in choices.values() for r in c["means"]}, key=float)
+    lines = ["| method | sweep seeds | " + " | ".join(f"T=1 at {r}" for r in rates) + " | chosen |",
+             "| --- | --- |" + " --- |" * len(rates) + " --- |"]
+    for method, c in sorted(choices.items()):
+        lines.append(f"| {method} | {', '.join(map(str, c['seeds']))} | "
+                     + " | ".join(f"{c['means'][r]:.3f}" if r in c["means"] else "-" for r in rates)
+                     + f" | {c['rate']:g} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(results: str, choices: dict) -> dict:
+    import tool_grid
+
+    runs = by_method(tool_grid.load("runs"))
+    sweep = by_method(tool_grid.load("sweep"))
+    rows = claims(runs)
+    table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
+    report = "\n".join([
+        "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
+        sweep_table(choices), "## Sweep levels", "", levels_table(sweep), "## Reported seeds", "",
+        levels_table(runs) if runs else "none yet\n", "## Against GRPO", "", table])
+    summary = dict(chosen_rates=choices, claims=[{k: v for k, v in r.items()} for r in rows], family=counts,
+                   reported_seeds={m: sorted(s) for m, s in runs.items()},
+                   sweep_seeds={m: sorted(s) for m, s in sweep.items()})
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(results, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+    return summary

@@ -1,0 +1,89 @@
+"""The tool regime's runner (trl_credit/testbed/tool_runner.py) and its grid's summary (benchmarks/tools/): one
+training step through TRL's tool loop counted and measured, every grid method configured, the sweep's rate choice and
+the claims table on hand-made runs."""
+
+import math
+
+import pytest
+
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
+import tool_grid
+import tool_summary
+from trl_credit.testbed import tool_runner
+
+
+def test_one_step_counts_the_models_tokens_and_measures_the_end():
+    captured = []
+
+    def record_rollouts(trainer):
+        generate_and_score = trainer._generate_and_score_completions
+
+        def wrapped(inputs):
+            out = generate_and_score(inputs)
+            # the model's tokens of the batch: its completion tokens (padding out) that are not tool results
+            captured.append(int((out["completion_mask"] * out["tool_mask"]).sum()))
+            return out
+
+        trainer._generate_and_score_completions = wrapped
+
+    result = tool_runner.run_tools("grpo", 0, 3e-4, steps=1, eval_samples=2, eval_rows=4, greedy_rows=8,
+                                   on_trainer=record_rollouts)
+    # every generate call counted to its EOS is what TRL's batch holds as model tokens (tool results not generated)
+    assert captured and result["generated_tokens"] == sum(captured)
+    assert result["generate_calls"] >= 5  # the first turn, then a tool-loop round per call (4-7 calls)
+    final = result["final"]
+    assert len(final["greedy_correct"]) == 8 and final["greedy_accuracy"] == sum(final["greedy_correct"]) / 8
+    assert len(final["correct_per_row"]) == 4 and all(0 <= c <= 2 for c in final["correct_per_row"])
+    assert final["pass_at_k"][1] == pytest.approx(final["accuracy"])
+    # one batch of 4 groups of 8: the all-fail share is a multiple of 1/4
+    assert len(result["train_all_fail_share"]) == 1 and result["train_all_fail_share"][0] * 4 in (0, 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("method", tool_runner.TOOL_METHODS)
+def test_every_grid_method_builds_its_config(method, tmp_path):
+    spec = tool_runner.tool_method_spec(method)
+    from trl_credit.testbed.runner import method_fields
+
+    fields = dict(tool_runner.TOOL_SHARED, output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    fields.update(method_fields(spec, 3e-4))
+    fields["per_device_train_batch_size"] = tool_runner.TOOL_PROMPTS_PER_STEP * fields["num_generations"]
+    config = spec["config"](**fields)
+    assert config.max_tool_calling_iterations == tool_runner.MAX_TOOL_CALLS
+    if hasattr(config, "success_reward"):  # the verifier is the environment's reward, not the format reward
+        assert config.success_reward == "KeyChainEnvironment"
+
+
+def test_unknown_method_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown tool regime method 'ppo'.*grpo"):
+        tool_runner.tool_method_spec("ppo")
+
+
+def _run(method, seed, rate, greedy, t1, pass8, tokens=1000):
+    return dict(method=method, seed=seed, learning_rate=rate, generated_tokens=tokens, train_cpu_seconds=1.0,
+                final=dict(greedy_accuracy=greedy, accuracy=t1, pass_at_k={"8": pass8}, all_fail_share=0.0))
+
+
+def test_the_sweep_chooses_the_best_mean_on_the_seeds_run_at_every_rate():
+    sweep = [_run("grpo", 100, 3e-4, 0, 0.40, 0), _run("grpo", 101, 3e-4, 0, 0.50, 0),
+             _run("grpo", 100, 6e-4, 0, 0.60, 0),  # seed 101 missing at 6e-4: only seed 100 compares
+             _run("oppo", 100, 3e-4, 0, 0.30, 0), _run("oppo", 100, 6e-4, 0, 0.20, 0)]
+    choices = tool_grid.chosen_rates(sweep)
+    assert choices["grpo"]["rate"] == 6e-4 and choices["grpo"]["seeds"] == [100]  # 0.60 > 0.40 on seed 100
+    assert choices["oppo"]["rate"] == 3e-4
+
+
+def test_the_claims_pair_by_seed_and_count_the_family():
+    runs = tool_summary.by_method([
+        _run("grpo", 0, 3e-4, 0.40, 0.40, 0.6, tokens=1000), _run("grpo", 1, 3e-4, 0.50, 0.45, 0.7, tokens=1000),
+        _run("grpo", 2, 3e-4, 0.30, 0.40, 0.6, tokens=1000),
+        _run("process", 0, 3e-4, 0.50, 0.40, 0.6, tokens=1500), _run("process", 1, 3e-4, 0.60, 0.45, 0.7, tokens=500),
+        _run("process", 2, 3e-4, 0.40, 0.40, 0.6, tokens=1000)])
+    rows = tool_summary.claims(runs)
+    greedy = next(r for r in rows if r["metric"] == "greedy")
+    assert greedy["diffs"] == pytest.approx([0.1, 0.1, 0.1]) and greedy["seeds"] == [0, 1, 2]
+    assert greedy["token_ratio"] == pytest.approx((1.5 + 0.5 + 1.0) / 3)
+    table, counts = tool_summary.claims_table(rows)
+    # greedy: +0.1 on every seed (no spread: p = 0) survives; T=1 and pass@8: no difference (p = 1)
+    assert counts == dict(comparisons=3, significant_unadjusted=1, surviving_holm=1)
+    assert "| process | greedy | 3 | +0.100" in table and "higher than GRPO; survives Holm" in table
+    assert "not shown (MDE" in table
