@@ -87,3 +87,14 @@ def test_the_claims_pair_by_seed_and_count_the_family():
     assert counts == dict(comparisons=3, significant_unadjusted=1, surviving_holm=1)
     assert "| process | greedy | 3 | +0.100" in table and "higher than GRPO; survives Holm" in table
     assert "not shown (MDE" in table
+
+
+def test_a_grid_run_is_saved_then_skipped(tmp_path, monkeypatch):
+    # the trainer's settings travel as "config": "settings" is the grid's own (what a resumed run must match)
+    monkeypatch.setattr(tool_runner, "evaluate_tools", lambda model, test, **kw: dict(greedy_accuracy=0.5))
+    job = dict(method="grpo", learning_rate=3e-4, seed=5, settings=dict(steps=1, eval_samples=2, eval_rows=2),
+               path=str(tmp_path / "sweep" / "grpo.json"))
+    saved = tool_grid.one_run(job)
+    assert saved["settings"] == job["settings"] and saved["config"]["learning_rate"] == 3e-4
+    assert tool_grid._done(job)
+    assert not tool_grid._done(dict(job, settings=dict(job["settings"], steps=2)))  # other settings: redone

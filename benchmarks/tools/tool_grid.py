@@ -59,6 +59,7 @@ def one_run(job: dict) -> dict:
     keep = ("reward", "tools/call_frequency", "completions/mean_length", "frac_reward_zero_std")
     result["logs"] = [{k: v for k, v in log.items() if k in keep or "/" in k and k.split("/")[0] in
                        ("srpo", "oppo", "process", "prime", "datpo", "rewards")} for log in result["logs"]]
+    result["config"] = result.pop("settings")  # the trainer's settings; "settings" is the grid's (RUN_KEYS)
     saved = dict(method=job["method"], learning_rate=job["learning_rate"], seed=job["seed"],
                  settings=job["settings"], **result)
     os.makedirs(os.path.dirname(job["path"]), exist_ok=True)
