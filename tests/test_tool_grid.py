@@ -98,3 +98,22 @@ def test_a_grid_run_is_saved_then_skipped(tmp_path, monkeypatch):
     assert saved["settings"] == job["settings"] and saved["config"]["learning_rate"] == 3e-4
     assert tool_grid._done(job)
     assert not tool_grid._done(dict(job, settings=dict(job["settings"], steps=2)))  # other settings: redone
+
+
+def test_the_edge_by_trap_keys_beside_what_compounding_predicts():
+    rows = [dict(traps=0, calls=4), dict(traps=1, calls=4), dict(traps=1, calls=5), dict(traps=2, calls=5)]
+
+    def run(method, seed, greedy):
+        return dict(method=method, seed=seed, final=dict(greedy_correct=greedy))
+
+    runs = tool_summary.by_method([run("grpo", 0, [1, 1, 0, 0]), run("grpo", 1, [1, 0, 1, 0]),
+                                   run("process", 0, [1, 1, 1, 1]), run("process", 1, [1, 1, 1, 0])])
+    table = {r["value"]: r for r in tool_summary.by_chain(runs, rows, "process", "traps")}
+    # one-trap chains: GRPO 0.5 on both seeds, process 1.0 on both: q = 0.5 and 1.0
+    assert table[1]["edge"] == pytest.approx(0.5) and table[1]["compounding"] == pytest.approx(1.0 - 0.5)
+    # two trap keys: compounding predicts 1.0^2 - 0.5^2 = 0.75; observed: seed 0 +1, seed 1 0 -> mean 0.5
+    assert table[2]["compounding"] == pytest.approx(0.75) and table[2]["edge"] == pytest.approx(0.5)
+    assert table[0]["edge"] == 0.0 and table[0]["chains"] == 1
+    calls = {r["value"]: r for r in tool_summary.by_chain(runs, rows, "process", "calls")}
+    assert calls[5]["edge"] == pytest.approx(((1 - 0) + (1 - 1) + (1 - 0) + (0 - 0)) / 4)  # seeds' means of 2 chains
+    assert calls[5]["compounding"] is None

@@ -89,6 +89,49 @@ def levels_table(runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def test_rows() -> list[dict]:
+    """Per held-out chain (the grid's greedy rows, in order): its trap keys and its calls (lookups and the submit)."""
+    from trl_credit.tasks import keychain
+
+    test = keychain.make_dataset()["test"]
+    return [dict(traps=t, calls=len(keychain.expected_calls(store, start)))
+            for t, store, start in zip(test["traps"], test["store"], test["start"])]
+
+
+def by_chain(runs: dict, rows: list[dict], method: str, key: str) -> list[dict]:
+    """The method's greedy edge over GRPO per value of ``key`` (``traps`` or ``calls``) of the held-out chains, paired
+    by seed; with ``traps``, also what compounding predicts: a chain with k trap keys is right when each of its k
+    trap keys is copied right, so with q the accuracy on one-trap chains (per method, mean over seeds) the edge at k
+    is q_method^k - q_GRPO^k. An observed edge above that grows with the chain beyond compounding."""
+    seeds = sorted(set(runs.get(method, {})) & set(runs.get("grpo", {})))
+    values = sorted({r[key] for r in rows})
+
+    def accuracy(run, value):
+        picked = [c for c, r in zip(run["final"]["greedy_correct"], rows) if r[key] == value]
+        return sum(picked) / len(picked) if picked else math.nan
+
+    q = {m: statistics.fmean(accuracy(runs[m][s], 1) for s in seeds) if seeds else math.nan
+         for m in (method, "grpo")}
+    out = []
+    for value in values:
+        diffs = [accuracy(runs[method][s], value) - accuracy(runs["grpo"][s], value) for s in seeds]
+        mean, half = interval(diffs) if diffs else (math.nan, math.nan)
+        predicted = q[method] ** value - q["grpo"] ** value if key == "traps" else None
+        out.append(dict(value=value, chains=sum(r[key] == value for r in rows), seeds=len(seeds), edge=mean,
+                        half_width=half, compounding=predicted))
+    return out
+
+
+def chain_table(runs: dict, rows: list[dict], method: str = "process") -> str:
+    lines = [f"| {method} vs GRPO, greedy | chains | edge (95% CI) | compounding predicts |", "| --- | --- | --- | --- |"]
+    for key in ("traps", "calls"):
+        for r in by_chain(runs, rows, method, key):
+            predicted = "-" if r["compounding"] is None else f"{r['compounding']:+.3f}"
+            lines.append(f"| {r['value']} {'trap keys' if key == 'traps' else 'calls'} | {r['chains']} | "
+                         f"{r['edge']:+.3f} ± {r['half_width']:.3f} | {predicted} |")
+    return "\n".join(lines) + "\n"
+
+
 def sweep_table(choices: dict) -> str:
     rates = sorted({r for c in choices.values() for r in c["means"]}, key=float)
     lines = ["| method | sweep seeds | " + " | ".join(f"T=1 at {r}" for r in rates) + " | chosen |",
@@ -110,7 +153,9 @@ def main(results: str, choices: dict) -> dict:
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
         sweep_table(choices), "## Sweep levels", "", levels_table(sweep), "## Reported seeds", "",
-        levels_table(runs) if runs else "none yet\n", "## Against GRPO", "", table])
+        levels_table(runs) if runs else "none yet\n", "## Against GRPO", "", table,
+        "## The length question: the process oracle's greedy edge by chain", "",
+        chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n"])
     summary = dict(chosen_rates=choices, claims=[{k: v for k, v in r.items()} for r in rows], family=counts,
                    reported_seeds={m: sorted(s) for m, s in runs.items()},
                    sweep_seeds={m: sorted(s) for m, s in sweep.items()})
