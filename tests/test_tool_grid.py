@@ -117,3 +117,17 @@ def test_the_edge_by_trap_keys_beside_what_compounding_predicts():
     calls = {r["value"]: r for r in tool_summary.by_chain(runs, rows, "process", "calls")}
     assert calls[5]["edge"] == pytest.approx(((1 - 0) + (1 - 1) + (1 - 0) + (0 - 0)) / 4)  # seeds' means of 2 chains
     assert calls[5]["compounding"] is None
+
+
+@pytest.mark.slow
+def test_evaluating_during_training_changes_nothing_of_the_training():
+    # the curve's evaluations draw from their own random state and their tokens are not the run's: the same rewards
+    # at every step, the same tokens and the same end as a run evaluated only at its end
+    small = dict(steps=3, eval_samples=2, eval_rows=4, greedy_rows=4)
+    plain = tool_runner.run_tools("grpo", 1, 6e-4, **small)
+    curved = tool_runner.run_tools("grpo", 1, 6e-4, eval_every=1, **small)
+    assert [c["step"] for c in curved["curve"]] == [1, 2]
+    assert curved["generated_tokens"] == plain["generated_tokens"]
+    assert [log["reward"] for log in curved["logs"]] == [log["reward"] for log in plain["logs"]]
+    assert curved["final"]["correct_per_row"] == plain["final"]["correct_per_row"]
+    assert curved["curve"][0]["generated_tokens"] < curved["curve"][1]["generated_tokens"] < plain["generated_tokens"]

@@ -27,7 +27,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "tools")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "tiny"))
 
 #: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
-RUN_KEYS = ("steps", "eval_samples", "eval_rows")
+RUN_KEYS = ("steps", "eval_samples", "eval_rows", "eval_every")
 
 
 def _setup_worker():
@@ -54,7 +54,8 @@ def one_run(job: dict) -> dict:
     from trl_credit.testbed.tool_runner import run_tools
 
     result = run_tools(job["method"], job["seed"], job["learning_rate"], steps=job["settings"]["steps"],
-                       eval_samples=job["settings"]["eval_samples"], eval_rows=job["settings"]["eval_rows"])
+                       eval_samples=job["settings"]["eval_samples"], eval_rows=job["settings"]["eval_rows"],
+                       eval_every=job["settings"].get("eval_every", 0))
     # per-step logs kept short: the rewards and the methods' own metrics, not TRL's whole log line
     keep = ("reward", "tools/call_frequency", "completions/mean_length", "frac_reward_zero_std")
     result["logs"] = [{k: v for k, v in log.items() if k in keep or "/" in k and k.split("/")[0] in
@@ -144,19 +145,24 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--eval-rows", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (a curve)")
+    parser.add_argument("--phase-dir", default=None, help="another folder under benchmarks/results/tools (a pilot)")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     from trl_credit.testbed.tool_runner import TOOL_METHODS
 
     methods = args.methods or [m for m in TOOL_METHODS if m != "rrpo"]
     settings = dict(steps=args.steps, eval_samples=args.eval_samples, eval_rows=args.eval_rows)
+    if args.eval_every:
+        settings["eval_every"] = args.eval_every
     if args.phase == "summary":
         import tool_summary
 
         tool_summary.main(RESULTS, chosen_rates(load("sweep")))
         return
     if args.phase == "sweep":
-        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings, path=run_path("sweep", m, r, s))
+        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings,
+                     path=run_path(args.phase_dir or "sweep", m, r, s))
                 for s in _seeds(args.seeds or "100-103") for m in methods for r in args.rates]
     else:
         rates = chosen_rates(load("sweep"))

@@ -92,6 +92,8 @@ def _count_generated(model, eos_id: int, pad_id: int) -> dict:
 
     def counting_generate(*args, **kwargs):
         out = original(*args, **kwargs)
+        if counted.get("paused"):  # an evaluation in the middle of training: not the run's tokens
+            return out
         inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
         sequences = out if torch.is_tensor(out) else out.sequences
         for row in sequences[:, inputs.size(1):].tolist():
@@ -146,9 +148,10 @@ def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: 
 
 def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eval_samples: int = 8,
               eval_rows: int = 64, model_path: str | None = None, on_trainer=None, evaluate_at_end: bool = True,
-              greedy_rows: int | None = None, **fields) -> dict:
+              greedy_rows: int | None = None, eval_every: int = 0, **fields) -> dict:
     """Train grid method ``method`` (:data:`TOOL_METHODS`) from the regime's model ``steps`` steps at ``learning_rate``
-    (``fields`` on top of its settings) and evaluate it at the end (:func:`evaluate_tools`). Returns the final
+    (``fields`` on top of its settings) and evaluate it at the end (:func:`evaluate_tools`; also every ``eval_every``
+    steps before it, into ``curve``, with the tokens generated so far). Returns the final
     report, the generated model tokens, TRL's logged metrics per step, the all-fail share of the groups (of
     ``num_generations`` rows as TRL scores them: GRPO's groups; a rollout part's rows in its own order) of every
     training batch, and the CPU seconds of training."""
@@ -185,11 +188,27 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
                                   train_dataset=data["train"], processing_class=tokenizer,
                                   environment_factory=keychain.KeyChainEnvironment, **spec["kwargs"])
     trainer.remove_callback(PrinterCallback)
+    curve: list[dict] = []
+    if eval_every:
+        from transformers import TrainerCallback
+
+        class EvaluateEvery(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step % eval_every == 0 and state.global_step < steps:
+                    counted["paused"], begun = True, time.process_time()
+                    report = evaluate_tools(model, data["test"], samples=eval_samples, sampled_rows=eval_rows,
+                                            greedy_rows=greedy_rows)
+                    counted["paused"] = False
+                    counted["eval_cpu"] = counted.get("eval_cpu", 0.0) + time.process_time() - begun
+                    curve.append(dict(step=state.global_step, generated_tokens=counted["tokens"], **report))
+                    model.train()
+
+        trainer.add_callback(EvaluateEvery())
     if on_trainer is not None:  # e.g. a hook recording what reaches the loss (benchmarks/tools/tool_mechanisms.py)
         on_trainer(trainer)
     start, cpu_start = time.perf_counter(), time.process_time()
     trainer.train()
-    train_cpu = time.process_time() - cpu_start
+    train_cpu = time.process_time() - cpu_start - counted.get("eval_cpu", 0.0)
     tokens, calls = counted["tokens"], counted["calls"]
     model.generate = type(model).generate.__get__(model)  # evaluation's tokens are not the run's
     report = evaluate_tools(model, data["test"], samples=eval_samples, sampled_rows=eval_rows,
@@ -202,7 +221,7 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
     group = settings["num_generations"]
     all_fail = [sum(not any(batch[i: i + group]) for i in range(0, len(batch) - group + 1, group))
                 / max(1, len(batch) // group) for batch in outcomes]
-    return dict(final=report, generated_tokens=tokens, train_all_fail_share=all_fail, generate_calls=calls, logs=logs, train_cpu_seconds=train_cpu,
-                wall_seconds=time.perf_counter() - start,
-                eval_cpu_seconds=time.process_time() - cpu_start - train_cpu,
+    return dict(final=report, curve=curve, generated_tokens=tokens, train_all_fail_share=all_fail,
+                generate_calls=calls, logs=logs, train_cpu_seconds=train_cpu, wall_seconds=time.perf_counter() - start,
+                eval_cpu_seconds=time.process_time() - cpu_start - train_cpu,  # the curve's and the end's
                 settings={k: v for k, v in settings.items() if k != "output_dir"})
