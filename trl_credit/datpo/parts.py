@@ -174,7 +174,7 @@ class Trees(Rollout):
             state["phase1"] = False
         rewards_per_func = capture.rewards(ctx.speaker(self))  # global: every process's base rollouts
         prompt_ids, completion_ids = [list(p) for p in capture.generated[0]], [list(c) for c in capture.generated[1]]
-        trees = self.grow(ctx, inputs, prompt_ids, completion_ids, rewards_per_func, capture)
+        trees = self.grow(ctx, inputs, prompt_ids, completion_ids, rewards_per_func)
         batch = trl_groups(ctx, rewards_per_func, len(completion_ids))
         batch.attach(trees)
         return base, batch
@@ -201,10 +201,11 @@ class Trees(Rollout):
         batch.block_ids = [[bisect.bisect_right(forks, t) for t in range(width)] for forks in trees.forks]
         return rows
 
-    def grow(self, ctx, inputs, prompt_ids, completion_ids, rewards_per_func, capture=None) -> TreeBatch:
+    def grow(self, ctx, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
         """Phase 1's rollouts (this process's ids, the global rewards) → budgets → forks → branches → the forest.
-        Multi-turn rollouts (TRL's tool loop, environments: ``capture``'s episodes) fork inside the model's turns and
-        their branches resume the tool loop (datpo/multiturn.py)."""
+        Multi-turn rollouts (TRL's tool loop, environments: the episodes of ``ctx.capture``) fork inside the model's
+        turns and their branches resume the tool loop (datpo/multiturn.py)."""
+        capture = ctx.capture
         episodes = None if capture is None or capture.generated is None else base_episodes(ctx, capture.generated)
         # the prompts TRL generated from: with an environment_factory, with the reset() observation (the dataset may
         # have no prompt column then: the environment owns the data)
