@@ -94,10 +94,12 @@ class Rollout(Part):
     """Which rows a generation batch holds."""
 
     resumes_tool_loop = False
-    """True for a rollout that builds its rows itself (:meth:`rollout_rows`) and runs TRL's tool loop in them
-    (SRPO's resets: ``core.tool_loop``): it accepts ``tools`` and an ``environment_factory``, and in training
-    returns its finished multi-turn rows with ``tool_loop`` (:class:`~trl_credit.core.tool_loop.BuiltRows`), which
-    the core hands TRL in place of its own tool loop over them. Otherwise such a rollout refuses both."""
+    """True for a rollout that generates rows of its own from prefixes and resumes TRL's tool loop in them
+    (``core.tool_loop``): it accepts ``tools`` and an ``environment_factory`` (a user's ``rollout_func`` stays
+    refused). One that builds its rows itself (:meth:`rollout_rows`: SRPO's resets) returns its finished multi-turn
+    rows with ``tool_loop`` (:class:`~trl_credit.core.tool_loop.BuiltRows`), which the core hands TRL in place of its
+    own tool loop over them; DATPO's trees, whose base rows are TRL's, resume the loop for their branches only.
+    Otherwise a rollout that builds its rows itself refuses both."""
 
     builds_rows = False
     """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core

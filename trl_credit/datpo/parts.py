@@ -30,6 +30,10 @@ loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default) 
 generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most ``rows_per_forward`` rows;
 :meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer step being trained.
 
+Multi-turn rollouts (TRL's ``tools``, ``environment_factory``; :mod:`.multiturn`, docs/datpo.md#multi-turn-rollouts):
+phase 1's rollouts are TRL's episodes, forks replace model tokens only, each branch resumes TRL's tool loop from its
+fork (an environment replayed to it per branch; a mismatch skips the fork), and the rows carry TRL's ``tool_mask``.
+
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
 every process the same number of times, also when a process has no branches.
