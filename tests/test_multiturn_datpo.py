@@ -255,3 +255,47 @@ def test_a_replay_mismatch_skips_the_fork_with_a_warning_and_a_rate(tiny_tool_mo
         trees = step.record.payload(TreeBatch)
         assert trees.forks == [[], []] and trees.branch_ids == []
         assert step.output["completion_ids"].size(0) == 2  # the base rows only
+
+
+# ---------------------------------------------------------------------------------------------------- two processes
+def _environment_run(model_path, out_dir, nproc):
+    import json
+
+    from tests.mp import run_torchrun
+
+    os.makedirs(out_dir)
+    run_torchrun("tests/mp_scripts/datpo_environment_two_processes.py", model_path, out_dir, nproc=nproc,
+                 timeout=600)
+    reports = [json.load(open(os.path.join(out_dir, f"result_{rank}.json"))) for rank in range(nproc)]
+    assert all(report["world"] == nproc and report["steps"] == 1 for report in reports)
+    assert all(report["logs"] == reports[0]["logs"] for report in reports)  # metrics over the global batch
+    rows = [record[2:] for report in reports for record in report["records"] if record[0] != "counters"]
+    counters = [n for report in reports for record in report["records"] if record[0] == "counters"
+                for n in record[1]]
+    return rows, counters, reports[0]["logs"]
+
+
+@pytest.mark.multiprocess
+def test_environment_trees_in_two_processes_match_one(tiny_tool_model_path, tmp_path):
+    """One prompt of 4 base rollouts, split 2 and 2 over two processes: the same rows (each process its base rows, then
+    the branches of its forks, whichever process generated their continuations), masks, advantages, environment
+    states and metrics as in one process. Per base rollout as in the single-process test: fork 36, 2 branches
+    (CONTINUATION, the tool result 7 of the replayed environment, LONG); leaves 2 (base) and 7 (branches): V(root) =
+    (4·2 + 8·7) / 12 = 16/3 = V(fork) = (2 + 7 + 7) / 3, so a base row's tokens after the fork get 2 − 16/3 = −10/3, a
+    branch's 7 − 16/3 = 5/3, the tokens before the fork 0, a tool result 0."""
+    rows_two, counters_two, logs_two = _environment_run(tiny_tool_model_path, str(tmp_path / "two"), 2)
+    rows_one, counters_one, logs_one = _environment_run(tiny_tool_model_path, str(tmp_path / "one"), 1)
+    base_text, branch_text = CALL + TOOL_SPAN.format(result="2") + LONG, CONTINUATION + TOOL_SPAN.format(
+        result="7") + LONG
+    # one process: 4 base rows then 8 branches; two: per process 2 base rows then its 4 branches
+    assert [text for text, _, _ in rows_one] == [base_text] * 4 + [branch_text] * 8
+    assert [text for text, _, _ in rows_two] == ([base_text] * 2 + [branch_text] * 4) * 2
+    assert sorted(map(str, rows_two)) == sorted(map(str, rows_one))
+    for text, tool_mask, advantages in rows_one:
+        expected = [0.0 if not m else (-10 / 3 if text == base_text else 5 / 3) for m in tool_mask]
+        if text == base_text:
+            expected[:36] = [0.0] * 36  # the block root -> fork: V(fork) − V(root) = 0
+        assert advantages == pytest.approx(expected, abs=1e-5)
+    assert counters_two == counters_one == [2, 2, 2, 2]
+    assert logs_two == pytest.approx(logs_one, rel=1e-6)
+    assert logs_one[0]["datpo/replay_mismatch_rate"] == 0.0 and logs_one[0]["datpo/branch_reward"] == 7.0
