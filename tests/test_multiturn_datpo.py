@@ -299,3 +299,65 @@ def test_environment_trees_in_two_processes_match_one(tiny_tool_model_path, tmp_
     assert counters_two == counters_one == [2, 2, 2, 2]
     assert logs_two == pytest.approx(logs_one, rel=1e-6)
     assert logs_one[0]["datpo/replay_mismatch_rate"] == 0.0 and logs_one[0]["datpo/branch_reward"] == 7.0
+
+
+# ---------------------------------------------------------------------------------------------------- lockstep
+class _OtherProcess:
+    """The accelerator of process 0 of 2 whose process 1 is scripted: each ``gather`` returns this process's value
+    and process 1's next one (``others``), as a gather across the two would."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, others):
+        self.others = list(others)
+        self.mine = []
+
+    def gather(self, tensor):
+        self.mine.append(int(tensor.item()))
+        return torch.tensor([int(tensor.item()), self.others.pop(0)])
+
+
+def test_lockstep_pads_every_call_and_joins_the_calls_of_a_process_still_running():
+    # TRL's tool loop on this process makes one call of 1 row and is done; process 1 makes 2 calls of 3 rows. Process
+    # 1 gathers 4 (3 rows + 1) before each of its calls, then 0. Here: the call gathers 1 + 1 = 2 against 4 -> padded
+    # to 4 - 1 = 3 rows; done, it gathers 0 against 4 -> a filler call of 3 rows; then 0 against 0 -> finished.
+    from types import SimpleNamespace
+
+    from trl_credit.core.tool_loop import Lockstep
+
+    calls = []
+
+    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        calls.append([list(p) for p in prompt_ids])
+        return [[7, len(calls)] for _ in prompt_ids], None
+
+    trainer = SimpleNamespace(accelerator=_OtherProcess([4, 4, 0]),
+                              _tokenizer=SimpleNamespace(bos_token_id=None, eos_token_id=2))
+    lockstep = Lockstep(trainer)
+    assert lockstep.call(generate, [[5, 6]], None, {}, 1) == ([[7, 1]], None)  # its own row only comes back
+    lockstep.finish(generate)
+    assert calls == [[[5, 6], [2], [2]], [[2], [2], [2]]]  # padded with the one-token filler (EOS: no BOS)
+    assert trainer.accelerator.mine == [2, 0, 0]
+
+
+@patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
+def test_the_resumed_tool_loop_generates_through_the_lockstep(tiny_tool_model_path, tokenizer, tmp_path):
+    # One process with the lockstep forced on (as under ZeRO-3 or vLLM server mode with several): the branch
+    # continuations' tool loop of the first trainer test generates through it (one gather per call, then a last 0)
+    # and the rows are the same.
+    from trl_credit.core import tool_loop
+
+    seen = []
+    real = tool_loop.Lockstep.call
+
+    def counted(self, generate, prompt_ids, *args, **kwargs):
+        seen.append(len(prompt_ids))
+        return real(self, generate, prompt_ids, *args, **kwargs)
+
+    with patch.object(tool_loop, "collective_generation", lambda trainer: True), \
+            patch.object(tool_loop.Lockstep, "call", counted):
+        _, steps, _ = train(tiny_tool_model_path, tmp_path, tokenizer, CALL, LONG, environment_factory=RewardedCounter)
+    assert seen == [4]  # the 4 branches called increment(5): one round of the loop, 4 rows
+    output = steps[0].output
+    for row in range(2, 6):
+        assert row_text(tokenizer, output, row) == CONTINUATION + TOOL_SPAN.format(result="7") + LONG

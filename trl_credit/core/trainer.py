@@ -368,6 +368,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
     _built_tool_loop = None  # a rollout's finished multi-turn rows, for TRL's _generate (core.tool_loop.BuiltRows)
+    _generation_lockstep = None  # TRL's tool loop resumed across processes in lockstep (core.tool_loop.Lockstep)
     _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _hook_context: tuple | None = None  # ((step, mode), context) of hooks outside a batch (context.hook_context)
 
@@ -467,6 +468,9 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL hooks, handed to the parts
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         generate = self._through_parts("generate_single_turn", super()._generate_single_turn)
+        if self._generation_lockstep is not None:  # TRL's tool loop resumed by a part, in lockstep across processes
+            return self._generation_lockstep.call(generate, prompt_ids, images, multimodal_fields, num_generations,
+                                                  has_tool_images)
         # empty completions: checked above this override, where TRL's _generate receives them (checking_empty_completions)
         return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
