@@ -342,7 +342,7 @@ def test_lockstep_pads_every_call_and_joins_the_calls_of_a_process_still_running
 
 @patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
 def test_the_resumed_tool_loop_generates_through_the_lockstep(tiny_tool_model_path, tokenizer, tmp_path):
-    # One process with the lockstep forced on (as under ZeRO-3 or vLLM server mode with several): the branch
+    # One process with the lockstep forced on (as with several processes): the branch
     # continuations' tool loop of the first trainer test generates through it (one gather per call, then a last 0)
     # and the rows are the same.
     from trl_credit.core import tool_loop

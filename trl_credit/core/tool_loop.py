@@ -10,9 +10,10 @@ resumed from a prefix of a recorded rollout, and an environment's state rebuilt 
   to it as the prompt's messages plus the prefix's whole messages, the completion so far (prefix + continuation) and
   the continued turn parsed as TRL parses a turn. Its per-row tool dicts, environment names and round budget are set
   for the call and restored after it.
-- :func:`lockstep_generation`: where a generation call is collective (several processes under ZeRO-3 / FSDP, vLLM
-  server mode or tensor parallelism), the resumed loop's calls in lockstep across processes (:class:`Lockstep`):
-  TRL's loop makes one call per round for the rows that called a tool, which differ between processes.
+- :func:`lockstep_generation`: with several processes, the resumed loop's calls in lockstep across them
+  (:class:`Lockstep`), collective as every extra generation call of the core: TRL's loop makes one call per round for
+  the rows that called a tool, which differ between processes (ZeRO-3 / FSDP, vLLM server mode and tensor parallelism
+  need every process to make the same calls with as many rows).
 - :func:`replay_environment`: an environment's state at a prefix: ``reset()`` with the row's columns, then the
   prefix's tool calls in order, dispatched as TRL's loop dispatches them; True when every result renders as the
   recorded tool message did (a non-deterministic environment gives False: the caller skips the prefix).
@@ -35,7 +36,6 @@ from collections import defaultdict
 from trl import GRPOTrainer
 
 from trl_credit.core.collectives import fill_rows, gather_counts
-from trl_credit.generation.hooks import forward_is_collective
 from trl_credit.trl_bridge.compat import parse_response
 
 __all__ = ["Episode", "Resume", "BuiltRows", "tool_call_counts", "continue_tool_loop", "collective_generation",
@@ -203,15 +203,12 @@ def continue_tool_loop(trainer, resumes: list[Resume]) -> list[Episode]:
 
 
 def collective_generation(trainer) -> bool:
-    """Whether a call of TRL's ``_generate_single_turn`` must be made by every process with as many rows: several
-    processes and vLLM in server mode (it gathers every process's prompts and slices its answer by process) or with
-    tensor parallelism (it gathers within the group), or HF ``generate`` over sharded parameters (FSDP, ZeRO-3)."""
-    if trainer.accelerator.num_processes == 1:
-        return False
-    if trainer.use_vllm:
-        vllm = trainer.vllm_generation
-        return vllm.mode == "server" or int(getattr(vllm, "tensor_parallel_size", 1) or 1) > 1
-    return forward_is_collective(trainer)
+    """Whether the resumed loop's generation calls go in lockstep across processes: with several processes, as every
+    extra generation call of the core is collective (``core.generation.generate_from_prefixes``). vLLM in server mode
+    (it gathers every process's prompts and slices its answer by process), with tensor parallelism, and HF
+    ``generate`` over sharded parameters (FSDP, ZeRO-3) need it; under DDP it keeps every launcher's rows the same
+    (a padded call samples its rows as under ZeRO-3)."""
+    return trainer.accelerator.num_processes > 1
 
 
 class Lockstep:
@@ -247,10 +244,9 @@ class Lockstep:
 @contextlib.contextmanager
 def lockstep_generation(trainer, collective: bool | None = None):
     """Inside, the core's ``_generate_single_turn`` (``CreditTrainer``) makes TRL's generation calls in lockstep
-    across processes (:class:`Lockstep`) where they are collective calls (``collective``; None:
-    :func:`collective_generation`). TRL's tool loop makes one call per round for the rows that called a tool, so
-    processes whose rows call tools in different numbers of rounds (or that have no rows) would otherwise make
-    different calls. One process, or calls that are not collective: nothing changes."""
+    across processes (:class:`Lockstep`; ``collective``, None: :func:`collective_generation`). TRL's tool loop makes
+    one call per round for the rows that called a tool, so processes whose rows call tools in different numbers of
+    rounds (or that have no rows) would otherwise make different calls. One process: nothing changes."""
     if not (collective_generation(trainer) if collective is None else collective):
         yield
         return
