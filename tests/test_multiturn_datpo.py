@@ -211,6 +211,14 @@ def test_a_fork_in_the_second_turn_replays_the_environment_and_resumes_the_tool_
         assert torch.allclose(advantages[row, :width], torch.full((width,), 5 / 3) * tool_mask[row, :width],
                               atol=1e-6)
         assert torch.all(advantages[row][tool_mask[row] == 0] == 0)
+    # The leaves' texts (Cue-GRPO's cues on the trees) are the model's: the assistant turns of each leaf's messages,
+    # without the tool results "2" and "7" (the model wrote "step": 2 and 5 inside its tool calls, which TRL's parser
+    # moved out of the text into tool_calls)
+    from trl_credit.datpo.credit import tree_leaves
+
+    texts = [text for text, _ in tree_leaves(steps[0].context, trees).local_texts.values()]
+    assert len(texts) == 6 and all("The counter is two now" in text for text in texts)
+    assert not any("2" in text or "7" in text or "tool_response" in text for text in texts), texts
     # TRL's batch environments are the base rollouts' (untouched by the branches); every step logs the replay rate
     assert [env._counter for env in trainer.environments] == [2, 2]
     log = step_logs(trainer)[-1]

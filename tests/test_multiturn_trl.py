@@ -98,6 +98,11 @@ TRAINERS.update({
 TRAINERS["datpo"] = (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
     max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
     use_diversity=False, rows_per_forward=8))
+# trees x Cue-GRPO's rarity weights: the cues come from the leaves' assistant turns (docs/multiturn.md#cue-grpo)
+TRAINERS["trees_cue"] = (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+    rollout="trees", credit="blocks", modifiers=["cue"], **TRAINERS["datpo"][2]))
+#: DATPO's trees (3 base rows and 2 branches from the one fork of each: 9 training rows)
+TREES = {"datpo", "trees_cue"}
 
 #: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
 #: (an environment that owns the data) is refused at construction, naming ``answer_column``.
@@ -109,7 +114,7 @@ RESETS = {"srpo", "resets_oppo", "resets_process"}
 
 #: Rollouts that generate rows themselves (SRPO's resets, DATPO's trees): a user's rollout_func would replace their
 #: generation, so they refuse it by name.
-OWN_ROLLOUTS = RESETS | {"datpo"}
+OWN_ROLLOUTS = RESETS | TREES
 
 #: The scripted first turn (index into a test's ``first_turns``) that training row ``i`` holds. TRL's tests lay a
 #: batch out as 3 generations, row i answering with turn i % 3. A resets trainer trains on 4 rows per prompt: 2 base
@@ -337,14 +342,14 @@ def test_train_with_malformed_tool_calls(name, tiny_tool_model_path, tool_tokeni
     # (a fork inside it); none answers a tool response.
     assert [kind for call in script.calls[1:] for kind, _ in call if kind != "continuation"] == [], \
         "a malformed tool call started a second turn"
-    if name != "datpo":
+    if name not in TREES:
         assert len(script.calls) == 1, "a malformed tool call started a second turn"
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert last_step_log(trainer)["tools/call_frequency"] == 0.0
     # no tool tokens; resets: the round-1 candidates (turns 2, 0) both hold "<tool_call>", so no seed: the reset
     # group's 2 rows are fallback rows, which train nothing (left out of the spans)
     # DATPO: 3 base rows and 2 branches from the one fork of each (difficulty_adaptive=False: K = 1, B = 2)
-    trained = 2 if name in RESETS else 9 if name == "datpo" else trainer.args.per_device_train_batch_size
+    trained = 2 if name in RESETS else 9 if name in TREES else trainer.args.per_device_train_batch_size
     assert tool_spans(batches, tool_tokenizer) == [""] * trained
     assert_params_changed(previous, trainer)
 
