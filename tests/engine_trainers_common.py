@@ -7,8 +7,8 @@ is written here once, so a trainer added here reaches both engines (CONTRIBUTING
 Names: :data:`TRAINERS` (``oppo``, ``srpo_scored``, ``prime``, ...); ``NAME_lora`` is the same trainer with the engine's
 LoRA adapter (``prime_lora``: PRIME's PRM is then a second adapter); ``lora`` is ``oppo_lora`` (the DeepSpeed suite's
 adapter-saving run). Multi-turn runs pass TRL's ``tools=`` / ``environment_factory=`` through ``build``'s
-``trainer_kwargs``; the trainers whose rollouts cannot resume the tool loop (:data:`REFUSE_MULTI_TURN`: trees) refuse them by
-name at construction (docs/multiturn.md).
+``trainer_kwargs``: every trainer takes them (SRPO's resets and DATPO's trees resume TRL's tool loop from a prefix;
+docs/multiturn.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Engine", "Trainer", "TRAINERS", "REFUSE_MULTI_TURN", "NAMES", "resolve", "build"]
+__all__ = ["Engine", "Trainer", "TRAINERS", "NAMES", "resolve", "build"]
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,6 @@ TRAINERS: dict[str, Trainer] = {
     "process": Trainer("trl_credit.CreditTrainer", "trl_credit.CreditConfig", dict(credit="process")),
     "prime": Trainer("trl_credit.CreditTrainer", "trl_credit.CreditConfig", _PRIME),
 }
-
-#: Trainers whose rollouts generate rows themselves (resets, trees): they refuse ``tools``, ``environment_factory``
-#: and ``rollout_func`` by name at construction (docs/multiturn.md).
-REFUSE_MULTI_TURN = ("datpo",)  # SRPO's resets resume TRL's tool loop (docs/multiturn.md); trees do not
 
 _ALIASES = {"lora": "oppo_lora"}
 

@@ -33,7 +33,7 @@ HUB_MODELS = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct")
 HUB_DATASETS = ('load_dataset("my/math-dataset", split="train")',)
 TINY_RUN = dict(max_steps=1, max_completion_length=8, report_to="none", save_strategy="no", logging_steps=1)
 # Python blocks that are not run, as "file:line" (the line number `code_blocks` gives: the opening fence's, 1-indexed).
-SKIPPED: set[str] = {"docs/multiturn.md:109", "docs/testbed.md:432"}
+SKIPPED: set[str] = {"docs/multiturn.md:112", "docs/testbed.md:432"}
 
 SKIP_MARK = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->")
 

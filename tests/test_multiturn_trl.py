@@ -92,6 +92,18 @@ TRAINERS.update({
         rollout_template="none", thought_delimiter="\n", localization_max_tokens=4, reset_seed=0)),
 })
 
+# DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches; the branches resume TRL's tool
+# loop from their forks inside the model's turns (docs/multiturn.md#datpo-trees). The base rows are TRL's, so every
+# TRL assertion on them (tool frequencies, environments, rewards) holds as for GRPO.
+TRAINERS["datpo"] = (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
+    max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
+    use_diversity=False, rows_per_forward=8))
+# trees x Cue-GRPO's rarity weights: the cues come from the leaves' assistant turns (docs/multiturn.md#cue-grpo)
+TRAINERS["trees_cue"] = (trl_credit.CreditTrainer, trl_credit.CreditConfig, dict(
+    rollout="trees", credit="blocks", modifiers=["cue"], **TRAINERS["datpo"][2]))
+#: DATPO's trees (3 base rows and 2 branches from the one fork of each: 9 training rows)
+TREES = {"datpo", "trees_cue"}
+
 #: Trainers that read the ground-truth answer of every row (OPPO's oracle prompt): a dataset without the answer column
 #: (an environment that owns the data) is refused at construction, naming ``answer_column``.
 NEEDS_ANSWER_COLUMN = {"oppo", "resets_oppo"}
@@ -99,6 +111,10 @@ NEEDS_ANSWER_COLUMN = {"oppo", "resets_oppo"}
 #: The resets rollouts (SRPO's): they run TRL's tool loop in their own rows, so tools and environments train, and
 #: refuse a user's rollout_func by name (it would replace their generation).
 RESETS = {"srpo", "resets_oppo", "resets_process"}
+
+#: Rollouts that generate rows themselves (SRPO's resets, DATPO's trees): a user's rollout_func would replace their
+#: generation, so they refuse it by name.
+OWN_ROLLOUTS = RESETS | TREES
 
 #: The scripted first turn (index into a test's ``first_turns``) that training row ``i`` holds. TRL's tests lay a
 #: batch out as 3 generations, row i answering with turn i % 3. A resets trainer trains on 4 rows per prompt: 2 base
@@ -114,15 +130,10 @@ def row_turn(name, i):
     return ROW_TURNS[name][i % len(ROW_TURNS[name])] if name in ROW_TURNS else i % 3
 
 
-#: Rollouts that generate rows themselves without a tool loop (trees): they refuse tools, environments and a user's
-#: rollout_func by name at construction (docs/multiturn.md), each with the settings it trains with on this model
-#: without tools.
-REFUSING = {
-    # DATPO: one prompt per step, its tree at most 3 base rows + 3 x 1 fork x 2 branches.
-    "datpo": (trl_credit.DATPOTrainer, trl_credit.DATPOConfig, dict(
-        max_forks=1, max_branches=2, difficulty_adaptive=False, branch_budget="remaining", fork_method="tok_entropy",
-        use_diversity=False, rows_per_forward=8)),
-}
+#: Rollouts that generate rows themselves without a tool loop: they refuse tools, environments and a user's
+#: rollout_func by name at construction (docs/multiturn.md). None left: SRPO's resets and DATPO's trees both resume TRL's
+#: tool loop (they refuse only a user's rollout_func: :data:`OWN_ROLLOUTS`).
+REFUSING: dict = {}
 
 
 def multiply_tool(a: int, b: int) -> int:
@@ -327,12 +338,18 @@ def test_train_with_malformed_tool_calls(name, tiny_tool_model_path, tool_tokeni
     ]
     script, batches = train_scripted(trainer, tool_tokenizer, first_turns)
 
-    assert len(script.calls) == 1, "a malformed tool call started a second turn"  # TRL: generate called once
+    # TRL: generate called once. DATPO's later calls are its branches, each continuing a prefix of a first turn
+    # (a fork inside it); none answers a tool response.
+    assert [kind for call in script.calls[1:] for kind, _ in call if kind != "continuation"] == [], \
+        "a malformed tool call started a second turn"
+    if name not in TREES:
+        assert len(script.calls) == 1, "a malformed tool call started a second turn"
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert last_step_log(trainer)["tools/call_frequency"] == 0.0
     # no tool tokens; resets: the round-1 candidates (turns 2, 0) both hold "<tool_call>", so no seed: the reset
     # group's 2 rows are fallback rows, which train nothing (left out of the spans)
-    trained = 2 if name in RESETS else trainer.args.per_device_train_batch_size
+    # DATPO: 3 base rows and 2 branches from the one fork of each (difficulty_adaptive=False: K = 1, B = 2)
+    trained = 2 if name in RESETS else 9 if name in TREES else trainer.args.per_device_train_batch_size
     assert tool_spans(batches, tool_tokenizer) == [""] * trained
     assert_params_changed(previous, trainer)
 
@@ -632,7 +649,7 @@ def test_train_with_environment_owned_data(name, tiny_tool_model_path, tool_toke
 
 
 # ---------------------------------------------------------------------------------------------------- rollout_func
-@pytest.mark.parametrize("name", sorted(set(TRAINERS) - RESETS))  # resets refuse a rollout_func (below)
+@pytest.mark.parametrize("name", sorted(set(TRAINERS) - OWN_ROLLOUTS))  # resets, trees refuse a rollout_func (below)
 def test_train_with_rollout_func_env_mask(name, tiny_tool_model_path, tool_tokenizer, tmp_path):
     # Not one of TRL's tests (TRL checks rollout_func with mocks): a user's rollout_func returning an env_mask, the
     # environment's tokens between two model turns. TRL takes env_mask as its tool_mask; the environment's tokens
@@ -692,7 +709,7 @@ def test_the_loss_check_catches_credit_or_loss_on_tool_tokens(tool_tokenizer):
 # ---------------------------------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize(("name", "argument"), [(name, argument) for name in REFUSING
                                                  for argument in ("tools", "environment_factory", "rollout_func")]
-                         + [(name, "rollout_func") for name in sorted(RESETS)])
+                         + [(name, "rollout_func") for name in sorted(OWN_ROLLOUTS)])
 @patch.dict(os.environ, {"TRL_EXPERIMENTAL_SILENCE": "1"})
 def test_rollouts_that_generate_themselves_refuse_multi_turn_by_name(name, argument, tiny_tool_model_path, tmp_path):
     class Environment:

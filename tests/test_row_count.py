@@ -89,3 +89,16 @@ def test_the_loss_of_built_rows_is_renormalized_to_the_generation_batch(loss_typ
                                                                                      [1, 1, 0, 0]]),
               NUM_ROWS: torch.tensor(10), "num_items_in_batch": torch.tensor(25)}
     assert float(renormalized_loss(trainer, torch.tensor(1.0), inputs)) == pytest.approx(expected)
+
+
+def test_bnpo_counts_the_model_tokens_of_multi_turn_rows():
+    # Multi-turn rows (DATPO's trees with tools): TRL's bnpo averages over completion_mask * tool_mask, so the
+    # renormalization counts the same tokens. The micro-batch above with one of its 5 tokens a tool result (row 0,
+    # column 1): 4 loss tokens x 4 micro-batches / 25 = 0.64 (it would be 0.8 counting the tool result).
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2),
+                              args=SimpleNamespace(steps_per_generation=2), loss_type="bnpo")
+    inputs = {"completion_ids": torch.zeros(3, 4), "completion_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0],
+                                                                                     [1, 1, 0, 0]]),
+              "tool_mask": torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]]),
+              NUM_ROWS: torch.tensor(10), "num_items_in_batch": torch.tensor(25)}
+    assert float(renormalized_loss(trainer, torch.tensor(1.0), inputs)) == pytest.approx(0.64)

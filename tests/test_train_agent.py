@@ -91,10 +91,12 @@ def test_every_method_flag_names_a_trainer(agent):
     assert trainers["prime"][2]["credit"] == "implicit_prm" and trainers["process"][2]["credit"] == "process"
 
 
-@pytest.mark.parametrize(("method", "metric"), [("oppo", "oppo/value_mean"), ("process", "process/steps_per_completion")])
+@pytest.mark.parametrize(("method", "metric"), [("oppo", "oppo/value_mean"), ("process", "process/steps_per_completion"),
+                                               ("datpo", "datpo/replay_mismatch_rate")])
 def test_one_step_of_a_credit_rule_on_the_agent(method, metric, agent, tmp_path, monkeypatch):
     # The per-token credits on the environment's episodes: OPPO's value recursion, the process credit on the
-    # environment's turn rewards (process_step_reward="environment").
+    # environment's turn rewards (process_step_reward="environment"); DATPO's trees, their branches resumed from forks
+    # inside the episodes (each branch's environment replayed to its fork: the store is deterministic, rate 0).
     monkeypatch.setenv("TRL_CREDIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     argv = ["--method", method, "--output_dir", str(tmp_path / "out"), "--max_steps", "1",
@@ -105,3 +107,5 @@ def test_one_step_of_a_credit_rule_on_the_agent(method, metric, agent, tmp_path,
     assert trainer.state.global_step == 1
     log = next(entry for entry in trainer.state.log_history if "loss" in entry)
     assert metric in log and "tools/call_frequency" in log
+    if method == "datpo":
+        assert log["datpo/replay_mismatch_rate"] == 0.0 and log["datpo/leaves_per_prompt"] > 4  # branches grew

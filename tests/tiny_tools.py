@@ -71,9 +71,18 @@ class ScriptedGeneration:
             answered.append((kind, text))
             completions.append(self.tokenizer.encode(self.completion_text(kind, row), add_special_tokens=False))
         self.calls.append(answered)
+        config = kwargs.get("generation_config")
+        cap = getattr(config, "max_new_tokens", None)
+        if cap is not None:  # as generate: at most max_new_tokens new tokens per row
+            completions = [c[:cap] for c in completions]
         width = max(len(c) for c in completions)
         padded = torch.tensor([c + [pad] * (width - len(c)) for c in completions], device=input_ids.device)
-        return torch.cat([input_ids, padded], dim=-1)
+        sequences = torch.cat([input_ids, padded], dim=-1)
+        if getattr(config, "return_dict_in_generate", False):  # (DATPO's branch calls, generation.hooks)
+            from types import SimpleNamespace
+
+            return SimpleNamespace(sequences=sequences)
+        return sequences
 
 
 # ---------------------------------------------------------------------------------------------------- a model that calls

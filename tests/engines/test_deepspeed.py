@@ -6,8 +6,9 @@ generation, rewards [accuracy, format]); the first generation batch (made by the
 launcher) must have the same completions and, within float round-off, the same advantages, and the first step the same
 loss. ZeRO-3 also trains and saves a LoRA adapter. PRIME (``prime``: its PRM a model copy, ``prime_lora``: a second
 LoRA adapter, partitioned with the policy under ZeRO-3) runs under both stages, and its PRM's parameters after the
-first update equal DDP's. The process credit and OPPO also train with TRL's ``environment_factory`` under ZeRO-3
-against DDP (``env_process``, ``env_oppo``). Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
+first update equal DDP's. The process credit, OPPO and DATPO also train with TRL's ``environment_factory`` under
+ZeRO-3 against DDP (``env_process``, ``env_oppo``, ``env_datpo``), and DATPO's resumed tool loop goes in lockstep when
+only one process has branches (``test_datpo_branches_resume_the_tool_loop_in_lockstep_under_zero3``). Marker ``deepspeed`` (needs the ``deepspeed`` extra; excluded
 from the default run): ``python -m pytest -m deepspeed tests/engines/test_deepspeed.py``.
 """
 
@@ -120,9 +121,10 @@ def test_lora_adapter_saved_complete_under_zero3(zero_run):
 
 # ---------------------------------------------------------------------------------------------------- environment
 # TRL's environment_factory under ZeRO-3 (the policy gathered for each turn's generation; the environment's results
-# between the turns): the process credit (the environment's turn rewards) and OPPO on the tool-calling tiny model,
-# their own launches (another model), compared with DDP as above.
-ENVIRONMENT = ["env_process", "env_oppo"]
+# between the turns): the process credit (the environment's turn rewards), OPPO and DATPO (its branches resume TRL's
+# tool loop from their forks, in lockstep across the processes) on the tool-calling tiny model, their own launches
+# (another model), compared with DDP as above.
+ENVIRONMENT = ["env_process", "env_oppo", "env_datpo"]
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +158,26 @@ def test_environment_trainer_under_zero3_matches_ddp_at_step_one(environment_run
         assert len(row["advantages"]) == len(row["tool_mask"])  # per-token advantages
         assert all(a == 0.0 for a, m in zip(row["advantages"], row["tool_mask"]) if m == 0)
     assert any(abs(a) > 1e-3 for row in rows for a in row["advantages"])
+
+
+# ---------------------------------------------------------------------------------------------------- lockstep
+def test_datpo_branches_resume_the_tool_loop_in_lockstep_under_zero3(tiny_tool_model_path, tmp_path):
+    """Process 0 grows a tree whose 4 branches call the tool again (one more round of TRL's resumed loop), process 1
+    none (its prompt is solved). Under ZeRO-3 each generation call gathers the parameters, so process 1 joins the
+    round with a filler call (core.tool_loop.Lockstep): the run ends, with process 0's branches resumed."""
+    from tests.test_multiturn_datpo import CALL, CONTINUATION, LONG
+    from tests.test_multiturn_trl import TOOL_SPAN
+
+    run_accelerate(str(CONFIGS / "zero3_cpu.yaml"), "tests/mp_scripts/datpo_lockstep_zero3.py", tiny_tool_model_path,
+                   str(tmp_path), timeout=600)
+    reports = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
+    assert all(r["deepspeed"] and r["world"] == 2 and r["steps"] == 1 for r in reports)
+    base, branch = CALL + TOOL_SPAN.format(result="2") + LONG, CONTINUATION + TOOL_SPAN.format(result="7") + LONG
+    # rank 0: 2 base rows, then 2 branches from each one's fork; rank 1: its 2 base rows, then 4 empty filler rows
+    assert [text for text, _ in reports[0]["rows"]] == [base] * 2 + [branch] * 4
+    assert [text for text, _ in reports[1]["rows"]] == [base] * 2 + [""] * 4
+    # the generate calls of each process: the first turns, the turns after the tool, the branch continuations (the 2
+    # forks shared out, one a process), then process 0's resumed round (4 rows after the tool results), which process
+    # 1, done, joined with 4 one-token filler rows
+    assert reports[0]["calls"][2:] == [["continuation"] * 2, ["after_tool"] * 4]
+    assert reports[1]["calls"][2:] == [["continuation"] * 2, ["continuation"] * 4]

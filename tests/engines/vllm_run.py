@@ -218,11 +218,17 @@ def main(case: str, model_dir: str, out_path: str) -> None:
     if hasattr(trainer, "add_credit_callback"):  # our trainers: the record's model mask, as the credit read it
         def record_model_mask(step):
             if step.record is not None and "tool_mask" in step.output:
+                # the record's rows are the first of the training rows (DATPO's trees: its base rows, then the
+                # branches, padded to their own width); rows past the record carry TRL's tool_mask of the resumed loop
                 model_mask, tool_mask = step.record.model_mask.bool(), step.output["tool_mask"].bool()
-                report["model_mask_is_tool_mask"].append(bool(torch.equal(model_mask, tool_mask)))
+                rows, width = model_mask.size(0), min(model_mask.size(1), tool_mask.size(1))
+                model_mask = model_mask[:, :width]
+                base_tool_mask = tool_mask[:rows, :width]
+                report["model_mask_is_tool_mask"].append(bool(torch.equal(model_mask, base_tool_mask)))
                 # a reset row's tool_mask (its loss mask) also hides its prefix: the model's tokens, not trained
-                report["model_mask_covers_tool_mask"].append(bool((model_mask | ~tool_mask).all()))
-                results = step.output["completion_mask"].bool() & ~model_mask  # the tool results, and only those
+                report["model_mask_covers_tool_mask"].append(bool((model_mask | ~base_tool_mask).all()))
+                results = step.output["completion_mask"].bool() & ~tool_mask  # the tool results, and only those
+                results[:rows, :width] = step.output["completion_mask"][:rows, :width].bool() & ~model_mask
                 advantages = step.output["advantages"]
                 if advantages.dim() == 2:
                     report["max_advantage_on_tool_results"].append(

@@ -16,8 +16,9 @@ trains OPPO with a LoRA adapter and saves it (``save_model``) to ``OUT_DIR/lora_
 ``prime_lora``: PRIME (``credit="implicit_prm"``) with its PRM as a model copy / a second LoRA adapter; their report
 also holds the PRM's parameters after its first update (``prm``). ``prime_lora`` runs with seed 2, whose first batch
 leaves one process without a credited row (the prompt filter drops its group): under ZeRO-3 that process runs filler
-PRM forwards to match the other's. NAME ``env_process`` / ``env_oppo``: the process credit / OPPO with TRL's
-``environment_factory`` on the tool-calling tiny model (tests/tiny_tools.py); their rows also hold TRL's ``tool_mask``.
+PRM forwards to match the other's. NAME ``env_process`` / ``env_oppo`` / ``env_datpo``: the process credit / OPPO /
+DATPO with TRL's ``environment_factory`` on the tool-calling tiny model (tests/tiny_tools.py); their rows also hold
+TRL's ``tool_mask`` (DATPO's: its base rows, then its branch rows, whose tool loop resumed from the fork).
 """
 
 import json
@@ -32,7 +33,7 @@ from tests.tiny import build_tiny_model  # noqa: F401  (keeps the tests package 
 NAMES = ("grpo", "cue_grpo", "cue_judge", "oppo", "oppo_teacher", "datpo", "srpo_scored", "srpo_generate",
          "resets_oppo", "process", "lora", "prime", "prime_lora")
 #: Multi-turn: ``env_NAME`` trains NAME with TRL's environment_factory (MODEL_DIR: the tool-calling tiny model).
-ENVIRONMENT_NAMES = ("env_process", "env_oppo")
+ENVIRONMENT_NAMES = ("env_process", "env_oppo", "env_datpo")
 
 
 def accuracy_reward(completions, completion_ids, **kwargs):

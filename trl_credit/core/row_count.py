@@ -92,6 +92,9 @@ def renormalized_loss(trainer, loss, inputs: dict):
         rows = inputs["completion_ids"].size(0)
         loss = loss * (rows * per_generation / inputs[NUM_ROWS].clamp(min=1))
     elif trainer.loss_type == "bnpo":
-        tokens = inputs["completion_mask"].sum().clamp(min=1)
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:  # multi-turn rows: TRL's bnpo averages over completion_mask * tool_mask
+            mask = mask * inputs["tool_mask"]
+        tokens = mask.sum().clamp(min=1)
         loss = loss * (tokens * per_generation / inputs["num_items_in_batch"].clamp(min=1))
     return loss

@@ -90,11 +90,11 @@ MULTI_TURN_ALTERNATIVES = ("credit='outcome' (GRPO)", "credit='oppo'", "credit='
 
 def check_single_turn(trainer, method: str, why: str = "it generates its own rollouts",
                       tool_loop: bool = False) -> None:
-    """Refuse TRL's multi-turn rollouts for a part that generates rows itself (DATPO's trees): a tool loop, an
-    environment or a user's ``rollout_func`` would bypass or replace its generation. ``method``: who refuses
-    (:func:`speaker`); ``why``: what it generates itself; ``tool_loop``: the part runs TRL's tool loop in its own rows
-    (SRPO's resets, ``core.tool_loop``), so only a ``rollout_func`` is refused. Credit rules that only read the rows
-    accept all three (docs/multiturn.md)."""
+    """Refuse TRL's multi-turn rollouts for a part that generates rows itself: a tool loop, an environment or a user's
+    ``rollout_func`` would bypass or replace its generation. ``method``: who refuses (:func:`speaker`); ``why``: what
+    it generates itself; ``tool_loop``: the part resumes TRL's tool loop in its own rows (SRPO's resets, DATPO's
+    branches: ``core.tool_loop``), so only a ``rollout_func`` is refused. Credit rules that only read the rows accept
+    all three (docs/multiturn.md)."""
     instead = ", ".join(MULTI_TURN_ALTERNATIVES)
     if tool_loop:
         if user_rollout_func(trainer) is not None:

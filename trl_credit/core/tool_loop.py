@@ -10,6 +10,10 @@ resumed from a prefix of a recorded rollout, and an environment's state rebuilt 
   to it as the prompt's messages plus the prefix's whole messages, the completion so far (prefix + continuation) and
   the continued turn parsed as TRL parses a turn. Its per-row tool dicts, environment names and round budget are set
   for the call and restored after it.
+- :func:`lockstep_generation`: with several processes, the resumed loop's calls in lockstep across them
+  (:class:`Lockstep`), collective as every extra generation call of the core: TRL's loop makes one call per round for
+  the rows that called a tool, which differ between processes (ZeRO-3 / FSDP, vLLM server mode and tensor parallelism
+  need every process to make the same calls with as many rows).
 - :func:`replay_environment`: an environment's state at a prefix: ``reset()`` with the row's columns, then the
   prefix's tool calls in order, dispatched as TRL's loop dispatches them; True when every result renders as the
   recorded tool message did (a non-deterministic environment gives False: the caller skips the prefix).
@@ -23,6 +27,7 @@ registered in :mod:`trl_credit.trl_bridge.compat`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -30,9 +35,11 @@ from collections import defaultdict
 
 from trl import GRPOTrainer
 
+from trl_credit.core.collectives import fill_rows, gather_counts
 from trl_credit.trl_bridge.compat import parse_response
 
-__all__ = ["Episode", "Resume", "BuiltRows", "tool_call_counts", "continue_tool_loop", "replay_environment",
+__all__ = ["Episode", "Resume", "BuiltRows", "tool_call_counts", "continue_tool_loop", "collective_generation",
+           "Lockstep", "lockstep_generation", "replay_environment",
            "fresh_environments", "tool_rounds", "turn_of", "tool_dicts", "reset_kwargs"]
 
 
@@ -182,15 +189,74 @@ def continue_tool_loop(trainer, resumes: list[Resume]) -> list[Episode]:
 
     A resumed rollout has the tool rounds its prefix went through counted against ``max_tool_calling_iterations``
     (rows with the same count share one call of TRL's loop). The model mask is the prefix's, then 1 on the
-    continuation and TRL's ``tool_mask`` after it; the messages the prefix's, then TRL's."""
+    continuation and TRL's ``tool_mask`` after it; the messages the prefix's, then TRL's. A collective call where
+    generation is one (:func:`lockstep_generation`): every process calls it, with or without rows."""
     episodes: list[Episode | None] = [None] * len(resumes)
     by_rounds: dict[int, list[int]] = defaultdict(list)
     for index, resume in enumerate(resumes):
         by_rounds[tool_rounds(resume.prefix.model_mask)].append(index)
-    for used, indices in sorted(by_rounds.items()):
-        for index, episode in zip(indices, _resume_rounds(trainer, [resumes[i] for i in indices], used)):
-            episodes[index] = episode
+    with lockstep_generation(trainer):
+        for used, indices in sorted(by_rounds.items()):
+            for index, episode in zip(indices, _resume_rounds(trainer, [resumes[i] for i in indices], used)):
+                episodes[index] = episode
     return episodes
+
+
+def collective_generation(trainer) -> bool:
+    """Whether the resumed loop's generation calls go in lockstep across processes: with several processes, as every
+    extra generation call of the core is collective (``core.generation.generate_from_prefixes``). vLLM in server mode
+    (it gathers every process's prompts and slices its answer by process), with tensor parallelism, and HF
+    ``generate`` over sharded parameters (FSDP, ZeRO-3) need it; under DDP it keeps every launcher's rows the same
+    (a padded call samples its rows as under ZeRO-3)."""
+    return trainer.accelerator.num_processes > 1
+
+
+class Lockstep:
+    """TRL's generation calls in lockstep across processes (:func:`lockstep_generation`): :meth:`call` gathers the
+    call's rows + 1 and pads the call to the largest row count with one-token filler rows (their output dropped);
+    :meth:`finish`, once this process is done, joins the calls the others still make with filler rows, gathering 0,
+    until every process gathers 0."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        tokenizer = trainer._tokenizer
+        token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.filler = [int(token if token is not None else 0)]
+
+    def call(self, generate, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        rows = len(prompt_ids)
+        most = max(1, max(gather_counts(self.trainer, rows + 1)) - 1)
+        if images is not None or multimodal_fields:  # (text rows only: a filler row has no image)
+            raise ValueError("the resumed tool loop pads its generation calls with text rows across processes; "
+                             "images are not supported there.")
+        ids, logprobs = generate(fill_rows(list(prompt_ids), most, self.filler), None, {}, num_generations,
+                                 has_tool_images)
+        return list(ids)[:rows], None if logprobs is None else list(logprobs)[:rows]
+
+    def finish(self, generate) -> None:
+        while True:
+            most = max(gather_counts(self.trainer, 0)) - 1
+            if most < 0:
+                return
+            generate([self.filler] * max(1, most), None, {}, 1)
+
+
+@contextlib.contextmanager
+def lockstep_generation(trainer, collective: bool | None = None):
+    """Inside, the core's ``_generate_single_turn`` (``CreditTrainer``) makes TRL's generation calls in lockstep
+    across processes (:class:`Lockstep`; ``collective``, None: :func:`collective_generation`). TRL's tool loop makes
+    one call per round for the rows that called a tool, so processes whose rows call tools in different numbers of
+    rounds (or that have no rows) would otherwise make different calls. One process: nothing changes."""
+    if not (collective_generation(trainer) if collective is None else collective):
+        yield
+        return
+    lockstep, outer = Lockstep(trainer), getattr(trainer, "_generation_lockstep", None)
+    trainer._generation_lockstep = lockstep
+    try:
+        yield
+    finally:
+        trainer._generation_lockstep = outer
+    lockstep.finish(trainer._generate_single_turn)
 
 
 def _row_tools(trainer, row: dict):

@@ -94,10 +94,12 @@ class Rollout(Part):
     """Which rows a generation batch holds."""
 
     resumes_tool_loop = False
-    """True for a rollout that builds its rows itself (:meth:`rollout_rows`) and runs TRL's tool loop in them
-    (SRPO's resets: ``core.tool_loop``): it accepts ``tools`` and an ``environment_factory``, and in training
-    returns its finished multi-turn rows with ``tool_loop`` (:class:`~trl_credit.core.tool_loop.BuiltRows`), which
-    the core hands TRL in place of its own tool loop over them. Otherwise such a rollout refuses both."""
+    """True for a rollout that generates rows of its own from prefixes and resumes TRL's tool loop in them
+    (``core.tool_loop``): it accepts ``tools`` and an ``environment_factory`` (a user's ``rollout_func`` stays
+    refused). One that builds its rows itself (:meth:`rollout_rows`: SRPO's resets) returns its finished multi-turn
+    rows with ``tool_loop`` (:class:`~trl_credit.core.tool_loop.BuiltRows`), which the core hands TRL in place of its
+    own tool loop over them; DATPO's trees, whose base rows are TRL's, resume the loop for their branches only.
+    Otherwise a rollout that builds its rows itself refuses both."""
 
     builds_rows = False
     """True for a rollout whose training rows are not the record's (DATPO's trees: a row per branch too): the core
@@ -366,6 +368,7 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # need around one TRL method is a piece called in order inside its one override.
     _rollout_capture: RolloutCapture | None = None
     _built_tool_loop = None  # a rollout's finished multi-turn rows, for TRL's _generate (core.tool_loop.BuiltRows)
+    _generation_lockstep = None  # TRL's tool loop resumed across processes in lockstep (core.tool_loop.Lockstep)
     _batch_context: BatchContext | None = None  # the generation batch's, inside _generate_and_score_completions
     _hook_context: tuple | None = None  # ((step, mode), context) of hooks outside a batch (context.hook_context)
 
@@ -465,6 +468,9 @@ class CreditTrainer(MethodModelCardMixin, GRPOTrainer):
     # ------------------------------------------------------------------ TRL hooks, handed to the parts
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         generate = self._through_parts("generate_single_turn", super()._generate_single_turn)
+        if self._generation_lockstep is not None:  # TRL's tool loop resumed by a part, in lockstep across processes
+            return self._generation_lockstep.call(generate, prompt_ids, images, multimodal_fields, num_generations,
+                                                  has_tool_images)
         # empty completions: checked above this override, where TRL's _generate receives them (checking_empty_completions)
         return generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 

@@ -123,19 +123,34 @@ def budget_bands(all_forks: list[tuple[list[int], int, int]]) -> list[tuple[int,
 def branch_rewards(ctx, trees: TreeBatch) -> torch.Tensor:
     """``rewards_per_func`` of every branch of every process (process order), scored on prompt + prefix + branch
     (the whole response: docs/datpo.md#branches) by TRL's reward path (``ctx.score``: ``rewards_of_extra_rows``; a process without
-    branches pads with its first base row)."""
+    branches pads with its first base row). Multi-turn leaves pass their messages and environments
+    (docs/datpo.md#multi-turn-rollouts)."""
     if max(trees.branch_counts) == 0:
         return torch.zeros(0, len(ctx.reward_func_names), device=ctx.device)
     rows = [i for i, _ in trees.branch_meta]
     responses = [
         trees.completion_ids[i][: trees.forks[i][j]] + ids for (i, j), ids in zip(trees.branch_meta, trees.branch_ids)
     ]
+    prompts, filler, turns = trees.prompts, (trees.inputs[0], trees.prompts[0], trees.prompt_ids[0],
+                                             trees.completion_ids[0]), {}
+    if trees.episodes is not None:
+        # multi-turn (datpo/multiturn.py): each leaf's messages (the prefix's, then the branch's) and, with an
+        # environment_factory, the branch's own environment (get_reward reads it); the prompts are TRL's (with the
+        # environment's reset() observation)
+        environments = ctx.environments
+        filler = (trees.inputs[0], prompts[0], trees.prompt_ids[0], trees.completion_ids[0],
+                  trees.episodes[0].messages, None if environments is None else environments[0])
+        if ctx.sampling.tool_loop:
+            turns["completions"] = trees.branch_messages
+        if environments is not None:
+            turns["environments"] = trees.branch_environments
     per_process = ctx.score(
         [trees.inputs[i] for i in rows],
-        [trees.prompts[i] for i in rows],
+        [prompts[i] for i in rows],
         [trees.prompt_ids[i] for i in rows],
         responses,
-        filler=(trees.inputs[0], trees.prompts[0], trees.prompt_ids[0], trees.completion_ids[0]),
+        filler=filler,
         counts=trees.branch_counts,
+        **turns,
     )
     return torch.cat(per_process)

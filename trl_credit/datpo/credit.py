@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from trl_credit.core.steps import model_turn_spans
 from trl_credit.tasks.rewards import completion_text
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
 from .embedding import BlockEmbedder
@@ -69,6 +70,11 @@ def embedded_sibling_diversity(ctx, trees: TreeBatch, embedder, groups: set | No
     for b in local:
         kind, row, start, end = forest.blocks[b].source
         tokens = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
+        if trees.episodes is not None:  # multi-turn: the model's text only, its turns joined by newlines
+            mask = trees.episodes[row].model_mask if kind == "base" else trees.branch_model_masks[row]
+            texts.append("\n".join(tokenizer.decode(tokens[a:b_], skip_special_tokens=True)
+                                   for a, b_ in model_turn_spans(mask[start:end])))
+            continue
         texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
     keep = [b for b, text in zip(local, texts) if text.strip()]
     keep_texts = [text for text in texts if text.strip()]
@@ -162,7 +168,7 @@ def tree_leaves(ctx, trees: TreeBatch) -> LeafOutcomes:
         correct.append(bool(success))
         in_loss.append(not truncated)
     leaf_of = {b: leaf for leaf, b in enumerate(blocks)}
-    local, responses, rows = [], [], []
+    local, responses, rows, turns = [], [], [], []
     for b in forest.by_process[ctx.process_index]:
         if b not in leaf_of:
             continue
@@ -172,11 +178,22 @@ def tree_leaves(ctx, trees: TreeBatch) -> LeafOutcomes:
         else:
             row, fork = trees.branch_meta[index]
             response = trees.completion_ids[row][: trees.forks[row][fork]] + trees.branch_ids[index]
+        if trees.episodes is not None:  # multi-turn: the leaf's messages and model mask (prefix + branch)
+            episode = trees.episodes[row]
+            turns.append((episode.messages, episode.model_mask) if kind == "base" else (
+                trees.branch_messages[index],
+                episode.model_mask[: trees.forks[row][fork]] + trees.branch_model_masks[index]))
         local.append(leaf_of[b])
         responses.append(response)
         rows.append(row)
     texts = []
-    if local:
+    if local and trees.episodes is not None:
+        # multi-turn: the model's text only (Cue-GRPO's cues, docs/multiturn.md#cue-grpo): the assistant turns of the
+        # leaf's messages, or without TRL's messages its model turns decoded, joined by newlines
+        texts = [completion_text(messages) if messages else "\n".join(
+                     ctx.tokenizer.decode(response[a:b], skip_special_tokens=True) for a, b in model_turn_spans(mask))
+                 for (messages, mask), response in zip(turns, responses)]
+    elif local:
         prompts = [trees.prompts[row] for row in rows]
         completions = ctx.decode_completions(prompts, [trees.prompt_ids[row] for row in rows], responses)
         texts = [completion_text(c) for c in completions]

@@ -94,14 +94,19 @@ class Forest:
             grounded.update(node for node, value in share.items() if node != ROOT and value > 0)
         return grounded
 
-    def rollout_mean_advantages(self, advantages: torch.Tensor, records) -> list[float]:
-        """Per base rollout (``records`` order), its tokens' mean advantage (blocks weighted by their tokens)."""
+    def rollout_mean_advantages(self, advantages: torch.Tensor, records, model_masks=None) -> list[float]:
+        """Per base rollout (``records`` order), its tokens' mean advantage (blocks weighted by their tokens). With
+        ``model_masks`` (every base rollout's, ``records`` order: multi-turn) the model's tokens only."""
         sums = {row: 0.0 for row, _, _ in records}
+        masks = {row: mask for (row, _, _), mask in zip(records, model_masks)} if model_masks is not None else None
         for b, block in enumerate(self.blocks):
             kind, _, start, end = block.source
             if kind == "base":
-                sums[block.rollout[1]] += float(advantages[b]) * (end - start)
-        return [sums[row] / max(length, 1) for row, _, length in records]
+                row = block.rollout[1]
+                tokens = end - start if masks is None else sum(masks[row][start:end])
+                sums[row] += float(advantages[b]) * tokens
+        lengths = {row: length if masks is None else sum(masks[row]) for row, _, length in records}
+        return [sums[row] / max(lengths[row], 1) for row, _, _ in records]
 
     def _tree(self, members: list[int], rewards: Sequence[float | None] | None = None):
         return (
@@ -139,6 +144,12 @@ class TreeBatch:
     branch_rewards: list[float] = dataclasses.field(default_factory=list)  # global leaf rewards
     skeletons: Skeletons | None = None
     forest: Forest | None = None
+    # multi-turn rollouts (TRL's tool loop or environments; datpo/multiturn.py), else None / empty
+    episodes: list | None = None  # per process: each base rollout's core.tool_loop.Episode (TRL's tool_mask, messages)
+    branch_environments: list = dataclasses.field(default_factory=list)  # per process: each branch's environment
+    branch_model_masks: list[list[int]] | None = None  # per process: each branch's model mask (TRL's tool_mask)
+    branch_messages: list | None = None  # per process: each leaf's messages (prefix + branch), as rewards read them
+    model_tokens: tuple | None = None  # global: model tokens of base rollouts, branches, branch leaves (metrics)
 
     @property
     def num_local(self) -> int:

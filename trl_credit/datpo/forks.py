@@ -162,6 +162,7 @@ def select_forks(
     min_gap: float = 0.0,
     rng: _random.Random | None = None,
     position: str = "after_token",
+    model_mask: Sequence[int] | None = None,
 ) -> list[int]:
     """Up to ``k`` forks in a base rollout of ``num_tokens`` = L tokens, sorted (paper Alg. 2, docs/datpo.md#forks).
 
@@ -179,6 +180,14 @@ def select_forks(
     - ``random``: ``k`` distinct positions drawn uniformly from 1..L−1 with ``rng`` (seeded by the caller).
 
     Ties in entropy go to the earlier position.
+
+    ``model_mask`` (a multi-turn completion, docs/datpo.md#multi-turn-rollouts: 1 on the model's tokens, 0 on tool
+    results, TRL's ``tool_mask``): a fork must replace one of the model's tokens (``τ[f]`` is a model token), so the
+    prefix never ends inside a tool result; the entropy methods' fork token is a model token too (with
+    ``"after_token"`` the prefix then ends inside a model turn, never at its end); ``spans`` cover the model's tokens
+    only (:func:`trl_credit.datpo.multiturn.model_sentence_spans`). ``fixed_seg`` spaces its forks over the model's
+    tokens (f = the position of model token ``⌊j·L_m/(k+1)⌋``, L_m model tokens) and ``random`` draws among the
+    eligible forks. A mask without a 0 (or None) changes nothing.
     """
     if method not in FORK_METHODS:
         raise ValueError(f"method must be one of {FORK_METHODS}, got {method!r}")
@@ -208,16 +217,26 @@ def select_forks(
 
     # fork token s -> fork (prefix length) s + shift
     shift = 1 if position == "after_token" else 0
+    mask = None
+    if model_mask is not None and not all(model_mask[:length]):
+        if len(model_mask) < length:
+            raise ValueError(f"model_mask has {len(model_mask)} entries for {length} tokens")
+        mask = [bool(v) for v in model_mask[:length]]
+
+    def model_fork(s: int) -> bool:
+        # multi-turn: the fork token s and the token the branch replaces, s + shift, are the model's
+        return mask is None or (mask[s] and mask[s + shift])
+
     if method == "sent_entropy":
         if spans is None:
             raise ValueError("method='sent_entropy' needs the sentence spans")
         sentence_entropy = [sum(entropies[s:e]) / (e - s) if e > s else float("-inf") for s, e in spans]
-        candidates = [i for i, (s, e) in enumerate(spans) if 0 < s + shift < length and e > s]
+        candidates = [i for i, (s, e) in enumerate(spans) if 0 < s + shift < length and e > s and model_fork(s)]
         chosen = _top_k(sentence_entropy, candidates, k)
         return sorted(spans[i][0] + shift for i in chosen)
 
     if method == "tok_entropy":
-        candidates = [t for t in range(length) if 0 < t + shift < length]
+        candidates = [t for t in range(length) if 0 < t + shift < length and model_fork(t)]
         if min_gap <= 0:
             return sorted(t + shift for t in _top_k(entropies, candidates, k))
         gap = min_gap * length
@@ -230,9 +249,17 @@ def select_forks(
         return sorted(t + shift for t in chosen)
 
     if method == "fixed_seg":
+        if mask is not None:  # spaced over the model's tokens: f = the position of model token ⌊j·L_m/(k+1)⌋
+            model = [t for t in range(length) if mask[t]]
+            if not model:
+                return []
+            return sorted({model[(j * len(model)) // (k + 1)] for j in range(1, k + 1)} - {0})
         positions = {(j * length) // (k + 1) for j in range(1, k + 1)}
         return sorted(p for p in positions if 0 < p < length)
 
     # random
     rng = rng or _random.Random(0)
+    if mask is not None:  # among the forks that replace a model token
+        eligible = [f for f in range(1, length) if mask[f]]
+        return sorted(rng.sample(eligible, min(k, len(eligible))))
     return sorted(rng.sample(range(1, length), min(k, length - 1)))

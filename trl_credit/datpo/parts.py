@@ -30,6 +30,10 @@ loss tokens of all rows of all processes, so ``loss_type="dapo"`` (the default) 
 generation batch. :meth:`Trees.micro_batch_loss` runs forwards of at most ``rows_per_forward`` rows;
 :meth:`BlockCredit.loss` sets advantages = A_base + α_t·bonus with α_t of the optimizer step being trained.
 
+Multi-turn rollouts (TRL's ``tools``, ``environment_factory``; :mod:`.multiturn`, docs/datpo.md#multi-turn-rollouts):
+phase 1's rollouts are TRL's episodes, forks replace model tokens only, each branch resumes TRL's tool loop from its
+fork (an environment replayed to it per branch; a mismatch skips the fork), and the rows carry TRL's ``tool_mask``.
+
 Groups may span processes: trees are assembled from gathered per-row records, so advantages do not depend on how
 rows are distributed. Every collective call (generation, scoring passes, reward gather, object gathers) is made by
 every process the same number of times, also when a process has no branches.
@@ -63,6 +67,7 @@ from .diversity import annealed_alpha
 from .embedding import BlockEmbedder
 from .forest import ForestCredit, LeafOutcomes, Skeletons, TreeBatch, build_forest
 from .forks import select_forks, sentence_spans, token_char_offsets
+from .multiturn import base_episodes, model_sentence_spans, model_tokens, replay_forks, resume_branches
 from .rows import training_rows
 from .tree import leaf_rewards
 from .tree_metrics import log_fork_coverage, log_tree_metrics
@@ -111,6 +116,7 @@ class Trees(Rollout):
     they are built after it, in :meth:`training_batch`; TRL's completions table lists the base rows."""
 
     name = "trees"
+    resumes_tool_loop = True  # branches resume TRL's tool loop from their forks (datpo/multiturn.py)
     builds_rows = True  # a row per base rollout and per branch (training_batch), more rows than TRL generated
 
     # State of one training batch lives in ctx.scratch(self): "phase1" (True while TRL generates the base rollouts),
@@ -119,7 +125,10 @@ class Trees(Rollout):
 
     def setup(self, trainer) -> None:
         who = speaker(trainer, self)
-        check_single_turn(trainer, who, "its trees generate branches from fork points inside the completions")
+        # tools and environments: branches resume TRL's tool loop from their forks (datpo/multiturn.py); a user's
+        # rollout_func would replace the base rollouts the trees grow from
+        check_single_turn(trainer, who, "its trees generate their own branches from fork points inside the "
+                          "completions", tool_loop=True)
         bind_success(trainer)
         if bridge.is_vlm(trainer):
             raise ValueError(f"{who} supports text-only models: branch prompts are token prefixes of the response.")
@@ -146,8 +155,9 @@ class Trees(Rollout):
         """TRL's generation; for the phase-1 base rollouts under HF ``generate``, the entropies of the distributions
         the tokens were sampled from are recorded on the way (:class:`~trl_credit.generation.hooks.GenerationRecorder`),
         so forking needs no extra forward pass."""
-        # only HF generate's forward is seen step by step
-        if not ctx.scratch(self).get("phase1") or not runs_hf_generate(ctx.sampling):
+        # only HF generate's forward is seen step by step; TRL's tool loop generates a rollout in several calls, so no
+        # one call's record lines up with the completions (the entropies then come from one scoring pass)
+        if not ctx.scratch(self).get("phase1") or not runs_hf_generate(ctx.sampling) or ctx.sampling.tool_loop:
             return proceed(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         recorder = GenerationRecorder(ctx.sampling.temperature, logps=False, entropies=True)
         with recorder.attached_to(ctx.causal_lm):
@@ -184,7 +194,9 @@ class Trees(Rollout):
         trees = batch.payload(TreeBatch)
         # TRL's completions table (log_completions) lists the base rollouts with GRPO's advantages: DATPO's instead,
         # averaged over each rollout's tokens
-        batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records))
+        masks = None if trees.episodes is None else ctx.gather_rows([e.model_mask for e in trees.episodes])
+        batch.log_advantages(trees.forest.rollout_mean_advantages(advantages.advantages, trees.skeletons.records,
+                                                                  masks))
         rows = training_rows(ctx, output, trees, advantages)
         log_tree_metrics(ctx, trees, advantages)
         # Base rows are cut into blocks at their forks (a block id per token: forks passed so far); a branch row is
@@ -194,13 +206,23 @@ class Trees(Rollout):
         return rows
 
     def grow(self, ctx, inputs, prompt_ids, completion_ids, rewards_per_func) -> TreeBatch:
-        """Phase 1's rollouts (this process's ids, the global rewards) → budgets → forks → branches → the forest."""
+        """Phase 1's rollouts (this process's ids, the global rewards) → budgets → forks → branches → the forest.
+        Multi-turn rollouts (TRL's tool loop, environments: the episodes of ``ctx.capture``) fork inside the model's
+        turns and their branches resume the tool loop (datpo/multiturn.py)."""
+        capture = ctx.capture
+        episodes = None if capture is None or capture.generated is None else base_episodes(ctx, capture.generated)
+        # the prompts TRL generated from: with an environment_factory, with the reset() observation (the dataset may
+        # have no prompt column then: the environment owns the data)
+        prompts = [x["prompt"] for x in inputs] if episodes is None else list(capture.generated_prompts)
         trees = TreeBatch(
-            inputs, [x["prompt"] for x in inputs], prompt_ids, completion_ids, rewards_per_func,
+            inputs, prompts, prompt_ids, completion_ids, rewards_per_func,
             first_row=ctx.process_index * len(prompt_ids),  # TRL's process slice: equal base rows per process
         )
+        trees.episodes = episodes
         self.set_budgets(ctx, trees)
         self.fork_base_rollouts(ctx, trees, self.fork_entropies(ctx, trees))
+        if trees.episodes is not None and ctx.environments is not None:
+            replay_forks(ctx, trees)  # each branch's environment, replayed to its fork; mismatching forks dropped
         self.grow_branches(ctx, trees)
         self.assemble_forest(ctx, trees)
         return trees
@@ -255,21 +277,24 @@ class Trees(Rollout):
             length = len(ids)
             should_fork = k_hat > 0 and not trees.unscorable[g_row]
             forks, fallback = [], False
+            # multi-turn: forks replace model tokens only, sentences split per model turn (datpo/multiturn.py)
+            mask = None if trees.episodes is None else trees.episodes[i].model_mask
             if should_fork and length >= 2:
                 spans = None
                 if args.fork_method == "sent_entropy":
-                    spans = sentence_spans(*token_char_offsets(ctx.tokenizer, ids))
+                    spans = (sentence_spans(*token_char_offsets(ctx.tokenizer, ids)) if mask is None or all(mask)
+                             else model_sentence_spans(ctx.tokenizer, ids, mask))
                 rng = random.Random(f"{args.seed}-{ctx.step}-{g_row}")
                 row_entropies = entropies[i, :length] if entropies is not None else None
                 forks = select_forks(
                     row_entropies, spans, k_hat, args.fork_method, num_tokens=length, min_gap=args.fork_min_gap,
-                    rng=rng, position=args.fork_position,
+                    rng=rng, position=args.fork_position, model_mask=mask,
                 )
                 if not forks and args.fork_method == "sent_entropy" and args.fork_fallback == "tok_entropy":
                     # Only with fork_position="before_token": one sentence, which starts at token 0 (a fork before
                     # it would be a fresh rollout, not a branch). Fall back to the top-K̂ tokens by entropy.
                     forks = select_forks(row_entropies, None, k_hat, "tok_entropy", num_tokens=length,
-                                         position=args.fork_position)
+                                         position=args.fork_position, model_mask=mask)
                     fallback = bool(forks)
             trees.forks.append(forks)
             coverage.append((should_fork, bool(forks), fallback))
@@ -293,6 +318,8 @@ class Trees(Rollout):
         state["branching"] = True
         try:
             branch_ids, trees.branch_logprobs = self.generate_branches(ctx, fork_requests)
+            if trees.episodes is not None:  # multi-turn: TRL's tool loop resumed after each continuation
+                branch_ids, trees.branch_logprobs = resume_branches(ctx, trees, branch_ids, trees.branch_logprobs)
         finally:
             state["branching"] = False
         trees.branch_ids = [list(ids) for ids in branch_ids]
@@ -321,6 +348,8 @@ class Trees(Rollout):
             ctx.gather_rows([len(ids) for ids in trees.branch_ids]),
         )
         trees.forest = build_forest(trees.skeletons, trees.budgets, trees.base_rewards, trees.branch_rewards, N)
+        if trees.episodes is not None:  # the token metrics count the model's tokens only
+            trees.model_tokens = model_tokens(ctx, trees)
 
     # ------------------------------------------------------------------ loss (the split and the renormalization of the
     # variable row count are the core's: trl_credit/core/row_count.py)

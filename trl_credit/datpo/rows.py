@@ -39,6 +39,15 @@ def training_rows(ctx, base: dict, trees: TreeBatch, credit: ForestCredit) -> di
         r = row if kind == "base" else n_base + row
         token_base[r, start:end] = float(credit.base[b])
         token_bonus[r, start:end] = float(credit.bonus[b])
+    tool_mask = None
+    if trees.episodes is not None:
+        # multi-turn (docs/datpo.md#multi-turn-rollouts): TRL's tool_mask of every row, base rows' TRL's own, branch
+        # rows' from the resumed tool loop (filler rows 1, as TRL pads it); a tool result gets no advantage
+        tool_mask = torch.ones(n_rows, width, dtype=torch.long)
+        for r, mask in enumerate([e.model_mask for e in trees.episodes] + list(trees.branch_model_masks)):
+            tool_mask[r, : len(mask)] = torch.tensor(mask, dtype=torch.long)
+        token_base = token_base * tool_mask
+        token_bonus = token_bonus * tool_mask
     restored = []  # (base row, tokens): leading blocks of a truncated base rollout that keep their loss
     settings = ctx.rows
     if settings.mask_truncated_completions:
@@ -73,6 +82,10 @@ def training_rows(ctx, base: dict, trees: TreeBatch, credit: ForestCredit) -> di
         # real rows of the generation batch on all processes, for the loss types that average over rows
         NUM_ROWS: torch.tensor(sum(row_counts), device=device),
     }
+    loss_mask = c_mask
+    if tool_mask is not None:
+        output["tool_mask"] = tool_mask.to(device)
+        loss_mask = c_mask * output["tool_mask"]  # what TRL's loss and its importance ratio mask (trl 1.16)
 
     def merge(base_values: torch.Tensor, branch_values: torch.Tensor | None, fill: float = 0.0):
         # base rows keep TRL's values (completion right-padded, so positions line up); branch rows get theirs
@@ -97,7 +110,7 @@ def training_rows(ctx, base: dict, trees: TreeBatch, credit: ForestCredit) -> di
             merged[r, :keep] = scored[n_branch + k, :keep].to(merged.dtype)
         return merged
 
-    branch_mask = c_mask[n_base : n_base + n_branch]
+    branch_mask = loss_mask[n_base : n_base + n_branch]
     need_old = "old_per_token_logps" in base
     if need_old:
         old = ctx.score_rows("policy", scored_prompts, scored_completions)
@@ -123,9 +136,9 @@ def training_rows(ctx, base: dict, trees: TreeBatch, credit: ForestCredit) -> di
         if restored:  # TRL's ratio of a masked row is 1; the kept blocks get theirs from the new old log-probs
             rows = torch.tensor([r for r, _ in restored], device=device)
             ratio[rows] = ctx.importance_sampling_ratio(
-                output["old_per_token_logps"][rows], output["sampling_per_token_logps"][rows], c_mask[rows]
+                output["old_per_token_logps"][rows], output["sampling_per_token_logps"][rows], loss_mask[rows]
             )[:, : ratio.size(1)].to(ratio.dtype)
         output["importance_sampling_ratio"] = ratio
-    output["num_items_in_batch"] = ctx.gather(c_mask.sum()).sum()
+    output["num_items_in_batch"] = ctx.gather(loss_mask.sum()).sum()
     return output
 

@@ -11,7 +11,8 @@ __all__ = ["log_tree_metrics", "log_fork_coverage"]
 
 def log_tree_metrics(ctx, trees: TreeBatch, credit: ForestCredit) -> None:
     """Tree metrics. Pass rates are the verifier's verdicts (any correct leaf per prompt), over the prompts with at
-    least one scorable leaf; unscorable leaves count in no rate or mean."""
+    least one scorable leaf; unscorable leaves count in no rate or mean. Token counts of multi-turn rollouts are the
+    model's tokens (``trees.model_tokens``: tool results left out, as TRL's ``completions/mean_length``)."""
     forest, records = trees.forest, trees.skeletons.records
     budgets, base_unscorable, base_success = trees.budgets, trees.unscorable, trees.success
     num_groups = len(budgets)
@@ -31,9 +32,14 @@ def log_tree_metrics(ctx, trees: TreeBatch, credit: ForestCredit) -> None:
     num_blocks = [0] * num_groups
     for block in forest.blocks:
         num_blocks[block.group] += 1
-    base_tokens = sum(length for _, _, length in records)
-    branch_tokens = sum(trees.skeletons.branch_lengths)
-    leaf_lengths = [length for _, _, length in records] + forest.branch_response_lengths
+    if trees.model_tokens is not None:  # multi-turn: the model's tokens only (tool results are not generated)
+        base_lengths, branch_lengths, leaf_lengths = trees.model_tokens
+        base_tokens, branch_tokens = sum(base_lengths), sum(branch_lengths)
+        leaf_lengths = list(base_lengths) + list(leaf_lengths)
+    else:
+        base_tokens = sum(length for _, _, length in records)
+        branch_tokens = sum(trees.skeletons.branch_lengths)
+        leaf_lengths = [length for _, _, length in records] + forest.branch_response_lengths
     total_leaves = sum(leaves)
     defined_v = [v for v in trees.v_root if not math.isnan(v)]
     ctx.metric("datpo/leaves_per_prompt", total_leaves / num_groups)
