@@ -126,8 +126,8 @@ class SRPOFields:
     step_checker: str | None = field(
         default=None,
         metadata={
-            "help": "A named step checker ('chain'): question + thoughts -> first wrong thought. Needed by "
-            "reset='oracle'; with any reset it logs localization quality. A callable goes to "
+            "help": "A named step checker ('chain', 'sums', 'keychain'): question + thoughts -> first wrong thought. "
+            "Needed by reset='oracle'; with any reset it logs localization quality. A callable goes to "
             "SRPOTrainer(step_checker=...)."
         },
     )
@@ -269,9 +269,9 @@ class SRPOConfig(SRPOFields, CreditLoggingArguments, SuccessArguments, GRPOConfi
             answer's reset comes from: `"scored"` or `"random"` (uniform, as before this option existed).
         localization_temperature (`float`, defaults to `0.0`): 0 = argmax of the scores; > 0 samples from
             `softmax(scores / temperature)`.
-        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`, `"sums"`); a callable can be
-            passed to `SRPOTrainer(step_checker=...)` instead. Needed by `reset="oracle"`; with any reset it adds the
-            localization quality metrics.
+        step_checker (`str` or `None`, defaults to `None`): a named step checker (`"chain"`, `"sums"`, `"keychain"`: the
+            tool regime's, one step per model turn); a callable can be passed to `SRPOTrainer(step_checker=...)`
+            instead. Needed by `reset="oracle"`; with any reset it adds the localization quality metrics.
         reset_groups (`int` or `None`, defaults to `None`): shared-prefix groups per prompt (distinct seeds). None:
             derived from `num_generations` (see above).
         suffixes_per_reset (`int` or `None`, defaults to `None`): suffixes resampled from each reset state. None:
