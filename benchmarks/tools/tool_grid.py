@@ -2,6 +2,7 @@
 ``trl_credit.testbed.tool_runner.TOOL_METHODS`` trained from the regime's model through TRL's tool loop, measured with
 the training prompt. Resumable (a run whose JSON exists with the same settings is skipped), one thread per worker::
 
+    python benchmarks/tools/tool_grid.py base                                               # the untrained model
     python benchmarks/tools/tool_grid.py sweep  --methods grpo process oppo --rates 3e-4 1e-3 --seeds 100-103
     python benchmarks/tools/tool_grid.py report --methods grpo process oppo --seeds 0-15   # at each one's sweep rate
     python benchmarks/tools/tool_grid.py summary                                           # summary.json + tables
@@ -128,6 +129,12 @@ def chosen_rates(sweep: list[dict]) -> dict:
     return choices
 
 
+def _model_path() -> str:
+    from trl_credit.testbed.tool_regime import tool_regime_model_path
+
+    return tool_regime_model_path()
+
+
 def _seeds(text: str) -> list[int]:
     seeds = []
     for part in text.split(","):
@@ -138,7 +145,7 @@ def _seeds(text: str) -> list[int]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("sweep", "report", "summary"))
+    parser.add_argument("phase", choices=("base", "sweep", "report", "summary"))
     parser.add_argument("--methods", nargs="+", default=None)
     parser.add_argument("--rates", nargs="+", type=float, default=[3e-4, 1e-3])
     parser.add_argument("--seeds", type=str, default=None, help="e.g. 0-15 or 100-103,107")
@@ -155,6 +162,17 @@ def main(argv=None):
     settings = dict(steps=args.steps, eval_samples=args.eval_samples, eval_rows=args.eval_rows)
     if args.eval_every:
         settings["eval_every"] = args.eval_every
+    if args.phase == "base":  # the untrained model, measured as every run's end is (the step-0 row of the tables)
+        _setup_worker()
+        from trl_credit.tasks import keychain
+        from trl_credit.testbed.tool_runner import evaluate_tools
+
+        report = evaluate_tools(_model_path(), keychain.make_dataset()["test"], samples=args.eval_samples,
+                                sampled_rows=args.eval_rows)
+        with open(os.path.join(RESULTS, "base_eval.json"), "w") as f:
+            json.dump(dict(settings=settings, final=report), f)
+        print({k: v for k, v in report.items() if not k.endswith(("correct", "per_row"))})
+        return
     if args.phase == "summary":
         import tool_summary
 

@@ -32,6 +32,14 @@ def by_method(runs: list[dict]) -> dict[str, dict[int, dict]]:
     return out
 
 
+def by_method_rate(runs: list[dict]) -> dict[str, dict[int, dict]]:
+    """As :func:`by_method`, keyed ``"method (rate)"``: a sweep runs a method at several rates on a seed."""
+    out: dict = {}
+    for run in runs:
+        out.setdefault(f"{run['method']} ({run['learning_rate']:g})", {})[run["seed"]] = run
+    return out
+
+
 def claims(runs: dict) -> list[dict]:
     """Every method against GRPO, per metric: the paired differences over the seeds both ran."""
     rows = []
@@ -75,10 +83,14 @@ def claims_table(rows: list[dict]) -> tuple[str, dict]:
     return "\n".join(lines) + "\n", counts
 
 
-def levels_table(runs: dict) -> str:
+def levels_table(runs: dict, base: dict | None = None) -> str:
     lines = ["| method | seeds | greedy | T=1 | pass@8 | held-out all-fail | tokens (mean) | train CPU s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for method in sorted(runs, key=lambda m: (m != "grpo", m)):
+    if base is not None:  # the untrained model (tool_grid.py base), measured as every run's end is
+        cells = [value(base) for value in METRICS.values()]
+        lines.append("| untrained | - | " + " | ".join(f"{c:.3f}" for c in cells)
+                     + f" | {base['final']['all_fail_share']:.3f} | - | - |")
+    for method in sorted(runs, key=lambda m: (not m.startswith("grpo"), m)):
         seeds = runs[method]
         cells = [statistics.fmean(value(r) for r in seeds.values()) for value in METRICS.values()]
         all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
@@ -147,13 +159,15 @@ def main(results: str, choices: dict) -> dict:
     import tool_grid
 
     runs = by_method(tool_grid.load("runs"))
-    sweep = by_method(tool_grid.load("sweep"))
+    base_path = os.path.join(results, "base_eval.json")
+    base = json.load(open(base_path)) if os.path.exists(base_path) else None
+    sweep = by_method_rate(tool_grid.load("sweep"))
     rows = claims(runs)
     table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
-        sweep_table(choices), "## Sweep levels", "", levels_table(sweep), "## Reported seeds", "",
-        levels_table(runs) if runs else "none yet\n", "## Against GRPO", "", table,
+        sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base), "## Reported seeds", "",
+        levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
         chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n"])
     summary = dict(chosen_rates=choices, claims=[{k: v for k, v in r.items()} for r in rows], family=counts,
