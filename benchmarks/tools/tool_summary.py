@@ -144,6 +144,17 @@ def chain_table(runs: dict, rows: list[dict], method: str = "process") -> str:
     return "\n".join(lines) + "\n"
 
 
+def pilot_table(runs: list[dict]) -> str:
+    lines = ["| method (rate, seed) | greedy along the run | T=1 at the end | tokens | train CPU s |",
+             "| --- | --- | --- | --- | --- |"]
+    for run in sorted(runs, key=lambda r: (r["method"] != "grpo", r["method"])):
+        greedy = [point["greedy_accuracy"] for point in run.get("curve", [])] + [run["final"]["greedy_accuracy"]]
+        lines.append(f"| {run['method']} ({run['learning_rate']:g}, {run['seed']}) | "
+                     + " / ".join(f"{g:.3f}" for g in greedy) + f" | {run['final']['accuracy']:.3f} | "
+                     f"{run['generated_tokens']:,} | {run['train_cpu_seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def sweep_table(choices: dict) -> str:
     rates = sorted({r for c in choices.values() for r in c["means"]}, key=float)
     lines = ["| method | sweep seeds | " + " | ".join(f"T=1 at {r}" for r in rates) + " | chosen |",
@@ -166,10 +177,15 @@ def main(results: str, choices: dict) -> dict:
     table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
-        sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base), "## Reported seeds", "",
+        sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base),
+        "## Pilots at 120 steps (pilot_long/: greedy accuracy at steps 40 / 80 / 120)", "",
+        pilot_table(tool_grid.load("pilot_long")), "## Pilot levels", "",
+        levels_table(by_method_rate(tool_grid.load("pilot_long")), base), "## Reported seeds", "",
         levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
-        chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n"])
+        chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n",
+        "## The same on the 120-step pilot (one seed: no interval)", "",
+        chain_table(by_method(tool_grid.load("pilot_long")), test_rows())])
     summary = dict(chosen_rates=choices, claims=[{k: v for k, v in r.items()} for r in rows], family=counts,
                    reported_seeds={m: sorted(s) for m, s in runs.items()},
                    sweep_seeds={m: sorted(s) for m, s in sweep.items()})
