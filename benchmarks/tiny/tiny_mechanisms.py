@@ -116,21 +116,23 @@ def capture(method: str, seed: int, steps: int, model_path: str | None, trap_dig
                              trap=reason == "arithmetic" and trap_step(text, wrong, trap_digits),
                              **region_shares(lines[:length], values.tolist(), wrong)))
 
-    def record_loss_inputs(trainer):  # what reaches TRL's loss: every training row once (num_iterations 1)
-        if hasattr(trainer, "add_credit_callback"):  # the credit core's trainers: TRL's training batch, per batch
-            trainer.add_credit_callback(lambda step: on_rows(step.output))
-            return
-        # TRL's own GRPOTrainer (the grpo control) has no on_credit: its micro-batches as they reach the loss
-        original = trainer._compute_loss
-
-        def wrapped(model, inputs):
-            on_rows(inputs)
-            return original(model, inputs)
-
-        trainer._compute_loss = wrapped
-
-    run_starting_model(method, seed, steps, model_path, record_loss_inputs)
+    run_starting_model(method, seed, steps, model_path, lambda trainer: record_loss_inputs(trainer, on_rows))
     return rows
+
+
+def record_loss_inputs(trainer, on_rows) -> None:
+    """Call ``on_rows(inputs)`` with what reaches TRL's loss: every training row once (num_iterations 1)."""
+    if hasattr(trainer, "add_credit_callback"):  # the credit core's trainers: TRL's training batch, per batch
+        trainer.add_credit_callback(lambda step: on_rows(step.output))
+        return
+    # TRL's own GRPOTrainer (the grpo control) has no on_credit: its micro-batches as they reach the loss
+    original = trainer._compute_loss
+
+    def wrapped(model, inputs):
+        on_rows(inputs)
+        return original(model, inputs)
+
+    trainer._compute_loss = wrapped
 
 
 def capture_forks(seed: int, steps: int, model_path: str | None) -> list[dict]:

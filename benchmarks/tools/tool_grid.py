@@ -26,24 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "tools")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "tiny"))
+from tiny_grid import _setup_worker  # noqa: E402
 
 #: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
 RUN_KEYS = ("steps", "eval_samples", "eval_rows", "eval_every")
-
-
-def _setup_worker():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    import torch
-
-    torch.set_num_threads(1)
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
 
 
 def run_path(phase: str, method: str, rate: float, seed: int) -> str:
@@ -51,7 +37,7 @@ def run_path(phase: str, method: str, rate: float, seed: int) -> str:
 
 
 def one_run(job: dict) -> dict:
-    _setup_worker()
+    _setup_worker()  # one thread, offline, quiet (the tiny grid's)
     from trl_credit.testbed.tool_runner import run_tools
 
     result = run_tools(job["method"], job["seed"], job["learning_rate"], steps=job["settings"]["steps"],

@@ -27,6 +27,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tiny"))
 RESULTS = os.path.join(os.path.dirname(HERE), "results", "tools")
 REGIONS = ("before", "on", "after")
 _RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
@@ -95,19 +96,10 @@ def capture(method: str, seed: int, steps: int) -> list[dict]:
                 continue  # a right episode, or one with no negative credit on its model tokens
             rows.append(dict(first_wrong=wrong, turns=len(spans), **region_shares(spans, values, wrong)))
 
-    def record(trainer):
-        if hasattr(trainer, "add_credit_callback"):
-            trainer.add_credit_callback(lambda step: on_rows(step.output))
-            return
-        original = trainer._compute_loss
+    from tiny_mechanisms import record_loss_inputs
 
-        def wrapped(model, inputs):
-            on_rows(inputs)
-            return original(model, inputs)
-
-        trainer._compute_loss = wrapped
-
-    run_tools(method, seed, 1e-30, steps=steps, on_trainer=record, evaluate_at_end=False)
+    run_tools(method, seed, 1e-30, steps=steps, on_trainer=lambda trainer: record_loss_inputs(trainer, on_rows),
+              evaluate_at_end=False)
     return rows
 
 

@@ -94,18 +94,11 @@ def _count_generated(model, eos_id: int, pad_id: int) -> dict:
         out = original(*args, **kwargs)
         if counted.get("paused"):  # an evaluation in the middle of training: not the run's tokens
             return out
+        from trl_credit.testbed.runner import _generated_tokens
+
         inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
-        sequences = out if torch.is_tensor(out) else out.sequences
-        for row in sequences[:, inputs.size(1):].tolist():
-            length = len(row)
-            for index, token in enumerate(row):
-                if token == eos_id:
-                    length = index + 1
-                    break
-                if token == pad_id:
-                    length = index
-                    break
-            counted["tokens"] += length
+        counted["tokens"] += _generated_tokens(out if torch.is_tensor(out) else out.sequences, inputs.size(1), eos_id,
+                                               pad_id)
         counted["calls"] += 1
         return out
 
