@@ -178,12 +178,20 @@ def _done(job: dict, args) -> bool:
     return saved.get("settings") == _settings(args) and saved.get("learning_rate") == job["learning_rate"]
 
 
-def run_jobs(jobs: list[dict], workers: int) -> None:
+def describe_run(done: dict) -> str:
+    return (f"AUC {done['auc']:.3f}, final {done['final']:.3f}, {done['cpu']:.0f} CPU s -> "
+            f"{os.path.relpath(done['path'])}")
+
+
+def run_jobs(jobs: list[dict], workers: int, run=None, describe=describe_run) -> None:
+    """Every job (``method``, ``learning_rate``, ``seed``, ...) through ``run`` (default :func:`one_run`) in
+    ``workers`` spawned processes, a line per finished run (``describe(result)``); a failed run is reported and the
+    grid goes on. benchmarks/tools/tool_grid.py runs its own jobs through it."""
     if not jobs:
         return
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(one_run, job): job for job in jobs}
+        futures = {pool.submit(run or one_run, job): job for job in jobs}
         for future in concurrent.futures.as_completed(futures):
             job = futures[future]
             try:
@@ -191,8 +199,7 @@ def run_jobs(jobs: list[dict], workers: int) -> None:
             except Exception as error:  # one failed run is reported and the grid goes on
                 print(f"FAILED {job['method']} lr {job['learning_rate']} seed {job['seed']}: {error!r}", flush=True)
                 continue
-            print(f"{job['method']} lr {job['learning_rate']:g} seed {job['seed']}: AUC {done['auc']:.3f}, final "
-                  f"{done['final']:.3f}, {done['cpu']:.0f} CPU s -> {os.path.relpath(done['path'])}", flush=True)
+            print(f"{job['method']} lr {job['learning_rate']:g} seed {job['seed']}: {describe(done)}", flush=True)
 
 
 def chosen_learning_rates(sweep_dir: str, methods, rates, select_by: str = "auc") -> dict:

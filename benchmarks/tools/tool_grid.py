@@ -15,9 +15,7 @@ reported seeds it shares with it (the same seed: the same prompts, initial sampl
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -26,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "tools")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "tiny"))
-from tiny_grid import _setup_worker  # noqa: E402
+from tiny_grid import _setup_worker, run_jobs  # noqa: E402
 
 #: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
 RUN_KEYS = ("steps", "eval_samples", "eval_rows", "eval_every")
@@ -64,24 +62,10 @@ def _done(job: dict) -> bool:
         return json.load(f).get("settings") == job["settings"]
 
 
-def run_jobs(jobs: list[dict], workers: int) -> None:
-    jobs = [job for job in jobs if not _done(job)]
-    if not jobs:
-        return
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(one_run, job): job for job in jobs}
-        for future in concurrent.futures.as_completed(futures):
-            job = futures[future]
-            try:
-                done = future.result()
-            except Exception as error:  # one failed run is reported and the grid goes on
-                print(f"FAILED {job['method']} lr {job['learning_rate']:g} seed {job['seed']}: {error!r}", flush=True)
-                continue
-            final = done["final"]
-            print(f"{job['method']} lr {job['learning_rate']:g} seed {job['seed']}: greedy "
-                  f"{final['greedy_accuracy']:.3f} T=1 {final['accuracy']:.3f} tokens {done['generated_tokens']} "
-                  f"train {done['train_cpu_seconds']:.0f} CPU s", flush=True)
+def describe_run(done: dict) -> str:
+    final = done["final"]
+    return (f"greedy {final['greedy_accuracy']:.3f} T=1 {final['accuracy']:.3f} tokens {done['generated_tokens']} "
+            f"train {done['train_cpu_seconds']:.0f} CPU s")
 
 
 def load(phase: str) -> list[dict]:
@@ -176,7 +160,7 @@ def main(argv=None):
         jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings,
                      path=run_path("runs", m, rates[m]["rate"], s))
                 for s in _seeds(args.seeds or "0-15") for m in methods]
-    run_jobs(jobs, args.workers)
+    run_jobs([job for job in jobs if not _done(job)], args.workers, run=one_run, describe=describe_run)
 
 
 if __name__ == "__main__":

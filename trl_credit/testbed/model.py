@@ -23,7 +23,8 @@ from trl_credit import models
 from trl_credit.srpo.prompts import localization_prompt
 from trl_credit.tasks import sums
 
-__all__ = ["VOCAB", "Recipe", "make_tokenizer", "model_config", "build_model", "testbed_model_path", "weights_digest"]
+__all__ = ["VOCAB", "Recipe", "make_tokenizer", "model_config", "build_model", "testbed_model_path", "weights_digest",
+           "save_profile"]
 
 #: Bump when the build changes in a way the recipe does not show (the training loop, the data mix's code).
 BUILD_VERSION = 1
@@ -103,6 +104,17 @@ def weights_digest(model) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def save_profile(profile: dict, model_dir: str, regime: str, results: str | None, per_item: str) -> None:
+    """A regime's start profile, stamped with its regime and the model's weights digest (``build.json``): printed
+    without its per-problem lists (keys ending ``_correct`` or ``per_item``), and written whole to ``results``."""
+    with open(f"{model_dir}/build.json") as f:
+        profile.update(regime=regime, weights_sha256=json.load(f)["weights_sha256"])
+    print(json.dumps({k: v for k, v in profile.items() if not k.endswith(("_correct", per_item))}, indent=1))
+    if results:
+        with open(results, "w") as f:
+            json.dump(profile, f, indent=1)
 
 
 def testbed_model_path(recipe: Recipe | None = None, build: bool = True, progress: bool = False) -> str:

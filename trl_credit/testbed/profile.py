@@ -8,14 +8,13 @@ training prompts whose group of G samples at the training temperature is all-fai
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
 from trl_credit.tasks import sums
 from trl_credit.testbed import runner
-from trl_credit.testbed.model import make_tokenizer, testbed_model_path
+from trl_credit.testbed.model import make_tokenizer, save_profile, testbed_model_path
 from trl_credit.testbed.regimes import regime_recipe
 
 __all__ = ["TEMPERATURES", "base_profile", "sharpening_baseline"]
@@ -79,13 +78,8 @@ def main(argv=None):
     path = args.model or testbed_model_path(regime_recipe(args.regime), progress=True)
     data = sums.make_dataset()
     profile = base_profile(LlamaForCausalLM.from_pretrained(path), make_tokenizer(), data["test"], data["train"])
-    with open(f"{path}/build.json") as f:
-        profile.update(regime=args.regime, weights_sha256=json.load(f)["weights_sha256"])
-    short = {k: v for k, v in profile.items() if not k.endswith("_correct") and not k.endswith("per_problem")}
-    print(json.dumps(short, indent=1))
-    if args.results:
-        with open(args.results, "w") as f:
-            json.dump(profile, f, indent=1)
+    save_profile(profile, path, args.regime, args.results, per_item="per_problem")
+
 
 
 if __name__ == "__main__":

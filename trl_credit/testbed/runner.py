@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from trl_credit.evaluation.metrics import pass_at_k  # the package's unbiased estimator, re-exported for the grids
 from trl_credit.tasks import sums
 from trl_credit.testbed.model import make_tokenizer, testbed_model_path
 
@@ -89,13 +90,6 @@ def method_fields(spec: dict, learning_rate: float) -> dict:
     set to a ratio times the policy's rate, e.g. PRIME's PRM learning rate)."""
     scaled = {name: ratio * learning_rate for name, ratio in spec.get("lr_scaled", {}).items()}
     return dict(spec["fields"], **scaled)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of n samples with c correct (Chen et al., 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
 def _generated_tokens(sequences: torch.Tensor, prompt_width: int, eos_id: int, pad_id: int) -> int:

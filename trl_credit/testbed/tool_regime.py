@@ -31,9 +31,11 @@ import tempfile
 import time
 from collections import Counter
 
+from trl_credit.evaluation.metrics import pass_at_k
 from trl_credit.tasks import keychain
 
 __all__ = ["ToolRecipe", "build_tool_regime_model", "tool_regime_model_path", "tool_rollouts", "tool_profile",
+           "correct_per_row", "rollout_summary",
            "MAX_COMPLETION_LENGTH", "MAX_TOOL_CALLS"]
 
 #: Bump when the build changes in a way the recipe does not show.
@@ -179,14 +181,9 @@ def tool_rollouts(model, dataset, samples: int, temperature: float = 1.0, greedy
     return [r for index in sorted(records) for r in records[index]]
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of n samples with c right (Chen et al., 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
-def _summary(rollouts: list[dict]) -> dict:
+def rollout_summary(rollouts: list[dict]) -> dict:
+    """Accuracy, tool calls (mean and histogram), where the episodes first went wrong (``first_wrong_kinds``,
+    ``planted_share``) and completion tokens of :func:`tool_rollouts`' records."""
     calls = Counter(r["calls"] for r in rollouts)
     kinds = Counter(r["kind"] or "right" for r in rollouts)
     return dict(accuracy=sum(r["reward"] for r in rollouts) / len(rollouts),
@@ -198,7 +195,8 @@ def _summary(rollouts: list[dict]) -> dict:
                 max_completion_tokens=max(r["completion_tokens"] for r in rollouts))
 
 
-def _per_row(rollouts: list[dict]) -> list[int]:
+def correct_per_row(rollouts: list[dict]) -> list[int]:
+    """Right rollouts (reward 1) per dataset row of :func:`tool_rollouts`' records, in row order."""
     correct: dict[int, int] = {}
     for r in rollouts:
         correct[r["row"]] = correct.get(r["row"], 0) + int(r["reward"] == 1.0)
@@ -216,7 +214,7 @@ def tool_profile(model, test, train, group: int = 8, train_rows: int = 256, test
     groups = tool_rollouts(model, train.select(range(min(train_rows, len(train)))), group, seed=seed + 1)
     sampled = tool_rollouts(model, test.select(range(min(test_rows, len(test)))), group, seed=seed + 2)
     many = tool_rollouts(model, test.select(range(min(passk_rows, len(test)))), passk_samples, seed=seed + 3)
-    per_group, per_test, per_many = _per_row(groups), _per_row(sampled), _per_row(many)
+    per_group, per_test, per_many = correct_per_row(groups), correct_per_row(sampled), correct_per_row(many)
     traps = list(test["traps"])
     by_traps = {}
     for count in sorted(set(traps)):
@@ -231,10 +229,10 @@ def tool_profile(model, test, train, group: int = 8, train_rows: int = 256, test
         accuracy_t1=sum(per_test) / (group * len(per_test)),
         train_all_fail_share=sum(c == 0 for c in per_group) / len(per_group), group_size=group,
         train_groups=len(per_group), train_accuracy_t1=sum(per_group) / (group * len(per_group)),
-        pass_at_k={str(k): sum(_pass_at_k(group, c, k) for c in per_test) / len(per_test) for k in range(1, group + 1)},
-        pass_at_k_large={str(k): sum(_pass_at_k(passk_samples, c, k) for c in per_many) / len(per_many) for k in ks},
+        pass_at_k={str(k): sum(pass_at_k(group, c, k) for c in per_test) / len(per_test) for k in range(1, group + 1)},
+        pass_at_k_large={str(k): sum(pass_at_k(passk_samples, c, k) for c in per_many) / len(per_many) for k in ks},
         passk_samples=passk_samples, passk_rows=len(per_many), by_trap_keys=by_traps,
-        greedy=_summary(greedy), t1_test=_summary(sampled), t1_train=_summary(groups),
+        greedy=rollout_summary(greedy), t1_test=rollout_summary(sampled), t1_train=rollout_summary(groups),
         greedy_correct=[int(r["reward"]) for r in greedy], correct_per_row=per_test, train_correct_per_row=per_group,
         passk_correct_per_row=per_many, cpu_seconds=round(time.process_time() - start, 1))
 
@@ -258,13 +256,9 @@ def main(argv=None):
     data = keychain.make_dataset()
     profile = tool_profile(path, data["test"], data["train"], train_rows=args.train_rows,
                            test_rows=args.test_rows, passk_rows=args.passk_rows)
-    with open(os.path.join(path, "build.json")) as f:
-        profile.update(regime="tools", weights_sha256=json.load(f)["weights_sha256"])
-    short = {k: v for k, v in profile.items() if not k.endswith("_correct") and not k.endswith("per_row")}
-    print(json.dumps(short, indent=1))
-    if args.results:
-        with open(args.results, "w") as f:
-            json.dump(profile, f, indent=1)
+    from trl_credit.testbed.model import save_profile
+
+    save_profile(profile, path, "tools", args.results, per_item="per_row")
 
 
 if __name__ == "__main__":

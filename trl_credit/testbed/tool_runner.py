@@ -22,7 +22,9 @@ import time
 import torch
 
 from trl_credit.tasks import keychain
-from trl_credit.testbed.tool_regime import MAX_COMPLETION_LENGTH, MAX_TOOL_CALLS, tool_regime_model_path, tool_rollouts
+from trl_credit.evaluation.metrics import pass_at_k
+from trl_credit.testbed.tool_regime import (MAX_COMPLETION_LENGTH, MAX_TOOL_CALLS, correct_per_row, rollout_summary,
+                                            tool_regime_model_path, tool_rollouts)
 
 __all__ = ["TOOL_METHODS", "TOOL_SHARED", "TOOL_PROMPTS_PER_STEP", "tool_method_spec", "format_reward", "run_tools",
            "evaluate_tools"]
@@ -92,7 +94,7 @@ def _count_generated(model, eos_id: int, pad_id: int) -> dict:
 
     def counting_generate(*args, **kwargs):
         out = original(*args, **kwargs)
-        if counted.get("paused"):  # an evaluation in the middle of training: not the run's tokens
+        if counted.get("paused"):  # an evaluation (during training or at its end): not the run's tokens
             return out
         from trl_credit.testbed.runner import _generated_tokens
 
@@ -112,8 +114,6 @@ def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: 
     the first ``sampled_rows`` (accuracy = pass@1, pass@k up to ``samples``), with the training prompt through TRL's
     tool loop; per-row counts for paired statistics, the share of rows all-fail in ``samples``, and where the
     episodes first went wrong."""
-    from trl_credit.testbed.runner import pass_at_k
-
     state = torch.get_rng_state(), random.getstate()
     try:
         greedy_test = test if greedy_rows is None else test.select(range(min(greedy_rows, len(test))))
@@ -122,21 +122,14 @@ def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: 
     finally:
         torch.set_rng_state(state[0])
         random.setstate(state[1])
-    per_row: dict[int, int] = {}
-    for r in sampled:
-        per_row[r["row"]] = per_row.get(r["row"], 0) + int(r["reward"] == 1.0)
-    correct = [per_row[i] for i in sorted(per_row)]
-    kinds: dict[str, int] = {}
-    for r in sampled:
-        kinds[r["kind"] or "right"] = kinds.get(r["kind"] or "right", 0) + 1
+    correct, summary = correct_per_row(sampled), rollout_summary(sampled)
     return dict(greedy_accuracy=sum(r["reward"] for r in greedy) / len(greedy),
                 greedy_correct=[int(r["reward"]) for r in greedy],
                 accuracy=sum(correct) / (samples * len(correct)), correct_per_row=correct,
                 pass_at_k={k: sum(pass_at_k(samples, c, k) for c in correct) / len(correct)
                            for k in range(1, samples + 1)},
                 all_fail_share=sum(c == 0 for c in correct) / len(correct),
-                mean_calls=sum(r["calls"] for r in sampled) / len(sampled), first_wrong_kinds=kinds,
-                mean_completion_tokens=sum(r["completion_tokens"] for r in sampled) / len(sampled))
+                **{key: summary[key] for key in ("mean_calls", "first_wrong_kinds", "mean_completion_tokens")})
 
 
 def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eval_samples: int = 8,
@@ -203,7 +196,7 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
     trainer.train()
     train_cpu = time.process_time() - cpu_start - counted.get("eval_cpu", 0.0)
     tokens, calls = counted["tokens"], counted["calls"]
-    model.generate = type(model).generate.__get__(model)  # evaluation's tokens are not the run's
+    counted["paused"] = True  # the end's evaluation: not the run's tokens
     report = evaluate_tools(model, data["test"], samples=eval_samples, sampled_rows=eval_rows,
                             greedy_rows=greedy_rows) if evaluate_at_end else None
     logs = [log for log in trainer.state.log_history if "reward" in log]
