@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from trl_credit.core.collectives import process_rows
-from trl_credit.core.steps import is_multi_turn, model_turn_spans
+from trl_credit.core.steps import is_multi_turn, model_turns_text
 from trl_credit.core.success import unscorable_rows
 from trl_credit.tasks.rewards import completion_text
 
@@ -270,7 +270,5 @@ def model_texts(batch: RowBatch, completions: list, tokenizer) -> list[str]:
     mask = batch.model_mask * batch.completion_mask
     for row, completion in enumerate(completions):
         if isinstance(completion, str) and is_multi_turn(mask[row, : int(batch.completion_mask[row].sum())].tolist()):
-            ids = batch.completion_ids[row].tolist()
-            texts[row] = "\n".join(tokenizer.decode(ids[start:end], skip_special_tokens=True)
-                                   for start, end in model_turn_spans(mask[row].tolist()))
+            texts[row] = model_turns_text(tokenizer, batch.completion_ids[row].tolist(), mask[row].tolist())
     return texts

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "split_thoughts", "thought_token_spans", "thought_texts", "reset_prefix_length", "model_turn_spans",
+    "model_turns_text",
     "is_multi_turn", "step_spans", "span_texts", "STEP_UNITS", "tool_result_spans",
 ]
 
@@ -155,6 +156,14 @@ def model_turn_spans(model_mask: Sequence[int]) -> list[tuple[int, int]]:
     if start is not None:
         spans.append((start, len(model_mask)))
     return spans
+
+
+def model_turns_text(tokenizer, ids: Sequence[int], model_mask: Sequence[int]) -> str:
+    """The model's text of a multi-turn completion (token ``ids``): its model turns (:func:`model_turn_spans`) decoded
+    without special tokens and joined by newlines; tool results and environment tokens are left out."""
+    ids = list(ids)
+    return "\n".join(tokenizer.decode(ids[start:end], skip_special_tokens=True)
+                     for start, end in model_turn_spans(model_mask))
 
 
 def tool_result_spans(model_mask: Sequence[int]) -> list[tuple[int, int]]:

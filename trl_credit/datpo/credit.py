@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from trl_credit.core.steps import model_turn_spans
+from trl_credit.core.steps import model_turns_text
 from trl_credit.tasks.rewards import completion_text
 from .diversity import POSITIVE_TOLERANCE, bonus_gate, sibling_diversity
 from .embedding import BlockEmbedder
@@ -72,8 +72,7 @@ def embedded_sibling_diversity(ctx, trees: TreeBatch, embedder, groups: set | No
         tokens = trees.completion_ids[row][start:end] if kind == "base" else trees.branch_ids[row][start:end]
         if trees.episodes is not None:  # multi-turn: the model's text only, its turns joined by newlines
             mask = trees.episodes[row].model_mask if kind == "base" else trees.branch_model_masks[row]
-            texts.append("\n".join(tokenizer.decode(tokens[a:b_], skip_special_tokens=True)
-                                   for a, b_ in model_turn_spans(mask[start:end])))
+            texts.append(model_turns_text(tokenizer, tokens, mask[start:end]))
             continue
         texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
     keep = [b for b, text in zip(local, texts) if text.strip()]
@@ -190,8 +189,7 @@ def tree_leaves(ctx, trees: TreeBatch) -> LeafOutcomes:
     if local and trees.episodes is not None:
         # multi-turn: the model's text only (Cue-GRPO's cues, docs/multiturn.md#cue-grpo): the assistant turns of the
         # leaf's messages, or without TRL's messages its model turns decoded, joined by newlines
-        texts = [completion_text(messages) if messages else "\n".join(
-                     ctx.tokenizer.decode(response[a:b], skip_special_tokens=True) for a, b in model_turn_spans(mask))
+        texts = [completion_text(messages) if messages else model_turns_text(ctx.tokenizer, response, mask)
                  for (messages, mask), response in zip(turns, responses)]
     elif local:
         prompts = [trees.prompts[row] for row in rows]
