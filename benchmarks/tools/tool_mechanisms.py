@@ -35,12 +35,10 @@ _RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
 
 def turns_of(tool_mask: list[int]) -> list[tuple[int, int, str]]:
     """``(start, end, kind)`` runs of a completion's tokens: ``"model"`` (tool_mask 1) or ``"tool"`` (0), in order."""
-    runs, start = [], 0
-    for index in range(1, len(tool_mask) + 1):
-        if index == len(tool_mask) or tool_mask[index] != tool_mask[start]:
-            runs.append((start, index, "model" if tool_mask[start] else "tool"))
-            start = index
-    return runs
+    from trl_credit.core.steps import model_turn_spans, tool_result_spans
+
+    return sorted([(start, end, "model") for start, end in model_turn_spans(tool_mask)]
+                  + [(start, end, "tool") for start, end in tool_result_spans(tool_mask)])
 
 
 def transcript(tokenizer, ids: list[int], runs) -> tuple[list[str], list[tuple[int, int]]]:
