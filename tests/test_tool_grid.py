@@ -100,6 +100,29 @@ def test_a_grid_run_is_saved_then_skipped(tmp_path, monkeypatch):
     assert not tool_grid._done(dict(job, settings=dict(job["settings"], steps=2)))  # other settings: redone
 
 
+def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
+    def run(method, steps, train, evaluation, **extra):
+        return dict(method=method, settings=dict(steps=steps), train_cpu_seconds=train, eval_cpu_seconds=evaluation,
+                    **extra)
+
+    phases = {"sweep": [run("grpo", 120, 400.0, 50.0), run("grpo", 120, 600.0, 70.0),
+                        run("grpo", 120, 9999.0, 9999.0, from_pilot="pilot_long/"),  # its evaluations: a curve's
+                        run("grpo", 30, 1.0, 1.0)],  # a 120-step measurement exists: not used
+              "sweep_30steps": [run("datpo", 30, 600.0, 80.0)]}
+    costs = tool_summary.cost(phases, sweep_runs=8)
+    assert costs["grpo"] == dict(run_cpu_seconds=560, measured_at_steps=True, grid_cpu_hours=round(560 * 24 / 3600, 2))
+    # 30-step training x 4 plus one final evaluation: 2480 s, 24 runs
+    assert costs["datpo"] == dict(run_cpu_seconds=2480, measured_at_steps=False,
+                                  grid_cpu_hours=round(2480 * 24 / 3600, 2))
+    assert costs["total_cpu_hours"] == round(costs["grpo"]["grid_cpu_hours"] + costs["datpo"]["grid_cpu_hours"], 1)
+
+
+def test_the_training_all_fail_share_by_fifths():
+    shares = [1.0] * 2 + [0.5] * 6 + [0.0] * 2  # 10 groups: fifths of 2
+    assert tool_summary._fifth(shares, last=False) == 1.0 and tool_summary._fifth(shares, last=True) == 0.0
+    assert tool_summary._fifth([0.25, 0.75], last=True) == 0.75  # under 5 groups: the last one
+
+
 def test_the_edge_by_trap_keys_beside_what_compounding_predicts():
     rows = [dict(traps=0, calls=4), dict(traps=1, calls=4), dict(traps=1, calls=5), dict(traps=2, calls=5)]
 

@@ -84,21 +84,60 @@ def claims_table(rows: list[dict]) -> tuple[str, dict]:
 
 
 def levels_table(runs: dict, base: dict | None = None) -> str:
-    lines = ["| method | seeds | greedy | T=1 | pass@8 | held-out all-fail | tokens (mean) | train CPU s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| method | seeds | greedy | T=1 | pass@8 | held-out all-fail | training all-fail, first -> last fifth | "
+             "tokens (mean) | train CPU s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     if base is not None:  # the untrained model (tool_grid.py base), measured as every run's end is
         cells = [value(base) for value in METRICS.values()]
         lines.append("| untrained | - | " + " | ".join(f"{c:.3f}" for c in cells)
-                     + f" | {base['final']['all_fail_share']:.3f} | - | - |")
+                     + f" | {base['final']['all_fail_share']:.3f} | - | - | - |")
     for method in sorted(runs, key=lambda m: (not m.startswith("grpo"), m)):
         seeds = runs[method]
         cells = [statistics.fmean(value(r) for r in seeds.values()) for value in METRICS.values()]
         all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
         tokens = statistics.fmean(r["generated_tokens"] for r in seeds.values())
         cpu = statistics.fmean(r["train_cpu_seconds"] for r in seeds.values())
+        first, last = (statistics.fmean(_fifth(r["train_all_fail_share"], end) for r in seeds.values())
+                       for end in (False, True))
         lines.append(f"| {method} | {len(seeds)} | " + " | ".join(f"{c:.3f}" for c in cells)
-                     + f" | {all_fail:.3f} | {tokens:,.0f} | {cpu:.0f} |")
+                     + f" | {all_fail:.3f} | {first:.3f} -> {last:.3f} | {tokens:,.0f} | {cpu:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _fifth(shares: list[float], last: bool) -> float:
+    """The mean all-fail share of a run's first (or last) fifth of training groups, in the order they were scored."""
+    n = max(1, len(shares) // 5)
+    return statistics.fmean(shares[-n:] if last else shares[:n])
+
+
+def cost(phases: dict[str, list[dict]], sweep_runs: int, reported_seeds: int = 16, steps: int = 120) -> dict:
+    """CPU seconds of one run per method (training + final evaluation; the mean over the ``steps``-step runs of
+    ``phases``, else the 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
+    ``sweep_runs`` + ``reported_seeds`` runs of every method."""
+    per_method: dict = {}
+    for phase, runs in phases.items():
+        for run in runs:
+            if run["settings"].get("eval_every") or run.get("from_pilot"):  # a curve's evaluations are not a run's
+                continue
+            scale = steps / run["settings"]["steps"]
+            entry = per_method.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
+            entry.append(run["train_cpu_seconds"] * scale + run.get("eval_cpu_seconds", 0.0))
+    out = {}
+    for method, by_steps in sorted(per_method.items()):
+        measured = steps in by_steps
+        seconds = statistics.fmean(by_steps[steps] if measured else next(iter(by_steps.values())))
+        out[method] = dict(run_cpu_seconds=round(seconds), measured_at_steps=measured,
+                           grid_cpu_hours=round(seconds * (sweep_runs + reported_seeds) / 3600, 2))
+    out["total_cpu_hours"] = round(sum(m["grid_cpu_hours"] for m in out.values()), 1)
+    return out
+
+
+def cost_table(costs: dict) -> str:
+    lines = [f"| method | CPU min per run | whole grid, CPU h | |", "| --- | --- | --- | --- |"]
+    for method, c in costs.items():
+        if method != "total_cpu_hours":
+            lines.append(f"| {method} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
+                         + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps") + " |")
+    return "\n".join(lines) + f"\n\nAll methods: {costs['total_cpu_hours']} CPU hours.\n"
 
 
 def test_rows() -> list[dict]:
@@ -174,10 +213,13 @@ def main(results: str, choices: dict) -> dict:
     base = json.load(open(base_path)) if os.path.exists(base_path) else None
     sweep = by_method_rate(tool_grid.load("sweep"))
     rows = claims(runs)
+    costs = cost({phase: tool_grid.load(phase) for phase in ("sweep", "runs", "sweep_30steps")}, sweep_runs=8)
     table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
         sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base),
+        "## The first sweep, at 30 steps (sweep_30steps/, seed 100)", "",
+        levels_table(by_method_rate(tool_grid.load("sweep_30steps")), base),
         "## Pilots at 120 steps (pilot_long/: greedy accuracy at steps 40 / 80 / 120)", "",
         pilot_table(tool_grid.load("pilot_long")), "## Pilot levels", "",
         levels_table(by_method_rate(tool_grid.load("pilot_long")), base), "## Reported seeds", "",
@@ -185,8 +227,10 @@ def main(results: str, choices: dict) -> dict:
         "## The length question: the process oracle's greedy edge by chain", "",
         chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n",
         "## The same on the 120-step pilot (one seed: no interval)", "",
-        chain_table(by_method(tool_grid.load("pilot_long")), test_rows())])
-    summary = dict(chosen_rates=choices, claims=rows, family=counts,
+        chain_table(by_method(tool_grid.load("pilot_long")), test_rows()),
+        "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
+        cost_table(costs)])
+    summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
                    reported_seeds={m: sorted(s) for m, s in runs.items()},
                    sweep_seeds={m: sorted(s) for m, s in sweep.items()})
     with open(os.path.join(results, "summary.json"), "w") as f:
