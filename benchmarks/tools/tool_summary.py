@@ -215,9 +215,14 @@ def main(results: str, choices: dict) -> dict:
     rows = claims(runs)
     costs = cost({phase: tool_grid.load(phase) for phase in ("sweep", "runs", "sweep_30steps")}, sweep_runs=8)
     table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
+    at_chosen = by_method([run for run in tool_grid.load("sweep")
+                           if run["method"] in choices and run["learning_rate"] == choices[run["method"]]["rate"]])
+    indicative = claims_table(claims(at_chosen))[0] if len(at_chosen) > 1 else "not run yet\n"
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
         sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base),
+        "## Rates dropped after they collapsed on the first sweep seed (sweep_dropped/)", "",
+        levels_table(by_method_rate(tool_grid.load("sweep_dropped")), base),
         "## The first sweep, at 30 steps (sweep_30steps/, seed 100)", "",
         levels_table(by_method_rate(tool_grid.load("sweep_30steps")), base),
         "## Pilots at 120 steps (pilot_long/: greedy accuracy at steps 40 / 80 / 120)", "",
@@ -226,6 +231,9 @@ def main(results: str, choices: dict) -> dict:
         levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
         chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n",
+        "## The same on the sweep seeds at the chosen rates (they chose the rates: indicative, not a claim)", "",
+        chain_table(at_chosen, test_rows()) if "process" in at_chosen and "grpo" in at_chosen else "not run yet\n",
+        "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
         chain_table(by_method(tool_grid.load("pilot_long")), test_rows()),
         "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
