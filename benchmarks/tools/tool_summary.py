@@ -132,7 +132,7 @@ def cost(phases: dict[str, list[dict]], sweep_runs: int, reported_seeds: int = 1
 
 
 def cost_table(costs: dict) -> str:
-    lines = [f"| method | CPU min per run | whole grid, CPU h | |", "| --- | --- | --- | --- |"]
+    lines = ["| method | CPU min per run | whole grid, CPU h | |", "| --- | --- | --- | --- |"]
     for method, c in costs.items():
         if method != "total_cpu_hours":
             lines.append(f"| {method} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
