@@ -105,11 +105,11 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
         return dict(method=method, settings=dict(steps=steps), train_cpu_seconds=train, eval_cpu_seconds=evaluation,
                     **extra)
 
-    phases = {"sweep": [run("grpo", 120, 400.0, 50.0), run("grpo", 120, 600.0, 70.0),
-                        run("grpo", 120, 9999.0, 9999.0, from_pilot="pilot_long/"),  # its evaluations: a curve's
-                        run("grpo", 30, 1.0, 1.0)],  # a 120-step measurement exists: not used
-              "sweep_30steps": [run("datpo", 30, 600.0, 80.0)]}
-    costs = tool_summary.cost(phases, sweep_runs=8)
+    runs = [run("grpo", 120, 400.0, 50.0), run("grpo", 120, 600.0, 70.0),
+            run("grpo", 120, 9999.0, 9999.0, from_pilot="pilot_long/"),  # its evaluations: a curve's
+            run("grpo", 30, 1.0, 1.0),  # a 120-step measurement exists: not used
+            run("datpo", 30, 600.0, 80.0)]
+    costs = tool_summary.cost(runs, sweep_runs=8)
     assert costs["grpo"] == dict(run_cpu_seconds=560, measured_at_steps=True, grid_cpu_hours=round(560 * 24 / 3600, 2))
     # 30-step training x 4 plus one final evaluation: 2480 s, 24 runs
     assert costs["datpo"] == dict(run_cpu_seconds=2480, measured_at_steps=False,

@@ -109,18 +109,17 @@ def _fifth(shares: list[float], last: bool) -> float:
     return statistics.fmean(shares[-n:] if last else shares[:n])
 
 
-def cost(phases: dict[str, list[dict]], sweep_runs: int, reported_seeds: int = 16, steps: int = 120) -> dict:
-    """CPU seconds of one run per method (training + final evaluation; the mean over the ``steps``-step runs of
-    ``phases``, else the 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
-    ``sweep_runs`` + ``reported_seeds`` runs of every method."""
+def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = 16, steps: int = 120) -> dict:
+    """CPU seconds of one run per method (training + final evaluation; the mean over its ``steps``-step runs, else
+    its 30-step runs' training scaled by steps / 30) and what the whole grid would cost: ``sweep_runs`` +
+    ``reported_seeds`` runs of every method."""
     per_method: dict = {}
-    for phase, runs in phases.items():
-        for run in runs:
-            if run["settings"].get("eval_every") or run.get("from_pilot"):  # a curve's evaluations are not a run's
-                continue
-            scale = steps / run["settings"]["steps"]
-            entry = per_method.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
-            entry.append(run["train_cpu_seconds"] * scale + run.get("eval_cpu_seconds", 0.0))
+    for run in runs:
+        if run["settings"].get("eval_every") or run.get("from_pilot"):  # a curve's evaluations are not a run's
+            continue
+        scale = steps / run["settings"]["steps"]
+        entry = per_method.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
+        entry.append(run["train_cpu_seconds"] * scale + run.get("eval_cpu_seconds", 0.0))
     out = {}
     for method, by_steps in sorted(per_method.items()):
         measured = steps in by_steps
@@ -208,34 +207,37 @@ def sweep_table(choices: dict) -> str:
 def main(results: str, choices: dict) -> dict:
     import tool_grid
 
-    runs = by_method(tool_grid.load("runs"))
+    phases = {phase: tool_grid.load(phase)  # every run of every folder, read once
+              for phase in ("runs", "sweep", "sweep_dropped", "sweep_30steps", "pilot_long")}
+    rows_by_chain = test_rows()
+    runs = by_method(phases["runs"])
     base_path = os.path.join(results, "base_eval.json")
     base = json.load(open(base_path)) if os.path.exists(base_path) else None
-    sweep = by_method_rate(tool_grid.load("sweep"))
+    sweep = by_method_rate(phases["sweep"])
     rows = claims(runs)
-    costs = cost({phase: tool_grid.load(phase) for phase in ("sweep", "runs", "sweep_30steps")}, sweep_runs=8)
+    costs = cost(phases["sweep"] + phases["runs"] + phases["sweep_30steps"], sweep_runs=8)
     table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
-    at_chosen = by_method([run for run in tool_grid.load("sweep")
+    at_chosen = by_method([run for run in phases["sweep"]
                            if run["method"] in choices and run["learning_rate"] == choices[run["method"]]["rate"]])
     indicative = claims_table(claims(at_chosen))[0] if len(at_chosen) > 1 else "not run yet\n"
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
         sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base),
         "## Rates dropped after they collapsed on the first sweep seed (sweep_dropped/)", "",
-        levels_table(by_method_rate(tool_grid.load("sweep_dropped")), base),
+        levels_table(by_method_rate(phases["sweep_dropped"]), base),
         "## The first sweep, at 30 steps (sweep_30steps/, seed 100)", "",
-        levels_table(by_method_rate(tool_grid.load("sweep_30steps")), base),
+        levels_table(by_method_rate(phases["sweep_30steps"]), base),
         "## Pilots at 120 steps (pilot_long/: greedy accuracy at steps 40 / 80 / 120)", "",
-        pilot_table(tool_grid.load("pilot_long")), "## Pilot levels", "",
-        levels_table(by_method_rate(tool_grid.load("pilot_long")), base), "## Reported seeds", "",
+        pilot_table(phases["pilot_long"]), "## Pilot levels", "",
+        levels_table(by_method_rate(phases["pilot_long"]), base), "## Reported seeds", "",
         levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
-        chain_table(runs, test_rows()) if "process" in runs and "grpo" in runs else "not run yet\n",
+        chain_table(runs, rows_by_chain) if "process" in runs and "grpo" in runs else "not run yet\n",
         "## The same on the sweep seeds at the chosen rates (they chose the rates: indicative, not a claim)", "",
-        chain_table(at_chosen, test_rows()) if "process" in at_chosen and "grpo" in at_chosen else "not run yet\n",
+        chain_table(at_chosen, rows_by_chain) if "process" in at_chosen and "grpo" in at_chosen else "not run yet\n",
         "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
-        chain_table(by_method(tool_grid.load("pilot_long")), test_rows()),
+        chain_table(by_method(phases["pilot_long"]), rows_by_chain),
         "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
         cost_table(costs)])
     summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,

@@ -81,6 +81,5 @@ def main(argv=None):
     save_profile(profile, path, args.regime, args.results, per_item="per_problem")
 
 
-
 if __name__ == "__main__":
     main()

@@ -21,8 +21,9 @@ import time
 
 import torch
 
-from trl_credit.tasks import keychain
 from trl_credit.evaluation.metrics import pass_at_k
+from trl_credit.tasks import keychain
+from trl_credit.testbed.runner import _generated_tokens
 from trl_credit.testbed.tool_regime import (MAX_COMPLETION_LENGTH, MAX_TOOL_CALLS, correct_per_row, rollout_summary,
                                             tool_regime_model_path, tool_rollouts)
 
@@ -96,8 +97,6 @@ def _count_generated(model, eos_id: int, pad_id: int) -> dict:
         out = original(*args, **kwargs)
         if counted.get("paused"):  # an evaluation (during training or at its end): not the run's tokens
             return out
-        from trl_credit.testbed.runner import _generated_tokens
-
         inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
         counted["tokens"] += _generated_tokens(out if torch.is_tensor(out) else out.sequences, inputs.size(1), eos_id,
                                                pad_id)
