@@ -139,7 +139,19 @@ def test_the_edge_by_trap_keys_beside_what_compounding_predicts():
     assert table[0]["edge"] == 0.0 and table[0]["chains"] == 1
     calls = {r["value"]: r for r in tool_summary.by_chain(runs, rows, "process", "calls")}
     assert calls[5]["edge"] == pytest.approx(((1 - 0) + (1 - 1) + (1 - 0) + (0 - 0)) / 4)  # seeds' means of 2 chains
-    assert calls[5]["compounding"] is None
+    # by calls, each chain's prediction from its own trap keys: calls 5 holds a 1-trap (0.5) and a 2-trap (0.75) chain
+    assert calls[5]["compounding"] == pytest.approx(0.625)
+    # the excess, per seed then averaged: at 2 trap keys seed 0 +1 - 0.75, seed 1 0 - 0.75
+    assert table[2]["excess_by_seed"] == pytest.approx([0.25, -0.75]) and table[2]["excess"] == pytest.approx(-0.25)
+    assert table[1]["excess_by_seed"] == pytest.approx([0.0, 0.0])  # one-trap chains set q: no excess by construction
+    # calls 4 (chains 0, 1): predicted (0 + 0.5) / 2 = 0.25; edges seed 0: 0, seed 1: 0.5 -> excess -0.25, +0.25
+    # calls 5: edges 1 and 0 against 0.625 -> +0.375, -0.625; slopes over calls 4 -> 5: +0.625 and -0.875
+    assert calls[4]["excess_by_seed"] == pytest.approx([-0.25, 0.25])
+    slopes = tool_summary.growth(runs, rows)
+    assert slopes["calls"]["slopes"] == pytest.approx([0.625, -0.875])
+    # by trap keys 0, 1, 2 (x mean 1): excess 0, 0, +0.25 and 0, 0, -0.75 -> slopes 0.25 / 2 and -0.75 / 2
+    assert slopes["traps"]["slopes"] == pytest.approx([0.125, -0.375])
+    assert slopes["calls"]["p"] is not None and slopes["calls"]["adjusted_p"] >= slopes["calls"]["p"]
 
 
 @pytest.mark.slow

@@ -8,6 +8,9 @@ benchmarks/results/tools/.
   (benchmarks/tiny/multiplicity.py); a difference the interval does not show gets the smallest one its seeds could
   detect (80% power, alpha 0.05: the MDE). Generated model tokens are reported beside every row, as a ratio to
   GRPO's on the same seeds: the methods are compared at equal optimizer steps, not equal tokens.
+- The length question: the process oracle's greedy edge per number of trap keys and of calls, beside what
+  compounding its one-trap gain predicts, and whether the excess over that grows with the chain (per-seed slopes,
+  their own family of two for Holm).
 """
 
 from __future__ import annotations
@@ -150,35 +153,81 @@ def test_rows() -> list[dict]:
 
 def by_chain(runs: dict, rows: list[dict], method: str, key: str) -> list[dict]:
     """The method's greedy edge over GRPO per value of ``key`` (``traps`` or ``calls``) of the held-out chains, paired
-    by seed; with ``traps``, also what compounding predicts: a chain with k trap keys is right when each of its k
-    trap keys is copied right, so with q the accuracy on one-trap chains (per method, mean over seeds) the edge at k
-    is q_method^k - q_GRPO^k. An observed edge above that grows with the chain beyond compounding."""
+    by seed, beside what compounding predicts and the excess over it. A chain with t trap keys is right when each of
+    its t trap keys is copied right, so with q the seed's accuracy on one-trap chains (per method) compounding
+    predicts a chain's edge q_method^t - q_GRPO^t; a group's prediction is its chains' mean, and its excess (observed
+    edge - prediction, per seed, then a t-interval over seeds) is what the edge grows beyond compounding. With
+    ``traps`` the excess at 1 is 0 by construction."""
     seeds = sorted(set(runs.get(method, {})) & set(runs.get("grpo", {})))
     values = sorted({r[key] for r in rows})
 
-    def accuracy(run, value):
-        picked = [c for c, r in zip(run["final"]["greedy_correct"], rows) if r[key] == value]
-        return sum(picked) / len(picked) if picked else math.nan
+    def mean_over(run_of, picked):
+        return statistics.fmean(run_of[i] for i in picked) if picked else math.nan
 
-    q = {m: statistics.fmean(accuracy(runs[m][s], 1) for s in seeds) if seeds else math.nan
-         for m in (method, "grpo")}
+    per_seed = []  # {value: (edge, predicted)} per seed
+    for s in seeds:
+        correct = {m: runs[m][s]["final"]["greedy_correct"] for m in (method, "grpo")}
+        one_trap = [i for i, r in enumerate(rows) if r["traps"] == 1]
+        q = {m: mean_over(correct[m], one_trap) for m in correct}
+        chain_prediction = [q[method] ** r["traps"] - q["grpo"] ** r["traps"] for r in rows]
+        chain_edge = [a - b for a, b in zip(correct[method], correct["grpo"])]
+        groups = {v: [i for i, r in enumerate(rows) if r[key] == v] for v in values}
+        per_seed.append({v: (mean_over(chain_edge, g), mean_over(chain_prediction, g)) for v, g in groups.items()})
     out = []
     for value in values:
-        diffs = [accuracy(runs[method][s], value) - accuracy(runs["grpo"][s], value) for s in seeds]
-        mean, half = interval(diffs) if diffs else (math.nan, math.nan)
-        predicted = q[method] ** value - q["grpo"] ** value if key == "traps" else None
+        edges = [seed[value][0] for seed in per_seed]
+        excess = [seed[value][0] - seed[value][1] for seed in per_seed]
+        mean, half = interval(edges) if edges else (math.nan, math.nan)
+        excess_mean, excess_half = interval(excess) if excess else (math.nan, math.nan)
         out.append(dict(value=value, chains=sum(r[key] == value for r in rows), seeds=len(seeds), edge=mean,
-                        half_width=half, compounding=predicted))
+                        half_width=half,
+                        compounding=statistics.fmean(seed[value][1] for seed in per_seed) if seeds else math.nan,
+                        excess=excess_mean, excess_half_width=excess_half, excess_by_seed=excess))
     return out
 
 
+def growth(runs: dict, rows: list[dict], method: str = "process") -> dict:
+    """Does the edge grow with the chain beyond compounding? Per seed, the least-squares slope of the excess (see
+    :func:`by_chain`) over the number of calls, and over the number of trap keys; each slope is tested over seeds
+    (paired t), the two forming one family for Holm. A positive slope: the longer the chain, the more the method's
+    edge exceeds what compounding its one-trap gain explains."""
+    out = {}
+    for key in ("calls", "traps"):
+        table = by_chain(runs, rows, method, key)
+        xs = [r["value"] for r in table]
+        slopes = []
+        for s in range(table[0]["seeds"] if table else 0):
+            ys = [r["excess_by_seed"][s] for r in table]
+            x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
+            slopes.append(sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys))
+                          / sum((x - x_mean) ** 2 for x in xs))
+        out[key] = slopes
+    family = multiplicity.adjust_family(out)
+    return {key: dict(slopes=slopes, p=family[key][0], adjusted_p=family[key][1]) for key, slopes in out.items()}
+
+
 def chain_table(runs: dict, rows: list[dict], method: str = "process") -> str:
-    lines = [f"| {method} vs GRPO, greedy | chains | edge (95% CI) | compounding predicts |", "| --- | --- | --- | --- |"]
+    lines = [f"| {method} vs GRPO, greedy | chains | edge (95% CI) | compounding predicts | beyond compounding (95% CI) |",
+             "| --- | --- | --- | --- | --- |"]
     for key in ("traps", "calls"):
         for r in by_chain(runs, rows, method, key):
-            predicted = "-" if r["compounding"] is None else f"{r['compounding']:+.3f}"
             lines.append(f"| {r['value']} {'trap keys' if key == 'traps' else 'calls'} | {r['chains']} | "
-                         f"{r['edge']:+.3f} ± {r['half_width']:.3f} | {predicted} |")
+                         f"{r['edge']:+.3f} ± {r['half_width']:.3f} | {r['compounding']:+.3f} | "
+                         f"{r['excess']:+.3f} ± {r['excess_half_width']:.3f} |")
+    slopes = growth(runs, rows, method)
+    lines.append("")
+    lines.append("Growth beyond compounding, per seed the slope of the excess (2 comparisons, Holm over the two):")
+    for key, g in slopes.items():
+        per = "call" if key == "calls" else "trap key"
+        if len(g["slopes"]) < 2:
+            lines.append(f"- per {per}: not tested (fewer than 2 paired seeds)")
+            continue
+        mean, half = interval(g["slopes"])
+        shown = mean - half > 0 or mean + half < 0
+        verdict = (("grows; " if mean > 0 else "shrinks; ") + multiplicity.holm_note(g["p"], g["adjusted_p"])
+                   if shown else f"not shown (MDE {minimum_detectable(g['slopes']):.3f})")
+        lines.append(f"- per {per}: {mean:+.3f} ± {half:.3f} "
+                     f"({len(g['slopes'])} seeds; {verdict})")
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +289,8 @@ def main(results: str, choices: dict) -> dict:
         chain_table(by_method(phases["pilot_long"]), rows_by_chain),
         "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
         cost_table(costs)])
-    summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
+    length = growth(runs, rows_by_chain) if "process" in runs and "grpo" in runs else None
+    summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs, length_growth=length,
                    reported_seeds={m: sorted(s) for m, s in runs.items()},
                    sweep_seeds={m: sorted(s) for m, s in sweep.items()})
     with open(os.path.join(results, "summary.json"), "w") as f:
