@@ -164,14 +164,14 @@ def by_chain(runs: dict, rows: list[dict], method: str, key: str) -> list[dict]:
     def mean_over(run_of, picked):
         return statistics.fmean(run_of[i] for i in picked) if picked else math.nan
 
+    one_trap = [i for i, r in enumerate(rows) if r["traps"] == 1]
+    groups = {v: [i for i, r in enumerate(rows) if r[key] == v] for v in values}
     per_seed = []  # {value: (edge, predicted)} per seed
     for s in seeds:
         correct = {m: runs[m][s]["final"]["greedy_correct"] for m in (method, "grpo")}
-        one_trap = [i for i, r in enumerate(rows) if r["traps"] == 1]
         q = {m: mean_over(correct[m], one_trap) for m in correct}
         chain_prediction = [q[method] ** r["traps"] - q["grpo"] ** r["traps"] for r in rows]
         chain_edge = [a - b for a, b in zip(correct[method], correct["grpo"])]
-        groups = {v: [i for i, r in enumerate(rows) if r[key] == v] for v in values}
         per_seed.append({v: (mean_over(chain_edge, g), mean_over(chain_prediction, g)) for v, g in groups.items()})
     out = []
     for value in values:
@@ -179,7 +179,7 @@ def by_chain(runs: dict, rows: list[dict], method: str, key: str) -> list[dict]:
         excess = [seed[value][0] - seed[value][1] for seed in per_seed]
         mean, half = interval(edges) if edges else (math.nan, math.nan)
         excess_mean, excess_half = interval(excess) if excess else (math.nan, math.nan)
-        out.append(dict(value=value, chains=sum(r[key] == value for r in rows), seeds=len(seeds), edge=mean,
+        out.append(dict(value=value, chains=len(groups[value]), seeds=len(seeds), edge=mean,
                         half_width=half,
                         compounding=statistics.fmean(seed[value][1] for seed in per_seed) if seeds else math.nan,
                         excess=excess_mean, excess_half_width=excess_half, excess_by_seed=excess))
