@@ -147,7 +147,7 @@ def test_the_edge_by_trap_keys_beside_what_compounding_predicts():
     # calls 4 (chains 0, 1): predicted (0 + 0.5) / 2 = 0.25; edges seed 0: 0, seed 1: 0.5 -> excess -0.25, +0.25
     # calls 5: edges 1 and 0 against 0.625 -> +0.375, -0.625; slopes over calls 4 -> 5: +0.625 and -0.875
     assert calls[4]["excess_by_seed"] == pytest.approx([-0.25, 0.25])
-    slopes = tool_summary.growth(runs, rows)
+    slopes = tool_summary.growth(tool_summary.chain_tables(runs, rows))
     assert slopes["calls"]["slopes"] == pytest.approx([0.625, -0.875])
     # by trap keys 0, 1, 2 (x mean 1): excess 0, 0, +0.25 and 0, 0, -0.75 -> slopes 0.25 / 2 and -0.75 / 2
     assert slopes["traps"]["slopes"] == pytest.approx([0.125, -0.375])

@@ -186,35 +186,36 @@ def by_chain(runs: dict, rows: list[dict], method: str, key: str) -> list[dict]:
     return out
 
 
-def growth(runs: dict, rows: list[dict], method: str = "process") -> dict:
+def chain_tables(runs: dict, rows: list[dict], method: str = "process") -> dict[str, list[dict]]:
+    """:func:`by_chain` by trap keys and by calls: what :func:`chain_table` and :func:`growth` read."""
+    return {key: by_chain(runs, rows, method, key) for key in ("traps", "calls")}
+
+
+def growth(tables: dict[str, list[dict]]) -> dict:
     """Does the edge grow with the chain beyond compounding? Per seed, the least-squares slope of the excess (see
-    :func:`by_chain`) over the number of calls, and over the number of trap keys; each slope is tested over seeds
-    (paired t), the two forming one family for Holm. A positive slope: the longer the chain, the more the method's
-    edge exceeds what compounding its one-trap gain explains."""
+    :func:`by_chain`; ``tables`` from :func:`chain_tables`) over the number of calls, and over the number of trap
+    keys; each slope is tested over seeds (paired t), the two forming one family for Holm. A positive slope: the
+    longer the chain, the more the method's edge exceeds what compounding its one-trap gain explains."""
     out = {}
     for key in ("calls", "traps"):
-        table = by_chain(runs, rows, method, key)
+        table = tables[key]
         xs = [r["value"] for r in table]
-        slopes = []
-        for s in range(table[0]["seeds"] if table else 0):
-            ys = [r["excess_by_seed"][s] for r in table]
-            x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
-            slopes.append(sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys))
-                          / sum((x - x_mean) ** 2 for x in xs))
-        out[key] = slopes
+        out[key] = [statistics.linear_regression(xs, [r["excess_by_seed"][s] for r in table]).slope
+                    for s in range(table[0]["seeds"] if table else 0)]
     family = multiplicity.adjust_family(out)
     return {key: dict(slopes=slopes, p=family[key][0], adjusted_p=family[key][1]) for key, slopes in out.items()}
 
 
-def chain_table(runs: dict, rows: list[dict], method: str = "process") -> str:
-    lines = [f"| {method} vs GRPO, greedy | chains | edge (95% CI) | compounding predicts | beyond compounding (95% CI) |",
+def chain_table(tables: dict[str, list[dict]], method: str = "process") -> str:
+    lines = [f"| {method} vs GRPO, greedy | chains | edge (95% CI) | compounding predicts "
+             "| beyond compounding (95% CI) |",
              "| --- | --- | --- | --- | --- |"]
-    for key in ("traps", "calls"):
-        for r in by_chain(runs, rows, method, key):
+    for key, table in tables.items():
+        for r in table:
             lines.append(f"| {r['value']} {'trap keys' if key == 'traps' else 'calls'} | {r['chains']} | "
                          f"{r['edge']:+.3f} ± {r['half_width']:.3f} | {r['compounding']:+.3f} | "
                          f"{r['excess']:+.3f} ± {r['excess_half_width']:.3f} |")
-    slopes = growth(runs, rows, method)
+    slopes = growth(tables)
     lines.append("")
     lines.append("Growth beyond compounding, per seed the slope of the excess (2 comparisons, Holm over the two):")
     for key, g in slopes.items():
@@ -260,6 +261,7 @@ def main(results: str, choices: dict) -> dict:
               for phase in ("runs", "sweep", "sweep_dropped", "sweep_30steps", "pilot_long")}
     rows_by_chain = test_rows()
     runs = by_method(phases["runs"])
+    reported_length = chain_tables(runs, rows_by_chain) if "process" in runs and "grpo" in runs else None
     base_path = os.path.join(results, "base_eval.json")
     base = json.load(open(base_path)) if os.path.exists(base_path) else None
     sweep = by_method_rate(phases["sweep"])
@@ -281,16 +283,17 @@ def main(results: str, choices: dict) -> dict:
         levels_table(by_method_rate(phases["pilot_long"]), base), "## Reported seeds", "",
         levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
-        chain_table(runs, rows_by_chain) if "process" in runs and "grpo" in runs else "not run yet\n",
+        chain_table(reported_length) if reported_length else "not run yet\n",
         "## The same on the sweep seeds at the chosen rates (they chose the rates: indicative, not a claim)", "",
-        chain_table(at_chosen, rows_by_chain) if "process" in at_chosen and "grpo" in at_chosen else "not run yet\n",
+        (chain_table(chain_tables(at_chosen, rows_by_chain)) if "process" in at_chosen and "grpo" in at_chosen
+         else "not run yet\n"),
         "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
-        chain_table(by_method(phases["pilot_long"]), rows_by_chain),
+        chain_table(chain_tables(by_method(phases["pilot_long"]), rows_by_chain)),
         "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
         cost_table(costs)])
-    length = growth(runs, rows_by_chain) if "process" in runs and "grpo" in runs else None
-    summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs, length_growth=length,
+    summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
+                   length_growth=growth(reported_length) if reported_length else None,
                    reported_seeds={m: sorted(s) for m, s in runs.items()},
                    sweep_seeds={m: sorted(s) for m, s in sweep.items()})
     with open(os.path.join(results, "summary.json"), "w") as f:
