@@ -92,7 +92,7 @@ def method_fields(spec: dict, learning_rate: float) -> dict:
     return dict(spec["fields"], **scaled)
 
 
-def _generated_tokens(sequences: torch.Tensor, prompt_width: int, eos_id: int, pad_id: int) -> int:
+def generated_tokens(sequences: torch.Tensor, prompt_width: int, eos_id: int, pad_id: int) -> int:
     """Tokens generated up to and including each row's first EOS (padding after it not counted)."""
     new = sequences[:, prompt_width:]
     total = 0
@@ -107,6 +107,27 @@ def _generated_tokens(sequences: torch.Tensor, prompt_width: int, eos_id: int, p
                 break
         total += length
     return total
+
+
+def count_generated(model, eos_id: int, pad_id: int) -> dict:
+    """Wrap ``model.generate`` to count the tokens it generates (:func:`generated_tokens`) and its calls: every
+    rollout, seed, branch and localization call of any trainer. ``counted["paused"] = True`` stops the count (an
+    evaluation that goes through the wrapper: not the run's tokens)."""
+    counted = {"tokens": 0, "calls": 0}
+    original = model.generate
+
+    def counting_generate(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if counted.get("paused"):
+            return out
+        inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        counted["tokens"] += generated_tokens(out if torch.is_tensor(out) else out.sequences, inputs.size(1), eos_id,
+                                              pad_id)
+        counted["calls"] += 1
+        return out
+
+    model.generate = counting_generate
+    return counted
 
 
 class _RandomState:
@@ -216,18 +237,7 @@ def run(trainer_class, config_class, seed: int, learning_rate: float, steps: int
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
     model = LlamaForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    counted = {"tokens": 0, "calls": 0}
-    original_generate = model.generate
-
-    def counting_generate(*args, **kwargs):  # every rollout, seed, branch and localization call of any trainer
-        out = original_generate(*args, **kwargs)
-        width = (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).size(1)
-        counted["tokens"] += _generated_tokens(out if torch.is_tensor(out) else out.sequences, width,
-                                               tokenizer.eos_token_id, tokenizer.pad_token_id)
-        counted["calls"] += 1
-        return out
-
-    model.generate = counting_generate
+    counted = count_generated(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     curve: list[dict] = []
     cpu = {"eval": 0.0}
 

@@ -23,7 +23,7 @@ import torch
 
 from trl_credit.evaluation.metrics import pass_at_k
 from trl_credit.tasks import keychain
-from trl_credit.testbed.runner import _generated_tokens
+from trl_credit.testbed.runner import count_generated
 from trl_credit.testbed.tool_regime import (MAX_COMPLETION_LENGTH, MAX_TOOL_CALLS, correct_per_row, rollout_summary,
                                             tool_regime_model_path, tool_rollouts)
 
@@ -88,25 +88,6 @@ def tool_method_spec(name: str) -> dict:
     raise ValueError(f"unknown tool regime method {name!r}; choose from {list(TOOL_METHODS)}")
 
 
-def _count_generated(model, eos_id: int, pad_id: int) -> dict:
-    """Wrap ``model.generate`` to count the tokens it generates, up to and including each row's first EOS."""
-    counted = {"tokens": 0, "calls": 0}
-    original = model.generate
-
-    def counting_generate(*args, **kwargs):
-        out = original(*args, **kwargs)
-        if counted.get("paused"):  # an evaluation (during training or at its end): not the run's tokens
-            return out
-        inputs = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
-        counted["tokens"] += _generated_tokens(out if torch.is_tensor(out) else out.sequences, inputs.size(1), eos_id,
-                                               pad_id)
-        counted["calls"] += 1
-        return out
-
-    model.generate = counting_generate
-    return counted
-
-
 def evaluate_tools(model, test, samples: int = 8, sampled_rows: int = 64, seed: int = 1234,
                    greedy_rows: int | None = None) -> dict:
     """Greedy accuracy on every ``test`` row (the first ``greedy_rows``) and ``samples`` episodes at temperature 1 on
@@ -151,7 +132,7 @@ def run_tools(method: str, seed: int, learning_rate: float, steps: int = 30, eva
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    counted = _count_generated(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    counted = count_generated(model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     settings = dict(TOOL_SHARED, output_dir=tempfile.mkdtemp(prefix="tool_testbed_"), learning_rate=learning_rate,
                     max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", seed=seed, use_cpu=True,
                     disable_tqdm=True)
