@@ -117,6 +117,16 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
     assert costs["total_cpu_hours"] == round(costs["grpo"]["grid_cpu_hours"] + costs["datpo"]["grid_cpu_hours"], 1)
 
 
+def test_the_levels_table_orders_a_methods_rates_as_numbers():
+    runs = [_run("prime", 100, rate, 0.3, 0.3, 0.6) for rate in (1e-4, 5e-5, 2e-4)] + [_run("grpo", 100, 3e-4, 0.6,
+                                                                                          0.6, 0.9)]
+    for run in runs:
+        run.update(train_all_fail_share=[0.5])
+    rows = [line.split(" | ")[0] for line in tool_summary.levels_table(tool_summary.by_method_rate(runs)).splitlines()[2:]]
+    # as strings "prime (0.0001)" < "prime (0.0002)" < "prime (5e-05)"; as rates 5e-05 comes first
+    assert rows == ["| grpo (0.0003)", "| prime (5e-05)", "| prime (0.0001)", "| prime (0.0002)"]
+
+
 def test_the_training_all_fail_share_by_fifths():
     shares = [1.0] * 2 + [0.5] * 6 + [0.0] * 2  # 10 groups: fifths of 2
     assert tool_summary._fifth(shares, last=False) == 1.0 and tool_summary._fifth(shares, last=True) == 0.0

@@ -93,7 +93,11 @@ def levels_table(runs: dict, base: dict | None = None) -> str:
         cells = [value(base) for value in METRICS.values()]
         lines.append("| untrained | - | " + " | ".join(f"{c:.3f}" for c in cells)
                      + f" | {base['final']['all_fail_share']:.3f} | - | - | - |")
-    for method in sorted(runs, key=lambda m: (not m.startswith("grpo"), m)):
+    def order(label):  # GRPO first, then by method and by rate as a number ("prime (5e-05)" before "prime (0.0001)")
+        name, _, rate = label.partition(" (")
+        return not name.startswith("grpo"), name, float(rate.rstrip(")") or 0)
+
+    for method in sorted(runs, key=order):
         seeds = runs[method]
         cells = [statistics.fmean(value(r) for r in seeds.values()) for value in METRICS.values()]
         all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
