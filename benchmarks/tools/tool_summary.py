@@ -278,7 +278,8 @@ def main(results: str, choices: dict) -> dict:
     report = "\n".join([
         "# Tool regime grid", "", "## Sweep (seeds kept apart; final T=1 accuracy, 8 samples x 64 chains)", "",
         sweep_table(choices), "## Sweep levels (every run of the sweep, by method)", "", levels_table(sweep, base),
-        "## Rates dropped after they collapsed on the first sweep seed (sweep_dropped/)", "",
+        "## Rates dropped on the first sweep seed: collapsed, or nearly (greedy below 0.1, untrained 0.387; "
+        "sweep_dropped/)", "",
         levels_table(by_method_rate(phases["sweep_dropped"]), base),
         "## The first sweep, at 30 steps (sweep_30steps/, seed 100)", "",
         levels_table(by_method_rate(phases["sweep_30steps"]), base),
