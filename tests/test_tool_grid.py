@@ -118,11 +118,12 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
 
 
 def test_the_levels_table_orders_a_methods_rates_as_numbers():
-    runs = [_run("prime", 100, rate, 0.3, 0.3, 0.6) for rate in (1e-4, 5e-5, 2e-4)] + [_run("grpo", 100, 3e-4, 0.6,
-                                                                                          0.6, 0.9)]
+    runs = [_run("prime", 100, rate, 0.3, 0.3, 0.6) for rate in (1e-4, 5e-5, 2e-4)]
+    runs.append(_run("grpo", 100, 3e-4, 0.6, 0.6, 0.9))
     for run in runs:
         run.update(train_all_fail_share=[0.5])
-    rows = [line.split(" | ")[0] for line in tool_summary.levels_table(tool_summary.by_method_rate(runs)).splitlines()[2:]]
+    table = tool_summary.levels_table(tool_summary.by_method_rate(runs))
+    rows = [line.split(" | ")[0] for line in table.splitlines()[2:]]
     # as strings "prime (0.0001)" < "prime (0.0002)" < "prime (5e-05)"; as rates 5e-05 comes first
     assert rows == ["| grpo (0.0003)", "| prime (5e-05)", "| prime (0.0001)", "| prime (0.0002)"]
 
