@@ -265,7 +265,14 @@ def main(results: str, choices: dict) -> dict:
               for phase in ("runs", "sweep", "sweep_dropped", "sweep_30steps", "pilot_long")}
     rows_by_chain = test_rows()
     runs = by_method(phases["runs"])
-    reported_length = chain_tables(runs, rows_by_chain) if "process" in runs and "grpo" in runs else None
+
+    def length_tables(by_seed: dict) -> dict | None:  # the length question pairs the oracle with GRPO: both or none
+        return chain_tables(by_seed, rows_by_chain) if "process" in by_seed and "grpo" in by_seed else None
+
+    def length_text(tables: dict | None) -> str:
+        return chain_table(tables) if tables else "not run yet\n"
+
+    reported_length = length_tables(runs)
     base_path = os.path.join(results, "base_eval.json")
     base = json.load(open(base_path)) if os.path.exists(base_path) else None
     sweep = by_method_rate(phases["sweep"])
@@ -288,13 +295,12 @@ def main(results: str, choices: dict) -> dict:
         levels_table(by_method_rate(phases["pilot_long"]), base), "## Reported seeds", "",
         levels_table(runs, base) if runs else "none yet\n", "## Against GRPO", "", table,
         "## The length question: the process oracle's greedy edge by chain", "",
-        chain_table(reported_length) if reported_length else "not run yet\n",
+        length_text(reported_length),
         "## The same on the sweep seeds at the chosen rates (they chose the rates: indicative, not a claim)", "",
-        (chain_table(chain_tables(at_chosen, rows_by_chain)) if "process" in at_chosen and "grpo" in at_chosen
-         else "not run yet\n"),
+        length_text(length_tables(at_chosen)),
         "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
-        chain_table(chain_tables(by_method(phases["pilot_long"]), rows_by_chain)),
+        length_text(length_tables(by_method(phases["pilot_long"]))),
         "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
         cost_table(costs)])
     summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
