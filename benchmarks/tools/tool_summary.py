@@ -28,9 +28,15 @@ METRICS = {"greedy": lambda run: run["final"]["greedy_accuracy"], "T=1": lambda 
            "pass@8": lambda run: run["final"]["pass_at_k"]["8"]}
 
 
+def _table_order(run: dict) -> tuple:
+    """GRPO first, then by method, then by rate as a number (5e-05 before 0.0001)."""
+    return run["method"] != "grpo", run["method"], run.get("learning_rate", 0.0)
+
+
 def by_method(runs: list[dict]) -> dict[str, dict[int, dict]]:
+    """Runs keyed by method, then seed; methods in table order (:func:`levels_table` keeps it)."""
     out: dict = {}
-    for run in runs:
+    for run in sorted(runs, key=_table_order):
         out.setdefault(run["method"], {})[run["seed"]] = run
     return out
 
@@ -38,7 +44,7 @@ def by_method(runs: list[dict]) -> dict[str, dict[int, dict]]:
 def by_method_rate(runs: list[dict]) -> dict[str, dict[int, dict]]:
     """As :func:`by_method`, keyed ``"method (rate)"``: a sweep runs a method at several rates on a seed."""
     out: dict = {}
-    for run in runs:
+    for run in sorted(runs, key=_table_order):
         out.setdefault(f"{run['method']} ({run['learning_rate']:g})", {})[run["seed"]] = run
     return out
 
@@ -93,11 +99,7 @@ def levels_table(runs: dict, base: dict | None = None) -> str:
         cells = [value(base) for value in METRICS.values()]
         lines.append("| untrained | - | " + " | ".join(f"{c:.3f}" for c in cells)
                      + f" | {base['final']['all_fail_share']:.3f} | - | - | - |")
-    def order(label):  # GRPO first, then by method and by rate as a number ("prime (5e-05)" before "prime (0.0001)")
-        name, _, rate = label.partition(" (")
-        return not name.startswith("grpo"), name, float(rate.rstrip(")") or 0)
-
-    for method in sorted(runs, key=order):
+    for method in runs:  # in the order by_method / by_method_rate built
         seeds = runs[method]
         cells = [statistics.fmean(value(r) for r in seeds.values()) for value in METRICS.values()]
         all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
