@@ -12,6 +12,7 @@ def test_ranges_mark_the_degenerate_values():
     assert outside("srpo/single_thought_rate", 1.0) and not outside("srpo/single_thought_rate", 0.5)
     assert outside("srpo/fallback_rate", 1.0) and not outside("srpo/fallback_rate", 0.75)
     assert outside("oppo/success_rate", 0.0) and not outside("oppo/success_rate", 0.1)
+    assert outside("oppo/evidence_auc", 0.5) and not outside("oppo/evidence_auc", 0.6)  # 0.5: chance
     assert not outside("oppo/extra_pass_rows", 2.0)  # a cost (the extra pass scored twice the rows), not a failure
     assert outside("datpo/no_fork_rate", 0.25) and not outside("datpo/no_fork_rate", 0.0)
     assert outside("cue/frac_positive_advantage_excluded", 1.0)

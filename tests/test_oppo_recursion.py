@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trl_credit.oppo.recursion import (
+    evidence_ranking,
     bayesian_token_advantages,
     bayesian_value_recursion,
     group_moments,
@@ -326,3 +327,19 @@ def test_unscorable_rows_and_a_verifier_none_under_both_aggregations():
     assert _signs(rows, "normalize_then_sum", weights=[2.0, 1.0]) == [1.0, -1.0, -1.0, -1.0]
     with pytest.raises(ValueError, match="multi_objective_aggregation"):
         _signs(rows, "mean")
+
+
+def test_evidence_ranking_counts_pairs_within_a_group_by_hand():
+    # Group 0: correct rows 0 (total 1.0) and 1 (-0.5) against wrong row 2 (0.0): one win, one loss.
+    # Group 1: correct row 3 (2.0) against wrong row 4 (2.0): a tie, half a win; row 5 (wrong, 5.0) is not credited
+    # (unscorable). Row 6 is in no group. Across groups nothing is paired: row 0 (1.0) against row 4 (2.0) would be a
+    # loss, row 3 against row 2 a win. So 1.5 wins of 3 pairs, AUC 0.5.
+    totals = torch.tensor([1.0, -0.5, 0.0, 2.0, 2.0, 5.0, 9.0], dtype=torch.float64)
+    correct = torch.tensor([True, True, False, True, False, False, True])
+    credited = torch.tensor([True, True, True, True, True, False, True])
+    group_ids = torch.tensor([0, 0, 0, 1, 1, 1, -1])
+    assert evidence_ranking(totals, correct, credited, group_ids) == (1.5, 3)
+    # A scorer that reads the answer: every correct total above every wrong one of its group.
+    assert evidence_ranking(torch.tensor([3.0, 2.0, -1.0, 0.5, 0.0, 5.0, 9.0]), correct, credited, group_ids) == (3.0, 3)
+    # No group with both a correct and a wrong credited row: no pair.
+    assert evidence_ranking(totals, torch.ones(7, dtype=torch.bool), credited, group_ids) == (0.0, 0)

@@ -306,6 +306,43 @@ def test_verifier_that_never_scores_warns(tiny_model_path, tiny_dataset, tmp_pat
     assert log["oppo/success_rate"] == 0.0
 
 
+@pytest.mark.parametrize("reads_answer", [True, False])
+def test_evidence_auc_tells_a_scorer_that_reads_the_answer_from_one_that_does_not(
+    tiny_model_path, tiny_dataset, tmp_path, monkeypatch, reads_answer
+):
+    # The oracle's log-probs are set by hand from the plain ones: alternating_reward makes the odd rows of every group
+    # of 4 correct (2 right, 2 wrong: 4 pairs a group, 8 a step). A scorer that reads the answer lifts a correct row's
+    # first token by 1 and lowers a wrong row's: every pair ranked right, AUC 1. One that does not (the tool regime's
+    # self-oracle: the appended sentence alone moves the first token, on every row) lowers every first token by 5,
+    # clipped to -3 alike: every pair tied, AUC 0.5, and with the warning's pair count at 8 it warns after step 1.
+    import warnings
+
+    import trl_credit.oppo.parts as oppo_parts
+
+    original = oppo_parts.score_evidence
+
+    def hand_oracle(trainer, *args, student_logps=None, **kwargs):
+        _, plain = original(trainer, *args, student_logps=student_logps, **kwargs)
+        oracle = plain.clone()
+        correct = torch.arange(plain.size(0)) % 2 == 1
+        oracle[:, 0] += torch.where(correct, 1.0, -1.0) if reads_answer else -5.0
+        return oracle, plain
+
+    monkeypatch.setattr(oppo_parts, "score_evidence", hand_oracle)
+    monkeypatch.setattr(oppo_parts, "EVIDENCE_AUC_WARN_PAIRS", 8)
+    args = make_args(tmp_path, max_steps=2)
+    trainer = OPPOTrainer(model=tiny_model_path, reward_funcs=alternating_reward, args=args, train_dataset=tiny_dataset)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    values = [log["oppo/evidence_auc"] for log in trainer.state.log_history if "oppo/evidence_auc" in log]
+    assert values == ([1.0, 1.0] if reads_answer else [0.5, 0.5])
+    warned = [w for w in caught if "does not read the answer" in str(w.message)]
+    assert len(warned) == (0 if reads_answer else 1)  # once, not every step
+    if warned:
+        assert "0.50 of 8 pairs" in str(warned[0].message) and "oracle='teacher'" in str(warned[0].message)
+
+
 def test_one_extra_pass_matches_the_two_pass_path(tiny_model_path, tiny_dataset, tmp_path, scored_rows, monkeypatch):
     # Same seed, same weights, same first generation batch: s_t recorded during HF generation (plain_logps="auto",
     # the extra pass scores the B oracle rows) against s_t scored by a second forward over the plain rows

@@ -42,6 +42,10 @@ HEALTH_CHECKS = [
                 "check success_reward is the verifier", "docs/cue_grpo.md#is-it-working"),
     HealthCheck("oppo/success_rate", ">", 0, "no completion counted as correct, so the prior is k = 0 everywhere; "
                 "check success_reward is the verifier", "docs/oppo.md#is-it-working"),
+    HealthCheck("oppo/evidence_auc", ">", 0.5, "the oracle's evidence ranks correct completions no higher than "
+                "incorrect ones of the same prompt: the scorer does not read the answer in the oracle prompt, and the "
+                "per-token credit is noise; oracle='teacher', or an oracle_template the model reads",
+                "docs/oppo.md#is-it-working"),
     HealthCheck("datpo/v_root", "<", 1, "every prompt was solved by its base rollouts: no tree grew, DATPO trained "
                 "as GRPO; use harder prompts", "docs/datpo.md#is-it-working"),
     HealthCheck("datpo/no_fork_rate", "==", 0, "base rollouts that should branch got no fork (one-sentence answers): "

@@ -46,6 +46,7 @@ from trl_credit.oppo.oracle import (
 )
 from trl_credit.oppo.recursion import (
     bayesian_value_recursion,
+    evidence_ranking,
     group_moments,
     group_success_counts,
     normalize_with_group_moments,
@@ -64,6 +65,9 @@ from trl_credit.trl_bridge.compat import (
 )
 
 __all__ = ["ValueRecursion", "load_teacher"]
+
+#: Pairs of training's ``oppo/evidence_auc`` before a value at chance or below warns (a batch holds a few dozen).
+EVIDENCE_AUC_WARN_PAIRS = 256
 
 
 def causal_lm(trainer):
@@ -175,6 +179,7 @@ class ValueRecursion(Credit):
         # s_t recorded during a batch's HF generation (one list per row) lives in the batch's context:
         # ctx.scratch(self)["generation_logps"], absent or None when not recorded.
         self.outcome = GroupOutcome(nonfinite_metric="oppo/nonfinite_reward_rate", speaks_as=self.name)
+        self.evidence_ranking_seen = [0.0, 0]  # training's wins and pairs so far (oppo/evidence_auc's warning)
 
     # ------------------------------------------------------------------------------------------------ TRL hooks
     def setup(self, trainer) -> None:
@@ -415,7 +420,31 @@ class ValueRecursion(Credit):
             credit.advantages, credit_mask, group_ids, moments, eps=args.advantage_eps
         )
         self._log_metrics(ctx, credit, advantages, trained_mask, row_scorable, row_credited)
+        self._log_evidence_ranking(ctx, batch, (credit.log_lambda * credit_mask).sum(dim=1))
         return advantages.to(output["advantages"].dtype), seq_advantages
+
+    def _log_evidence_ranking(self, ctx: BatchContext, batch: RowBatch, evidence_totals: torch.Tensor) -> None:
+        """``oppo/evidence_auc``: how often a correct completion's total evidence beats an incorrect one's of the same
+        prompt (0.5: the scorer ignores the answer; docs/oppo.md#metrics). Logged on steps with such a pair; warned
+        once when, over training's first ``EVIDENCE_AUC_WARN_PAIRS`` pairs or more, it is no better than chance."""
+        totals = ctx.gather(evidence_totals.to(torch.float64))  # the global rows, in TRL's order
+        wins, pairs = evidence_ranking(totals, batch.success, batch.scorable, batch.group_ids)
+        if not pairs:
+            return
+        ctx.metric("oppo/evidence_auc", wins / pairs)
+        if ctx.mode != "train":
+            return
+        seen = self.evidence_ranking_seen
+        seen[0], seen[1] = seen[0] + wins, seen[1] + pairs
+        if seen[1] >= EVIDENCE_AUC_WARN_PAIRS and seen[0] / seen[1] <= 0.5:
+            ctx.warn(
+                "oppo_evidence_auc",
+                f"{ctx.speaker(self)}: the oracle's evidence ranks a correct completion above an incorrect one of the "
+                f"same prompt in {seen[0] / seen[1]:.2f} of {seen[1]} pairs (0.5 is chance): the scorer does not read "
+                f"the answer that `oracle_template` appends ({ctx.args.oracle_template!r}), so OPPO's per-token credit "
+                "is noise around GRPO's direction. Try oracle='teacher' with a model that reads it, or a template in "
+                "the words the model was trained on. `oppo/evidence_auc` logs it every step.",
+            )
 
     @staticmethod
     def _log_metrics(ctx: BatchContext, credit, advantages, credit_mask, scorable, credited) -> None:

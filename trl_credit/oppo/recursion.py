@@ -40,6 +40,7 @@ __all__ = [
     "group_moments",
     "normalize_with_group_moments",
     "normalize_per_group",
+    "evidence_ranking",
 ]
 
 
@@ -361,3 +362,25 @@ def normalize_per_group(
     moments_mask = completion_mask if statistics_mask is None else statistics_mask
     moments = group_moments(row_token_moments(advantages, moments_mask), group_ids)
     return normalize_with_group_moments(advantages, completion_mask, group_ids, moments, eps)
+
+
+def evidence_ranking(
+    evidence_totals: torch.Tensor, correct: torch.Tensor, credited: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[float, int]:
+    """Does the oracle read the answer? (docs/oppo.md#metrics, ``oppo/evidence_auc``.) Over every pair (i, j) of
+    credited rows of one group (the same prompt) with i correct and j not: the number of pairs whose totals
+    Σ_t log λ_{i,t} > Σ_t log λ_{j,t}, plus half the ties, and the number of pairs. Their ratio is the AUC of the
+    total evidence, 0.5 for a scorer whose evidence ignores the answer.
+
+    Why the total: by Bayes, log π̂(y | x, y*) − log π̂(y | x) = log P(y* | x, y) − log P(y* | x), so an oracle that
+    reads y* gives a completion that reaches it the larger total (the recursion's last log-odds ℓ_{T+1} − ℓ_0, and
+    ℓ_0 is the group's). ``evidence_totals`` (N,): the evidence as the recursion used it (clipped), summed over the
+    tokens that carry it; ``correct``, ``credited`` (N,) bool; ``group_ids`` (N,) long, negative for a row in none."""
+    group_ids = group_ids.to(device=evidence_totals.device, dtype=torch.long)
+    credited = credited.to(device=evidence_totals.device, dtype=torch.bool) & (group_ids >= 0)
+    correct = correct.to(device=evidence_totals.device, dtype=torch.bool)
+    right, wrong = credited & correct, credited & ~correct
+    pairs = (group_ids.unsqueeze(1) == group_ids.unsqueeze(0)) & right.unsqueeze(1) & wrong.unsqueeze(0)
+    difference = evidence_totals.unsqueeze(1) - evidence_totals.unsqueeze(0)  # row i (correct) minus row j
+    wins = (difference > 0).to(torch.float64) + 0.5 * (difference == 0).to(torch.float64)
+    return float((wins * pairs).sum()), int(pairs.sum())
