@@ -33,28 +33,43 @@ def is_sensitive(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def perturbed_evidence(seed: int):
-    """While inside, OPPO's recursion receives o_t and s_t each moved one float32 ulp up or down (a random direction
-    per token, from ``seed`` and the call's index): the round-off a CPU with other kernels puts on the log-probs."""
+def perturbed_log_probs(module, name: str, seed: int):
+    """While inside, ``module.name`` receives its first two arguments (two log-prob tensors) each moved one float32
+    ulp up or down (a random direction per token, from ``seed`` and the call's index; float64 inputs are float32 values
+    widened, moved at float32): the round-off a CPU with other kernels puts on log-probs."""
     import torch
 
-    import trl_credit.oppo.parts as oppo_parts
-
-    real = oppo_parts.bayesian_value_recursion
+    real = getattr(module, name)
     generator = torch.Generator().manual_seed(seed)
 
     def one_ulp(values):
         up = torch.randint(0, 2, values.shape, generator=generator).to(values.device).bool()
-        return torch.nextafter(values, torch.where(up, torch.inf, -torch.inf).to(values.dtype))
+        single = values.to(torch.float32)
+        return torch.nextafter(single, torch.where(up, torch.inf, -torch.inf).to(torch.float32)).to(values.dtype)
 
-    def recursion(oracle_logps, student_logps, *args, **kwargs):
-        return real(one_ulp(oracle_logps), one_ulp(student_logps), *args, **kwargs)
+    def perturbed(first, second, *args, **kwargs):
+        return real(one_ulp(first), one_ulp(second), *args, **kwargs)
 
-    oppo_parts.bayesian_value_recursion = recursion
+    setattr(module, name, perturbed)
     try:
         yield
     finally:
-        oppo_parts.bayesian_value_recursion = real
+        setattr(module, name, real)
+
+
+def perturbed_evidence(seed: int):
+    """OPPO's recursion receives o_t and s_t each moved one float32 ulp (:func:`perturbed_log_probs`)."""
+    import trl_credit.oppo.parts as oppo_parts
+
+    return perturbed_log_probs(oppo_parts, "bayesian_value_recursion", seed)
+
+
+def perturbed_token_rewards(seed: int):
+    """PRIME's token rewards r_t = beta (log pi_phi - log pi_ref) receive both log-probs each moved one float32 ulp: a
+    difference of two log-probs, like OPPO's evidence, so its whitened advantages amplify their round-off."""
+    import trl_credit.prime.parts as prime_parts
+
+    return perturbed_log_probs(prime_parts, "token_rewards", seed)
 
 
 def band_key(path: str) -> str:
