@@ -9,6 +9,9 @@ call that does not copy the last tool result). Per episode: the share of its neg
 sum(-min(A_t, 0)) on the model's tokens of turns before h_o, on h_o's turn and after it, beside the share of its
 model tokens there (what GRPO's uniform credit gives). Tool-result tokens carry no advantage (docs/multiturn.md).
 
+OPPO's runs also give ``oppo/evidence_auc`` per step: how often a correct episode's total evidence beats a failed
+one's of the same prompt (0.5: its self-oracle does not read the answer the hint appends).
+
 **Resets** need no extra run: SRPO's own metrics in the grid's runs (``srpo/localization_exact_rate``: the reset
 is the first wrong call's turn; ``..._clean_rate``: at or before it; ``srpo/reset_at_question_rate``), per method,
 averaged over its steps and seeds (``--resets``).
@@ -68,8 +71,9 @@ def region_shares(spans, advantages: list[float], first_wrong: int) -> dict:
                 mass={r: mass[r] / total_mass if total_mass > 0 else None for r in REGIONS})
 
 
-def capture(method: str, seed: int, steps: int) -> list[dict]:
-    """Per failed episode with a first wrong call: where it is and the region shares."""
+def capture(method: str, seed: int, steps: int) -> tuple[list[dict], list[float]]:
+    """Per failed episode with a first wrong call: where it is and the region shares; and OPPO's logged
+    ``oppo/evidence_auc`` of each step (does its oracle read the answer? empty for other methods)."""
     from transformers import AutoTokenizer
 
     from trl_credit.tasks.keychain import transcript_first_wrong
@@ -96,9 +100,9 @@ def capture(method: str, seed: int, steps: int) -> list[dict]:
 
     from tiny_mechanisms import record_loss_inputs
 
-    run_tools(method, seed, 1e-30, steps=steps, on_trainer=lambda trainer: record_loss_inputs(trainer, on_rows),
-              evaluate_at_end=False)
-    return rows
+    result = run_tools(method, seed, 1e-30, steps=steps,
+                       on_trainer=lambda trainer: record_loss_inputs(trainer, on_rows), evaluate_at_end=False)
+    return rows, [log["oppo/evidence_auc"] for log in result["logs"] if "oppo/evidence_auc" in log]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -115,7 +119,7 @@ def reset_landing(runs_dir: str) -> dict:
     keys = ("srpo/localization_exact_rate", "srpo/localization_clean_rate", "srpo/reset_at_question_rate",
             "srpo/localization_deviation", "srpo/replay_mismatch_rate", "srpo/fallback_rate")
     by_method: dict = {}
-    for phase in ("sweep", "runs"):
+    for phase in ("sweep_30steps", "sweep", "runs"):  # the 30-step sweep ran SRPO first
         folder = os.path.join(runs_dir, phase)
         for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
             with open(os.path.join(folder, name)) as f:
@@ -145,10 +149,16 @@ def main(argv=None):
     if not args.resets:
         credit = {}
         for method in args.methods:
-            rows = [row for seed in map(int, args.seeds.split(",")) for row in capture(method, seed, args.steps)]
-            credit[method] = summarize(rows)
+            captured = [capture(method, seed, args.steps) for seed in map(int, args.seeds.split(","))]
+            credit[method] = summarize([row for rows, _ in captured for row in rows])
+            aucs = [auc for _, step_aucs in captured for auc in step_aucs]
+            if aucs:  # OPPO: the steps' mean (0.5: its oracle does not read the answer)
+                credit[method]["evidence_auc"] = dict(mean=statistics.fmean(aucs), steps=len(aucs))
             print(method, json.dumps(credit[method]), flush=True)
-        saved["credit"] = dict(credit, steps=args.steps, seeds=args.seeds)
+        if saved.get("credit", {}).get("steps", args.steps) != args.steps or \
+                saved.get("credit", {}).get("seeds", args.seeds) != args.seeds:
+            saved["credit"] = {}  # other settings: the methods run before are not comparable
+        saved["credit"] = dict(saved.get("credit", {}), **credit, steps=args.steps, seeds=args.seeds)  # methods rerun
     saved["resets"] = reset_landing(RESULTS)
     print(json.dumps(saved["resets"], indent=1))
     with open(path, "w") as f:
