@@ -96,6 +96,7 @@ def test_a_grid_run_is_saved_then_skipped(tmp_path, monkeypatch):
                path=str(tmp_path / "sweep" / "grpo.json"))
     saved = tool_grid.one_run(job)
     assert saved["settings"] == job["settings"] and saved["config"]["learning_rate"] == 3e-4
+    assert saved["cpu"] == tool_grid.cpu_model()  # where its CPU seconds were measured (tool_summary.cost)
     assert tool_grid._done(job)
     assert not tool_grid._done(dict(job, settings=dict(job["settings"], steps=2)))  # other settings: redone
 
@@ -108,9 +109,14 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
     runs = [run("grpo", 120, 400.0, 50.0), run("grpo", 120, 600.0, 70.0),
             run("grpo", 120, 9999.0, 9999.0, from_pilot="pilot_long/"),  # its evaluations: a curve's
             run("grpo", 30, 1.0, 1.0),  # a 120-step measurement exists: not used
+            run("grpo", 120, 1000.0, 120.0, cpu="AMD EPYC"),  # another CPU: only its ratio, 1120 / 560
+            run("grpo", 120, 400.0, 50.0, cpu=tool_summary.REFERENCE_CPU),  # recorded as the reference: counted
             run("datpo", 30, 600.0, 80.0)]
     costs = tool_summary.cost(runs, sweep_runs=8)
-    assert costs["grpo"] == dict(run_cpu_seconds=560, measured_at_steps=True, grid_cpu_hours=round(560 * 24 / 3600, 2))
+    reference = (450 + 670 + 450) / 3  # the reference CPU's 120-step runs, training + evaluation
+    assert costs["grpo"] == dict(run_cpu_seconds=round(reference), measured_at_steps=True,
+                                 grid_cpu_hours=round(reference * 24 / 3600, 2),
+                                 other_cpu_ratio=round(1120 / reference, 2))
     # 30-step training x 4 plus one final evaluation: 2480 s, 24 runs
     assert costs["datpo"] == dict(run_cpu_seconds=2480, measured_at_steps=False,
                                   grid_cpu_hours=round(2480 * 24 / 3600, 2))

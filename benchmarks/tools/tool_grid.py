@@ -47,12 +47,21 @@ def one_run(job: dict) -> dict:
                        ("srpo", "oppo", "process", "prime", "datpo", "rewards")} for log in result["logs"]]
     result["config"] = result.pop("settings")  # the trainer's settings; "settings" is the grid's (RUN_KEYS)
     saved = dict(method=job["method"], learning_rate=job["learning_rate"], seed=job["seed"],
-                 settings=job["settings"], **result)
+                 settings=job["settings"], cpu=cpu_model(), **result)
     os.makedirs(os.path.dirname(job["path"]), exist_ok=True)
     with open(job["path"] + ".tmp", "w") as f:
         json.dump(saved, f)
     os.replace(job["path"] + ".tmp", job["path"])
     return saved
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux): CPU seconds compare only between runs on one kind (tool_summary.cost)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def _done(job: dict) -> bool:

@@ -118,16 +118,23 @@ def _fifth(shares: list[float], last: bool) -> float:
     return statistics.fmean(shares[-n:] if last else shares[:n])
 
 
+#: The CPU the grid's costs are measured on: every run before a run recorded its own (``cpu``) ran on it.
+REFERENCE_CPU = "Intel(R) Xeon(R) Processor"
+
+
 def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = 16, steps: int = 120) -> dict:
-    """CPU seconds of one run per method (training + final evaluation; the mean over its ``steps``-step runs, else
-    its 30-step runs' training scaled by steps / 30) and what the whole grid would cost: ``sweep_runs`` +
-    ``reported_seeds`` runs of every method."""
+    """CPU seconds of one run per method (training + final evaluation; the mean over its ``steps``-step runs on
+    REFERENCE_CPU, else its 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
+    ``sweep_runs`` + ``reported_seeds`` runs of every method. Runs on another CPU count only in
+    ``other_cpu_ratio``: their mean over the reference runs' of the same method and steps."""
     per_method: dict = {}
+    other: dict = {}
     for run in runs:
         if run["settings"].get("eval_every") or run.get("from_pilot"):  # a curve's evaluations are not a run's
             continue
         scale = steps / run["settings"]["steps"]
-        entry = per_method.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
+        kind = per_method if run.get("cpu", REFERENCE_CPU) == REFERENCE_CPU else other
+        entry = kind.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
         entry.append(run["train_cpu_seconds"] * scale + run.get("eval_cpu_seconds", 0.0))
     out = {}
     for method, by_steps in sorted(per_method.items()):
@@ -135,6 +142,9 @@ def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = 16, steps: int
         seconds = statistics.fmean(by_steps[steps] if measured else next(iter(by_steps.values())))
         out[method] = dict(run_cpu_seconds=round(seconds), measured_at_steps=measured,
                            grid_cpu_hours=round(seconds * (sweep_runs + reported_seeds) / 3600, 2))
+        there = other.get(method, {}).get(steps) if measured else None
+        if there:
+            out[method]["other_cpu_ratio"] = round(statistics.fmean(there) / seconds, 2)
     out["total_cpu_hours"] = round(sum(m["grid_cpu_hours"] for m in out.values()), 1)
     return out
 
@@ -144,8 +154,11 @@ def cost_table(costs: dict) -> str:
     for method, c in costs.items():
         if method != "total_cpu_hours":
             lines.append(f"| {method} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
-                         + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps") + " |")
-    return "\n".join(lines) + f"\n\nAll methods: {costs['total_cpu_hours']} CPU hours.\n"
+                         + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps")
+                         + (f"; its runs on another CPU took {c['other_cpu_ratio']}x" if "other_cpu_ratio" in c else "")
+                         + " |")
+    return "\n".join(lines) + (f"\n\nAll methods: {costs['total_cpu_hours']} CPU hours, on {REFERENCE_CPU} (2 "
+                                "cores, one thread per run).\n")
 
 
 def test_rows() -> list[dict]:
