@@ -139,10 +139,10 @@ def environment_runs(tmp_path_factory):
 
 
 # env_datpo on an AMD EPYC (2026-12-07): the same rows, tool masks and advantages under ZeRO-3 and DDP, but the first
-# logged loss 0.044 against 0.105; it passes on the Xeon where it was written. Not explained yet (filed as an issue):
-# expected to fail there until it is, not required to.
+# logged loss 0.044 against 0.105; it passes on the Xeon where it was written. Not explained yet (the closing note of
+# 2026-12-07 hands it on): expected to fail there until it is, not required to.
 ENVIRONMENT_CASES = [pytest.param(name, marks=pytest.mark.xfail(
-    reason="ZeRO-3 vs DDP first loss differs for DATPO with an environment on some CPUs (AMD EPYC); open issue",
+    reason="ZeRO-3 vs DDP first loss differs for DATPO with an environment on some CPUs (AMD EPYC), not explained yet",
     strict=False)) if name == "env_datpo" else name for name in ENVIRONMENT]
 
 
