@@ -77,26 +77,27 @@ def _rerun(name: str, model_dir: str, work: str, seed: int | None = None) -> dic
         return json.loads(json.dumps(run_scenario(name, model_dir, out)))
 
 
-def measure_bands(values: dict, model_dir: str) -> dict:
-    """Per scenario, the round-off band of each quantity around this machine's unperturbed run."""
+def measure_bands(model_dir: str, here: dict | None = None) -> dict:
+    """Per scenario, the round-off band of each quantity around this machine's unperturbed run (``here``, when the
+    caller has just run it; else run again)."""
     from tests.golden.noise import SEEDS, bands
 
     with tempfile.TemporaryDirectory() as work:
-        return {name: bands(_rerun(name, model_dir, work), [_rerun(name, model_dir, work, s) for s in SEEDS])
-                for name in SCENARIOS}
+        return {name: bands((here or {}).get(name) or _rerun(name, model_dir, work),
+                            [_rerun(name, model_dir, work, s) for s in SEEDS]) for name in SCENARIOS}
 
 
 def record(model_dir: str, bands_only: bool = False) -> dict:
     from tests.golden.record import environment
 
-    if bands_only:
+    if bands_only:  # the recorded values may come from another machine: the bands are around this one's runs
         with open(GOLDEN) as handle:
             recorded = json.load(handle)
-        values = {name: recorded[name] for name in SCENARIOS}
+        values, here = {name: recorded[name] for name in SCENARIOS}, None
     else:
         with tempfile.TemporaryDirectory() as work:
-            values = {name: _rerun(name, model_dir, work) for name in SCENARIOS}
-    return {**values, "noise": measure_bands(values, model_dir), "noise_environment": environment()}
+            values = here = {name: _rerun(name, model_dir, work) for name in SCENARIOS}
+    return {**values, "noise": measure_bands(model_dir, here), "noise_environment": environment()}
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

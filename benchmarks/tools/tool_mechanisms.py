@@ -155,10 +155,10 @@ def main(argv=None):
             if aucs:  # OPPO: the steps' mean (0.5: its oracle does not read the answer)
                 credit[method]["evidence_auc"] = dict(mean=statistics.fmean(aucs), steps=len(aucs))
             print(method, json.dumps(credit[method]), flush=True)
-        if saved.get("credit", {}).get("steps", args.steps) != args.steps or \
-                saved.get("credit", {}).get("seeds", args.seeds) != args.seeds:
-            saved["credit"] = {}  # other settings: the methods run before are not comparable
-        saved["credit"] = dict(saved.get("credit", {}), **credit, steps=args.steps, seeds=args.seeds)  # methods rerun
+        previous = saved.get("credit", {})
+        if (previous.get("steps"), previous.get("seeds")) != (args.steps, args.seeds):
+            previous = {}  # other settings: the methods run before are not comparable
+        saved["credit"] = dict(previous, **credit, steps=args.steps, seeds=args.seeds)  # the methods rerun replaced
     saved["resets"] = reset_landing(RESULTS)
     print(json.dumps(saved["resets"], indent=1))
     with open(path, "w") as f:
