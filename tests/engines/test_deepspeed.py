@@ -138,15 +138,7 @@ def environment_runs(tmp_path_factory):
             (zero3, _launch(lambda o, n: run_accelerate(config, SCRIPT, model, o, n), zero3, ENVIRONMENT)))
 
 
-# env_datpo on an AMD EPYC (2026-12-07): the same rows, tool masks and advantages under ZeRO-3 and DDP, but the first
-# logged loss 0.044 against 0.105; it passes on the Xeon where it was written. Not explained yet (the closing note of
-# 2026-12-07 hands it on): expected to fail there until it is, not required to.
-ENVIRONMENT_CASES = [pytest.param(name, marks=pytest.mark.xfail(
-    reason="ZeRO-3 vs DDP first loss differs for DATPO with an environment on some CPUs (AMD EPYC), not explained yet",
-    strict=False)) if name == "env_datpo" else name for name in ENVIRONMENT]
-
-
-@pytest.mark.parametrize("name", ENVIRONMENT_CASES)
+@pytest.mark.parametrize("name", ENVIRONMENT)
 def test_environment_trainer_under_zero3_matches_ddp_at_step_one(environment_runs, name):
     (ddp_out, ddp_failure), (zero_out, zero_failure) = environment_runs
     ddp, zero = _reports(ddp_out, ddp_failure, name), _reports(zero_out, zero_failure, name)

@@ -19,6 +19,8 @@ leaves one process without a credited row (the prompt filter drops its group): u
 PRM forwards to match the other's. NAME ``env_process`` / ``env_oppo`` / ``env_datpo``: the process credit / OPPO /
 DATPO with TRL's ``environment_factory`` on the tool-calling tiny model (tests/tiny_tools.py); their rows also hold
 TRL's ``tool_mask`` (DATPO's: its base rows, then its branch rows, whose tool loop resumed from the fork).
+
+DATPO's branch calls do not compact their rows here, under any launcher (:func:`same_samples_on_every_launcher`).
 """
 
 import json
@@ -78,6 +80,18 @@ ENVIRONMENT_ENGINE = replace(ENGINE, args={**ENGINE.args, "max_completion_length
                              overrides={"process": dict(process_outcome="final_step")})
 
 
+def same_samples_on_every_launcher():
+    """Turn off the row compaction of DATPO's branch calls (trl_credit/generation/hooks.py) for every launcher.
+    ZeRO-3 runs without it (a forward is a collective call there); DDP and ZeRO-2 compact. Compaction keeps each
+    row's distribution, but after it the running rows draw from the sampling RNG in a smaller batch, so under one
+    seed they sample other tokens than an uncompacted call: a DDP run would differ from ZeRO-3 in every branch
+    sampled after a compaction (env_datpo on an AMD EPYC: first loss 0.105 under DDP, 0.044 under ZeRO-3; without
+    compaction both 0.044). Compaction's own tokens are tested in tests/test_trl_helpers.py."""
+    from trl_credit.generation import hooks
+
+    hooks._can_compact = lambda model, kwargs: False
+
+
 def build(name, model_dir, out_dir):
     if name in ENVIRONMENT_NAMES:
         from tests.tiny_tools import MultiplyEnvironment, multiply_dataset
@@ -135,6 +149,7 @@ def run(name, model_dir, out_dir):
 
 
 def main(model_dir, out_dir, names):
+    same_samples_on_every_launcher()
     for name in names.split(","):
         run(name, model_dir, out_dir)
 

@@ -131,7 +131,8 @@ def hf_generate_hooks(
       and ``generate`` continues every row from a copy of that cache, as vLLM's prefix cache does.
     - ``compact_rows``: once fewer than half of a call's rows are still running, the running ones continue in a
       smaller ``generate`` call from their rows of the cache (:func:`_generate_compacting`), so finished rows stop
-      costing compute; what is sampled is unchanged (the same distributions at every step, tested greedily).
+      costing compute; what is sampled is unchanged in distribution (the same distributions at every step, tested
+      greedily), not in its draws: after a compaction the running rows draw from the RNG in a smaller batch.
 
     The model's ``generate`` is wrapped on the instance for the duration.
     """
