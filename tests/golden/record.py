@@ -48,7 +48,9 @@ import sys
 import tempfile
 from typing import Any
 
-from tests.golden import noise
+import tests.benchmarks_path  # noqa: F401  (benchmarks/ on sys.path: the harness package)
+from harness.machine import cpu_kind  # noqa: E402
+from tests.golden import noise  # noqa: E402
 
 GOLDEN_DIR = os.path.dirname(os.path.abspath(__file__))
 ONE_PROCESS_FILE = os.path.join(GOLDEN_DIR, "one_process.json")
@@ -444,21 +446,6 @@ def load(path: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- recording
-def cpu_kind() -> dict:
-    """The CPU's model name and the instruction-set flags that pick torch's and MKL's kernels (Linux
-    /proc/cpuinfo; empty elsewhere): golden floats are reproducible bit for bit only on the same kind."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            lines = file.read().splitlines()
-    except OSError:
-        return {}
-    fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    kernel_flags = ("avx", "amx", "fma", "f16c", "sse4")
-    flags = sorted(flag for flag in fields.get("flags", "").split() if flag.startswith(kernel_flags))
-    return {"model": fields.get("model name", ""), "flags": " ".join(flags)}
-
-
 def environment() -> dict:
     import peft
     import torch
