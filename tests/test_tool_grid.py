@@ -89,6 +89,23 @@ def test_the_claims_pair_by_seed_and_count_the_family():
     assert "not shown (MDE" in table
 
 
+def test_a_method_with_one_paired_seed_shows_its_difference_without_an_interval():
+    # the first seed of a method (a sweep's): the difference, no "± nan", and no test
+    runs = tool_summary.by_method([_run("grpo", 0, 3e-4, 0.40, 0.40, 0.6), _run("srpo", 0, 3e-4, 0.55, 0.30, 0.6)])
+    table, counts = tool_summary.claims_table(tool_summary.claims(runs))
+    assert "| srpo | greedy | 1 | +0.150 | not tested (fewer than 2 paired seeds) |" in table
+    assert "nan" not in table and counts["comparisons"] == 0
+
+
+def test_the_training_all_fail_share_is_given_only_for_one_reward_call_a_step():
+    grpo, srpo = _run("grpo", 0, 3e-4, 0.4, 0.4, 0.6), _run("srpo", 0, 3e-4, 0.4, 0.4, 0.6)
+    grpo.update(settings=dict(steps=5), train_all_fail_share=[0.5, 0.5, 0.25, 0.0, 0.0])
+    srpo.update(settings=dict(steps=2), train_all_fail_share=[0.0, 1.0, 0.0, 0.0, 0.5])  # seed candidates' calls too
+    table = tool_summary.levels_table(tool_summary.by_method([grpo, srpo]))
+    assert "| 0.500 -> 0.000 |" in table  # GRPO: its first and last fifth of 5 batches
+    assert "| - (2.5 reward calls a step) |" in table
+
+
 def test_a_grid_run_is_saved_then_skipped(tmp_path, monkeypatch):
     # the trainer's settings travel as "config": "settings" is the grid's own (what a resumed run must match)
     monkeypatch.setattr(tool_runner, "evaluate_tools", lambda model, test, **kw: dict(greedy_accuracy=0.5))

@@ -86,7 +86,8 @@ def claims_table(rows: list[dict]) -> tuple[str, dict]:
         p, adjusted = family[(r["method"], r["metric"])]
         mean, half = interval(r["diffs"]) if r["diffs"] else (math.nan, math.nan)
         ratio = "-" if r["token_ratio"] is None else f"{r['token_ratio']:.2f}x"
-        lines.append(f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {mean:+.3f} ± {half:.3f} | "
+        spread = f"{mean:+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")  # one pair: no interval
+        lines.append(f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {spread} | "
                      f"{_verdict(r['diffs'], p, adjusted)} | {ratio} |")
     counts = dict(comparisons=compared, significant_unadjusted=unadjusted, surviving_holm=surviving)
     return "\n".join(lines) + "\n", counts
@@ -105,11 +106,24 @@ def levels_table(runs: dict, base: dict | None = None) -> str:
         all_fail = statistics.fmean(r["final"].get("all_fail_share", math.nan) for r in seeds.values())
         tokens = statistics.fmean(r["generated_tokens"] for r in seeds.values())
         cpu = statistics.fmean(r["train_cpu_seconds"] for r in seeds.values())
-        first, last = (statistics.fmean(_fifth(r["train_all_fail_share"], end) for r in seeds.values())
-                       for end in (False, True))
         lines.append(f"| {method} | {len(seeds)} | " + " | ".join(f"{c:.3f}" for c in cells)
-                     + f" | {all_fail:.3f} | {first:.3f} -> {last:.3f} | {tokens:,.0f} | {cpu:.0f} |")
+                     + f" | {all_fail:.3f} | {_training_all_fail(seeds)} | {tokens:,.0f} | {cpu:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _training_all_fail(seeds: dict) -> str:
+    """The training all-fail share, first -> last fifth, where every reward call of a run scored one training batch
+    of ``num_generations``-row groups (GRPO's). A method that calls the rewards more often than once a step (SRPO
+    scores its seed candidates in calls of their own, and its training batch's groups of 8 hold base and reset rows
+    together; DATPO scores its branches in a call of their own) records shares that are not GRPO's: the cell says
+    so instead of a number."""
+    calls = [len(r["train_all_fail_share"]) / r["settings"]["steps"] for r in seeds.values()
+             if r.get("settings", {}).get("steps")]
+    if calls and max(calls) > 1:
+        return f"- ({statistics.fmean(calls):.1f} reward calls a step)"
+    first, last = (statistics.fmean(_fifth(r["train_all_fail_share"], end) for r in seeds.values())
+                   for end in (False, True))
+    return f"{first:.3f} -> {last:.3f}"
 
 
 def _fifth(shares: list[float], last: bool) -> float:
