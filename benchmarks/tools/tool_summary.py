@@ -75,7 +75,13 @@ def _verdict(diffs: list[float], p, adjusted) -> str:
     return "not shown (MDE " + ("n/a under 3 seeds" if math.isnan(mde) else f"{mde:.3f}") + ")"
 
 
-def claims_table(rows: list[dict]) -> tuple[str, dict]:
+#: The grid's plan: every method paired with GRPO on seeds 0-15 (a table of fewer pairs is an interim look).
+PLANNED_PAIRS = 16
+
+
+def claims_table(rows: list[dict], planned: int | None = None) -> tuple[str, dict]:
+    """The claims table; with ``planned``, a verdict on fewer pairs says it is an interim look (the t-test assumes the
+    number of pairs fixed in advance: a verdict read at each look as seeds come in is not that test)."""
     family = multiplicity.adjust_family({(r["method"], r["metric"]): r["diffs"] for r in rows})
     compared, unadjusted, surviving = multiplicity.family_counts(family)
     lines = [f"{compared} comparisons (every method against GRPO on three metrics): {unadjusted} significant "
@@ -88,9 +94,13 @@ def claims_table(rows: list[dict]) -> tuple[str, dict]:
         ratio = "-" if r["token_ratio"] is None else f"{r['token_ratio']:.2f}x"
         spread = f"{mean:+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")  # one pair: no interval
         lines.append(f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {spread} | "
-                     f"{_verdict(r['diffs'], p, adjusted)} | {ratio} |")
+                     f"{_verdict(r['diffs'], p, adjusted)}{_interim(r['diffs'], planned)} | {ratio} |")
     counts = dict(comparisons=compared, significant_unadjusted=unadjusted, surviving_holm=surviving)
     return "\n".join(lines) + "\n", counts
+
+
+def _interim(diffs: list[float], planned: int | None) -> str:
+    return f" (interim: {len(diffs)} of {planned} pairs)" if planned and 2 <= len(diffs) < planned else ""
 
 
 def levels_table(runs: dict, base: dict | None = None) -> str:
@@ -136,7 +146,7 @@ def _fifth(shares: list[float], last: bool) -> float:
 REFERENCE_CPU = "Intel(R) Xeon(R) Processor"
 
 
-def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = 16, steps: int = 120) -> dict:
+def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS, steps: int = 120) -> dict:
     """CPU seconds of one run per method (training + final evaluation; the mean over its ``steps``-step runs on
     REFERENCE_CPU, else its 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
     ``sweep_runs`` + ``reported_seeds`` runs of every method. Runs on another CPU count only in
@@ -307,7 +317,7 @@ def main(results: str, choices: dict) -> dict:
     sweep = by_method_rate(phases["sweep"])
     rows = claims(runs)
     costs = cost(phases["sweep"] + phases["runs"] + phases["sweep_30steps"], sweep_runs=8)
-    table, counts = claims_table(rows) if rows else ("no reported runs yet\n", {})
+    table, counts = claims_table(rows, PLANNED_PAIRS) if rows else ("no reported runs yet\n", {})
     at_chosen = by_method([run for run in phases["sweep"]
                            if run["method"] in choices and run["learning_rate"] == choices[run["method"]]["rate"]])
     indicative = claims_table(claims(at_chosen))[0] if len(at_chosen) > 1 else "not run yet\n"
@@ -330,7 +340,7 @@ def main(results: str, choices: dict) -> dict:
         "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
         length_text(length_tables(by_method(phases["pilot_long"]))),
-        "## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + 16 reported seeds per method)", "",
+        f"## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + {PLANNED_PAIRS} reported seeds per method)", "",
         cost_table(costs)])
     summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
                    length_growth=growth(reported_length) if reported_length else None,
