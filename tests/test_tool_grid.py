@@ -2,6 +2,7 @@
 training step through TRL's tool loop counted and measured, every grid method configured, the sweep's rate choice and
 the claims table on hand-made runs."""
 
+import json
 import math
 
 import pytest
@@ -141,11 +142,11 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
             run("datpo", 30, 600.0, 80.0)]
     costs = tool_summary.cost(runs, sweep_runs=8)
     reference = (450 + 670 + 450) / 3  # the reference CPU's 120-step runs, training + evaluation
-    assert costs["grpo"] == dict(run_cpu_seconds=round(reference), measured_at_steps=True,
+    assert costs["grpo"] == dict(steps=120, run_cpu_seconds=round(reference), measured_at_steps=True,
                                  grid_cpu_hours=round(reference * 24 / 3600, 2),
                                  other_cpu_ratio=round(1120 / reference, 2))
     # 30-step training x 4 plus one final evaluation: 2480 s, 24 runs
-    assert costs["datpo"] == dict(run_cpu_seconds=2480, measured_at_steps=False,
+    assert costs["datpo"] == dict(steps=120, run_cpu_seconds=2480, measured_at_steps=False,
                                   grid_cpu_hours=round(2480 * 24 / 3600, 2))
     assert costs["total_cpu_hours"] == round(costs["grpo"]["grid_cpu_hours"] + costs["datpo"]["grid_cpu_hours"], 1)
 
@@ -210,3 +211,33 @@ def test_evaluating_during_training_changes_nothing_of_the_training():
     assert [log["reward"] for log in curved["logs"]] == [log["reward"] for log in plain["logs"]]
     assert curved["final"]["correct_per_row"] == plain["final"]["correct_per_row"]
     assert curved["curve"][0]["generated_tokens"] < curved["curve"][1]["generated_tokens"] < plain["generated_tokens"]
+
+
+def test_datpo_trains_as_many_steps_as_generate_grpos_tokens(tmp_path, monkeypatch):
+    # hand-made token rates: GRPO 3000 tokens in 30 steps (100 a step), DATPO's trees 7500 (250 a step): at 120 GRPO
+    # steps (12000 tokens) DATPO trains 120 * 100 / 250 = 48 steps; every other method trains the grid's 120
+    monkeypatch.setattr(tool_grid, "RESULTS", str(tmp_path))
+    for method, tokens in (("grpo", 3000), ("datpo", 7500)):
+        path = tool_grid.run_path("sweep_30steps", method, 3e-4, 100)
+        (tmp_path / "sweep_30steps").mkdir(exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(dict(settings=dict(steps=30), generated_tokens=tokens), f)
+    jobs = []
+    monkeypatch.setattr(tool_grid, "run_jobs", lambda todo, workers, **kw: jobs.extend(todo))
+    tool_grid.main(["sweep", "--methods", "grpo", "datpo", "srpo", "--rates", "3e-4", "--seeds", "100", "--steps", "120"])
+    assert {job["method"]: job["settings"]["steps"] for job in jobs} == dict(grpo=120, datpo=48, srpo=120)
+    # its cost is scaled to its own steps: 30-step training 600 s x 48 / 30 + one evaluation 80 s
+    costs = tool_summary.cost([dict(method="datpo", settings=dict(steps=30), train_cpu_seconds=600.0,
+                                    eval_cpu_seconds=80.0)], sweep_runs=8,
+                              steps_of=lambda method: tool_grid.method_steps(method, 120))
+    assert costs["datpo"]["steps"] == 48 and costs["datpo"]["run_cpu_seconds"] == 600 * 48 // 30 + 80
+    (tmp_path / "sweep_30steps" / "datpo_lr0.0003_seed100.json").unlink()  # no measured rate: says which run to make
+    with pytest.raises(SystemExit, match="sweep --methods grpo datpo --rates 3e-4 --seeds 100 --steps 30"):
+        tool_grid.method_steps("datpo", 120)
+
+
+def test_the_committed_token_rates_put_datpo_at_47_steps():
+    # the first sweep's seed-100 runs at 3e-4: GRPO 130,841 tokens and DATPO 331,097 in 30 steps;
+    # 120 * 130841 / 331097 = 47.42
+    assert tool_grid.method_steps("datpo", 120) == 47
+    assert tool_grid.method_steps("process", 120) == 120

@@ -10,6 +10,7 @@ the training prompt. Resumable (a run whose JSON exists with the same settings i
 The sweep's seeds (100+) are kept apart from the reported ones (0-15); a method's rate is the one with the best mean
 final T=1 accuracy over the sweep seeds it ran at every rate. ``summary`` pairs every method with GRPO on the
 reported seeds it shares with it (the same seed: the same prompts, initial sampling state and evaluation draws).
+Every method trains ``--steps`` steps but DATPO, which trains as many as generate GRPO's tokens (``method_steps``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from tiny_grid import _setup_worker, run_jobs  # noqa: E402
 
 #: What a run's JSON must match to be reused (with its method, rate and seed, which name its file).
 RUN_KEYS = ("steps", "eval_samples", "eval_rows", "eval_every")
+#: Methods compared with GRPO at equal generated model tokens, not equal steps: DATPO's trees generate ~2.5x GRPO's
+#: tokens a step, and its paper's efficiency claim (DATPO, Fig. 2: pass rate at the same number of generated tokens)
+#: is a claim at equal tokens. They train for the steps at which their tokens match GRPO's ``--steps`` steps'.
+EQUAL_TOKEN_METHODS = ("datpo",)
+#: Where tokens a step are measured, for GRPO and each of those: the first sweep (30 steps, seed 100, 3e-4), where
+#: neither had learned yet (GRPO's tokens a step then stay within 2% over its 120-step runs).
+TOKEN_RATE_RUN = dict(phase="sweep_30steps", rate=3e-4, seed=100)
 
 
 def run_path(phase: str, method: str, rate: float, seed: int) -> str:
@@ -55,6 +63,25 @@ def one_run(job: dict) -> dict:
         json.dump(saved, f)
     os.replace(job["path"] + ".tmp", job["path"])
     return saved
+
+
+def tokens_per_step(method: str) -> float:
+    path = run_path(TOKEN_RATE_RUN["phase"], method, TOKEN_RATE_RUN["rate"], TOKEN_RATE_RUN["seed"])
+    if not os.path.exists(path):
+        raise SystemExit(f"{method} trains at GRPO's tokens, measured on {path}: run that first "
+                         f"(tool_grid.py sweep --methods grpo {method} --rates 3e-4 --seeds 100 --steps 30 "
+                         f"--phase-dir {TOKEN_RATE_RUN['phase']})")
+    with open(path) as f:
+        run = json.load(f)
+    return run["generated_tokens"] / run["settings"]["steps"]
+
+
+def method_steps(method: str, steps: int) -> int:
+    """The steps ``method`` trains for in a grid of ``steps``-step GRPO runs: ``steps``, or for EQUAL_TOKEN_METHODS
+    the number at which its tokens a step add up to GRPO's in ``steps`` (DATPO: 47 for 120)."""
+    if method not in EQUAL_TOKEN_METHODS:
+        return steps
+    return max(1, round(steps * tokens_per_step("grpo") / tokens_per_step(method)))
 
 
 def cpu_model() -> str:
@@ -126,7 +153,8 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=None)
     parser.add_argument("--rates", nargs="+", type=float, default=[3e-4, 1e-3])
     parser.add_argument("--seeds", type=str, default=None, help="e.g. 0-15 or 100-103,107")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20,
+                        help="GRPO's steps; EQUAL_TOKEN_METHODS (DATPO) train as many as match its tokens")
     parser.add_argument("--eval-samples", type=int, default=8)
     parser.add_argument("--eval-rows", type=int, default=64)
     parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps (a curve)")
@@ -139,6 +167,10 @@ def main(argv=None):
     settings = dict(steps=args.steps, eval_samples=args.eval_samples, eval_rows=args.eval_rows)
     if args.eval_every:
         settings["eval_every"] = args.eval_every
+
+    def settings_of(method: str) -> dict:
+        return dict(settings, steps=method_steps(method, args.steps))
+
     if args.phase == "base":  # the untrained model, measured as every run's end is (the step-0 row of the tables)
         _setup_worker()
         from trl_credit.tasks import keychain
@@ -156,7 +188,7 @@ def main(argv=None):
         tool_summary.main(RESULTS, chosen_rates(load("sweep")))
         return
     if args.phase == "sweep":
-        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings,
+        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings_of(m),
                      path=run_path(args.phase_dir or "sweep", m, r, s))
                 for s in _seeds(args.seeds or "100-103") for m in methods for r in args.rates]
     else:
@@ -164,7 +196,7 @@ def main(argv=None):
         missing = [m for m in methods if m not in rates]
         if missing:
             raise SystemExit(f"no sweep for {missing}: run the sweep first")
-        jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings,
+        jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings_of(m),
                      path=run_path("runs", m, rates[m]["rate"], s))
                 for s in _seeds(args.seeds or "0-15") for m in methods]
     run_jobs([job for job in jobs if not _done(job)], args.workers, run=one_run, describe=describe_run)

@@ -7,7 +7,8 @@ benchmarks/results/tools/.
   difference with its 95% t-interval; the table's comparisons form one family for Holm's correction
   (benchmarks/tiny/multiplicity.py); a difference the interval does not show gets the smallest one its seeds could
   detect (80% power, alpha 0.05: the MDE). Generated model tokens are reported beside every row, as a ratio to
-  GRPO's on the same seeds: the methods are compared at equal optimizer steps, not equal tokens.
+  GRPO's on the same seeds: the methods are compared at equal optimizer steps, DATPO at equal tokens
+  (``tool_grid.method_steps``).
 - The length question: the process oracle's greedy edge per number of trap keys and of calls, beside what
   compounding its one-trap gain predicts, and whether the excess over that grows with the chain (per-seed slopes,
   their own family of two for Holm).
@@ -146,9 +147,10 @@ def _fifth(shares: list[float], last: bool) -> float:
 REFERENCE_CPU = "Intel(R) Xeon(R) Processor"
 
 
-def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS, steps: int = 120) -> dict:
-    """CPU seconds of one run per method (training + final evaluation; the mean over its ``steps``-step runs on
-    REFERENCE_CPU, else its 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
+def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS,
+         steps_of=lambda method: 120) -> dict:
+    """CPU seconds of one run per method (training + final evaluation; the mean over its runs of ``steps_of(method)``
+    steps on REFERENCE_CPU, else its 30-step runs' training scaled by steps / 30) and what the whole grid would cost:
     ``sweep_runs`` + ``reported_seeds`` runs of every method. Runs on another CPU count only in
     ``other_cpu_ratio``: their mean over the reference runs' of the same method and steps."""
     per_method: dict = {}
@@ -156,15 +158,16 @@ def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS,
     for run in runs:
         if run["settings"].get("eval_every") or run.get("from_pilot"):  # a curve's evaluations are not a run's
             continue
-        scale = steps / run["settings"]["steps"]
+        scale = steps_of(run["method"]) / run["settings"]["steps"]
         kind = per_method if run.get("cpu", REFERENCE_CPU) == REFERENCE_CPU else other
         entry = kind.setdefault(run["method"], {}).setdefault(run["settings"]["steps"], [])
         entry.append(run["train_cpu_seconds"] * scale + run.get("eval_cpu_seconds", 0.0))
     out = {}
     for method, by_steps in sorted(per_method.items()):
+        steps = steps_of(method)
         measured = steps in by_steps
         seconds = statistics.fmean(by_steps[steps] if measured else next(iter(by_steps.values())))
-        out[method] = dict(run_cpu_seconds=round(seconds), measured_at_steps=measured,
+        out[method] = dict(steps=steps, run_cpu_seconds=round(seconds), measured_at_steps=measured,
                            grid_cpu_hours=round(seconds * (sweep_runs + reported_seeds) / 3600, 2))
         there = other.get(method, {}).get(steps) if measured else None
         if there:
@@ -174,10 +177,10 @@ def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS,
 
 
 def cost_table(costs: dict) -> str:
-    lines = ["| method | CPU min per run | whole grid, CPU h | |", "| --- | --- | --- | --- |"]
+    lines = ["| method | steps | CPU min per run | whole grid, CPU h | |", "| --- | --- | --- | --- | --- |"]
     for method, c in costs.items():
         if method != "total_cpu_hours":
-            lines.append(f"| {method} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
+            lines.append(f"| {method} | {c['steps']} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
                          + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps")
                          + (f"; its runs on another CPU took {c['other_cpu_ratio']}x" if "other_cpu_ratio" in c else "")
                          + " |")
@@ -316,7 +319,8 @@ def main(results: str, choices: dict) -> dict:
     base = json.load(open(base_path)) if os.path.exists(base_path) else None
     sweep = by_method_rate(phases["sweep"])
     rows = claims(runs)
-    costs = cost(phases["sweep"] + phases["runs"] + phases["sweep_30steps"], sweep_runs=8)
+    costs = cost(phases["sweep"] + phases["runs"] + phases["sweep_30steps"], sweep_runs=8,
+                 steps_of=lambda method: tool_grid.method_steps(method, 120))
     table, counts = claims_table(rows, PLANNED_PAIRS) if rows else ("no reported runs yet\n", {})
     at_chosen = by_method([run for run in phases["sweep"]
                            if run["method"] in choices and run["learning_rate"] == choices[run["method"]]["rate"]])
@@ -340,7 +344,8 @@ def main(results: str, choices: dict) -> dict:
         "## Against GRPO on the sweep seeds at the chosen rates (indicative, not a claim)", "", indicative,
         "## The same on the 120-step pilot (one seed: no interval)", "",
         length_text(length_tables(by_method(phases["pilot_long"]))),
-        f"## Cost of the whole grid at 120 steps (2 rates x 4 sweep seeds + {PLANNED_PAIRS} reported seeds per method)", "",
+        f"## Cost of the whole grid at 120 steps, DATPO at equal tokens (2 rates x 4 sweep seeds + {PLANNED_PAIRS} "
+        "reported seeds per method)", "",
         cost_table(costs)])
     summary = dict(chosen_rates=choices, claims=rows, family=counts, cost=costs,
                    length_growth=growth(reported_length) if reported_length else None,
