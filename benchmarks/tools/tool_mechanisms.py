@@ -1,13 +1,14 @@
 """Question: on the tool regime, where does each method put its negative credit, turn by turn, against the first wrong
 call? Where do SRPO's resets land? (BENCHMARKS.md §8, docs/testbed.md#the-tool-regime)
 
-**Credit**: for GRPO (uniform: the reference), the process oracle (the environment's turn rewards) and OPPO
-(self-oracle), a few generation batches of the regime's starting model (learning rate ~0: the same rollouts for every
-method at a seed) and the advantages that reach TRL's loss. Every failed episode is split into its model turns (TRL's
-``tool_mask``); its first wrong call h_o comes from the transcript (``keychain.transcript_first_wrong``: the first
-call that does not copy the last tool result). Per episode: the share of its negative advantage mass
-sum(-min(A_t, 0)) on the model's tokens of turns before h_o, on h_o's turn and after it, beside the share of its
-model tokens there (what GRPO's uniform credit gives). Tool-result tokens carry no advantage (docs/multiturn.md).
+**Credit**: for GRPO (uniform: the reference), the process oracle (the environment's turn rewards), OPPO
+(self-oracle), PRIME and DATPO (its trees' leaves, as they reach the loss), a few generation batches of the regime's
+starting model (learning rate ~0: the same rollouts for every method at a seed) and the advantages that reach TRL's
+loss. Every failed episode is split into its model turns (TRL's ``tool_mask``); its first wrong call h_o comes from
+the transcript (``keychain.transcript_first_wrong``: the first call that does not copy the last tool result). Per
+episode: the share of its negative advantage mass sum(-min(A_t, 0)) on the model's tokens of turns before h_o, on
+h_o's turn and after it, beside the share of its model tokens there (what GRPO's uniform credit gives). Tool-result
+tokens carry no advantage (docs/multiturn.md).
 
 OPPO's runs also give ``oppo/evidence_auc`` per step: how often a correct episode's total evidence beats a failed
 one's of the same prompt (0.5: its self-oracle does not read the answer the hint appends).
