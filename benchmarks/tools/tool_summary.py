@@ -4,11 +4,11 @@ benchmarks/results/tools/.
 - The sweep: each method's mean final T=1 accuracy per rate over its sweep seeds, and the rate chosen.
 - The claims: every method against GRPO on the reported seeds both ran (paired by seed), on three metrics: greedy
   accuracy (256 held-out chains), T=1 accuracy and pass@8 (8 samples on the first 64). Each cell is the mean paired
-  difference with its 95% t-interval; the table's comparisons form one family for Holm's correction
-  (benchmarks/tiny/multiplicity.py); a difference the interval does not show gets the smallest one its seeds could
-  detect (80% power, alpha 0.05: the MDE). Generated model tokens are reported beside every row, as a ratio to
-  GRPO's on the same seeds: the methods are compared at equal optimizer steps, DATPO at equal tokens
-  (``tool_grid.method_steps``).
+  difference with its 95% t-interval; the verdicts follow the grid's group-sequential plan (sequential.py: looks at 4,
+  8 and 16 pairs, error spent by an O'Brien-Fleming-type function, Holm over the planned family at the last look); a
+  difference not shown at 16 pairs gets the smallest one its seeds could detect (80% power, alpha 0.05: the MDE).
+  Generated model tokens are reported beside every row, as a ratio to GRPO's on the same seeds: the methods are
+  compared at equal optimizer steps, DATPO at equal tokens (``tool_grid.method_steps``).
 - The length question: the process oracle's greedy edge per number of trap keys and of calls, beside what
   compounding its one-trap gain predicts, and whether the excess over that grows with the chain (per-seed slopes,
   their own family of two for Holm).
@@ -22,6 +22,7 @@ import os
 import statistics
 
 import multiplicity
+import sequential
 from tiny_report import interval, minimum_detectable
 
 # runs as their JSON holds them (pass@k keyed by the string of k)
@@ -76,32 +77,71 @@ def _verdict(diffs: list[float], p, adjusted) -> str:
     return "not shown (MDE " + ("n/a under 3 seeds" if math.isnan(mde) else f"{mde:.3f}") + ")"
 
 
-#: The grid's plan: every method paired with GRPO on seeds 0-15 (a table of fewer pairs is an interim look).
-PLANNED_PAIRS = 16
+#: The grid's plan: every method paired with GRPO on seeds 0-15, looked at after 4, 8 and 16 (sequential.py).
+PLANNED_PAIRS = sequential.LOOKS[-1]
 
 
-def claims_table(rows: list[dict], planned: int | None = None) -> tuple[str, dict]:
-    """The claims table; with ``planned``, a verdict on fewer pairs says it is an interim look (the t-test assumes the
-    number of pairs fixed in advance: a verdict read at each look as seeds come in is not that test)."""
+def claims_table(rows: list[dict]) -> tuple[str, dict]:
+    """The claims table of a fixed number of pairs: every row's paired t-test, Holm over the rows tested."""
     family = multiplicity.adjust_family({(r["method"], r["metric"]): r["diffs"] for r in rows})
     compared, unadjusted, surviving = multiplicity.family_counts(family)
     lines = [f"{compared} comparisons (every method against GRPO on three metrics): {unadjusted} significant "
-             f"unadjusted, {surviving} after Holm.", "",
-             "| method | metric | seeds | difference vs GRPO (95% CI) | verdict | tokens vs GRPO |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"unadjusted, {surviving} after Holm.", "", _HEADER]
     for r in rows:
-        p, adjusted = family[(r["method"], r["metric"])]
-        mean, half = interval(r["diffs"]) if r["diffs"] else (math.nan, math.nan)
-        ratio = "-" if r["token_ratio"] is None else f"{r['token_ratio']:.2f}x"
-        spread = f"{mean:+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")  # one pair: no interval
-        lines.append(f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {spread} | "
-                     f"{_verdict(r['diffs'], p, adjusted)}{_interim(r['diffs'], planned)} | {ratio} |")
+        lines.append(_row(r, _verdict(r["diffs"], *family[(r["method"], r["metric"])])))
     counts = dict(comparisons=compared, significant_unadjusted=unadjusted, surviving_holm=surviving)
     return "\n".join(lines) + "\n", counts
 
 
-def _interim(diffs: list[float], planned: int | None) -> str:
-    return f" (interim: {len(diffs)} of {planned} pairs)" if planned and 2 <= len(diffs) < planned else ""
+_HEADER = ("| method | metric | seeds | difference vs GRPO (95% CI) | verdict | tokens vs GRPO |\n"
+           "| --- | --- | --- | --- | --- | --- |")
+
+
+def _row(r: dict, verdict: str) -> str:
+    mean, half = interval(r["diffs"]) if r["diffs"] else (math.nan, math.nan)
+    ratio = "-" if r["token_ratio"] is None else f"{r['token_ratio']:.2f}x"
+    spread = f"{mean:+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}")  # one pair: no interval
+    return f"| {r['method']} | {r['metric']} | {len(r['seeds'])} | {spread} | {verdict} | {ratio} |"
+
+
+def sequential_table(rows: list[dict]) -> tuple[str, dict]:
+    """The reported seeds' claims table under the grid's sequential plan (sequential.py): each verdict is read at
+    the last planned look its pairs reached, and says which look showed it."""
+    verdicts = sequential.judge({(r["method"], r["metric"]): r["diffs"] for r in rows})
+    looks = " / ".join(map(str, sequential.LOOKS))
+    shown = [v for v in verdicts.values() if v["shown"]]
+    early = [v for v in shown if v["look"] < sequential.LOOKS[-1]]
+    stopped = [m for m in dict.fromkeys(r["method"] for r in rows if len(r["seeds"]) < PLANNED_PAIRS)
+               if sequential.stopped(verdicts, m)]
+    lines = [f"{sequential.FAMILY} planned comparisons ({len(sequential.PLANNED_METHODS)} methods against GRPO on "
+             f"three metrics), looked at after {looks} pairs: {len(shown)} shown, {len(early)} of them at an "
+             "interim look" + (f"; {', '.join(stopped)} need no more seeds" if stopped else "") + ".", "", _HEADER]
+    for r in rows:
+        lines.append(_row(r, _sequential_verdict(r["diffs"], verdicts[(r["method"], r["metric"])])))
+    counts = dict(comparisons=sequential.FAMILY, shown=len(shown), shown_at_interim_look=len(early),
+                  stopped=stopped)
+    return "\n".join(lines) + "\n", counts
+
+
+def _sequential_verdict(diffs: list[float], verdict: dict) -> str:
+    direction = "higher than GRPO" if diffs and statistics.fmean(diffs) > 0 else "lower than GRPO"
+    look, last = verdict["look"], sequential.LOOKS[-1]
+    if look is None:
+        return f"before the first look ({len(diffs)} of {sequential.LOOKS[0]} pairs)"
+    if verdict["shown"] and look < last:
+        k = sequential.LOOKS.index(look)
+        return f"{direction}; shown at the look at {look} pairs (p {verdict['p']:.2g} < {sequential.interim_threshold(k):.2g})"
+    if verdict["shown"]:
+        return f"{direction}; survives Holm at the last look (adj. p {verdict['adjusted']:.2g} <= {verdict['level']:.3g})"
+    if look < last:
+        k = sequential.LOOKS.index(look)
+        return (f"not shown at the look at {look} pairs (p {verdict['p']:.2g} >= "
+                f"{sequential.interim_threshold(k):.2g}): its seeds go on")
+    mean, half = interval(diffs[:last])
+    if abs(mean) > half:
+        return f"{direction} unadjusted only: not after Holm (adj. p {verdict['adjusted']:.2g} > {verdict['level']:.3g})"
+    mde = minimum_detectable(diffs[:last])
+    return f"not shown (MDE {mde:.3f})"
 
 
 def levels_table(runs: dict, base: dict | None = None) -> str:
@@ -321,7 +361,7 @@ def main(results: str, choices: dict) -> dict:
     rows = claims(runs)
     costs = cost(phases["sweep"] + phases["runs"] + phases["sweep_30steps"], sweep_runs=8,
                  steps_of=lambda method: tool_grid.method_steps(method, 120))
-    table, counts = claims_table(rows, PLANNED_PAIRS) if rows else ("no reported runs yet\n", {})
+    table, counts = sequential_table(rows) if rows else ("no reported runs yet\n", {})
     at_chosen = by_method([run for run in phases["sweep"]
                            if run["method"] in choices and run["learning_rate"] == choices[run["method"]]["rate"]])
     indicative = claims_table(claims(at_chosen))[0] if len(at_chosen) > 1 else "not run yet\n"
