@@ -214,7 +214,8 @@ def test_datpo_trains_as_many_steps_as_generate_grpos_tokens(tmp_path, monkeypat
             json.dump(dict(settings=dict(steps=30), generated_tokens=tokens), f)
     jobs = []
     monkeypatch.setattr(tool_grid, "run_jobs", lambda todo, workers, **kw: jobs.extend(todo))
-    tool_grid.main(["sweep", "--methods", "grpo", "datpo", "srpo", "--rates", "3e-4", "--seeds", "100", "--steps", "120"])
+    tool_grid.main(["sweep", "--methods", "grpo", "datpo", "srpo", "--rates", "3e-4", "--seeds", "100",
+                    "--steps", "120"])
     assert {job["method"]: job["settings"]["steps"] for job in jobs} == dict(grpo=120, datpo=48, srpo=120)
     # its cost is scaled to its own steps: 30-step training 600 s x 48 / 30 + one evaluation 80 s
     costs = tool_summary.cost([dict(method="datpo", settings=dict(steps=30), train_cpu_seconds=600.0,

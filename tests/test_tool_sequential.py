@@ -69,8 +69,8 @@ def test_verdicts_are_read_at_the_looks_and_holm_runs_over_the_whole_family_at_t
     assert "not shown (MDE" in lines["process", "pass@8"]
     assert "before the first look (2 of 4 pairs)" in lines["srpo", "greedy"]
     assert counts == dict(comparisons=18, shown=7, shown_at_interim_look=6, stopped=["oppo", "prime"])
-    assert table.startswith("18 planned comparisons (6 methods against GRPO on three metrics), looked at after 4 / 8 / 16"
-                            " pairs: 7 shown, 6 of them at an interim look; oppo, prime need no more seeds.")
+    assert table.startswith("18 planned comparisons (6 methods against GRPO on three metrics), looked at after 4 / 8 "
+                            "/ 16 pairs: 7 shown, 6 of them at an interim look; oppo, prime need no more seeds.")
 
 
 def test_a_method_between_looks_keeps_its_last_looks_verdict():

@@ -130,16 +130,19 @@ def _sequential_verdict(diffs: list[float], verdict: dict) -> str:
         return f"before the first look ({len(diffs)} of {sequential.LOOKS[0]} pairs)"
     if verdict["shown"] and look < last:
         k = sequential.LOOKS.index(look)
-        return f"{direction}; shown at the look at {look} pairs (p {verdict['p']:.2g} < {sequential.interim_threshold(k):.2g})"
+        threshold = sequential.interim_threshold(k)
+        return f"{direction}; shown at the look at {look} pairs (p {verdict['p']:.2g} < {threshold:.2g})"
     if verdict["shown"]:
-        return f"{direction}; survives Holm at the last look (adj. p {verdict['adjusted']:.2g} <= {verdict['level']:.3g})"
+        return (f"{direction}; survives Holm at the last look (adj. p {verdict['adjusted']:.2g} <= "
+                f"{verdict['level']:.3g})")
     if look < last:
         k = sequential.LOOKS.index(look)
         return (f"not shown at the look at {look} pairs (p {verdict['p']:.2g} >= "
                 f"{sequential.interim_threshold(k):.2g}): its seeds go on")
     mean, half = interval(diffs[:last])
     if abs(mean) > half:
-        return f"{direction} unadjusted only: not after Holm (adj. p {verdict['adjusted']:.2g} > {verdict['level']:.3g})"
+        return (f"{direction} unadjusted only: not after Holm (adj. p {verdict['adjusted']:.2g} > "
+                f"{verdict['level']:.3g})")
     mde = minimum_detectable(diffs[:last])
     return f"not shown (MDE {mde:.3f})"
 
