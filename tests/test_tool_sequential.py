@@ -8,6 +8,7 @@ import pytest
 import tests.benchmarks_path  # noqa: F401  (benchmarks/ and its folders on sys.path)
 import sequential
 import tool_summary
+from tests.test_tool_grid import _run  # a grid run as its JSON holds it
 
 
 def test_the_error_spent_by_each_look_is_the_obrien_fleming_type_function():
@@ -36,16 +37,11 @@ def test_the_plan_covers_every_method_the_grid_runs_against_grpo():
 
 def _runs(diffs_by_method: dict) -> dict:
     """GRPO at 0.5 on every metric of seeds 0-15; each method at 0.5 + its differences (greedy, T=1, pass@8)."""
-    made = [tool_summary_run("grpo", s, 0.5, 0.5, 0.5) for s in range(16)]
+    made = [_run("grpo", s, 3e-4, 0.5, 0.5, 0.5) for s in range(16)]
     for method, (greedy, t1, pass8) in diffs_by_method.items():
-        made += [tool_summary_run(method, s, 0.5 + g, 0.5 + t, 0.5 + p)
+        made += [_run(method, s, 3e-4, 0.5 + g, 0.5 + t, 0.5 + p)
                  for s, (g, t, p) in enumerate(zip(greedy, t1, pass8))]
     return tool_summary.by_method(made)
-
-
-def tool_summary_run(method, seed, greedy, t1, pass8):
-    return dict(method=method, seed=seed, learning_rate=3e-4, generated_tokens=1000, train_cpu_seconds=1.0,
-                final=dict(greedy_accuracy=greedy, accuracy=t1, pass_at_k={"8": pass8}, all_fail_share=0.0))
 
 
 def test_verdicts_are_read_at_the_looks_and_holm_runs_over_the_whole_family_at_the_last():

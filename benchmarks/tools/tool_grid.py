@@ -168,9 +168,6 @@ def main(argv=None):
     if args.eval_every:
         settings["eval_every"] = args.eval_every
 
-    def settings_of(method: str) -> dict:
-        return dict(settings, steps=method_steps(method, args.steps))
-
     if args.phase == "base":  # the untrained model, measured as every run's end is (the step-0 row of the tables)
         _setup_worker()
         from trl_credit.tasks import keychain
@@ -187,8 +184,9 @@ def main(argv=None):
 
         tool_summary.main(RESULTS, chosen_rates(load("sweep")))
         return
+    settings_of = {m: dict(settings, steps=method_steps(m, args.steps)) for m in methods}  # a run's, per method
     if args.phase == "sweep":
-        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings_of(m),
+        jobs = [dict(method=m, learning_rate=r, seed=s, settings=settings_of[m],
                      path=run_path(args.phase_dir or "sweep", m, r, s))
                 for s in _seeds(args.seeds or "100-103") for m in methods for r in args.rates]
     else:
@@ -196,7 +194,7 @@ def main(argv=None):
         missing = [m for m in methods if m not in rates]
         if missing:
             raise SystemExit(f"no sweep for {missing}: run the sweep first")
-        jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings_of(m),
+        jobs = [dict(method=m, learning_rate=rates[m]["rate"], seed=s, settings=settings_of[m],
                      path=run_path("runs", m, rates[m]["rate"], s))
                 for s in _seeds(args.seeds or "0-15") for m in methods]
     run_jobs([job for job in jobs if not _done(job)], args.workers, run=one_run, describe=describe_run)
