@@ -83,3 +83,11 @@ def test_the_last_look_adjusts_over_the_planned_family_not_the_rows_run():
     verdicts = sequential.judge({("process", "T=1"): t1})
     assert verdicts["process", "T=1"]["adjusted"] == pytest.approx(18 * 0.01608, rel=1e-2)
     assert not verdicts["process", "T=1"]["shown"]
+
+
+def test_the_table_names_the_one_method_that_needs_no_more_seeds():
+    # PRIME's three comparisons at 8 pairs with no spread (p 0 < 3.0e-4 at the look at 8): it stops, the oracle runs on
+    runs = _runs({"prime": ([-0.3] * 8,) * 3, "process": ([0.1, 0.2] * 3,) * 3})
+    table, counts = tool_summary.sequential_table(tool_summary.claims(runs))
+    assert counts["stopped"] == ["prime"]
+    assert table.splitlines()[0].endswith("3 shown, 3 of them at an interim look; prime needs no more seeds.")

@@ -113,9 +113,10 @@ def sequential_table(rows: list[dict]) -> tuple[str, dict]:
     early = [v for v in shown if v["look"] < sequential.LOOKS[-1]]
     stopped = [m for m in dict.fromkeys(r["method"] for r in rows if len(r["seeds"]) < PLANNED_PAIRS)
                if sequential.stopped(verdicts, m)]
+    stop_note = f"; {', '.join(stopped)} need{'s' if len(stopped) == 1 else ''} no more seeds" if stopped else ""
     lines = [f"{sequential.FAMILY} planned comparisons ({len(sequential.PLANNED_METHODS)} methods against GRPO on "
              f"three metrics), looked at after {looks} pairs: {len(shown)} shown, {len(early)} of them at an "
-             "interim look" + (f"; {', '.join(stopped)} need no more seeds" if stopped else "") + ".", "", _HEADER]
+             f"interim look{stop_note}.", "", _HEADER]
     for r in rows:
         lines.append(_row(r, _sequential_verdict(r["diffs"], verdicts[(r["method"], r["metric"])])))
     counts = dict(comparisons=sequential.FAMILY, shown=len(shown), shown_at_interim_look=len(early),
