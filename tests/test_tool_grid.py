@@ -73,6 +73,15 @@ def test_the_sweep_chooses_the_best_mean_on_the_seeds_run_at_every_rate():
     assert choices["oppo"]["rate"] == 3e-4
 
 
+def test_the_sweep_table_rounds_the_mean_once():
+    # DATPO's 3e-4 sweep: T=1 0.43359375, 0.521484375, 0.462890625, 0.4921875 -> mean 0.4775390625, which reads
+    # 0.478; rounding the mean to 4 places first (0.4775) and then to 3 printed 0.477
+    sweep = [_run("datpo", 100 + i, 3e-4, 0, t1, 0) for i, t1 in enumerate([0.43359375, 0.521484375, 0.462890625,
+                                                                          0.4921875])]
+    table = tool_summary.sweep_table(tool_grid.chosen_rates(sweep))
+    assert "| datpo | 100, 101, 102, 103 | 0.478 | 0.0003 |" in table
+
+
 def test_the_claims_pair_by_seed_and_count_the_family():
     runs = tool_summary.by_method([
         _run("grpo", 0, 3e-4, 0.40, 0.40, 0.6, tokens=1000), _run("grpo", 1, 3e-4, 0.50, 0.45, 0.7, tokens=1000),
