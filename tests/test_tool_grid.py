@@ -141,13 +141,26 @@ def test_the_grid_cost_prefers_measured_runs_and_scales_short_ones():
             run("datpo", 30, 600.0, 80.0)]
     costs = tool_summary.cost(runs, sweep_runs=8)
     reference = (450 + 670 + 450) / 3  # the reference CPU's 120-step runs, training + evaluation
-    assert costs["grpo"] == dict(steps=120, run_cpu_seconds=round(reference), measured_at_steps=True,
-                                 grid_cpu_hours=round(reference * 24 / 3600, 2),
-                                 other_cpu_ratio=round(1120 / reference, 2))
+    assert costs["grpo"] == pytest.approx(dict(steps=120, run_cpu_seconds=reference, measured_at_steps=True,
+                                               grid_cpu_hours=reference * 24 / 3600, other_cpu_ratio=1120 / reference))
     # 30-step training x 4 plus one final evaluation: 2480 s, 24 runs
-    assert costs["datpo"] == dict(steps=120, run_cpu_seconds=2480, measured_at_steps=False,
-                                  grid_cpu_hours=round(2480 * 24 / 3600, 2))
-    assert costs["total_cpu_hours"] == round(costs["grpo"]["grid_cpu_hours"] + costs["datpo"]["grid_cpu_hours"], 1)
+    assert costs["datpo"] == pytest.approx(dict(steps=120, run_cpu_seconds=2480, measured_at_steps=False,
+                                                grid_cpu_hours=2480 * 24 / 3600))
+    assert costs["total_cpu_hours"] == pytest.approx((reference + 2480) * 24 / 3600)
+
+
+def test_the_grid_cost_rounds_once_in_the_table():
+    # 24 runs a method (8 sweep + 16 reported): 3.825 s a run is 0.0255 CPU h, 3.21 s is 0.0214; together 0.0469 h.
+    # Rounding each to 2 places first (0.03 + 0.02 = 0.05) would print 0.1; once, 0.0. 3.825 s is 0.06375 min: 0.1.
+    runs = [dict(method=method, settings=dict(steps=120), train_cpu_seconds=seconds, eval_cpu_seconds=0.0)
+            for method, seconds in (("grpo", 3.825), ("process", 3.21))]
+    costs = tool_summary.cost(runs, sweep_runs=8)
+    assert costs["grpo"]["grid_cpu_hours"] == pytest.approx(0.0255)
+    assert costs["process"]["run_cpu_seconds"] == pytest.approx(3.21)
+    assert costs["total_cpu_hours"] == pytest.approx(0.0469)
+    table = tool_summary.cost_table(costs)
+    assert "| grpo | 120 | 0.1 | 0.0 | measured |" in table  # 0.0255 h: 0.0 at one place
+    assert "All methods: 0.0 CPU hours" in table
 
 
 def test_the_levels_table_orders_a_methods_rates_as_numbers():

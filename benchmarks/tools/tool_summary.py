@@ -211,12 +211,12 @@ def cost(runs: list[dict], sweep_runs: int, reported_seeds: int = PLANNED_PAIRS,
         steps = steps_of(method)
         measured = steps in by_steps
         seconds = statistics.fmean(by_steps[steps] if measured else next(iter(by_steps.values())))
-        out[method] = dict(steps=steps, run_cpu_seconds=round(seconds), measured_at_steps=measured,
-                           grid_cpu_hours=round(seconds * (sweep_runs + reported_seeds) / 3600, 2))
+        out[method] = dict(steps=steps, run_cpu_seconds=seconds, measured_at_steps=measured,
+                           grid_cpu_hours=seconds * (sweep_runs + reported_seeds) / 3600)
         there = other.get(method, {}).get(steps) if measured else None
         if there:
-            out[method]["other_cpu_ratio"] = round(statistics.fmean(there) / seconds, 2)
-    out["total_cpu_hours"] = round(sum(m["grid_cpu_hours"] for m in out.values()), 1)
+            out[method]["other_cpu_ratio"] = statistics.fmean(there) / seconds
+    out["total_cpu_hours"] = sum(m["grid_cpu_hours"] for m in out.values())  # unrounded: cost_table rounds once
     return out
 
 
@@ -226,9 +226,9 @@ def cost_table(costs: dict) -> str:
         if method != "total_cpu_hours":
             lines.append(f"| {method} | {c['steps']} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
                          + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps")
-                         + (f"; its runs on another CPU took {c['other_cpu_ratio']}x" if "other_cpu_ratio" in c else "")
+                         + (f"; its runs on another CPU took {c['other_cpu_ratio']:.2f}x" if "other_cpu_ratio" in c else "")
                          + " |")
-    return "\n".join(lines) + (f"\n\nAll methods: {costs['total_cpu_hours']} CPU hours, on {REFERENCE_CPU} (2 "
+    return "\n".join(lines) + (f"\n\nAll methods: {costs['total_cpu_hours']:.1f} CPU hours, on {REFERENCE_CPU} (2 "
                                 "cores, one thread per run).\n")
 
 
