@@ -226,7 +226,8 @@ def cost_table(costs: dict) -> str:
         if method != "total_cpu_hours":
             lines.append(f"| {method} | {c['steps']} | {c['run_cpu_seconds'] / 60:.1f} | {c['grid_cpu_hours']:.1f} | "
                          + ("measured" if c["measured_at_steps"] else "training scaled from 30 steps")
-                         + (f"; its runs on another CPU took {c['other_cpu_ratio']:.2f}x" if "other_cpu_ratio" in c else "")
+                         + (f"; its runs on another CPU took {c['other_cpu_ratio']:.2f}x"
+                            if "other_cpu_ratio" in c else "")
                          + " |")
     return "\n".join(lines) + (f"\n\nAll methods: {costs['total_cpu_hours']:.1f} CPU hours, on {REFERENCE_CPU} (2 "
                                 "cores, one thread per run).\n")
